@@ -1,0 +1,58 @@
+# MCP Mesh. `make demo` runs the main job, `make test` runs every test;
+# both set up everything first (Debian packages, .venv/, the Wasm filter).
+SHELL := /bin/bash
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2
+PYTEST_ARGS ?=
+
+.PHONY: install debs venv kernel-headers wasm test demo bench clean
+
+install: debs kernel-headers venv wasm
+
+# Debian packages: installed only when one is missing, so re-runs are fast.
+debs:
+	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "make install: need root to apt-get install $$missing" >&2; exit 1; fi; \
+	  echo "installing Debian packages: $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+# bcc compiles against /lib/modules/$(uname -r)/build; where the running
+# kernel's own headers are not packaged, point it at the packaged ones.
+kernel-headers: debs
+	@k=/lib/modules/$$(uname -r); \
+	if [ ! -e $$k/build ] && [ "$$(id -u)" = 0 ]; then \
+	  hdr=$$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -1); \
+	  common=$$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -1); \
+	  if [ -n "$$hdr" ]; then mkdir -p $$k && ln -sfn $$hdr $$k/build && ln -sfn $$common $$k/source; \
+	    echo "linked $$k/build -> $$hdr"; fi; \
+	fi
+
+venv: .venv/.installed
+
+.venv/.installed: pyproject.toml
+	@test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	@# bcc is Debian's (python3-bpfcc): make just that package importable.
+	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc $$site/bcc; fi
+	@touch $@
+
+wasm: venv
+	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters; fi
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	.venv/bin/mcpctl demo
+
+bench: install
+	$(PY) -m benchmarks $(BENCH)
+
+clean:
+	rm -rf .venv build artifacts .pytest_cache
+	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters clean; fi

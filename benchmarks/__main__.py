@@ -1,0 +1,31 @@
+"""`make bench`: run every benchmarks/bench_*.py (or those named) in turn.
+
+Each benchmark prints its own table (ratios measured side by side in one run)
+and writes JSON under artifacts/bench/.
+"""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def main(argv: list[str]) -> int:
+    wanted = [a.removeprefix("bench_").removesuffix(".py") for a in argv]
+    scripts = sorted(HERE.glob("bench_*.py"))
+    if wanted:
+        scripts = [s for s in scripts if s.stem.removeprefix("bench_") in wanted]
+    failed = []
+    for script in scripts:
+        print(f"\n=== {script.stem} ===", flush=True)
+        if subprocess.call([sys.executable, str(script)], cwd=HERE.parent) != 0:
+            failed.append(script.stem)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,28 @@
+"""Header names of the L1-L7 layer contract, defined once for every part.
+
+All names are lower case, as HTTP/2 and Envoy's header maps carry them.
+"""
+
+# L4 -> L5: the caller's verified identity, set by Envoy (never the client).
+DOWNSTREAM_SERVICE_CLUSTER = "x-envoy-downstream-service-cluster"
+
+# L6 session headers: set from verified JWT claims, readable by L7 routing,
+# never changeable by it (x-mcp-session-sig covers them).
+END_USER = "end-user"
+TENANT = "x-mcp-tenant"
+SESSION_SIG = "x-mcp-session-sig"
+
+# QoS: what the client may ask for, and the class the mesh computed.
+LLM_PRIORITY = "x-llm-priority"
+QOS_CLASS = "x-mcp-qos-class"
+
+# L5: the error class derived from a gRPC status on responses.
+ERROR_CLASS = "x-mcp-error-class"
+
+# Per-tenant headers; only a tenant's own whitelisted ones pass.
+TENANT_HEADER_PREFIX = "x-tenant-"
+
+# Server-side timing and load reported by the inference backend.
+QUEUE_TIME_US = "x-mcp-queue-time-us"
+COMPUTE_TIME_US = "x-mcp-compute-time-us"
+ORCA_LOAD_REPORT = "endpoint-load-metrics"

@@ -1,0 +1,88 @@
+"""QoS classes: the one definition of class names, DSCP values, priority levels.
+
+A request's class is computed in the sidecar (Wasm filter) and carried in the
+`x-mcp-qos-class` header; the backend's priority queues read it, the eBPF
+marker and the `IP_TOS` socket options turn it into a DSCP on the wire.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+# DiffServ code points (RFC 4594 / RFC 2474 names).
+DSCP_EF = 46     # expedited forwarding
+DSCP_AF41 = 34   # assured forwarding class 4, low drop
+DSCP_AF21 = 18
+DSCP_CS1 = 8     # lower effort
+DSCP_BE = 0      # best effort
+
+
+@dataclass(frozen=True)
+class _ClassInfo:
+    name: str
+    dscp: int
+    priority_level: int   # Triton's convention: 1 is the highest
+    weight: int           # relative share under contention
+
+
+class QosClass(enum.Enum):
+    LATENCY_CRITICAL = _ClassInfo("latency-critical", DSCP_EF, 1, 3)
+    INTERACTIVE = _ClassInfo("interactive", DSCP_AF41, 2, 2)
+    STANDARD = _ClassInfo("standard", DSCP_AF21, 3, 1)
+    BATCH = _ClassInfo("batch", DSCP_CS1, 4, 1)
+
+    @property
+    def header_value(self) -> str:
+        return self.value.name
+
+    @property
+    def dscp(self) -> int:
+        return self.value.dscp
+
+    @property
+    def tos(self) -> int:
+        """The IPv4 TOS / IPv6 traffic-class byte: DSCP in the upper six bits."""
+        return self.value.dscp << 2
+
+    @property
+    def priority_level(self) -> int:
+        return self.value.priority_level
+
+    @property
+    def weight(self) -> int:
+        return self.value.weight
+
+    @classmethod
+    def parse(cls, value: str) -> "QosClass":
+        for c in cls:
+            if c.value.name == value.strip().lower():
+                return c
+        raise ValueError(f"unknown QoS class {value!r}; expected one of {', '.join(QOS_CLASS_NAMES)}")
+
+
+QOS_CLASS_NAMES = tuple(c.value.name for c in QosClass)
+PRIORITY_LEVELS = len(QosClass)          # the batcher's priority_levels
+DEFAULT_QOS_CLASS = QosClass.STANDARD
+
+# `X-LLM-Priority` values a client may send -> class.
+LLM_PRIORITY_CLASSES = {
+    "high": QosClass.LATENCY_CRITICAL,
+    "medium": QosClass.INTERACTIVE,
+    "normal": QosClass.STANDARD,
+    "low": QosClass.BATCH,
+}
+
+# TLS ALPN protocol -> DSCP (and the class that carries it).
+ALPN_CLASSES = {
+    "h2": QosClass.LATENCY_CRITICAL,      # DSCP 46 / EF
+    "grpc-exp": QosClass.INTERACTIVE,     # DSCP 34 / AF41
+}
+ALPN_DSCP = {alpn: c.dscp for alpn, c in ALPN_CLASSES.items()}
+
+
+def class_for_priority_level(level: int) -> QosClass:
+    for c in QosClass:
+        if c.priority_level == level:
+            return c
+    raise ValueError(f"priority level {level} outside 1..{PRIORITY_LEVELS}")

@@ -1,0 +1,5 @@
+"""Shared pytest set-up: makes `support` (test helpers) importable."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))

@@ -1,0 +1,1 @@
+"""Helpers for tests: free ports, a real Envoy process, echo upstreams."""

@@ -1,0 +1,66 @@
+"""Echo upstreams: each answers with its own name and the request it saw."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from support.ports import free_port
+
+
+class EchoUpstream:
+    """An HTTP/1.1 server on 127.0.0.1 answering JSON:
+    {"upstream": name, "method", "path", "headers": {lower-case name: value}, "body"}.
+    """
+
+    def __init__(self, name: str, port: int | None = None, status: int = 200):
+        self.name = name
+        self.port = port or free_port()
+        self.status = status
+        self.requests: list[dict] = []
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self):
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+                seen = {"upstream": upstream.name, "method": self.command, "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+                upstream.requests.append(seen)
+                out = json.dumps(seen).encode()
+                self.send_response(upstream.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(out)))
+                self.send_header("x-upstream", upstream.name)
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _answer
+
+            def do_HEAD(self):
+                self.send_response(upstream.status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> "EchoUpstream":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -81,6 +81,11 @@ ALPN_CLASSES = {
 ALPN_DSCP = {alpn: c.dscp for alpn, c in ALPN_CLASSES.items()}
 
 
+# A DestinationRule (or its subset) annotated with this gets the class's DSCP
+# on its upstream connections via IP_TOS socket options (the no-eBPF path).
+QOS_CLASS_ANNOTATION = "qos.mcp-mesh.io/class"
+
+
 def class_for_priority_level(level: int) -> QosClass:
     for c in QosClass:
         if c.priority_level == level:

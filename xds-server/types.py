@@ -1,0 +1,45 @@
+"""xDS type URLs and the proxy (node) model the translator works for."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format
+
+LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+EXTENSION_CONFIG = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"  # ECDS
+SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+
+# Make-before-break: clusters and their endpoints before the listeners and
+# routes that point at them.
+PUSH_ORDER = (CLUSTER, ENDPOINT, EXTENSION_CONFIG, LISTENER, ROUTE, SECRET)
+
+# A snapshot for one proxy: type URL -> resource name -> protobuf message.
+Snapshot = dict  # dict[str, dict[str, google.protobuf.message.Message]]
+
+
+@dataclass(frozen=True)
+class ProxyNode:
+    """What the translator needs to know about one connected proxy.
+
+    kind is "router" (a gateway Envoy), "sidecar", or "grpc" (proxyless gRPC).
+    labels come from node.metadata.LABELS, as istio-agent sets them.
+    """
+    id: str
+    cluster: str = ""
+    namespace: str = "default"
+    kind: str = "router"
+    labels: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, node) -> "ProxyNode":
+        meta = json_format.MessageToDict(node.metadata) if node.HasField("metadata") else {}
+        parts = node.id.split("~")
+        kind = parts[0] if len(parts) == 4 and parts[0] in ("router", "sidecar") else "router"
+        namespace = meta.get("NAMESPACE") or (parts[2].split(".")[-1] if len(parts) == 4 and "." in parts[2] else "default")
+        if meta.get("GENERATOR") == "grpc" or node.user_agent_name.startswith("gRPC"):
+            kind = "grpc"
+        return cls(id=node.id, cluster=node.cluster, namespace=namespace, kind=kind,
+                   labels=dict(meta.get("LABELS") or {}))

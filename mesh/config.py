@@ -63,6 +63,8 @@ class Resource:
 class MeshConfig:
     """A whole, consistent set of resources (one directory's worth)."""
     resources: list[Resource] = field(default_factory=list)
+    # Non-blocking findings (warnings, notes) from validation and analysis.
+    warnings: list[Diagnostic] = field(default_factory=list)
 
     def of_kind(self, *kinds: str) -> list[Resource]:
         return [r for r in self.resources if r.kind in kinds]

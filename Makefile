@@ -6,7 +6,7 @@ PIP := .venv/bin/pip
 DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2
 PYTEST_ARGS ?=
 
-.PHONY: install debs venv kernel-headers wasm test demo bench clean
+.PHONY: install debs venv kernel-headers wasm test demo bench clean proto
 
 install: debs kernel-headers venv wasm
 
@@ -43,6 +43,10 @@ venv: .venv/.installed
 
 wasm: venv
 	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters; fi
+
+# KServe v2 gRPC modules of inference-backend (committed; rerun after editing the .proto).
+proto: venv
+	$(PY) inference-backend/protos/generate.py
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

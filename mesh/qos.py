@@ -86,6 +86,22 @@ ALPN_DSCP = {alpn: c.dscp for alpn, c in ALPN_CLASSES.items()}
 QOS_CLASS_ANNOTATION = "qos.mcp-mesh.io/class"
 
 
+def subset_qos_annotation(subset: str) -> str:
+    """The per-subset key (Istio subsets carry no annotations of their own):
+    `qos.mcp-mesh.io/class.<subset>` on the DestinationRule, overriding the
+    rule-wide `qos.mcp-mesh.io/class` for that subset's clusters."""
+    return f"{QOS_CLASS_ANNOTATION}.{subset}"
+
+
+def qos_class_for(annotations: dict, subset: str = "") -> "QosClass | None":
+    """The class a DestinationRule's annotations give a subset (or the rule);
+    None when unannotated. ValueError names an unknown class."""
+    value = (annotations or {}).get(subset_qos_annotation(subset)) if subset else None
+    if value is None:
+        value = (annotations or {}).get(QOS_CLASS_ANNOTATION)
+    return None if value is None else QosClass.parse(str(value))
+
+
 def class_for_priority_level(level: int) -> QosClass:
     for c in QosClass:
         if c.priority_level == level:

@@ -19,6 +19,11 @@ QOS_CLASS = "x-mcp-qos-class"
 # L5: the error class derived from a gRPC status on responses.
 ERROR_CLASS = "x-mcp-error-class"
 
+# Headers L7 routing may match on but never set, add or remove (VirtualService
+# header operations on them are rejected by mesh validation and by the
+# admission policy in istio-manifests/admission/).
+L7_READ_ONLY_HEADERS = (END_USER, TENANT, SESSION_SIG, QOS_CLASS)
+
 # Per-tenant headers; only a tenant's own whitelisted ones pass.
 TENANT_HEADER_PREFIX = "x-tenant-"
 

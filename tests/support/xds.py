@@ -1,0 +1,197 @@
+"""Run the real control plane (`mcpctl xds serve`, a subprocess) and Envoys attached to it over ADS.
+
+    with ControlPlane(config_dir) as cp:          # started; .port, .admin_port, .address
+        with mesh_envoy(cp, node_id="gw", labels={"istio": "ingressgateway"}) as envoy:
+            cp.wait_synced("gw")
+            ...                                    # write_config(config_dir, "vs.yaml", text) to change it
+
+`mesh_envoy` returns a not-yet-started support.envoy.Envoy (use it as a context
+manager, or call .start()). `cp.kill()` / `cp.start()` restart the control plane
+on the same ports. Processes are always stopped on exit, even when a test fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from support.envoy import Envoy
+from support.ports import free_port, wait_port
+
+GATEWAY_NODE = "router~127.0.0.1~gateway.default~default.svc.cluster.local"
+
+
+def write_config(config_dir: str, name: str, text: str) -> str:
+    """Write one YAML file into the watched directory atomically (temp file + rename)."""
+    path = os.path.join(config_dir, name)
+    fd, tmp = tempfile.mkstemp(dir=config_dir, prefix=".tmp-", suffix=".part")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_config(config_dir: str, name: str) -> None:
+    os.remove(os.path.join(config_dir, name))
+
+
+class ControlPlane:
+    def __init__(self, config_dir: str, port: int | None = None, admin_port: int | None = None,
+                 test_hooks: bool = True, debounce_ms: int = 100, log_level: str = "info"):
+        self.config_dir = config_dir
+        self.port = port or free_port()
+        self.admin_port = admin_port or free_port()
+        self.test_hooks = test_hooks
+        self.debounce_ms = debounce_ms
+        self.log_level = log_level
+        self.proc: subprocess.Popen | None = None
+        self.log_path = tempfile.mktemp(prefix="xds-", suffix=".log")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ControlPlane":
+        mcpctl = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+        args = [mcpctl, "xds", "serve", "--config-dir", self.config_dir, "--port", str(self.port),
+                "--admin-port", str(self.admin_port), "--debounce-ms", str(self.debounce_ms),
+                "--log-level", self.log_level]
+        if self.test_hooks:
+            args.append("--test-hooks")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"control plane exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.get("/healthz")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"control plane admin not up after {timeout}s:\n{self.log_tail()}")
+                time.sleep(0.05)
+        wait_port(self.port, timeout=max(1.0, deadline - time.monotonic()))
+        return self
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def post(self, path: str, body: dict) -> tuple[int, str]:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}{path}", method="POST",
+                                     data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def syncz(self) -> list[dict]:
+        return json.loads(self.get("/debug/syncz")[1])
+
+    def node_sync(self, node_id: str) -> dict | None:
+        return next((n for n in self.syncz() if n["node"] == node_id), None)
+
+    def configz(self) -> dict:
+        return json.loads(self.get("/debug/configz")[1])
+
+    def config_dump(self, node_id: str) -> dict:
+        return json.loads(self.get(f"/debug/config_dump?node={urllib.request.quote(node_id)}")[1])
+
+    def inject(self, resources: list[dict]) -> dict:
+        """Test hook: [{"type_url", "name", "resource": Envoy JSON}] over every snapshot ([] clears)."""
+        status, text = self.post("/debug/inject", {"resources": resources})
+        if status != 200:
+            raise RuntimeError(f"inject failed ({status}): {text}")
+        return json.loads(text)
+
+    def wait_synced(self, node_id: str, types=("CDS", "LDS"), generation: str | None = None,
+                    timeout: float = 20.0) -> dict:
+        """Until the node has ACKed the latest response of each type (and `generation` is served)."""
+        deadline = time.monotonic() + timeout
+        node = None
+        while time.monotonic() < deadline:
+            node = self.node_sync(node_id)
+            if node and all(node["types"].get(t, {}).get("status") == "SYNCED" for t in types):
+                if generation is None or self.configz()["generation"] == generation:
+                    return node
+            time.sleep(0.05)
+        raise TimeoutError(f"{node_id} not synced for {types} after {timeout}s: {node}\n{self.log_tail()}")
+
+    def wait_generation_change(self, before: str, timeout: float = 10.0) -> dict:
+        """Until the served generation differs from `before` (a change set was applied)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.configz()
+            if status["generation"] != before:
+                return status
+            time.sleep(0.02)
+        raise TimeoutError(f"config generation still {before} after {timeout}s:\n{self.log_tail()}")
+
+    def wait_rejected(self, since: float, timeout: float = 10.0) -> dict:
+        """Until a change set rejected after `since` (time.time()) is reported."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rejected = self.configz().get("rejected")
+            if rejected and rejected["at"] >= since:
+                return rejected
+            time.sleep(0.02)
+        raise TimeoutError(f"no rejected change set reported after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL: the control plane dies without closing its streams cleanly."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def close(self) -> None:
+        self.stop()
+        try:
+            os.remove(self.log_path)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def mesh_envoy(control_plane: ControlPlane, node_id: str = GATEWAY_NODE, delta: bool = False,
+               labels: dict | None = None, cluster: str = "", namespace: str = "",
+               log_level: str = "warning", extra_args: list[str] | None = None) -> Envoy:
+    """An Envoy (not started) whose bootstrap points at `control_plane` over ADS."""
+    from xds_server.bootstrap import envoy_bootstrap
+    admin_port = free_port()
+    bootstrap = envoy_bootstrap(node_id=node_id, xds_address=control_plane.address, cluster=cluster,
+                                admin_port=admin_port, delta=delta, labels=labels, namespace=namespace)
+    return Envoy(bootstrap, admin_port=admin_port, log_level=log_level, extra_args=extra_args)

@@ -1,0 +1,83 @@
+"""Admin HTTP (aiohttp, on the control plane's loop), as istiod's debug endpoints.
+
+/healthz                      200 while serving; says whether a config is loaded
+/debug/syncz                  per node and type: sent, acked, nacked + error
+/debug/configz                the config being served and the last rejected change set
+/debug/config_dump?node=ID    the node's snapshot as Envoy JSON
+/debug/tracez[?name=xds.push] recent OpenTelemetry spans
+/metrics                      Prometheus text (OpenTelemetry metrics)
+POST /debug/inject            test hook only (serve --test-hooks): raw resources over every snapshot
+"""
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+from google.protobuf import json_format
+
+from xds_server import telemetry
+from xds_server.sync import short_name
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data, indent=1, sort_keys=True), status=status,
+                        content_type="application/json")
+
+
+def make_app(server) -> web.Application:
+    async def healthz(request):
+        return _json({"status": "ok", "config_loaded": server.cache.ready,
+                      "generation": server.status["generation"]})
+
+    async def syncz(request):
+        return _json(server.hub.tracker.syncz())
+
+    async def configz(request):
+        return _json(server.status)
+
+    async def config_dump(request):
+        node_id = request.query.get("node", "")
+        node, snap = server.node_snapshot(node_id)
+        if node is None:
+            return _json({"error": f"no connected node {node_id!r}",
+                          "nodes": sorted(n.id for n in server.hub.nodes())}, 404)
+        out = {"node": node_id, "kind": node.kind, "generation": snap.generation if snap else "",
+               "resources": {}}
+        for type_url, by_name in (snap.resources.items() if snap else ()):
+            out["resources"][short_name(type_url)] = {
+                name: {"version": r.version, "resource": json_format.MessageToDict(r.message)}
+                for name, r in by_name.items()}
+        return _json(out)
+
+    async def tracez(request):
+        return _json(telemetry.recent_spans(request.query.get("name")))
+
+    async def metrics(request):
+        return web.Response(body=telemetry.prometheus_text(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def inject(request):
+        if not server.test_hooks:
+            return _json({"error": "test hooks are off (serve --test-hooks)"}, 403)
+        from xds_server.hooks import parse_overrides
+        try:
+            overrides = parse_overrides(await request.json())
+        except (ValueError, KeyError, json_format.ParseError) as e:
+            return _json({"error": str(e)}, 400)
+        server.inject(overrides)
+        return _json({"injected": {short_name(t): sorted(v) for t, v in overrides.items()}})
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/debug/syncz", syncz),
+                    web.get("/debug/configz", configz), web.get("/debug/config_dump", config_dump),
+                    web.get("/debug/tracez", tracez), web.get("/metrics", metrics),
+                    web.post("/debug/inject", inject)])
+    return app
+
+
+async def start_admin(server, address: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(make_app(server), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, address, port)
+    await site.start()
+    return runner

@@ -1,0 +1,318 @@
+"""The ADS service: StreamAggregatedResources (SotW) and DeltaAggregatedResources.
+
+grpc.aio rather than the sync server: a sync server holds a thread per
+stream (two, to read requests while a push is written), so 100 proxies cost
+200 threads fighting over the GIL. Here every stream is a coroutine on one
+event loop, woken by its own queue; requests and pushes of one stream are
+handled in order, so per-stream state needs no locks.
+
+Protocol (envoyproxy.io "xDS REST and gRPC protocol"), per stream and type:
+- a request whose response_nonce is not the last nonce sent is stale: ignored (SotW);
+- same nonce and no error_detail: ACK of that version; error_detail set: NACK,
+  recorded with its message, and the last ACKed version stays the node's version;
+- LDS/CDS with no names (or "*") are wildcard; other types answer the names asked;
+- SotW responses carry the whole set asked for (omission = removal);
+  Delta responses carry changed resources and removed_resources;
+- pushes after a config change go out in make-before-break order (PUSH_ORDER).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+
+from xds_server import telemetry
+from xds_server.cache import WILDCARD_TYPES, PreparedSnapshot, SnapshotCache
+from xds_server.sync import SyncTracker, short_name
+from xds_server.types import PUSH_ORDER, ProxyNode
+
+log = logging.getLogger("xds_server.ads")
+
+CONTROL_PLANE = base_pb2.ControlPlane(identifier="mcp-mesh-xds")
+_PUSH = object()   # queue event: the snapshot changed
+_EOF = object()    # queue event: the client closed its side
+
+
+def push_order(type_urls) -> list[str]:
+    """PUSH_ORDER first (CDS, EDS, ECDS, LDS, RDS, SDS), then any other type a stream asked for."""
+    known = [u for u in PUSH_ORDER if u in type_urls]
+    return known + sorted(u for u in type_urls if u not in PUSH_ORDER)
+
+
+class AdsHub:
+    """What every stream shares: the snapshot cache, the sync tracker, the open streams."""
+
+    def __init__(self, cache: SnapshotCache, tracker: SyncTracker | None = None):
+        self.cache = cache
+        self.tracker = tracker or SyncTracker()
+        self.streams: set["_Stream"] = set()
+        self._nonces = itertools.count(1)
+
+    def nonce(self) -> str:
+        return str(next(self._nonces))
+
+    def nodes(self) -> list[ProxyNode]:
+        return [s.node for s in self.streams if s.node is not None]
+
+    def notify_all(self) -> None:
+        for s in list(self.streams):
+            s.queue.put_nowait(_PUSH)
+
+
+@dataclass
+class _TypeState:
+    names: set[str] = field(default_factory=set)
+    wildcard: bool = False
+    sent_version: str = ""
+    sent_nonce: str = ""
+    # Delta only: what the client holds (name -> version) and, per nonce in
+    # flight, what it held before, to restore on NACK.
+    client: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, tuple[str, dict[str, str | None]]] = field(default_factory=dict)
+
+
+class _Stream:
+    protocol = ""
+
+    def __init__(self, hub: AdsHub, peer: str):
+        self.hub = hub
+        self.peer = peer
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.node: ProxyNode | None = None
+        self.types: dict[str, _TypeState] = {}
+        self.sync_id = 0
+
+    async def run(self, request_iterator):
+        reader = asyncio.create_task(self._read(request_iterator))
+        self.hub.streams.add(self)
+        try:
+            while True:
+                event = await self.queue.get()
+                if event is _EOF:
+                    return
+                if isinstance(event, BaseException):
+                    raise event
+                if event is _PUSH:
+                    responses = self._push_all()
+                else:
+                    responses = self._on_request(event)
+                for resp in responses:
+                    yield resp
+        finally:
+            reader.cancel()
+            self.hub.streams.discard(self)
+            if self.node is not None:
+                self.hub.tracker.disconnect(self.node.id, self.sync_id)
+                telemetry.metrics().connected.add(-1, {"protocol": self.protocol})
+                log.info("%s stream closed: %s", self.protocol, self.node.id)
+
+    async def _read(self, request_iterator) -> None:
+        try:
+            async for req in request_iterator:
+                self.queue.put_nowait(req)
+            self.queue.put_nowait(_EOF)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the client went away mid-read
+            self.queue.put_nowait(_EOF)
+            log.debug("%s read ended: %s", self.protocol, e)
+
+    def _hello(self, req) -> None:
+        if self.node is None:
+            if not req.HasField("node") or not req.node.id:
+                raise ValueError("the first request of a stream must carry node.id")
+            self.node = ProxyNode.from_proto(req.node)
+            self.sync_id = self.hub.tracker.connect(self.node.id, self.node.cluster, self.protocol)
+            telemetry.metrics().connected.add(1, {"protocol": self.protocol})
+            log.info("%s stream from %s (%s, %s)", self.protocol, self.node.id, self.node.kind, self.peer)
+
+    def snapshot(self) -> PreparedSnapshot | None:
+        try:
+            return self.hub.cache.snapshot_for(self.node)
+        except Exception:  # this node's shape fails to translate: it gets nothing new
+            log.exception("translating for %s failed", self.node.id)
+            return None
+
+    def _push_all(self) -> list:
+        snap = self.snapshot()
+        if snap is None:
+            return []
+        out = []
+        with telemetry.tracer().start_as_current_span("xds.push") as span:
+            span.set_attribute("xds.node", self.node.id)
+            span.set_attribute("xds.protocol", self.protocol)
+            for type_url in push_order(self.types):
+                resp = self._respond(type_url, snap, force=False)
+                if resp is not None:
+                    out.append(resp)
+            span.set_attribute("xds.responses", len(out))
+        return out
+
+    # Implemented by each protocol.
+    def _on_request(self, req) -> list:
+        raise NotImplementedError
+
+    def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool):
+        raise NotImplementedError
+
+    def _count(self, type_url: str, resp, n: int) -> None:
+        m = telemetry.metrics()
+        attrs = {"type": short_name(type_url), "protocol": self.protocol}
+        m.pushes.add(1, attrs)
+        m.push_resources.add(n, attrs)
+        m.push_bytes.add(resp.ByteSize(), attrs)
+
+
+class SotwStream(_Stream):
+    protocol = "sotw"
+
+    def _on_request(self, req: discovery_pb2.DiscoveryRequest) -> list:
+        self._hello(req)
+        type_url = req.type_url
+        names = set(req.resource_names)
+        wildcard = "*" in names or (type_url in WILDCARD_TYPES and not names)
+        names.discard("*")
+        st = self.types.get(type_url)
+        tracker = self.hub.tracker
+        if st is None:
+            st = self.types[type_url] = _TypeState(names=names, wildcard=wildcard)
+            if req.version_info:   # a reconnecting proxy says what it already runs
+                tracker.ack(self.node.id, self.sync_id, type_url, req.version_info, "")
+        else:
+            if req.response_nonce != st.sent_nonce:
+                return []          # stale: answers a response superseded since
+            if req.HasField("error_detail"):
+                tracker.nack(self.node.id, self.sync_id, type_url, st.sent_version,
+                             req.response_nonce, req.error_detail.message)
+                telemetry.metrics().nacks.add(1, {"type": short_name(type_url), "protocol": self.protocol})
+                log.warning("NACK from %s for %s version %s (keeps %s): %s", self.node.id,
+                            short_name(type_url), st.sent_version, req.version_info or "nothing",
+                            req.error_detail.message)
+            else:
+                tracker.ack(self.node.id, self.sync_id, type_url, req.version_info, req.response_nonce)
+            if names == st.names and wildcard == st.wildcard:
+                return []          # a plain ACK/NACK: nothing new to send
+            st.names, st.wildcard = names, wildcard
+        snap = self.snapshot()
+        if snap is None:
+            return []
+        resp = self._respond(type_url, snap, force=True)
+        return [resp] if resp is not None else []
+
+    def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool):
+        st = self.types[type_url]
+        if not st.wildcard and not st.names:
+            return None            # subscribed to nothing (e.g. EDS before any cluster)
+        resources = snap.select(type_url, None if st.wildcard else st.names)
+        version = snap.version_of(resources)
+        if version == st.sent_version and not force:
+            return None
+        nonce = self.hub.nonce()
+        resp = discovery_pb2.DiscoveryResponse(
+            version_info=version, type_url=type_url, nonce=nonce, control_plane=CONTROL_PLANE,
+            resources=[r.any for r in resources])
+        st.sent_version, st.sent_nonce = version, nonce
+        self.hub.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(resources))
+        self._count(type_url, resp, len(resources))
+        return resp
+
+
+class DeltaStream(_Stream):
+    protocol = "delta"
+
+    def _on_request(self, req: discovery_pb2.DeltaDiscoveryRequest) -> list:
+        self._hello(req)
+        type_url = req.type_url
+        tracker = self.hub.tracker
+        st = self.types.get(type_url)
+        first = st is None
+        if first:
+            st = self.types[type_url] = _TypeState(
+                wildcard=type_url in WILDCARD_TYPES and not req.resource_names_subscribe)
+            # Reconnect: the client tells what it holds; unchanged resources are not resent.
+            st.client = dict(req.initial_resource_versions)
+        if req.response_nonce:
+            version_sent, before = st.pending.pop(req.response_nonce, ("", None))
+            if before is not None and req.HasField("error_detail"):
+                for name, version in before.items():   # the client kept what it had
+                    if version is None:
+                        st.client.pop(name, None)
+                    else:
+                        st.client[name] = version
+                tracker.nack(self.node.id, self.sync_id, type_url, version_sent,
+                             req.response_nonce, req.error_detail.message)
+                telemetry.metrics().nacks.add(1, {"type": short_name(type_url), "protocol": self.protocol})
+                log.warning("NACK from %s for %s (delta): %s", self.node.id, short_name(type_url),
+                            req.error_detail.message)
+            elif before is not None:
+                tracker.ack(self.node.id, self.sync_id, type_url, version_sent, req.response_nonce)
+        new_names = set()
+        for name in req.resource_names_subscribe:
+            if name == "*":
+                st.wildcard = True
+            elif name not in st.names:
+                st.names.add(name)
+                new_names.add(name)
+        for name in req.resource_names_unsubscribe:
+            if name == "*":
+                st.wildcard = False
+            else:
+                st.names.discard(name)
+                st.client.pop(name, None)   # the client dropped it; nothing to remove
+        if not (first or new_names or req.resource_names_unsubscribe):
+            return []
+        snap = self.snapshot()
+        if snap is None:
+            return []
+        resp = self._respond(type_url, snap, force=first, absent=new_names)
+        return [resp] if resp is not None else []
+
+    def _desired(self, type_url: str, snap: PreparedSnapshot) -> dict:
+        have = snap.of_type(type_url)
+        if self.types[type_url].wildcard:
+            return dict(have)
+        return {n: have[n] for n in self.types[type_url].names if n in have}
+
+    def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool, absent=()):
+        st = self.types[type_url]
+        desired = self._desired(type_url, snap)
+        changed = [r for n, r in sorted(desired.items()) if st.client.get(n) != r.version]
+        removed = sorted(n for n in st.client if n not in desired)
+        # A newly asked-for name that does not exist is said to be absent, so
+        # the client need not wait out its initial fetch timeout.
+        removed += sorted(n for n in absent if n not in desired and n not in st.client)
+        version = snap.version_of(desired.values())
+        if not changed and not removed and not force:
+            return None
+        nonce = self.hub.nonce()
+        resp = discovery_pb2.DeltaDiscoveryResponse(
+            system_version_info=version, type_url=type_url, nonce=nonce, control_plane=CONTROL_PLANE,
+            resources=[discovery_pb2.Resource(name=r.name, version=r.version, resource=r.any)
+                       for r in changed],
+            removed_resources=removed)
+        st.pending[nonce] = (version, {n: st.client.get(n) for n in [r.name for r in changed] + removed})
+        for r in changed:
+            st.client[r.name] = r.version
+        for n in removed:
+            st.client.pop(n, None)
+        st.sent_version, st.sent_nonce = version, nonce
+        self.hub.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(desired))
+        self._count(type_url, resp, len(changed))
+        return resp
+
+
+class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    def __init__(self, hub: AdsHub):
+        self.hub = hub
+
+    async def StreamAggregatedResources(self, request_iterator, context):
+        async for resp in SotwStream(self.hub, context.peer()).run(request_iterator):
+            yield resp
+
+    async def DeltaAggregatedResources(self, request_iterator, context):
+        async for resp in DeltaStream(self.hub, context.peer()).run(request_iterator):
+            yield resp

@@ -1,0 +1,124 @@
+"""`mcpctl xds serve`, `mcpctl envoy bootstrap|run`, `mcpctl proxy-status`."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+
+def _labels(values: list[str] | None) -> dict:
+    out = {}
+    for v in values or []:
+        key, sep, val = v.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--label must be KEY=VALUE, got {v!r}")
+        out[key] = val
+    return out
+
+
+def register(subparsers) -> None:
+    xds = subparsers.add_parser("xds", help="the xDS control plane")
+    xsub = xds.add_subparsers(dest="xds_command", metavar="COMMAND", required=True)
+    serve = xsub.add_parser("serve", help="serve ADS (SotW and Delta) from a watched config directory")
+    serve.add_argument("--config-dir", required=True)
+    serve.add_argument("--port", type=int, default=18000, help="ADS gRPC port")
+    serve.add_argument("--admin-port", type=int, default=18001, help="admin HTTP port")
+    serve.add_argument("--address", default="127.0.0.1")
+    serve.add_argument("--debounce-ms", type=int, default=100)
+    serve.add_argument("--test-hooks", action="store_true", help="enable POST /debug/inject (tests only)")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=_serve)
+
+    envoy = subparsers.add_parser("envoy", help="run Envoy attached to the control plane")
+    esub = envoy.add_subparsers(dest="envoy_command", metavar="COMMAND", required=True)
+    for name, func, helptext in (("bootstrap", _bootstrap, "print an Envoy bootstrap YAML for ADS"),
+                                 ("run", _run_envoy, "run .venv/bin/envoy with that bootstrap")):
+        p = esub.add_parser(name, help=helptext)
+        p.add_argument("--node-id", required=True)
+        p.add_argument("--cluster", default="")
+        p.add_argument("--xds-address", required=True, help="HOST:PORT of the ADS server")
+        p.add_argument("--admin-port", type=int, default=15000)
+        p.add_argument("--delta", action="store_true", help="Delta xDS instead of state of the world")
+        p.add_argument("--label", action="append", help="node label KEY=VALUE (repeatable)")
+        p.add_argument("--namespace", default="")
+        if name == "run":
+            p.add_argument("--log-level", default="warning")
+            p.add_argument("envoy_args", nargs=argparse.REMAINDER, help="passed to envoy after --")
+        p.set_defaults(func=func)
+
+    ps = subparsers.add_parser("proxy-status", help="per proxy and type: SYNCED, STALE, NACKED")
+    ps.add_argument("--admin-address", default="127.0.0.1:18001")
+    ps.add_argument("--json", action="store_true")
+    ps.set_defaults(func=_proxy_status)
+
+
+def _serve(args) -> int:
+    from xds_server.server import XdsServer, serve
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not os.path.isdir(args.config_dir):
+        print(f"mcpctl xds serve: config directory {args.config_dir!r} does not exist", file=sys.stderr)
+        return 2
+    server = XdsServer(args.config_dir, port=args.port, admin_port=args.admin_port, address=args.address,
+                       debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks)
+    try:
+        asyncio.run(serve(server))
+    except OSError as e:
+        print(f"mcpctl xds serve: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bootstrap_text(args) -> str:
+    from xds_server.bootstrap import bootstrap_yaml
+    return bootstrap_yaml(node_id=args.node_id, cluster=args.cluster, xds_address=args.xds_address,
+                          admin_port=args.admin_port, delta=args.delta, labels=_labels(args.label),
+                          namespace=args.namespace)
+
+
+def _bootstrap(args) -> int:
+    try:
+        sys.stdout.write(_bootstrap_text(args))
+    except ValueError as e:
+        print(f"mcpctl envoy bootstrap: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def envoy_binary() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "envoy")
+    return here if os.path.exists(here) else (shutil.which("envoy") or "envoy")
+
+
+def _run_envoy(args) -> int:
+    try:
+        text = _bootstrap_text(args)
+    except ValueError as e:
+        print(f"mcpctl envoy run: {e}", file=sys.stderr)
+        return 2
+    fd, path = tempfile.mkstemp(prefix="envoy-bootstrap-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    extra = [a for a in (args.envoy_args or []) if a != "--"]
+    argv = [envoy_binary(), "-c", path, "--disable-hot-restart", "-l", args.log_level, *extra]
+    sys.stdout.flush()
+    os.execv(argv[0], argv)   # Envoy replaces us: signals reach it directly
+
+
+def _proxy_status(args) -> int:
+    from xds_server.sync import format_proxy_status
+    try:
+        with urllib.request.urlopen(f"http://{args.admin_address}/debug/syncz", timeout=5) as r:
+            syncz = json.loads(r.read())
+    except (urllib.error.URLError, OSError) as e:
+        print(f"mcpctl proxy-status: cannot reach the control plane admin at {args.admin_address}: {e}",
+              file=sys.stderr)
+        return 1
+    print(json.dumps(syncz, indent=1) if args.json else format_proxy_status(syncz))
+    return 0

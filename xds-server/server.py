@@ -1,0 +1,151 @@
+"""The control plane process: config source -> translation -> ADS, plus admin HTTP.
+
+Everything runs on one asyncio loop (see ads.py for why grpc.aio). Loading
+and translating a change set run in a worker thread, so streams keep
+answering ACKs meanwhile; the new snapshots are installed on the loop in one
+step, then every stream is woken to push what changed for it.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc
+
+from mesh.errors import ConfigError, Diagnostic
+from xds_server import telemetry
+from xds_server.ads import AdsHub, AdsServicer
+from xds_server.cache import SnapshotCache
+from xds_server.source import DirectorySource
+
+log = logging.getLogger("xds_server")
+
+
+def default_load(directory: str):
+    from mesh.load import load_config
+    return load_config(directory)
+
+
+def default_translate(config, node):
+    from xds_server.translate import translate
+    return translate(config, node)
+
+
+def diagnostic_dict(d: Diagnostic) -> dict:
+    return {"message": d.message, "file": d.file, "line": d.line, "resource": d.resource,
+            "field": d.field, "code": d.code, "severity": d.severity, "text": str(d)}
+
+
+class XdsServer:
+    def __init__(self, config_dir: str, port: int = 18000, admin_port: int = 18001,
+                 address: str = "127.0.0.1", load=default_load, translate=default_translate,
+                 debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False):
+        self.config_dir = config_dir
+        self.port, self.admin_port, self.address = port, admin_port, address
+        self.load = load
+        self.cache = SnapshotCache(translate)
+        self.hub = AdsHub(self.cache)
+        self.test_hooks = test_hooks
+        self.source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)
+        self._generations = itertools.count(1)
+        self._apply_lock: asyncio.Lock | None = None
+        self.status: dict = {"config_dir": config_dir, "generation": "", "applied_at": 0.0,
+                             "resources": 0, "warnings": [], "rejected": None}
+        self._grpc: grpc.aio.Server | None = None
+        self._admin = None
+
+    async def start(self) -> None:
+        self._apply_lock = asyncio.Lock()
+        await self.apply()          # a bad initial config: serve nothing until a good one lands
+        self._grpc = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ])
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(AdsServicer(self.hub), self._grpc)
+        bound = self._grpc.add_insecure_port(f"{self.address}:{self.port}")
+        if not bound:
+            raise OSError(f"cannot bind ADS on {self.address}:{self.port}")
+        self.port = bound
+        await self._grpc.start()
+        from xds_server.admin import start_admin
+        self._admin = await start_admin(self, self.address, self.admin_port)
+        self.source.start()
+        log.info("ADS on %s:%d, admin on %s:%d, watching %s", self.address, self.port,
+                 self.address, self.admin_port, self.config_dir)
+
+    async def stop(self, grace: float = 0.5) -> None:
+        await self.source.stop()
+        if self._admin is not None:
+            await self._admin.cleanup()
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+
+    async def wait(self) -> None:
+        await self._grpc.wait_for_termination()
+
+    async def apply(self) -> bool:
+        """Load, validate and translate the whole directory; install it only if all of it is good."""
+        async with self._apply_lock:
+            m = telemetry.metrics()
+            try:
+                config = await asyncio.to_thread(self.load, self.config_dir)
+            except ConfigError as e:
+                self._reject(e.diagnostics)
+                return False
+            generation = f"g{next(self._generations)}"
+            nodes = self.hub.nodes()
+            started = time.perf_counter()
+            with telemetry.tracer().start_as_current_span("xds.translate") as span:
+                span.set_attribute("xds.generation", generation)
+                span.set_attribute("xds.config_resources", len(config))
+                try:
+                    snapshots = await asyncio.to_thread(self.cache.build, config, generation, nodes)
+                except ConfigError as e:
+                    self._reject(e.diagnostics)
+                    return False
+                except Exception as e:  # a translator bug must not take the last good config down
+                    log.exception("translation failed")
+                    self._reject([Diagnostic(f"translation failed: {type(e).__name__}: {e}",
+                                             file=self.config_dir)])
+                    return False
+                span.set_attribute("xds.node_shapes", len(snapshots))
+            m.translate_seconds.record(time.perf_counter() - started)
+            self.cache.install(config, generation, snapshots)
+            m.config_applied.add(1)
+            self.status.update(generation=generation, applied_at=time.time(), resources=len(config),
+                               warnings=[diagnostic_dict(d) for d in getattr(config, "warnings", [])],
+                               rejected=None)
+            log.info("applied %s: %d resources, %d node shapes", generation, len(config), len(snapshots))
+            self.hub.notify_all()
+            return True
+
+    def _reject(self, diagnostics: list[Diagnostic]) -> None:
+        telemetry.metrics().config_rejected.add(1)
+        self.status["rejected"] = {"at": time.time(), "errors": [diagnostic_dict(d) for d in diagnostics]}
+        kept = self.status["generation"] or "nothing (no good config yet)"
+        log.error("change set in %s rejected whole; still serving %s:\n%s", self.config_dir, kept,
+                  "\n".join(f"  {d}" for d in diagnostics))
+
+    # Test hook (only with test_hooks): lay raw Envoy resources over every snapshot.
+    def inject(self, overrides: dict) -> None:
+        self.cache.set_overrides(overrides, self.hub.nodes())
+        self.hub.notify_all()
+
+    def node_snapshot(self, node_id: str):
+        for s in self.hub.streams:
+            if s.node is not None and s.node.id == node_id:
+                return s.node, self.cache.snapshot_for(s.node)
+        return None, None
+
+
+async def serve(server: XdsServer) -> None:
+    await server.start()
+    try:
+        await server.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,92 @@
+"""OpenTelemetry for the control plane: spans for translate and push, metrics for /metrics.
+
+The providers are the server's own (not the process-global ones), so a test
+process that also hosts other parts' telemetry does not mix them. Metrics are
+read by the OpenTelemetry Prometheus reader into a private registry that
+/metrics renders; finished spans go to a bounded in-memory ring that
+/debug/tracez shows (there is no collector to export to on 127.0.0.1).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry, generate_latest
+
+SERVICE = Resource.create({"service.name": "mcp-mesh-xds"})
+
+
+class RingSpanExporter(SpanExporter):
+    """Keeps the last `size` finished spans."""
+
+    def __init__(self, size: int = 500):
+        self.spans: collections.deque[ReadableSpan] = collections.deque(maxlen=size)
+
+    def export(self, spans) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def recent(self, name: str | None = None) -> list[dict]:
+        return [{"name": s.name, "start_ns": s.start_time, "duration_ms": (s.end_time - s.start_time) / 1e6,
+                 "attributes": dict(s.attributes or {})}
+                for s in list(self.spans) if name is None or s.name == name]
+
+
+class Metrics:
+    def __init__(self, provider: MeterProvider):
+        m = provider.get_meter("xds_server")
+        self.pushes = m.create_counter("xds_pushes", description="xDS responses sent")
+        self.push_resources = m.create_counter("xds_pushed_resources", description="resources in xDS responses")
+        self.push_bytes = m.create_counter("xds_push_bytes", unit="By", description="bytes of xDS responses")
+        self.nacks = m.create_counter("xds_nacks", description="responses a proxy rejected")
+        self.connected = m.create_up_down_counter("xds_connected_proxies", description="open ADS streams")
+        self.config_applied = m.create_counter("xds_config_applied", description="change sets applied")
+        self.config_rejected = m.create_counter("xds_config_rejected", description="change sets rejected whole")
+        self.translate_seconds = m.create_histogram("xds_translate_duration", unit="s",
+                                                    description="translating one change set for all node shapes")
+
+
+class _Telemetry:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.meter_provider = MeterProvider(resource=SERVICE,
+                                            metric_readers=[PrometheusMetricReader(registry=self.registry)])
+        self.metrics = Metrics(self.meter_provider)
+        self.spans = RingSpanExporter()
+        self.tracer_provider = TracerProvider(resource=SERVICE)
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.tracer = self.tracer_provider.get_tracer("xds_server")
+
+
+_lock = threading.Lock()
+_instance: _Telemetry | None = None
+
+
+def _get() -> _Telemetry:
+    global _instance
+    if _instance is None:
+        with _lock:
+            if _instance is None:
+                _instance = _Telemetry()
+    return _instance
+
+
+def metrics() -> Metrics:
+    return _get().metrics
+
+
+def tracer():
+    return _get().tracer
+
+
+def recent_spans(name: str | None = None) -> list[dict]:
+    return _get().spans.recent(name)
+
+
+def prometheus_text() -> bytes:
+    return generate_latest(_get().registry)

@@ -1,0 +1,44 @@
+"""`mcpctl console`: serve the console page for the local mesh."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import urllib.parse
+
+
+def _url(value: str) -> str:
+    u = urllib.parse.urlsplit(value)
+    if u.scheme not in ("http", "https") or not u.netloc:
+        raise ValueError(f"{value!r} is not an http(s)://host:port URL")
+    return value.rstrip("/")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("console", help="web console: proxies, routes, endpoints, latency, ModelInfer over gRPC-Web")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=15100)
+    p.add_argument("--xds-admin", default="http://127.0.0.1:18001", help="control plane admin URL (/debug/syncz)")
+    p.add_argument("--backend", default="", help="inference backend HTTP URL (its /metrics feeds the latency plot)")
+    p.add_argument("--grpc-web", default="http://127.0.0.1:8080", help="the Envoy listener the page sends gRPC-Web to")
+    p.add_argument("--envoy-admin", default="", help="a gateway Envoy's admin URL, for the health it observes")
+    p.add_argument("--model", default="", help="model name pre-filled in the ModelInfer form")
+    p.add_argument("--latency-metric", default=None, help="histogram name in /metrics (default: the first labelled by QoS class)")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from xds_server.console.server import ConsoleOptions, run
+    try:
+        urls = {k: _url(v) if v else "" for k, v in
+                (("xds_admin", args.xds_admin), ("backend", args.backend),
+                 ("grpc_web", args.grpc_web), ("envoy_admin", args.envoy_admin))}
+    except ValueError as e:
+        print(f"mcpctl console: {e}", file=sys.stderr)
+        return 2
+    options = ConsoleOptions(model=args.model, latency_metric=args.latency_metric, **urls)
+    try:
+        asyncio.run(run(options, args.host, args.port))
+    except OSError as e:
+        print(f"mcpctl console: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    return 0

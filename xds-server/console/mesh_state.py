@@ -1,0 +1,146 @@
+"""The mesh as the console shows it, read from the control plane's admin endpoints.
+
+/debug/syncz gives each connected proxy's per-type ACK/NACK state;
+/debug/config_dump?node=ID gives that proxy's snapshot (Envoy JSON, from
+protobuf's MessageToDict, so lowerCamelCase). An Envoy's own admin
+(/clusters?format=json) adds the health Envoy itself observes per endpoint,
+which can differ from what EDS said (active health checks, outlier ejection).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+HCM = "envoy.filters.network.http_connection_manager"
+HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def g(d: Any, *path: str, default: Any = None) -> Any:
+    """d[a][b]... accepting snake_case or lowerCamelCase keys at each step."""
+    for key in path:
+        if not isinstance(d, dict):
+            return default
+        if key in d:
+            d = d[key]
+        elif _camel(key) in d:
+            d = d[_camel(key)]
+        else:
+            return default
+    return d
+
+
+def proxies(syncz: list[dict]) -> list[dict]:
+    order = ["LDS", "RDS", "CDS", "EDS", "ECDS", "SDS"]
+    out = []
+    for n in syncz:
+        types = sorted(n.get("types", {}).items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+        out.append({"id": n.get("node", ""), "cluster": n.get("cluster", ""), "protocol": n.get("protocol", ""),
+                    "types": [{"type": t, "status": s.get("status", ""), "sent": s.get("sent_version", ""),
+                               "acked": s.get("acked_version", ""), "resources": s.get("resources", 0),
+                               "error": s.get("error", "") if s.get("status") == "NACKED" else ""}
+                              for t, s in types]})
+    return out
+
+
+def _match_text(m: dict) -> str:
+    for key in ("prefix", "path", "path_separated_prefix"):
+        if g(m, key) is not None:
+            text = f"{key} {g(m, key)}"
+            break
+    else:
+        regex = g(m, "safe_regex", "regex")
+        text = f"regex {regex}" if regex is not None else "any"
+    for h in g(m, "headers", default=[]) or []:
+        sm = g(h, "string_match", default={}) or {}
+        how = next(iter(sm.items()), ("present", ""))
+        text += f" & {g(h, 'name')} {how[0]} {how[1]}".rstrip()
+    return text
+
+
+def _route_clusters(route: dict) -> list[str]:
+    action = g(route, "route", default={}) or {}
+    if g(action, "cluster"):
+        return [g(action, "cluster")]
+    weighted = g(action, "weighted_clusters", "clusters", default=[]) or []
+    if weighted:
+        return [f"{g(c, 'name')} ({g(c, 'weight', default=0)})" for c in weighted]
+    if g(route, "direct_response"):
+        return [f"direct response {g(route, 'direct_response', 'status')}"]
+    if g(route, "redirect"):
+        return ["redirect"]
+    return []
+
+
+def _hcms(listener: dict):
+    for chain in g(listener, "filter_chains", default=[]) or []:
+        for f in g(chain, "filters", default=[]) or []:
+            if g(f, "name") == HCM:
+                yield g(f, "typed_config", default={}) or {}
+    api = g(listener, "api_listener", "api_listener")   # proxyless gRPC
+    if api:
+        yield api
+
+
+def routes(resources: dict, node: str = "") -> list[dict]:
+    """One row per route: which listener serves it, virtual host, match, target clusters."""
+    by_name = {name: r.get("resource", r) for name, r in (resources.get("RDS") or {}).items()}
+    out = []
+
+    def rows(listener: str, rc_name: str, rc: dict):
+        for vh in g(rc, "virtual_hosts", default=[]) or []:
+            for r in g(vh, "routes", default=[]) or []:
+                out.append({"node": node, "listener": listener, "routeConfig": rc_name,
+                            "virtualHost": g(vh, "name", default=""), "domains": g(vh, "domains", default=[]),
+                            "match": _match_text(g(r, "match", default={}) or {}),
+                            "clusters": _route_clusters(r)})
+
+    for lname, entry in sorted((resources.get("LDS") or {}).items()):
+        for hcm in _hcms(entry.get("resource", entry)):
+            rds_name = g(hcm, "rds", "route_config_name")
+            if rds_name:
+                rows(lname, rds_name, by_name.get(rds_name, {}))
+            elif g(hcm, "route_config"):
+                rows(lname, "(inline)", g(hcm, "route_config"))
+    return out
+
+
+def clusters(resources: dict, observed: dict[str, dict[str, str]] | None = None) -> list[dict]:
+    """Clusters with their endpoints; health as EDS says, or as Envoy observes when known."""
+    eds = {name: r.get("resource", r) for name, r in (resources.get("EDS") or {}).items()}
+    out = []
+    for name, entry in sorted((resources.get("CDS") or {}).items()):
+        c = entry.get("resource", entry)
+        cla = eds.get(g(c, "eds_cluster_config", "service_name") or name) or g(c, "load_assignment") or {}
+        eps = []
+        for locality in g(cla, "endpoints", default=[]) or []:
+            for lb in g(locality, "lb_endpoints", default=[]) or []:
+                sa = g(lb, "endpoint", "address", "socket_address", default={}) or {}
+                addr = f"{g(sa, 'address')}:{g(sa, 'port_value')}"
+                health = (observed or {}).get(name, {}).get(addr) or g(lb, "health_status", default="UNKNOWN")
+                eps.append({"address": addr, "health": health,
+                            "weight": g(lb, "load_balancing_weight", default=1)})
+        opts = g(c, "typed_extension_protocol_options", HTTP_PROTOCOL_OPTIONS, default={}) or {}
+        http2 = (g(opts, "explicit_http_config", "http2_protocol_options") is not None
+                 or g(opts, "use_downstream_protocol_config") is not None)
+        out.append({"name": name, "type": g(c, "type", default="EDS" if g(c, "eds_cluster_config") else ""),
+                    "http2": http2, "endpoints": eps})
+    return out
+
+
+def observed_health(envoy_clusters: dict) -> dict[str, dict[str, str]]:
+    """Envoy admin /clusters?format=json -> {cluster: {host:port: HEALTHY|UNHEALTHY (why)}}."""
+    out: dict[str, dict[str, str]] = {}
+    for cs in envoy_clusters.get("cluster_statuses", []):
+        hosts = out.setdefault(cs.get("name", ""), {})
+        for h in cs.get("host_statuses", []):
+            sa = g(h, "address", "socket_address", default={}) or {}
+            hs = h.get("health_status", {})
+            failed = [k for k, v in hs.items() if v is True]  # failed_active_health_check, ...
+            eds = hs.get("eds_health_status", "HEALTHY")
+            hosts[f"{sa.get('address')}:{sa.get('port_value')}"] = (
+                f"UNHEALTHY ({', '.join(failed)})" if failed else eds)
+    return out

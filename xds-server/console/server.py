@@ -1,0 +1,163 @@
+"""The console's HTTP server: the page, its bundle, and a small JSON API.
+
+GET /                 the page (static/index.html)
+GET /console.js       the esbuild bundle (web/dist/, built by `make web`)
+GET /api/config       what the page needs to start: the gRPC-Web URL, QoS priorities
+GET /api/mesh         proxies (ACK/NACK), routes, clusters and endpoints with health
+GET /api/latency      p50/p99 per QoS class over the last window, as a time series
+
+The page calls the backend itself (gRPC-Web through Envoy); this server only
+reads the control plane's admin endpoints and the backend's /metrics.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from mesh import headers as H
+from mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES
+from xds_server.console import mesh_state
+from xds_server.console.latency import LatencyWindow
+
+log = logging.getLogger("xds_server.console")
+HERE = os.path.dirname(os.path.abspath(__file__))
+INDEX = os.path.join(HERE, "static", "index.html")
+BUNDLE = os.path.join(HERE, "web", "dist", "console.js")
+
+
+@dataclass
+class ConsoleOptions:
+    xds_admin: str = "http://127.0.0.1:18001"
+    backend: str = ""                 # the backend's HTTP base (its /metrics)
+    grpc_web: str = "http://127.0.0.1:8080"
+    envoy_admin: str = ""             # a gateway Envoy's admin, for observed endpoint health
+    model: str = ""
+    latency_metric: str | None = None
+    scrape_s: float = 1.0
+    window_s: float = 10.0
+    timeout_s: float = 2.0
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, sort_keys=True))
+
+
+class Console:
+    def __init__(self, options: ConsoleOptions):
+        self.o = options
+        self.latency = LatencyWindow(window_s=options.window_s)
+        self.latency_error: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._scraper: asyncio.Task | None = None
+
+    async def _get(self, base: str, path: str) -> tuple[object | str | None, str | None]:
+        """(body, None) or (None, a readable reason): a source being down is shown, not raised."""
+        if not base:
+            return None, "not configured"
+        url = base.rstrip("/") + path
+        try:
+            async with self._session.get(url) as r:
+                text = await r.text()
+                if r.status != 200:
+                    return None, f"{url}: HTTP {r.status}: {text[:200]}"
+                return (json.loads(text) if "json" in r.content_type else text), None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return None, f"{url}: {type(e).__name__}: {e}" if str(e) else f"{url}: {type(e).__name__}"
+        except json.JSONDecodeError as e:
+            return None, f"{url}: not JSON: {e}"
+
+    # -- handlers --------------------------------------------------------------
+
+    async def index(self, request):
+        return web.FileResponse(INDEX, headers={"cache-control": "no-store"})
+
+    async def bundle(self, request):
+        if not os.path.exists(BUNDLE):
+            return web.Response(status=503, text=f"console bundle {BUNDLE} is not built: run `make web`",
+                                content_type="text/plain")
+        return web.FileResponse(BUNDLE, headers={"cache-control": "no-store"})
+
+    async def config(self, request):
+        return _json({"grpcWebUrl": self.o.grpc_web, "model": self.o.model,
+                      "priorities": list(LLM_PRIORITY_CLASSES), "priorityHeader": H.LLM_PRIORITY,
+                      "classes": list(QOS_CLASS_NAMES), "pollMs": int(self.o.scrape_s * 1000)})
+
+    async def mesh(self, request):
+        syncz, syncz_err = await self._get(self.o.xds_admin, "/debug/syncz")
+        observed, envoy_err = {}, None
+        if self.o.envoy_admin:
+            dump, envoy_err = await self._get(self.o.envoy_admin, "/clusters?format=json")
+            observed = mesh_state.observed_health(dump) if isinstance(dump, dict) else {}
+        proxies = mesh_state.proxies(syncz if isinstance(syncz, list) else [])
+        dumps = await asyncio.gather(*(self._get(self.o.xds_admin, f"/debug/config_dump?node={p['id']}")
+                                       for p in proxies))
+        routes, clusters, seen = [], [], set()
+        for p, (dump, err) in zip(proxies, dumps):
+            if err or not isinstance(dump, dict):
+                p["error"] = err
+                continue
+            res = dump.get("resources", {})
+            routes += mesh_state.routes(res, node=p["id"])
+            for c in mesh_state.clusters(res, observed):
+                if c["name"] not in seen:   # the same cluster is pushed to many proxies
+                    seen.add(c["name"])
+                    clusters.append(c)
+        return _json({"sources": {"control plane": {"url": self.o.xds_admin, "error": syncz_err},
+                                  "envoy admin": {"url": self.o.envoy_admin, "error": envoy_err}},
+                      "proxies": proxies, "routes": routes, "clusters": clusters})
+
+    async def latency_api(self, request):
+        note = (f"from {self.o.backend}/metrics ({self.latency.metric}), {self.o.window_s:g} s window"
+                if self.latency.metric else f"no latency histogram labelled by QoS class at {self.o.backend or '(backend not set)'}/metrics")
+        if self.latency_error:
+            note += f" — {self.latency_error}"
+        return _json({"series": self.latency.series(), "metric": self.latency.metric, "note": note})
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def _scrape_loop(self):
+        while True:
+            if self.o.backend:
+                text, err = await self._get(self.o.backend, "/metrics")
+                self.latency_error = err
+                if isinstance(text, str):
+                    self.latency.add(text, self.o.latency_metric)
+            await asyncio.sleep(self.o.scrape_s)
+
+    async def on_startup(self, app):
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.o.timeout_s))
+        self._scraper = asyncio.create_task(self._scrape_loop())
+
+    async def on_cleanup(self, app):
+        self._scraper.cancel()
+        await asyncio.gather(self._scraper, return_exceptions=True)
+        await self._session.close()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes([web.get("/", self.index), web.get("/console.js", self.bundle),
+                        web.get("/api/config", self.config), web.get("/api/mesh", self.mesh),
+                        web.get("/api/latency", self.latency_api)])
+        app.on_startup.append(self.on_startup)
+        app.on_cleanup.append(self.on_cleanup)
+        return app
+
+
+async def run(options: ConsoleOptions, host: str = "127.0.0.1", port: int = 15100,
+              ready: asyncio.Event | None = None) -> None:
+    runner = web.AppRunner(Console(options).app(), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        print(f"MCP Mesh console: http://{host}:{port}/", flush=True)
+        if ready:
+            ready.set()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -6,9 +6,9 @@ PIP := .venv/bin/pip
 DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2 libclang-rt-14-dev-wasm32
 PYTEST_ARGS ?=
 
-.PHONY: install debs venv kernel-headers wasm test demo bench clean proto
+.PHONY: install debs venv kernel-headers wasm test demo bench clean proto web
 
-install: debs kernel-headers venv wasm
+install: debs kernel-headers venv wasm web
 
 # Debian packages: installed only when one is missing, so re-runs are fast.
 debs:
@@ -44,6 +44,28 @@ venv: .venv/.installed
 wasm: venv
 	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters; fi
 
+# The console page (xds-server/console/web): `npm ci` only when package-lock.json
+# changed, TS generated from the backend's proto by protoc-gen-es, the bundle
+# rebuilt only when a source changed. Node and npm come from the machine.
+WEB := xds-server/console/web
+WEB_SRC := $(shell find $(WEB)/src -name '*.ts' -not -path '*/gen/*' 2>/dev/null) $(WEB)/tsconfig.json
+
+web: $(WEB)/dist/console.js
+
+$(WEB)/node_modules/.installed: $(WEB)/package-lock.json
+	@command -v npm >/dev/null || { echo "make web: npm (Node.js 20+) is needed for the console page" >&2; exit 1; }
+	cd $(WEB) && npm ci --no-audit --no-fund
+	@touch $@
+
+$(WEB)/src/gen/grpc_service_pb.ts: inference-backend/protos/grpc_service.proto $(WEB)/node_modules/.installed | .venv/.installed
+	@mkdir -p $(@D)
+	$(PY) -m grpc_tools.protoc --plugin=protoc-gen-es=$(WEB)/node_modules/.bin/protoc-gen-es \
+	  --es_out=$(@D) --es_opt=target=ts -I inference-backend/protos grpc_service.proto
+
+$(WEB)/dist/console.js: $(WEB_SRC) $(WEB)/src/gen/grpc_service_pb.ts $(WEB)/node_modules/.installed
+	cd $(WEB) && node_modules/.bin/tsc -p . && node_modules/.bin/esbuild src/main.ts --bundle \
+	  --format=esm --target=es2020 --minify --sourcemap --outfile=dist/console.js --log-level=warning
+
 # KServe v2 gRPC modules of inference-backend (committed; rerun after editing the .proto).
 proto: venv
 	$(PY) inference-backend/protos/generate.py
@@ -58,5 +80,5 @@ bench: install
 	$(PY) -m benchmarks $(BENCH)
 
 clean:
-	rm -rf .venv build artifacts .pytest_cache
+	rm -rf .venv build artifacts .pytest_cache $(WEB)/dist $(WEB)/src/gen
 	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters clean; fi

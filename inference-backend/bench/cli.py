@@ -1,0 +1,66 @@
+"""`mcp-bench`: load a KServe v2 model server over REST or gRPC.
+
+  mcp-bench -c 16 -n 20000 -u http://127.0.0.1:8000/v2/models/mlp
+  mcp-bench -c 64 --rate 2000 --duration 10 -u http://127.0.0.1:8000/v2/models/mlp \\
+            --priority-mix high=0.1,low=0.9 --output-format json
+  mcp-bench --grpc -c 16 -n 20000 -u 127.0.0.1:8001/v2/models/mlp
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from inference_backend.bench import report
+from inference_backend.bench.runner import Config, run_sync
+from inference_backend.bench.target import TargetError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mcp-bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-u", "--url", required=True,
+                   help="http://HOST:PORT/v2/models/NAME (any other path: plain GET, for calibration)")
+    p.add_argument("-c", "--concurrency", type=int, default=1,
+                   help="requests in flight at most (HTTP/1.1: one keep-alive connection each)")
+    p.add_argument("-n", "--requests", type=int, default=None,
+                   help="requests to send (default 1000; with --duration alone, as many as fit)")
+    p.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    p.add_argument("--rate", type=float, default=None,
+                   help="open loop at RPS requests/s, latency from each request's intended send time")
+    p.add_argument("--grpc", action="store_true", help="KServe v2 gRPC instead of REST")
+    p.add_argument("--connections", type=int, default=1, help="gRPC channels the streams share")
+    p.add_argument("--priority-mix", default=None, metavar="NAME=FRAC,...",
+                   help="e.g. high=0.1,low=0.9: x-mcp-qos-class and parameters.priority per request")
+    p.add_argument("--model", default=None, help="model name, if the URL does not say")
+    p.add_argument("--shape", default=None, metavar="IN:D1,D2;...", help="shape for variable-size inputs")
+    p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
+    p.add_argument("--warmup", type=int, default=0, help="requests sent first and not recorded")
+    p.add_argument("--output-format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("-o", "--output", default=None, help="write the report here instead of stdout")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = Config(url=args.url, concurrency=args.concurrency, requests=args.requests,
+                 duration=args.duration, rate=args.rate, grpc=args.grpc,
+                 priority_mix=args.priority_mix, model=args.model, shape=args.shape,
+                 timeout=args.timeout, warmup=args.warmup, connections=args.connections)
+    try:
+        result = run_sync(cfg)
+    except (TargetError, ValueError) as e:
+        print(f"mcp-bench: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    text = report.render(result, args.output_format)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Engine slots over KServe v2 gRPC (grpc.aio): concurrent unary ModelInfer
+calls multiplexed on a few HTTP/2 channels.
+
+Requests are serialised once per priority and sent as bytes (an identity
+serialiser), and responses are not parsed: the hot path does only what the
+server's answer requires of a client, which is what Python can afford here.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+
+from inference_backend.bench import errors
+from inference_backend.bench.engine import OnDone
+from inference_backend.bench.target import Target, TargetError
+from inference_backend.protos import grpc_service_pb2 as pb
+from mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+METADATA = "/inference.GRPCInferenceService/ModelMetadata"
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def open_channels(t: Target, count: int) -> list[grpc.aio.Channel]:
+    # distinct channel args stop grpc from sharing one subchannel (one TCP connection)
+    return [grpc.aio.insecure_channel(t.authority, options=[("mcp-bench.channel", i)])
+            for i in range(max(1, count))]
+
+
+async def fetch_metadata(t: Target, channel: grpc.aio.Channel, timeout: float = 5.0) -> dict:
+    call = channel.unary_unary(METADATA, request_serializer=pb.ModelMetadataRequest.SerializeToString,
+                               response_deserializer=pb.ModelMetadataResponse.FromString)
+    try:
+        md = await call(pb.ModelMetadataRequest(name=t.model, version=t.version or ""), timeout=timeout)
+    except grpc.aio.AioRpcError as e:
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise TargetError(f"cannot reach gRPC {t.authority}: {e.code().name} {e.details()}") from None
+        raise TargetError(f"gRPC ModelMetadata {t.model!r} on {t.authority}: "
+                          f"{e.code().name} {e.details()}") from None
+    return {"name": md.name, "inputs": [{"name": i.name, "datatype": i.datatype, "shape": list(i.shape)}
+                                        for i in md.inputs]}
+
+
+def _raw(dtype: str, values: np.ndarray) -> bytes:
+    if dtype == "BYTES":  # Triton's raw BYTES: 4-byte little-endian length, then the bytes
+        out = bytearray()
+        for v in values:
+            b = str(v).encode()
+            out += len(b).to_bytes(4, "little") + b
+        return bytes(out)
+    return values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def infer_request(t: Target, tensors, priority_level: int | None) -> bytes:
+    req = pb.ModelInferRequest(model_name=t.model, model_version=t.version or "")
+    for name, dtype, shape, values in tensors:
+        req.inputs.add(name=name, datatype=dtype, shape=shape)
+        req.raw_input_contents.append(_raw(dtype, values))
+    if priority_level is not None:
+        req.parameters["priority"].int64_param = priority_level
+    return req.SerializeToString()
+
+
+def _timing(md) -> tuple[float | None, float | None]:
+    q = c = None
+    for key, value in md or ():
+        if key == QUEUE_TIME_US:
+            q = float(value)
+        elif key == COMPUTE_TIME_US:
+            c = float(value)
+    return q, c
+
+
+class GrpcSlot:
+    def __init__(self, channel: grpc.aio.Channel, payloads: list[bytes],
+                 qos_headers: list[str | None], timeout: float):
+        self.call = channel.unary_unary(INFER, request_serializer=_identity,
+                                        response_deserializer=_identity)
+        self.payloads = payloads
+        self.metadata = [((QOS_CLASS, h),) if h else None for h in qos_headers]
+        self.timeout = timeout          # the deadline travels with the call
+
+    def start(self, prio: int, on_done: OnDone) -> None:
+        asyncio.get_running_loop().create_task(self._one(prio, on_done))
+
+    async def _one(self, prio: int, on_done: OnDone) -> None:
+        call = self.call(self.payloads[prio], metadata=self.metadata[prio], timeout=self.timeout)
+        try:
+            await call
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            label = errors.TIMEOUT if code == grpc.StatusCode.DEADLINE_EXCEEDED else errors.grpc_error(code.value[0])
+            on_done(label, None, None)
+            return
+        except Exception:  # a channel torn down under us
+            on_done(errors.CLOSED, None, None)
+            return
+        q, c = _timing(await call.initial_metadata())
+        if q is None and c is None:
+            q, c = _timing(await call.trailing_metadata())
+        on_done(None, q, c)
+
+    def expire(self, older_than: float) -> None:
+        pass   # gRPC deadlines end late calls with DEADLINE_EXCEEDED
+
+    def close(self) -> None:
+        pass
+
+
+async def close_channels(channels) -> None:
+    await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+

@@ -1,0 +1,163 @@
+"""One benchmark run, from options to result dict (what cli.py prints and
+benchmarks/bench_inference.py consumes). Several runs may share one event
+loop: `await run_all([cfg_a, cfg_b])` drives them at the same time."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from inference_backend.bench import engine, stats
+from inference_backend.bench.http1 import encode_request
+from inference_backend.bench.mix import MixSequence, Priority, parse_mix
+from inference_backend.bench.target import (Target, TargetError, build_tensors, fetch_metadata,
+                                            parse_shapes, parse_url, rest_body)
+from mesh.headers import QOS_CLASS
+
+
+@dataclass
+class Config:
+    url: str
+    concurrency: int = 1
+    requests: int | None = None  # default 1000, or unbounded with --duration
+    duration: float | None = None
+    rate: float | None = None
+    grpc: bool = False
+    priority_mix: str | None = None
+    model: str | None = None
+    shape: str | None = None
+    timeout: float = 30.0
+    warmup: int = 0
+    connections: int = 1        # gRPC channels (HTTP/1.1 always uses one per slot)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.concurrency < 1:
+            raise TargetError(f"-c {self.concurrency}: concurrency must be >= 1")
+        if self.requests is not None and self.requests < 1:
+            raise TargetError(f"-n {self.requests}: requests must be >= 1")
+        if self.rate is not None and not self.rate > 0:
+            raise TargetError(f"--rate {self.rate}: must be > 0")
+        if self.duration is not None and not self.duration > 0:
+            raise TargetError(f"--duration {self.duration}: must be > 0")
+        if not self.timeout > 0:
+            raise TargetError(f"--timeout {self.timeout}: must be > 0")
+        if self.warmup < 0 or self.connections < 1:
+            raise TargetError("--warmup must be >= 0 and --connections >= 1")
+
+
+class Prepared:
+    """Target resolved, payloads encoded, slots connected: ready to load."""
+
+    def __init__(self, cfg: Config):
+        cfg.validate()
+        self.cfg = cfg
+        self.target: Target = parse_url(cfg.url, cfg.model, cfg.grpc)
+        mix = parse_mix(cfg.priority_mix) if cfg.priority_mix else None
+        self.mix = mix
+        self.priorities: list[Priority | None] = [p for p, _ in mix] if mix else [None]
+        self.channels = []
+        self.slots = []
+
+    async def setup(self) -> None:
+        cfg, t = self.cfg, self.target
+        qos = [p.header_value if p else None for p in self.priorities]
+        levels = [p.level if p else None for p in self.priorities]
+        if cfg.grpc:
+            from inference_backend.bench import grpc_slots
+            self.channels = grpc_slots.open_channels(t, cfg.connections)
+            meta = await grpc_slots.fetch_metadata(t, self.channels[0])
+            tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
+            payloads = [grpc_slots.infer_request(t, tensors, lv) for lv in levels]
+            self.slots = [grpc_slots.GrpcSlot(self.channels[i % len(self.channels)], payloads, qos, cfg.timeout)
+                          for i in range(cfg.concurrency)]
+            return
+        from inference_backend.bench.http_slots import HttpSlot
+        if t.model:
+            meta = await asyncio.to_thread(fetch_metadata, t, min(cfg.timeout, 10.0))
+            tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
+            payloads = [encode_request("POST", t.model_path + "/infer", t.authority,
+                                       {"Content-Type": "application/json", **({QOS_CLASS: q} if q else {})},
+                                       rest_body(tensors, lv)) for q, lv in zip(qos, levels)]
+        else:
+            payloads = [encode_request("GET", t.path, t.authority, {QOS_CLASS: q} if q else {}) for q in qos]
+        self.slots = [HttpSlot(t.host, t.port, payloads) for _ in range(cfg.concurrency)]
+        try:
+            await asyncio.gather(*(s.connect() for s in self.slots))
+        except (OSError, asyncio.TimeoutError) as e:
+            self.close_sync()
+            raise TargetError(f"cannot connect to {t.authority}: {e}") from None
+
+    def close_sync(self) -> None:
+        for s in self.slots:
+            s.close()
+
+    async def close(self) -> None:
+        self.close_sync()
+        if self.channels:
+            from inference_backend.bench import grpc_slots
+            await grpc_slots.close_channels(self.channels)
+
+    async def load(self) -> dict:
+        cfg = self.cfg
+        if cfg.warmup:
+            await engine.run(engine.Load(requests=cfg.warmup, timeout=cfg.timeout,
+                                         mix=MixSequence(self.mix) if self.mix else None), self.slots)
+        load = engine.Load(requests=self.total_requests(), duration=cfg.duration, rate=cfg.rate,
+                           timeout=cfg.timeout, mix=MixSequence(self.mix) if self.mix else None)
+        await engine.run(load, self.slots)
+        return self.result(load)
+
+    def total_requests(self) -> int:
+        cfg = self.cfg
+        if cfg.requests is not None:
+            return cfg.requests
+        if cfg.duration:  # bounded by time alone
+            return int(cfg.rate * cfg.duration) if cfg.rate else 10**12
+        return 1000
+
+    def result(self, load: engine.Load) -> dict:
+        cfg, rec = self.cfg, load.recorder
+        labels = [p.label if p else "all" for p in self.priorities]
+        rows = stats.summarize_rows(rec, labels, load.t_start, load.t_end)
+        if len(labels) > 1:
+            for row, p in zip(rows[1:], self.priorities):
+                row["qos_class"] = p.header_value
+        duration = load.t_end - load.t_start
+        run = {
+            "target": cfg.url, "protocol": "grpc" if cfg.grpc else "http/1.1",
+            "mode": "open-loop" if cfg.rate else "closed-loop", "concurrency": cfg.concurrency,
+            "requests": self.total_requests(), "completed": len(rec), "duration_s": round(duration, 4),
+            "rate_rps": cfg.rate, "priority_mix": cfg.priority_mix, "model": self.target.model,
+        }
+        if cfg.rate and len(rec):
+            span = max(rec.sent) - min(rec.sent)
+            run["sent_rate_rps"] = round((len(rec) - 1) / span, 2) if span > 0 else float(len(rec))
+        return {"run": run, "rows": rows, "schedule_lag": stats.schedule_lag(rec),
+                "ended_at": time.time()}
+
+
+async def run_all(cfgs: list[Config]) -> list[dict]:
+    """Set up every run, then drive them all at once."""
+    prepared = [Prepared(c) for c in cfgs]
+    try:
+        for p in prepared:
+            await p.setup()
+        return list(await asyncio.gather(*(p.load() for p in prepared)))
+    finally:
+        for p in prepared:
+            await p.close()
+
+
+def event_loop_runner():
+    """uvloop where installed: on this machine it drives 90k req/s where
+    asyncio's own loop drives 57k (see bench/README.md)."""
+    try:
+        import uvloop
+        return uvloop.run
+    except ImportError:
+        return asyncio.run
+
+
+def run_sync(cfg: Config) -> dict:
+    return event_loop_runner()(run_all([cfg]))[0]

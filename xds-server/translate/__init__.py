@@ -23,3 +23,188 @@ The HCM chain is, in order: authn, wasm_plugins, grpc_web, then cors, fault,
 router (the router always last). Seams must be pure and deterministic
 functions of (config, node, port): their output is cached with the rest.
 """
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from mesh.config import MeshConfig
+from mesh.errors import ConfigError, Diagnostic
+from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snapshot
+from xds_server.translate import authn, grpc_web, wasm_plugins
+from xds_server.translate.clusters import ClusterOptions, build_clusters
+from xds_server.translate.index import HTTP_PROTOCOLS, MeshIndex, build_index
+from xds_server.translate.listeners import api_listener, bound_listener, filter_chain_tail
+from xds_server.translate.names import gateway_route_name, sidecar_route_name
+from xds_server.translate.route_configs import gateway_route_config, grpc_route_config, sidecar_route_config
+from xds_server.translate.routes import RouteContext
+
+__all__ = ["translate", "TranslateOptions", "SEAMS"]
+
+SEAMS = (authn, wasm_plugins, grpc_web)      # HCM order: authn, wasm_plugins, grpc_web
+_tracer = trace.get_tracer("xds_server.translate")
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    """bind_address: where gateway and sidecar listeners bind. istiod binds
+    0.0.0.0; this project binds loopback by default (every server does).
+    upstream_bind_address: the source address of QoS-marked upstream
+    connections (upstream_bind_config; a v6 address uses IPV6_TCLASS)."""
+    bind_address: str = "127.0.0.1"
+    upstream_bind_address: str = "127.0.0.1"
+
+
+class _ConfigCache:
+    """Everything derived from one MeshConfig, shared by all its proxies."""
+
+    def __init__(self, config: MeshConfig):
+        self.config_ref = weakref.ref(config)
+        self.index: MeshIndex = build_index(config)
+        self.clusters: dict = {}       # ClusterOptions -> (clusters, assignments)
+        self.shapes: dict = {}         # node shape -> (route configs, listener plan)
+        self.listeners: dict = {}      # (shape, bind, seam filters) -> listeners
+        self.lock = threading.Lock()
+
+
+_CACHE: "OrderedDict[int, _ConfigCache]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 4                         # the configs being served and the ones before
+
+
+def _cache_for(config: MeshConfig) -> tuple[_ConfigCache, bool]:
+    with _CACHE_LOCK:
+        entry = _CACHE.get(id(config))
+        if entry is not None and entry.config_ref() is config:
+            _CACHE.move_to_end(id(config))
+            return entry, True
+    entry = _ConfigCache(config)
+    with _CACHE_LOCK:
+        _CACHE[id(config)] = entry
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return entry, False
+
+
+def _shape(idx: MeshIndex, node: ProxyNode) -> tuple:
+    """What of the node changes its routes: kind, gateways selected, source labels."""
+    gateways = ()
+    if node.kind == "router":
+        gateways = tuple(g.ref for g in idx.selected_gateways(node.labels))
+    labels = frozenset(node.labels.items()) if idx.uses_source_labels else None
+    return node.kind, gateways, node.namespace, labels
+
+
+def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
+    """Route configurations and the listeners to build: [(port, route name, gateway?)]
+    for bound listeners, [(host, port)] for proxyless API listeners."""
+    base = RouteContext(idx, 0, set(), dict(node.labels), node.namespace, node.kind == "grpc")
+    routes, plan = {}, []
+    if node.kind == "router":
+        by_port: dict[int, list] = {}
+        for srv in idx.servers(idx.selected_gateways(node.labels)):
+            if srv.protocol in ("HTTP", "HTTP2", "GRPC") and srv.port:
+                by_port.setdefault(srv.port, []).append(srv)
+        for port in sorted(by_port):
+            rc = gateway_route_config(idx, port, by_port[port], base)
+            routes[rc.name] = rc
+            plan.append((port, gateway_route_name(port), True))
+    elif node.kind == "grpc":
+        for svc in idx.services.values():
+            for p in svc.ports:
+                rc = grpc_route_config(idx, svc.host, p.number, base)
+                routes[rc.name] = rc
+                plan.append((svc.host, p.number))
+    else:
+        ports = sorted({p.number for s in idx.services.values() for p in s.ports if p.protocol in HTTP_PROTOCOLS})
+        for port in ports:
+            rc = sidecar_route_config(idx, port, base)
+            routes[rc.name] = rc
+            plan.append((port, sidecar_route_name(port), False))
+    return routes, plan
+
+
+def _merge(snapshot: Snapshot, extra: Snapshot, owner: str) -> None:
+    for type_url, resources in (extra or {}).items():
+        target = snapshot.setdefault(type_url, {})
+        for name, msg in resources.items():
+            if name in target:
+                raise ConfigError([Diagnostic(
+                    f"{owner} adds {type_url.rsplit('.', 1)[-1]} {name!r}, which translation already emits")])
+            target[name] = msg
+
+
+def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | None = None) -> Snapshot:
+    """Every resource `node` should have: {type URL: {name: message}}.
+
+    The messages are shared between proxies of the same shape and between
+    calls for the same config object: treat them as read-only.
+    """
+    options = options or TranslateOptions()
+    with _tracer.start_as_current_span("xds.translate") as span:
+        span.set_attribute("xds.node.id", node.id)
+        span.set_attribute("xds.node.kind", node.kind)
+        cache, config_hit = _cache_for(config)
+        idx = cache.index
+        grpc = node.kind == "grpc"
+        copts = ClusterOptions(grpc=grpc, upstream_bind_address=options.upstream_bind_address)
+        shape = _shape(idx, node)
+        with cache.lock:
+            clusters = cache.clusters.get(copts)
+            if clusters is None:
+                with _tracer.start_as_current_span("xds.translate.clusters"):
+                    clusters = cache.clusters[copts] = build_clusters(idx, copts)
+            shaped = cache.shapes.get(shape)
+            shape_hit = shaped is not None
+            if shaped is None:
+                with _tracer.start_as_current_span("xds.translate.routes"):
+                    shaped = cache.shapes[shape] = _routes_for_shape(idx, node)
+        routes, plan = shaped
+        listeners = _listeners(cache, shape, plan, config, node, options, grpc)
+        snapshot: Snapshot = {
+            LISTENER: dict(listeners), ROUTE: dict(routes),
+            CLUSTER: dict(clusters[0]), ENDPOINT: dict(clusters[1]),
+        }
+        for seam in SEAMS:
+            _merge(snapshot, seam.resources(config, node), seam.__name__)
+        span.set_attribute("xds.translate.config_cached", config_hit)
+        span.set_attribute("xds.translate.shape_cached", shape_hit)
+        for type_url, resources in snapshot.items():
+            span.set_attribute(f"xds.resources.{type_url.rsplit('.', 1)[-1]}", len(resources))
+        return snapshot
+
+
+def _listeners(cache: _ConfigCache, shape: tuple, plan: list, config: MeshConfig, node: ProxyNode,
+               options: TranslateOptions, grpc: bool) -> dict:
+    if grpc:
+        # Proxyless gRPC implements only a few HTTP filters (gRFC A39): the
+        # seams' filters (jwt_authn, Wasm, grpc_web) are Envoy-only.
+        key = (shape, None, None)
+        tail = filter_chain_tail(grpc=True)
+        seam_filters = {}
+    else:
+        seam_filters = {port: [f for seam in SEAMS for f in seam.http_filters(config, node, port)]
+                        for port, _, _ in plan}
+        key = (shape, options.bind_address,
+               tuple((p, tuple(f.SerializeToString(deterministic=True) for f in fs)) for p, fs in seam_filters.items()))
+    with cache.lock:
+        found = cache.listeners.get(key)
+        if found is not None:
+            return found
+    out = {}
+    if grpc:
+        for host, port in plan:
+            lis = api_listener(host, port, tail)
+            out[lis.name] = lis
+    else:
+        tail = filter_chain_tail(grpc=False)
+        for port, route_name, gateway in plan:
+            lis = bound_listener(options.bind_address, port, route_name, seam_filters[port] + tail, gateway)
+            out[lis.name] = lis
+    with cache.lock:
+        cache.listeners[key] = out
+    return out

@@ -1,0 +1,283 @@
+"""CDS and EDS: clusters and their endpoints from ServiceEntry + DestinationRule.
+
+One cluster per service port (outbound|PORT||HOST) and one per DestinationRule
+subset (outbound|PORT|SUBSET|HOST). STATIC services become EDS clusters whose
+ClusterLoadAssignment holds the endpoints matching the subset's labels; DNS
+services become STRICT_DNS (DNS_ROUND_ROBIN: LOGICAL_DNS) clusters with the
+endpoints inline; NONE (and loadBalancer PASSTHROUGH) become ORIGINAL_DST.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, protocol_pb2, socket_option_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from envoy.type.v3 import percent_pb2
+from google.protobuf import any_pb2
+
+from mesh.config import Resource
+from mesh.qos import QosClass, qos_class_for
+from xds_server.translate import values
+from xds_server.translate.index import H2_PROTOCOLS, Endpoint, MeshIndex, Service, ServicePort, labels_match
+from xds_server.translate.names import cluster_name
+
+Cluster = cluster_pb2.Cluster
+MAX_UINT32 = 4294967295
+DEFAULT_CONNECT_TIMEOUT = 10.0        # istiod's default (MeshConfig.connectTimeout)
+HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+# setsockopt levels and names for the DSCP byte (Linux).
+IPPROTO_IP, IP_TOS = 0, 1
+IPPROTO_IPV6, IPV6_TCLASS = 41, 67
+
+_SIMPLE_LB = {
+    "ROUND_ROBIN": Cluster.ROUND_ROBIN,
+    "LEAST_REQUEST": Cluster.LEAST_REQUEST,
+    "LEAST_CONN": Cluster.LEAST_REQUEST,      # deprecated Istio alias
+    "RANDOM": Cluster.RANDOM,
+    "UNSPECIFIED": Cluster.LEAST_REQUEST,
+}
+# What proxyless gRPC clients implement (gRFC A27, A42, A48); others fall back.
+_GRPC_LB = {Cluster.ROUND_ROBIN, Cluster.RING_HASH, Cluster.LEAST_REQUEST}
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    grpc: bool = False                    # proxyless gRPC flavour
+    upstream_bind_address: str = "127.0.0.1"
+
+
+def ads_config_source() -> config_source_pb2.ConfigSource:
+    src = config_source_pb2.ConfigSource()
+    src.ads.SetInParent()
+    src.resource_api_version = config_source_pb2.V3
+    return src
+
+
+def traffic_policy(dr: Resource | None, subset: dict | None, port: int) -> dict:
+    """The DestinationRule's policy for one port and subset, merged as istiod does:
+    top level, its portLevelSettings, the subset's policy, its portLevelSettings;
+    each later one replaces whole fields (loadBalancer, connectionPool, ...)."""
+    if dr is None:
+        return {}
+    out: dict = {}
+    layers = [dr.spec.get("trafficPolicy") or {}]
+    if subset:
+        layers.append(subset.get("trafficPolicy") or {})
+    for layer in layers:
+        for key in ("loadBalancer", "connectionPool", "outlierDetection", "tls", "proxyProtocol"):
+            if layer.get(key) is not None:
+                out[key] = layer[key]
+        for pls in layer.get("portLevelSettings") or []:
+            if int((pls.get("port") or {}).get("number") or -1) == port:
+                for key in ("loadBalancer", "connectionPool", "outlierDetection", "tls"):
+                    if pls.get(key) is not None:
+                        out[key] = pls[key]
+    return out
+
+
+def _address(host: str, port: int) -> address_pb2.Address:
+    addr = address_pb2.Address()
+    if host.startswith("unix://"):
+        addr.pipe.path = host[len("unix://"):]
+    else:
+        addr.socket_address.address = host
+        addr.socket_address.port_value = port
+    return addr
+
+
+def load_assignment(name: str, service: Service, port: ServicePort,
+                    endpoints: list[Endpoint]) -> endpoint_pb2.ClusterLoadAssignment:
+    cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=name)
+    by_locality: dict[str, endpoint_components_pb2.LocalityLbEndpoints] = {}
+    for ep in endpoints:
+        host = ep.address or service.host
+        loc = by_locality.get(ep.locality)
+        if loc is None:
+            loc = by_locality[ep.locality] = cla.endpoints.add()
+            region, zone, subzone = (ep.locality.split("/") + ["", "", ""])[:3]
+            if ep.locality:
+                loc.locality.region, loc.locality.zone, loc.locality.sub_zone = region, zone, subzone
+        lb = loc.lb_endpoints.add()
+        lb.endpoint.address.CopyFrom(_address(host, ep.port_for(port)))
+        if ep.weight:
+            lb.load_balancing_weight.value = ep.weight
+    # Envoy weighs localities only when locality weights are set; keep them equal.
+    return cla
+
+
+def _lb_policy(cluster: Cluster, lb: dict, opts: ClusterOptions) -> bool:
+    """Sets the lb policy; True when PASSTHROUGH (original destination) was asked."""
+    simple = str(lb.get("simple") or "").upper()
+    hashing = lb.get("consistentHash")
+    if simple == "PASSTHROUGH":
+        return True
+    if hashing:
+        if hashing.get("maglev") is not None:
+            cluster.lb_policy = Cluster.MAGLEV
+        else:
+            cluster.lb_policy = Cluster.RING_HASH
+            ring = hashing.get("ringHash") or {}
+            size = ring.get("minimumRingSize") or hashing.get("minimumRingSize")
+            if size:
+                cluster.ring_hash_lb_config.minimum_ring_size.value = int(size)
+    else:
+        cluster.lb_policy = _SIMPLE_LB.get(simple, Cluster.LEAST_REQUEST)
+    if opts.grpc and cluster.lb_policy not in _GRPC_LB:
+        cluster.lb_policy = Cluster.ROUND_ROBIN
+    return False
+
+
+def _circuit_breakers(cluster: Cluster, dr: Resource, pool: dict, path: str) -> None:
+    t = cluster.circuit_breakers.thresholds.add()
+    tcp, http = pool.get("tcp") or {}, pool.get("http") or {}
+    # istiod's defaults: effectively unlimited, remaining capacity tracked.
+    t.max_connections.value = int(tcp.get("maxConnections") or MAX_UINT32)
+    t.max_pending_requests.value = int(http.get("http1MaxPendingRequests") or MAX_UINT32)
+    t.max_requests.value = int(http.get("http2MaxRequests") or MAX_UINT32)
+    t.max_retries.value = int(http.get("maxRetries") or MAX_UINT32)
+    t.track_remaining = True
+    if tcp.get("connectTimeout"):
+        cluster.connect_timeout.CopyFrom(values.duration(dr, f"{path}.tcp.connectTimeout", tcp["connectTimeout"]))
+    keepalive = tcp.get("tcpKeepalive")
+    if keepalive is not None:
+        ka = cluster.upstream_connection_options.tcp_keepalive
+        if keepalive.get("probes"):
+            ka.keepalive_probes.value = int(keepalive["probes"])
+        if keepalive.get("time"):
+            ka.keepalive_time.value = int(values.seconds(dr, f"{path}.tcp.tcpKeepalive.time", keepalive["time"]))
+        if keepalive.get("interval"):
+            ka.keepalive_interval.value = int(values.seconds(dr, f"{path}.tcp.tcpKeepalive.interval", keepalive["interval"]))
+
+
+def _http_options(cluster: Cluster, dr: Resource | None, pool: dict, port: ServicePort, path: str) -> None:
+    http = pool.get("http") or {}
+    opts = http_protocol_options_pb2.HttpProtocolOptions()
+    common = opts.common_http_protocol_options
+    if http.get("maxRequestsPerConnection"):
+        common.max_requests_per_connection.value = int(http["maxRequestsPerConnection"])
+    if http.get("idleTimeout"):
+        common.idle_timeout.CopyFrom(values.duration(dr, f"{path}.http.idleTimeout", http["idleTimeout"]))
+    upgrade = str(http.get("h2UpgradePolicy") or "").upper() == "UPGRADE"
+    if http.get("useClientProtocol") or (not port.protocol and not upgrade):
+        # Unknown protocol: speak to the upstream what the client spoke to us.
+        opts.use_downstream_protocol_config.http_protocol_options.SetInParent()
+        opts.use_downstream_protocol_config.http2_protocol_options.SetInParent()
+    elif port.protocol in H2_PROTOCOLS or upgrade:
+        opts.explicit_http_config.http2_protocol_options.SetInParent()
+    else:
+        opts.explicit_http_config.http_protocol_options.SetInParent()
+    packed = any_pb2.Any()
+    packed.Pack(opts)
+    cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].CopyFrom(packed)
+
+
+def _outlier_detection(cluster: Cluster, dr: Resource, od: dict, path: str) -> None:
+    out = cluster.outlier_detection
+    out.enforcing_success_rate.value = 0          # istiod: success-rate ejection off
+    for field, count, enforcing in (
+            ("consecutive5xxErrors", out.consecutive_5xx, out.enforcing_consecutive_5xx),
+            ("consecutiveGatewayErrors", out.consecutive_gateway_failure, out.enforcing_consecutive_gateway_failure)):
+        value = od.get(field)
+        if field == "consecutive5xxErrors" and value is None:
+            value = od.get("consecutiveErrors")      # deprecated name
+        if value is not None:
+            count.value = int(value)
+            enforcing.value = 100 if int(value) > 0 else 0
+    if od.get("interval"):
+        out.interval.CopyFrom(values.duration(dr, f"{path}.interval", od["interval"]))
+    if od.get("baseEjectionTime"):
+        out.base_ejection_time.CopyFrom(values.duration(dr, f"{path}.baseEjectionTime", od["baseEjectionTime"]))
+    if od.get("maxEjectionPercent"):
+        out.max_ejection_percent.value = int(od["maxEjectionPercent"])
+    if od.get("splitExternalLocalOriginErrors"):
+        out.split_external_local_origin_errors = True
+        local = int(od.get("consecutiveLocalOriginFailures") or 0)
+        if local:
+            out.consecutive_local_origin_failure.value = local
+            out.enforcing_consecutive_local_origin_failure.value = 100
+        out.enforcing_local_origin_success_rate.value = 0
+    # istiod sets the panic threshold from minHealthPercent (0 disables panic mode).
+    cluster.common_lb_config.healthy_panic_threshold.value = float(od.get("minHealthPercent") or 0)
+
+
+def _qos_bind(cluster: Cluster, qos: QosClass, opts: ClusterOptions) -> None:
+    """DSCP without eBPF: bind upstream sockets and set IP_TOS/IPV6_TCLASS before connect."""
+    bind = cluster.upstream_bind_config
+    bind.source_address.address = opts.upstream_bind_address
+    bind.source_address.port_value = 0
+    v6 = ipaddress.ip_address(opts.upstream_bind_address).version == 6
+    so = bind.socket_options.add()
+    so.level, so.name = (IPPROTO_IPV6, IPV6_TCLASS) if v6 else (IPPROTO_IP, IP_TOS)
+    so.int_value = qos.tos
+    so.state = socket_option_pb2.SocketOption.STATE_PREBIND
+
+
+def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: dict | None,
+                  opts: ClusterOptions) -> tuple[Cluster, endpoint_pb2.ClusterLoadAssignment | None]:
+    subset_name = str(subset.get("name")) if subset else ""
+    name = cluster_name(service.host, port.number, subset_name)
+    dr = idx.destination_rule(service.host)
+    policy = traffic_policy(dr, subset, port.number)
+    endpoints = service.endpoints
+    if subset:
+        selector = subset.get("labels") or {}
+        endpoints = [e for e in endpoints if labels_match(selector, e.labels)]
+    cluster = Cluster(name=name)
+    cluster.connect_timeout.FromSeconds(int(DEFAULT_CONNECT_TIMEOUT))
+    passthrough = _lb_policy(cluster, policy.get("loadBalancer") or {}, opts)
+    pool = policy.get("connectionPool") or {}
+    base = "spec.trafficPolicy"
+    _circuit_breakers(cluster, dr, pool, f"{base}.connectionPool")
+    if policy.get("outlierDetection") is not None:
+        _outlier_detection(cluster, dr, policy["outlierDetection"], f"{base}.outlierDetection")
+    cla = None
+    resolution = service.resolution
+    if opts.grpc:
+        # Proxyless clients take EDS and LOGICAL_DNS only (gRFC A27, A37).
+        resolution = "DNS_ROUND_ROBIN" if resolution in ("DNS", "DNS_ROUND_ROBIN") else "STATIC"
+    elif passthrough or (resolution == "NONE" and not endpoints):
+        resolution = "NONE"
+    if resolution in ("DNS", "DNS_ROUND_ROBIN"):
+        cluster.type = Cluster.STRICT_DNS if resolution == "DNS" else Cluster.LOGICAL_DNS
+        cluster.dns_lookup_family = Cluster.V4_ONLY
+        dns_endpoints = endpoints or ([] if subset else [Endpoint(service.host, {}, {})])
+        if resolution == "DNS_ROUND_ROBIN":
+            dns_endpoints = dns_endpoints[:1]      # LOGICAL_DNS takes exactly one host
+        cluster.load_assignment.CopyFrom(load_assignment(name, service, port, dns_endpoints))
+    elif resolution == "NONE":
+        cluster.type = Cluster.ORIGINAL_DST
+        cluster.lb_policy = Cluster.CLUSTER_PROVIDED
+    else:
+        cluster.type = Cluster.EDS
+        cluster.eds_cluster_config.service_name = name
+        cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
+        cla = load_assignment(name, service, port, endpoints)
+    if not opts.grpc:
+        _http_options(cluster, dr, pool, port, f"{base}.connectionPool")
+        qos = None
+        if dr is not None:
+            try:
+                qos = qos_class_for(dr.annotations, subset_name)
+            except ValueError as e:
+                raise values.fail(dr, "metadata.annotations", str(e)) from None
+        if qos is not None:
+            _qos_bind(cluster, qos, opts)
+    return cluster, cla
+
+
+def build_clusters(idx: MeshIndex, opts: ClusterOptions) -> tuple[dict, dict]:
+    """Every cluster (and EDS assignment) of the mesh: {name: Cluster}, {name: CLA}."""
+    clusters, assignments = {}, {}
+    for service in idx.services.values():
+        dr = idx.destination_rule(service.host)
+        subsets = [s for s in (dr.spec.get("subsets") or []) if isinstance(s, dict) and s.get("name")] if dr else []
+        for port in service.ports:
+            for subset in [None, *subsets]:
+                cluster, cla = build_cluster(idx, service, port, subset, opts)
+                clusters[cluster.name] = cluster
+                if cla is not None:
+                    assignments[cluster.name] = cla
+    return clusters, assignments

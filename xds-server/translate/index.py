@@ -1,0 +1,199 @@
+"""The mesh model indexed for translation: services, rules, gateways.
+
+Built once per MeshConfig and shared by every proxy translated from it.
+Host names resolve as istiod resolves them: a short name in a rule is
+`name.<rule namespace>.svc.cluster.local` when such a service exists;
+otherwise the host is taken as written.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mesh.config import MeshConfig, Resource
+
+DOMAIN_SUFFIX = "svc.cluster.local"
+MESH_GATEWAY = "mesh"          # the reserved gateway name: sidecars and proxyless clients
+
+# Istio port protocols Envoy speaks HTTP to (the others are TCP-level).
+HTTP_PROTOCOLS = {"HTTP", "HTTP2", "GRPC", "GRPC-WEB", ""}
+H2_PROTOCOLS = {"HTTP2", "GRPC", "GRPC-WEB"}
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    number: int
+    name: str
+    protocol: str           # upper case, "" when unspecified
+    target_port: int | None
+
+
+@dataclass
+class Endpoint:
+    address: str
+    ports: dict             # port name -> port
+    labels: dict
+    weight: int = 0
+    locality: str = ""
+
+    def port_for(self, port: ServicePort) -> int:
+        return int(self.ports.get(port.name) or port.target_port or port.number)
+
+
+@dataclass
+class Service:
+    host: str
+    namespace: str
+    ports: list[ServicePort]
+    resolution: str         # STATIC | DNS | DNS_ROUND_ROBIN | NONE
+    endpoints: list[Endpoint]
+    source: Resource
+
+    def port(self, number: int) -> ServicePort | None:
+        return next((p for p in self.ports if p.number == number), None)
+
+
+@dataclass
+class GatewayServer:
+    gateway: Resource
+    index: int
+    port: int
+    protocol: str
+    hosts: list[tuple[str, str]]   # (namespace or "*", host)
+
+
+@dataclass
+class MeshIndex:
+    config: MeshConfig
+    services: dict[str, Service] = field(default_factory=dict)
+    destination_rules: dict[str, Resource] = field(default_factory=dict)
+    gateways: list[Resource] = field(default_factory=list)
+    virtual_services: list[Resource] = field(default_factory=list)
+    uses_source_labels: bool = False
+
+    # -- hosts -----------------------------------------------------------
+    def resolve(self, host: str, namespace: str) -> str:
+        host = str(host)
+        if host in self.services or "." in host or host == "*":
+            return host
+        fqdn = f"{host}.{namespace}.{DOMAIN_SUFFIX}"
+        return fqdn if fqdn in self.services else host
+
+    def destination_rule(self, host: str) -> Resource | None:
+        """Exact host first, then the most specific wildcard, as istiod picks."""
+        dr = self.destination_rules.get(host)
+        if dr is not None:
+            return dr
+        best = None
+        for pattern, res in self.destination_rules.items():
+            if pattern.startswith("*") and host_matches(host, pattern):
+                if best is None or len(pattern) > len(best[0]):
+                    best = (pattern, res)
+        return best[1] if best else None
+
+    # -- gateways --------------------------------------------------------
+    def gateway_ref(self, name: str, namespace: str) -> str:
+        """`gw` or `ns/gw` as a VirtualService names it -> 'ns/gw' (or 'mesh')."""
+        if name == MESH_GATEWAY:
+            return MESH_GATEWAY
+        return name if "/" in name else f"{namespace}/{name}"
+
+    def selected_gateways(self, labels: dict) -> list[Resource]:
+        out = []
+        for gw in self.gateways:
+            selector = gw.spec.get("selector") or {}
+            if all(labels.get(k) == str(v) for k, v in selector.items()):
+                out.append(gw)
+        return out
+
+    def servers(self, gateways: list[Resource]) -> list[GatewayServer]:
+        out = []
+        for gw in gateways:
+            for i, srv in enumerate(gw.spec.get("servers") or []):
+                port = srv.get("port") or {}
+                hosts = []
+                for h in srv.get("hosts") or []:
+                    ns, _, host = str(h).rpartition("/")
+                    ns = gw.namespace if ns == "." else (ns or "*")
+                    hosts.append((ns, host))
+                out.append(GatewayServer(gw, i, int(port.get("number") or 0),
+                                         str(port.get("protocol") or "").upper(), hosts))
+        return out
+
+    def vs_gateways(self, vs: Resource) -> set[str]:
+        names = vs.spec.get("gateways") or [MESH_GATEWAY]
+        return {self.gateway_ref(str(n), vs.namespace) for n in names}
+
+
+def host_matches(host: str, pattern: str) -> bool:
+    """Istio host wildcard semantics: '*' matches all, '*.a.com' any 'x.a.com'."""
+    if pattern == "*" or host == pattern:
+        return True
+    if pattern.startswith("*"):
+        return host.endswith(pattern[1:])
+    return False
+
+
+def host_intersection(a: str, b: str) -> str | None:
+    """The more specific of two hosts when they overlap (gateway ∩ VirtualService)."""
+    if host_matches(a, b):
+        return a
+    if host_matches(b, a):
+        return b
+    return None
+
+
+def labels_match(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == str(v) for k, v in (selector or {}).items())
+
+
+def _ports(spec: dict) -> list[ServicePort]:
+    out = []
+    for p in spec.get("ports") or []:
+        if not isinstance(p, dict) or p.get("number") is None:
+            continue
+        target = p.get("targetPort")
+        out.append(ServicePort(int(p["number"]), str(p.get("name") or ""),
+                               str(p.get("protocol") or "").upper(), int(target) if target else None))
+    return out
+
+
+def _endpoint(spec: dict) -> Endpoint:
+    return Endpoint(address=str(spec.get("address") or ""),
+                    ports={str(k): int(v) for k, v in (spec.get("ports") or {}).items()},
+                    labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
+                    weight=int(spec.get("weight") or 0), locality=str(spec.get("locality") or ""))
+
+
+def build_index(config: MeshConfig) -> MeshIndex:
+    idx = MeshIndex(config)
+    workload_entries = config.of_kind("WorkloadEntry")
+    for se in config.of_kind("ServiceEntry"):
+        spec = se.spec
+        endpoints = [_endpoint(e) for e in spec.get("endpoints") or [] if isinstance(e, dict)]
+        selector = (spec.get("workloadSelector") or {}).get("labels")
+        if selector:
+            # WorkloadEntries in the ServiceEntry's namespace whose labels match.
+            for we in workload_entries:
+                ep = _endpoint(we.spec)
+                ep.labels = {**{str(k): str(v) for k, v in we.labels.items()}, **ep.labels}
+                if we.namespace == se.namespace and labels_match(selector, ep.labels):
+                    endpoints.append(ep)
+        resolution = str(spec.get("resolution") or "NONE").upper()
+        for host in spec.get("hosts") or []:
+            host = str(host)
+            if host in idx.services:
+                # istiod merges ServiceEntries of one host; the first keeps its
+                # ports and resolution, endpoints add up.
+                idx.services[host].endpoints.extend(endpoints)
+                continue
+            idx.services[host] = Service(host, se.namespace, _ports(spec), resolution, list(endpoints), se)
+    for dr in config.of_kind("DestinationRule"):
+        host = idx.resolve(str(dr.spec.get("host") or ""), dr.namespace)
+        idx.destination_rules.setdefault(host, dr)   # the first one wins, as in istiod
+    idx.gateways = config.of_kind("Gateway")
+    idx.virtual_services = config.of_kind("VirtualService")
+    idx.uses_source_labels = any(
+        isinstance(m, dict) and m.get("sourceLabels")
+        for vs in idx.virtual_services for h in vs.spec.get("http") or [] if isinstance(h, dict)
+        for m in h.get("match") or [])
+    return idx

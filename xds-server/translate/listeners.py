@@ -1,0 +1,84 @@
+"""LDS: listeners with an HTTP connection manager reading routes over RDS.
+
+Gateways and sidecars get bound listeners (ADDRESS_PORT); proxyless gRPC
+clients get API listeners named HOST:PORT (gRFC A27), no socket at all.
+The HTTP filter chain is: the seams (authn, wasm_plugins, grpc_web), then
+cors, fault, router -- the router last, as Envoy and gRPC require.
+"""
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import any_pb2
+
+from xds_server.translate.clusters import ads_config_source
+from xds_server.translate.names import grpc_listener_name, listener_name
+from xds_server.translate.routes import CORS_FILTER, FAULT_FILTER
+
+Listener = listener_pb2.Listener
+HCM = hcm_pb2.HttpConnectionManager
+HttpFilter = hcm_pb2.HttpFilter
+HCM_FILTER = "envoy.filters.network.http_connection_manager"
+ROUTER_FILTER = "envoy.filters.http.router"
+
+
+def _pack(msg) -> any_pb2.Any:
+    out = any_pb2.Any()
+    out.Pack(msg)
+    return out
+
+
+def http_filter(name: str, config) -> HttpFilter:
+    return HttpFilter(name=name, typed_config=_pack(config))
+
+
+def filter_chain_tail(grpc: bool) -> list[HttpFilter]:
+    """cors (not in gRPC's filter set), fault, router."""
+    tail = [] if grpc else [http_filter(CORS_FILTER, cors_pb2.Cors())]
+    tail.append(http_filter(FAULT_FILTER, fault_pb2.HTTPFault()))
+    tail.append(http_filter(ROUTER_FILTER, router_pb2.Router()))
+    return tail
+
+
+def http_connection_manager(stat_prefix: str, route_name: str, filters: list[HttpFilter],
+                            gateway: bool) -> HCM:
+    hcm = HCM(stat_prefix=stat_prefix, codec_type=HCM.AUTO)
+    hcm.rds.route_config_name = route_name
+    hcm.rds.config_source.CopyFrom(ads_config_source())
+    hcm.http_filters.extend(filters)
+    # As istiod: gateways are the edge (they set X-Forwarded-For), paths are
+    # normalised before matching, and stream idle timeouts are off.
+    hcm.use_remote_address.value = gateway
+    hcm.normalize_path.value = True
+    hcm.path_with_escaped_slashes_action = HCM.KEEP_UNCHANGED
+    hcm.stream_idle_timeout.SetInParent()
+    hcm.upgrade_configs.add(upgrade_type="websocket")
+    return hcm
+
+
+def bound_listener(bind: str, port: int, route_name: str, filters: list[HttpFilter],
+                   gateway: bool) -> Listener:
+    name = listener_name(bind, port)
+    lis = Listener(name=name)
+    lis.address.socket_address.address = bind
+    lis.address.socket_address.port_value = port
+    lis.traffic_direction = base_pb2.OUTBOUND
+    chain = lis.filter_chains.add()
+    hcm = http_connection_manager(f"outbound_{name}", route_name, filters, gateway)
+    chain.filters.add(name=HCM_FILTER, typed_config=_pack(hcm))
+    return lis
+
+
+def api_listener(host: str, port: int, filters: list[HttpFilter]) -> Listener:
+    name = grpc_listener_name(host, port)
+    lis = Listener(name=name)
+    hcm = HCM(stat_prefix=name)
+    hcm.rds.route_config_name = name
+    hcm.rds.config_source.CopyFrom(ads_config_source())
+    hcm.http_filters.extend(filters)
+    lis.api_listener.api_listener.CopyFrom(_pack(hcm))
+    return lis

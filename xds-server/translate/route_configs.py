@@ -1,0 +1,104 @@
+"""Route configurations: one per listener port, virtual hosts per host:port.
+
+Gateways: `http.PORT` holds a virtual host for every host a VirtualService
+bound to the gateway shares with the gateway server's hosts. Sidecars:
+`PORT` holds a virtual host per service on that port (VirtualService routes
+for `mesh`, else a default route to the service). Proxyless gRPC: one route
+configuration per `HOST:PORT`, named like its API listener.
+"""
+from __future__ import annotations
+
+from envoy.config.route.v3 import route_pb2
+
+from mesh.config import Resource
+from xds_server.translate.index import MESH_GATEWAY, GatewayServer, MeshIndex, host_intersection, host_matches
+from xds_server.translate.names import cluster_name, gateway_route_name, grpc_listener_name, sidecar_route_name, virtual_host_name
+from xds_server.translate.routes import RouteContext, default_route, http_routes
+
+RouteConfiguration = route_pb2.RouteConfiguration
+
+
+def _domains(host: str, port: int) -> list[str]:
+    return ["*"] if host == "*" else [host, f"{host}:{port}"]
+
+
+def _route_config(name: str, vhosts: dict[str, list], port: int) -> RouteConfiguration:
+    rc = RouteConfiguration(name=name)
+    rc.validate_clusters.value = False     # as istiod: a missing cluster is a 503, not a NACK
+    for host in sorted(vhosts):
+        vh = rc.virtual_hosts.add(name=virtual_host_name(host, port))
+        vh.domains.extend(_domains(host, port))
+        vh.routes.extend(vhosts[host])
+    return rc
+
+
+def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer],
+                         ctx_base: RouteContext) -> RouteConfiguration:
+    vhosts: dict[str, list] = {}
+    for vs in idx.virtual_services:
+        bound = idx.vs_gateways(vs)
+        mine = [s for s in servers if f"{s.gateway.namespace}/{s.gateway.name}" in bound]
+        if not mine:
+            continue
+        hosts: list[str] = []
+        for vs_host in vs.spec.get("hosts") or []:
+            for s in mine:
+                for ns, server_host in s.hosts:
+                    if ns not in ("*", vs.namespace):
+                        continue
+                    h = host_intersection(str(vs_host), server_host)
+                    if h and h not in hosts:
+                        hosts.append(h)
+        if not hosts:
+            continue
+        ctx = RouteContext(idx, port, {f"{s.gateway.namespace}/{s.gateway.name}" for s in mine},
+                           ctx_base.labels, ctx_base.namespace)
+        routes = http_routes(ctx, vs)
+        for h in hosts:
+            # Several VirtualServices for one host merge, in config order.
+            vhosts.setdefault(h, []).extend(routes)
+    return _route_config(gateway_route_name(port), vhosts, port)
+
+
+def _mesh_vs_for(idx: MeshIndex, host: str) -> list[Resource]:
+    """VirtualServices for `mesh` naming `host`: exact hosts first, then wildcards."""
+    exact, wild = [], []
+    for vs in idx.virtual_services:
+        if MESH_GATEWAY not in idx.vs_gateways(vs):
+            continue
+        for h in vs.spec.get("hosts") or []:
+            resolved = idx.resolve(str(h), vs.namespace)
+            if resolved == host:
+                exact.append(vs)
+                break
+            if resolved.startswith("*") and host_matches(host, resolved):
+                wild.append(vs)
+                break
+    return exact or wild[:1]
+
+
+def mesh_virtual_host_routes(idx: MeshIndex, host: str, port: int, ctx_base: RouteContext) -> list:
+    ctx = RouteContext(idx, port, {MESH_GATEWAY}, ctx_base.labels, ctx_base.namespace, ctx_base.grpc)
+    routes = []
+    for vs in _mesh_vs_for(idx, host):
+        routes.extend(http_routes(ctx, vs))
+    if not routes:
+        routes = [default_route(cluster_name(host, port))]
+    return routes
+
+
+def sidecar_route_config(idx: MeshIndex, port: int, ctx_base: RouteContext) -> RouteConfiguration:
+    vhosts = {}
+    for svc in idx.services.values():
+        if svc.port(port):
+            vhosts[svc.host] = mesh_virtual_host_routes(idx, svc.host, port, ctx_base)
+    return _route_config(sidecar_route_name(port), vhosts, port)
+
+
+def grpc_route_config(idx: MeshIndex, host: str, port: int, ctx_base: RouteContext) -> RouteConfiguration:
+    name = grpc_listener_name(host, port)
+    rc = RouteConfiguration(name=name)
+    vh = rc.virtual_hosts.add(name=virtual_host_name(host, port))
+    vh.domains.extend([name, host])
+    vh.routes.extend(mesh_virtual_host_routes(idx, host, port, ctx_base))
+    return rc

@@ -31,3 +31,9 @@ TENANT_HEADER_PREFIX = "x-tenant-"
 QUEUE_TIME_US = "x-mcp-queue-time-us"
 COMPUTE_TIME_US = "x-mcp-compute-time-us"
 ORCA_LOAD_REPORT = "endpoint-load-metrics"
+
+# gRPC-Web from a browser on another origin: what a VirtualService corsPolicy
+# must allow (request headers gRPC-Web clients send) and expose (a
+# trailers-only error carries grpc-status/grpc-message as headers).
+GRPC_WEB_ALLOW_HEADERS = ("content-type", "x-grpc-web", "x-user-agent", "grpc-timeout")
+GRPC_WEB_EXPOSE_HEADERS = ("grpc-status", "grpc-message", "grpc-status-details-bin")

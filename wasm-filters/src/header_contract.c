@@ -1,0 +1,749 @@
+/* MCP Mesh L6->L7 header contract, a Proxy-Wasm (ABI 0.2.1) HTTP filter.
+ *
+ * Per request: drop every session/QoS/identity header the client sent, set
+ * the session headers from the claims jwt_authn verified (read from its
+ * dynamic metadata, which a client cannot write), strip tenant-scoped headers
+ * outside the caller's tenant whitelist, compute the QoS class, and sign the
+ * session headers (x-mcp-session-sig, HMAC-SHA256). Per response: map the
+ * gRPC status (or HTTP status) to an error class.
+ *
+ * The C side hard-codes no contract: header names, classes, levels, the
+ * error map and the key all arrive in the JSON plugin configuration that
+ * the control plane generates from mesh definitions (mesh.header_contract).
+ * It fails closed: a bad configuration makes proxy_on_configure return
+ * false; a request arriving with no usable configuration gets a 500.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "proxy_wasm.h"
+#include "sha256.h"
+
+#define EXPORT(name) __attribute__((export_name(#name)))
+
+/* ---------------------------------------------------------------- limits */
+#define MAX_NODES 2048
+#define MAX_PATH 8          /* property path segments */
+#define MAX_STRIP 48
+#define MAX_CLAIMS 16
+#define MAX_SIGNED 16
+#define MAX_TENANTS 64
+#define MAX_ALLOWED 32
+#define MAX_PREFIXES 8
+#define MAX_COMMON 64
+#define MAX_CLASSES 8
+#define MAX_PAIRS 16
+#define MAX_ERR_CODES 17    /* gRPC status 0..16 */
+#define MAX_HTTP_ERR 16
+#define MAX_VALUE 1024      /* longest claim value we will put into a header */
+#define MAX_ROOTS 8
+
+typedef struct { const char *p; uint32_t n; } str_t;
+typedef struct { str_t key; int cls; } class_pair;      /* value -> class index */
+typedef struct { str_t claim; str_t header; } claim_map;
+typedef struct { str_t name; str_t allowed[MAX_ALLOWED]; int n_allowed; int strict; } tenant_t;
+typedef struct { str_t name; int64_t level; } qos_class;
+
+typedef struct {
+    char *buf;                              /* owns the (in-place parsed) JSON text */
+    str_t payload[MAX_PATH]; int n_payload;
+    str_t strip[MAX_STRIP]; int n_strip;
+    claim_map claims[MAX_CLAIMS]; int n_claims;
+    /* tenants */
+    str_t tenant_header;
+    str_t prefixes[MAX_PREFIXES]; int n_prefixes;
+    str_t common[MAX_COMMON]; int n_common;
+    tenant_t tenants[MAX_TENANTS]; int n_tenants;
+    /* session signature */
+    str_t sig_header;
+    str_t signed_hdrs[MAX_SIGNED]; int n_signed;
+    uint8_t key[64]; int key_len;
+    /* QoS */
+    str_t qos_header, priority_header, tier_claim;
+    qos_class classes[MAX_CLASSES]; int n_classes;
+    class_pair priority[MAX_PAIRS]; int n_priority;
+    class_pair protocol_map[MAX_PAIRS]; int n_protocol;
+    class_pair tiers[MAX_PAIRS]; int n_tiers;
+    str_t protocol_path[MAX_PATH]; int n_protocol_path;
+    int default_class, ceiling_class;
+    /* identity */
+    str_t identity_header;
+    str_t identity_path[MAX_PATH]; int n_identity_path;
+    /* error classes */
+    str_t error_header;
+    str_t grpc_class[MAX_ERR_CODES];
+    int64_t http_code[MAX_HTTP_ERR]; str_t http_class[MAX_HTTP_ERR]; int n_http;
+    str_t http_4xx, http_5xx, http_ok, grpc_default;
+} config_t;
+
+/* ------------------------------------------------------------ utilities */
+static void logmsg(int level, const char *msg) { proxy_log(level, msg, strlen(msg)); }
+
+static int str_eq(str_t a, const char *b, size_t n) { return a.n == n && memcmp(a.p, b, n) == 0; }
+
+static char lower(char c) { return (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c; }
+
+static int str_ieq(str_t a, const char *b, size_t n) {
+    if (a.n != n) return 0;
+    for (size_t i = 0; i < n; i++) if (lower(a.p[i]) != lower(b[i])) return 0;
+    return 1;
+}
+
+/* RFC 7230 tchar. */
+static int is_tchar(unsigned char c) {
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return 1;
+    return c && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static int is_token(const char *p, size_t n) {
+    if (!n) return 0;
+    for (size_t i = 0; i < n; i++) if (!is_tchar((unsigned char)p[i])) return 0;
+    return 1;
+}
+
+/* A lower-case token: what a header name in the config must be. */
+static int is_header_name(str_t s) {
+    if (!is_token(s.p, s.n)) return 0;
+    for (uint32_t i = 0; i < s.n; i++) if (s.p[i] >= 'A' && s.p[i] <= 'Z') return 0;
+    return 1;
+}
+
+/* A value we may put into a header: visible ASCII and SP/HTAB, no CTL. */
+static int is_header_value(const char *p, size_t n) {
+    if (n > MAX_VALUE) return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f || c >= 0x80) return 0;
+    }
+    return 1;
+}
+
+/* `pattern` is an exact name or a prefix ending in '*'. */
+static int name_matches(str_t pattern, const char *name, size_t n) {
+    if (pattern.n && pattern.p[pattern.n - 1] == '*')
+        return n >= pattern.n - 1 && memcmp(pattern.p, name, pattern.n - 1) == 0;
+    return pattern.n == n && memcmp(pattern.p, name, n) == 0;
+}
+
+static int in_list(const str_t *list, int count, const char *name, size_t n) {
+    for (int i = 0; i < count; i++) if (name_matches(list[i], name, n)) return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------ configuration */
+typedef struct { const json_node *nodes; const char *err; } cfg_parse;
+
+static char missing_msg[80];
+static const char *missing(const char *key) {
+    const char *pre = "missing field: ";
+    size_t n = 0;
+    for (const char *s = pre; *s; s++) missing_msg[n++] = *s;
+    for (const char *s = key; *s && n < sizeof missing_msg - 1; s++) missing_msg[n++] = *s;
+    missing_msg[n] = 0;
+    return missing_msg;
+}
+
+#define NEED(cond, msg) do { if (!(cond)) { cp->err = (msg); return -1; } } while (0)
+
+static int get_str(cfg_parse *cp, const json_node *obj, const char *key, str_t *out, int required) {
+    const json_node *v = json_get(cp->nodes, obj, key);
+    if (!v) { if (required) { cp->err = missing(key); return -1; } out->p = ""; out->n = 0; return 0; }
+    NEED(v->type == J_STR, "expected a string");
+    out->p = v->str; out->n = v->len;
+    return 0;
+}
+
+static int get_header_name(cfg_parse *cp, const json_node *obj, const char *key, str_t *out) {
+    if (get_str(cp, obj, key, out, 1) < 0) return -1;
+    NEED(is_header_name(*out), "header name must be a lower-case RFC 7230 token");
+    return 0;
+}
+
+/* A list of strings; header names (optionally with a trailing '*') when `names`. */
+static int get_str_list(cfg_parse *cp, const json_node *obj, const char *key, str_t *out, int *count, int max,
+                        int names, int required) {
+    const json_node *v = json_get(cp->nodes, obj, key);
+    *count = 0;
+    if (!v) { NEED(!required, missing(key)); return 0; }
+    NEED(v->type == J_ARR, "expected a list");
+    NEED((int)v->len <= max, "list too long");
+    for (const json_node *e = JSON_CHILD(cp->nodes, v); e; e = JSON_NEXT(cp->nodes, e)) {
+        NEED(e->type == J_STR && e->len > 0, "expected a non-empty string in list");
+        str_t s = {e->str, e->len};
+        if (names) {
+            str_t base = s;
+            if (base.n > 1 && base.p[base.n - 1] == '*') base.n--;
+            NEED(is_header_name(base), "header name must be a lower-case RFC 7230 token");
+        }
+        out[(*count)++] = s;
+    }
+    return 0;
+}
+
+static int class_index(const config_t *c, const char *p, size_t n) {
+    for (int i = 0; i < c->n_classes; i++) if (str_eq(c->classes[i].name, p, n)) return i;
+    return -1;
+}
+
+static int get_class(cfg_parse *cp, const config_t *c, const json_node *obj, const char *key, int *out) {
+    str_t s;
+    if (get_str(cp, obj, key, &s, 1) < 0) return -1;
+    *out = class_index(c, s.p, s.n);
+    NEED(*out >= 0, "unknown QoS class");
+    return 0;
+}
+
+/* {"value": "class", ...} */
+static int get_class_map(cfg_parse *cp, const config_t *c, const json_node *obj, const char *key, class_pair *out,
+                         int *count) {
+    const json_node *m = json_get(cp->nodes, obj, key);
+    *count = 0;
+    if (!m) return 0;
+    NEED(m->type == J_OBJ && m->len <= MAX_PAIRS, "expected an object of at most 16 entries");
+    for (const json_node *k = JSON_CHILD(cp->nodes, m); k; ) {
+        const json_node *v = JSON_NEXT(cp->nodes, k);
+        NEED(v->type == J_STR, "expected a QoS class name");
+        int ci = class_index(c, v->str, v->len);
+        NEED(ci >= 0, "unknown QoS class");
+        out[*count].key.p = k->str; out[*count].key.n = k->len; out[*count].cls = ci;
+        (*count)++;
+        k = JSON_NEXT(cp->nodes, v);
+    }
+    return 0;
+}
+
+static int unhex(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return -1;
+}
+
+static int parse_config(config_t *c, const json_node *nodes, const char **err) {
+    cfg_parse st = {nodes, NULL}, *cp = &st;
+    const json_node *root = &nodes[0], *sec, *v;
+#define TRY(x) do { if ((x) < 0) { *err = cp->err; return -1; } } while (0)
+    NEED(root->type == J_OBJ, "configuration must be a JSON object");
+    v = json_get(nodes, root, "v");
+    NEED(v && v->type == J_NUM && v->is_int && v->num == 1, "unsupported configuration version (want v: 1)");
+
+    TRY(get_str_list(cp, root, "strip", c->strip, &c->n_strip, MAX_STRIP, 1, 1));
+    TRY(get_str_list(cp, root, "payload", c->payload, &c->n_payload, MAX_PATH - 1, 0, 1));
+
+    v = json_get(nodes, root, "claims");
+    NEED(v && v->type == J_ARR && v->len <= MAX_CLAIMS, "claims: expected a list of at most 16");
+    for (const json_node *e = JSON_CHILD(nodes, v); e; e = JSON_NEXT(nodes, e)) {
+        claim_map *m = &c->claims[c->n_claims++];
+        TRY(get_str(cp, e, "claim", &m->claim, 1));
+        NEED(m->claim.n > 0, "claims: empty claim name");
+        TRY(get_header_name(cp, e, "header", &m->header));
+        NEED(in_list(c->strip, c->n_strip, m->header.p, m->header.n), "claims: a claim header must also be stripped");
+    }
+
+    sec = json_get(nodes, root, "tenant");
+    NEED(sec && sec->type == J_OBJ, "tenant: expected an object");
+    TRY(get_header_name(cp, sec, "header", &c->tenant_header));
+    TRY(get_str_list(cp, sec, "scoped_prefixes", c->prefixes, &c->n_prefixes, MAX_PREFIXES, 1, 1));
+    TRY(get_str_list(cp, sec, "common", c->common, &c->n_common, MAX_COMMON, 1, 0));
+    v = json_get(nodes, sec, "tenants");
+    NEED(v && v->type == J_ARR && v->len <= MAX_TENANTS, "tenant.tenants: expected a list of at most 64");
+    for (const json_node *e = JSON_CHILD(nodes, v); e; e = JSON_NEXT(nodes, e)) {
+        tenant_t *t = &c->tenants[c->n_tenants++];
+        TRY(get_str(cp, e, "name", &t->name, 1));
+        NEED(t->name.n > 0, "tenant.tenants: empty name");
+        TRY(get_str_list(cp, e, "allowed", t->allowed, &t->n_allowed, MAX_ALLOWED, 1, 1));
+        const json_node *s = json_get(nodes, e, "strict");
+        NEED(!s || s->type == J_BOOL, "tenant.tenants.strict: expected a boolean");
+        t->strict = s ? (int)s->num : 0;
+    }
+
+    sec = json_get(nodes, root, "session");
+    NEED(sec && sec->type == J_OBJ, "session: expected an object");
+    TRY(get_header_name(cp, sec, "header", &c->sig_header));
+    NEED(in_list(c->strip, c->n_strip, c->sig_header.p, c->sig_header.n), "session.header must also be stripped");
+    TRY(get_str_list(cp, sec, "signed", c->signed_hdrs, &c->n_signed, MAX_SIGNED, 1, 1));
+    str_t key;
+    TRY(get_str(cp, sec, "key", &key, 1));
+    NEED(key.n >= 32 && key.n <= 128 && key.n % 2 == 0, "session.key: expected 16..64 bytes as lower-case hex");
+    for (uint32_t i = 0; i < key.n; i += 2) {
+        int hi = unhex(key.p[i]), lo = unhex(key.p[i + 1]);
+        NEED(hi >= 0 && lo >= 0, "session.key: not lower-case hex");
+        c->key[i / 2] = (uint8_t)(hi << 4 | lo);
+    }
+    c->key_len = (int)key.n / 2;
+
+    sec = json_get(nodes, root, "qos");
+    NEED(sec && sec->type == J_OBJ, "qos: expected an object");
+    TRY(get_header_name(cp, sec, "header", &c->qos_header));
+    TRY(get_header_name(cp, sec, "priority_header", &c->priority_header));
+    TRY(get_str(cp, sec, "tier_claim", &c->tier_claim, 0));
+    v = json_get(nodes, sec, "classes");
+    NEED(v && v->type == J_ARR && v->len > 0 && v->len <= MAX_CLASSES, "qos.classes: expected 1..8 classes");
+    for (const json_node *e = JSON_CHILD(nodes, v); e; e = JSON_NEXT(nodes, e)) {
+        qos_class *q = &c->classes[c->n_classes];
+        TRY(get_str(cp, e, "name", &q->name, 1));
+        NEED(is_token(q->name.p, q->name.n), "qos.classes.name: expected a token");
+        const json_node *lv = json_get(nodes, e, "level");
+        NEED(lv && lv->type == J_NUM && lv->is_int && lv->num >= 1 && lv->num <= 64, "qos.classes.level: expected 1..64");
+        q->level = lv->num;
+        NEED(class_index(c, q->name.p, q->name.n) < 0, "qos.classes: duplicate class");
+        c->n_classes++;
+    }
+    TRY(get_class_map(cp, c, sec, "priority", c->priority, &c->n_priority));
+    TRY(get_class_map(cp, c, sec, "protocol", c->protocol_map, &c->n_protocol));
+    TRY(get_class_map(cp, c, sec, "tiers", c->tiers, &c->n_tiers));
+    TRY(get_str_list(cp, sec, "protocol_property", c->protocol_path, &c->n_protocol_path, MAX_PATH, 0, 0));
+    TRY(get_class(cp, c, sec, "default", &c->default_class));
+    TRY(get_class(cp, c, sec, "ceiling", &c->ceiling_class));
+
+    sec = json_get(nodes, root, "identity");
+    if (sec) {
+        NEED(sec->type == J_OBJ, "identity: expected an object");
+        TRY(get_header_name(cp, sec, "header", &c->identity_header));
+        NEED(in_list(c->strip, c->n_strip, c->identity_header.p, c->identity_header.n),
+             "identity.header must also be stripped");
+        TRY(get_str_list(cp, sec, "property", c->identity_path, &c->n_identity_path, MAX_PATH, 0, 1));
+    }
+
+    sec = json_get(nodes, root, "errors");
+    NEED(sec && sec->type == J_OBJ, "errors: expected an object");
+    TRY(get_header_name(cp, sec, "header", &c->error_header));
+    TRY(get_str(cp, sec, "grpc_default", &c->grpc_default, 1));
+    TRY(get_str(cp, sec, "http_ok", &c->http_ok, 1));
+    TRY(get_str(cp, sec, "http_4xx", &c->http_4xx, 1));
+    TRY(get_str(cp, sec, "http_5xx", &c->http_5xx, 1));
+    v = json_get(nodes, sec, "grpc");
+    NEED(v && v->type == J_OBJ, "errors.grpc: expected an object");
+    for (const json_node *k = JSON_CHILD(nodes, v); k; ) {
+        const json_node *val = JSON_NEXT(nodes, k);
+        int code = 0;
+        NEED(k->len >= 1 && k->len <= 2, "errors.grpc: keys are gRPC status codes 0..16");
+        for (uint32_t i = 0; i < k->len; i++) {
+            NEED(k->str[i] >= '0' && k->str[i] <= '9', "errors.grpc: keys are gRPC status codes 0..16");
+            code = code * 10 + (k->str[i] - '0');
+        }
+        NEED(code < MAX_ERR_CODES, "errors.grpc: keys are gRPC status codes 0..16");
+        NEED(val->type == J_STR && is_token(val->str, val->len), "errors.grpc: expected an error class token");
+        c->grpc_class[code].p = val->str; c->grpc_class[code].n = val->len;
+        k = JSON_NEXT(nodes, val);
+    }
+    v = json_get(nodes, sec, "http");
+    if (v) {
+        NEED(v->type == J_OBJ && v->len <= MAX_HTTP_ERR, "errors.http: expected an object of at most 16");
+        for (const json_node *k = JSON_CHILD(nodes, v); k; ) {
+            const json_node *val = JSON_NEXT(nodes, k);
+            int code = 0;
+            NEED(k->len == 3, "errors.http: keys are HTTP status codes");
+            for (int i = 0; i < 3; i++) {
+                NEED(k->str[i] >= '0' && k->str[i] <= '9', "errors.http: keys are HTTP status codes");
+                code = code * 10 + (k->str[i] - '0');
+            }
+            NEED(val->type == J_STR && is_token(val->str, val->len), "errors.http: expected an error class token");
+            c->http_code[c->n_http] = code;
+            c->http_class[c->n_http].p = val->str; c->http_class[c->n_http].n = val->len;
+            c->n_http++;
+            k = JSON_NEXT(nodes, val);
+        }
+    }
+    NEED(is_token(c->grpc_default.p, c->grpc_default.n) && is_token(c->http_ok.p, c->http_ok.n) &&
+         is_token(c->http_4xx.p, c->http_4xx.n) && is_token(c->http_5xx.p, c->http_5xx.n),
+         "errors: class names must be tokens");
+#undef TRY
+    return 0;
+}
+
+/* ------------------------------------------------ contexts and roots */
+typedef struct { uint32_t id; config_t *cfg; } root_t;
+static root_t roots[MAX_ROOTS];
+static int n_roots;
+static json_node nodes[MAX_NODES];   /* scratch, used only while configuring */
+
+/* Stream context -> root context, in a small open-addressing table that grows. */
+typedef struct { uint32_t ctx, root; } ctx_slot;
+static ctx_slot *slots;
+static uint32_t n_slots, n_used;
+
+static uint32_t hash32(uint32_t x) { x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; return x ^ (x >> 16); }
+
+static int slot_put(uint32_t ctx, uint32_t root);
+
+static int slots_grow(void) {
+    ctx_slot *old = slots;
+    uint32_t old_n = n_slots;
+    uint32_t n = old_n ? old_n * 2 : 256;
+    ctx_slot *fresh = calloc(n, sizeof *fresh);
+    if (!fresh) return -1;
+    slots = fresh; n_slots = n; n_used = 0;
+    for (uint32_t i = 0; i < old_n; i++) if (old[i].ctx) slot_put(old[i].ctx, old[i].root);
+    free(old);
+    return 0;
+}
+
+static int slot_put(uint32_t ctx, uint32_t root) {
+    if ((n_used + 1) * 2 > n_slots && slots_grow() < 0) return -1;
+    for (uint32_t i = hash32(ctx) & (n_slots - 1);; i = (i + 1) & (n_slots - 1)) {
+        if (slots[i].ctx == 0 || slots[i].ctx == ctx) {
+            if (slots[i].ctx == 0) n_used++;
+            slots[i].ctx = ctx; slots[i].root = root;
+            return 0;
+        }
+    }
+}
+
+static uint32_t slot_get(uint32_t ctx) {
+    if (!n_slots) return 0;
+    for (uint32_t i = hash32(ctx) & (n_slots - 1);; i = (i + 1) & (n_slots - 1)) {
+        if (slots[i].ctx == ctx) return slots[i].root;
+        if (slots[i].ctx == 0) return 0;
+    }
+}
+
+/* Backward-shift deletion keeps probe chains intact without tombstones. */
+static void slot_del(uint32_t ctx) {
+    if (!n_slots) return;
+    uint32_t mask = n_slots - 1, i = hash32(ctx) & mask, j;
+    while (slots[i].ctx != ctx) { if (slots[i].ctx == 0) return; i = (i + 1) & mask; }
+    n_used--;
+    for (j = i;;) {
+        slots[i].ctx = 0;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (slots[j].ctx == 0) return;
+            uint32_t home = hash32(slots[j].ctx) & mask;
+            int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+            if (!stays) break;   /* j's probe chain passes through the hole at i */
+        }
+        slots[i] = slots[j];
+        i = j;
+    }
+}
+
+static root_t *find_root(uint32_t id) {
+    for (int i = 0; i < n_roots; i++) if (roots[i].id == id) return &roots[i];
+    return NULL;
+}
+
+static config_t *config_for(uint32_t ctx) {
+    root_t *r = find_root(slot_get(ctx));
+    return r ? r->cfg : NULL;
+}
+
+static void free_config(config_t *c) {
+    if (!c) return;
+    free(c->buf);
+    free(c);
+}
+
+/* ------------------------------------------------------------ exports */
+EXPORT(proxy_abi_version_0_2_1) void proxy_abi_version_0_2_1(void) {}
+
+EXPORT(proxy_on_memory_allocate) void *proxy_on_memory_allocate(size_t size) { return malloc(size ? size : 1); }
+
+EXPORT(proxy_on_vm_start) int32_t proxy_on_vm_start(uint32_t root_id, size_t vm_config_size) {
+    (void)root_id; (void)vm_config_size;
+    return 1;
+}
+
+EXPORT(proxy_on_context_create) void proxy_on_context_create(uint32_t ctx, uint32_t root) {
+    if (root == 0) {   /* a root context (one per plugin) */
+        if (!find_root(ctx) && n_roots < MAX_ROOTS) { roots[n_roots].id = ctx; roots[n_roots].cfg = NULL; n_roots++; }
+        return;
+    }
+    slot_put(ctx, root);   /* on failure the stream finds no config and fails closed */
+}
+
+EXPORT(proxy_on_configure) int32_t proxy_on_configure(uint32_t root_id, size_t size) {
+    root_t *r = find_root(root_id);
+    if (!r) { logmsg(LOG_ERROR, "mcp header contract: unknown root context"); return 0; }
+    char *raw = NULL;
+    size_t got = 0;
+    if (size == 0 || proxy_get_buffer_bytes(BUFFER_PLUGIN_CONFIGURATION, 0, size, &raw, &got) != WASM_OK || !raw) {
+        logmsg(LOG_ERROR, "mcp header contract: no plugin configuration (fail closed)");
+        return 0;
+    }
+    config_t *c = calloc(1, sizeof *c);
+    const char *err = NULL;
+    if (!c || json_parse(raw, got, nodes, MAX_NODES, &err) < 0 || parse_config(c, nodes, &err) < 0) {
+        char msg[200];
+        size_t n = 0;
+        const char *pre = "mcp header contract: invalid configuration: ";
+        for (const char *s = pre; *s && n < sizeof msg - 1; s++) msg[n++] = *s;
+        for (const char *s = err ? err : "out of memory"; *s && n < sizeof msg - 1; s++) msg[n++] = *s;
+        proxy_log(LOG_ERROR, msg, n);
+        free(raw);
+        free(c);
+        free_config(r->cfg);   /* fail closed: no stale configuration keeps serving */
+        r->cfg = NULL;
+        return 0;
+    }
+    c->buf = raw;   /* strings in *c point into raw */
+    free_config(r->cfg);
+    r->cfg = c;
+    return 1;
+}
+
+/* ------------------------------------------------------ request path */
+typedef struct { const char *k; size_t kn; const char *v; size_t vn; } pair_t;
+
+/* Parses the ABI's serialised header map in place; returns the count or -1. */
+static int parse_pairs(const char *buf, size_t size, pair_t *out, int max) {
+    if (size < 4) return -1;
+    uint32_t n;
+    memcpy(&n, buf, 4);
+    if (n > (uint32_t)max || (size_t)n * 8 + 4 > size) return -1;
+    const char *data = buf + 4 + (size_t)n * 8, *end = buf + size;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t kl, vl;
+        memcpy(&kl, buf + 4 + 8 * i, 4);
+        memcpy(&vl, buf + 8 + 8 * i, 4);
+        if ((size_t)(end - data) < (size_t)kl + vl + 2) return -1;
+        out[i].k = data; out[i].kn = kl; data += kl + 1;
+        out[i].v = data; out[i].vn = vl; data += vl + 1;
+    }
+    return (int)n;
+}
+
+/* proxy_get_property over prefix + one more segment; the caller frees *out. */
+static int get_property(const str_t *prefix, int n_prefix, const str_t *last, char **out, size_t *out_n) {
+    char path[512];
+    size_t n = 0;
+    for (int i = 0; i <= n_prefix; i++) {
+        const str_t *s = i < n_prefix ? &prefix[i] : last;
+        if (!s) break;
+        if (n + s->n + 1 > sizeof path) return -1;
+        if (n) path[n++] = '\0';
+        memcpy(path + n, s->p, s->n);
+        n += s->n;
+    }
+    *out = NULL; *out_n = 0;
+    if (proxy_get_property(path, n, out, out_n) != WASM_OK || !*out) { free(*out); *out = NULL; return -1; }
+    return 0;
+}
+
+static void local_reply(uint32_t status, const char *details, const char *body) {
+    proxy_send_local_response(status, details, strlen(details), body, strlen(body), NULL, 0, -1);
+}
+
+static int tenant_allows(const tenant_t *t, const config_t *c, const char *k, size_t kn) {
+    return (t && in_list(t->allowed, t->n_allowed, k, kn)) || in_list(c->common, c->n_common, k, kn);
+}
+
+#define MAX_HEADERS 256
+
+EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, uint32_t num_headers, int32_t eos) {
+    (void)num_headers; (void)eos;
+    config_t *c = config_for(ctx);
+    if (!c) { local_reply(500, "mcp_header_contract_unconfigured", "header contract not configured\n"); return ACTION_PAUSE; }
+
+    char *raw = NULL;
+    size_t raw_n = 0;
+    static pair_t hs[MAX_HEADERS];
+    int n = -1;
+    if (proxy_get_header_map_pairs(MAP_REQUEST_HEADERS, &raw, &raw_n) == WASM_OK && raw)
+        n = parse_pairs(raw, raw_n, hs, MAX_HEADERS);
+    if (n < 0) {
+        free(raw);
+        local_reply(431, "mcp_header_contract_headers", "too many or malformed request headers\n");
+        return ACTION_PAUSE;
+    }
+
+    /* 1. The claims jwt_authn verified (absent when there was no token). */
+    char *claim_val[MAX_CLAIMS] = {0};
+    size_t claim_n[MAX_CLAIMS] = {0};
+    const char *tenant = NULL;
+    size_t tenant_n = 0;
+    for (int i = 0; i < c->n_claims; i++) {
+        if (get_property(c->payload, c->n_payload, &c->claims[i].claim, &claim_val[i], &claim_n[i]) < 0) continue;
+        if (!claim_n[i] || !is_header_value(claim_val[i], claim_n[i])) {   /* not a string claim: drop it */
+            free(claim_val[i]); claim_val[i] = NULL; continue;
+        }
+        if (str_eq(c->claims[i].header, c->tenant_header.p, c->tenant_header.n)) { tenant = claim_val[i]; tenant_n = claim_n[i]; }
+    }
+    const tenant_t *t = NULL;
+    if (tenant)
+        for (int i = 0; i < c->n_tenants; i++)
+            if (str_eq(c->tenants[i].name, tenant, tenant_n)) { t = &c->tenants[i]; break; }
+
+    /* 2. Decide each client header's fate; remember the priority asked for. */
+    int bad_name = 0, requested = -1;
+    static int drop[MAX_HEADERS];
+    for (int i = 0; i < n; i++) {
+        const char *k = hs[i].k;
+        size_t kn = hs[i].kn;
+        drop[i] = 0;
+        if (kn && k[0] == ':') continue;                 /* pseudo-headers: the codec's */
+        if (!is_token(k, kn)) { bad_name = 1; break; }
+        if (in_list(c->strip, c->n_strip, k, kn)) drop[i] = 1;
+        else if (in_list(c->prefixes, c->n_prefixes, k, kn)) drop[i] = !(t && in_list(t->allowed, t->n_allowed, k, kn));
+        else if (t && t->strict) drop[i] = !tenant_allows(t, c, k, kn) && !str_eq(c->priority_header, k, kn);
+        if (requested < 0 && str_eq(c->priority_header, k, kn)) {
+            for (int j = 0; j < c->n_priority; j++)
+                if (str_ieq(c->priority[j].key, hs[i].v, hs[i].vn)) { requested = c->priority[j].cls; break; }
+        }
+    }
+    if (bad_name) {
+        free(raw);
+        for (int i = 0; i < c->n_claims; i++) free(claim_val[i]);
+        local_reply(400, "mcp_header_contract_bad_header_name", "header name is not an RFC 7230 token\n");
+        return ACTION_PAUSE;
+    }
+    /* Remove by name: one call removes every value of that name. */
+    for (int i = 0; i < n; i++) {
+        if (!drop[i]) continue;
+        int dup = 0;
+        for (int j = 0; j < i; j++) if (drop[j] && hs[j].kn == hs[i].kn && memcmp(hs[j].k, hs[i].k, hs[i].kn) == 0) { dup = 1; break; }
+        if (!dup) proxy_remove_header_map_value(MAP_REQUEST_HEADERS, hs[i].k, hs[i].kn);
+    }
+
+    /* 3. QoS: asked (priority header, else protocol) capped by the tier's ceiling. */
+    if (requested < 0 && c->n_protocol_path) {
+        char *proto = NULL;
+        size_t pn = 0;
+        if (get_property(c->protocol_path, c->n_protocol_path, NULL, &proto, &pn) == 0) {
+            for (int j = 0; j < c->n_protocol; j++)
+                if (str_eq(c->protocol_map[j].key, proto, pn)) { requested = c->protocol_map[j].cls; break; }
+        }
+        free(proto);
+    }
+    if (requested < 0) requested = c->default_class;
+    int ceiling = c->ceiling_class;
+    if (c->tier_claim.n) {
+        char *tier = NULL;
+        size_t tn = 0;
+        if (get_property(c->payload, c->n_payload, &c->tier_claim, &tier, &tn) == 0)
+            for (int j = 0; j < c->n_tiers; j++)
+                if (str_eq(c->tiers[j].key, tier, tn)) { ceiling = c->tiers[j].cls; break; }
+        free(tier);
+    }
+    /* a larger level is a lower priority: take the lower of asked and allowed */
+    int cls = c->classes[requested].level >= c->classes[ceiling].level ? requested : ceiling;
+    str_t qos = c->classes[cls].name;
+
+    /* 4. Set the session headers and the class. */
+    for (int i = 0; i < c->n_claims; i++)
+        if (claim_val[i])
+            proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->claims[i].header.p, c->claims[i].header.n,
+                                           claim_val[i], claim_n[i]);
+    proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->qos_header.p, c->qos_header.n, qos.p, qos.n);
+    if (c->identity_header.n) {
+        char *id = NULL;
+        size_t idn = 0;
+        if (get_property(c->identity_path, c->n_identity_path, NULL, &id, &idn) == 0 && idn && is_header_value(id, idn))
+            proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->identity_header.p, c->identity_header.n, id, idn);
+        free(id);
+    }
+
+    /* 5. Sign what was set (mesh.session's canonical form); always, so that
+     * even an anonymous request's QoS class cannot be upgraded by L7. */
+    hmac_sha256_ctx m;
+    hmac_sha256_init(&m, c->key, (size_t)c->key_len);
+    hmac_sha256_update(&m, "mcp-session-v1\n", 15);
+    char sig[16 + MAX_SIGNED * 64 + 72];
+    size_t sn = 0;
+    memcpy(sig, "v1;h=", 5); sn = 5;
+    for (int s = 0; s < c->n_signed; s++) {
+        const str_t *h = &c->signed_hdrs[s];
+        const char *val = NULL;
+        size_t vn = 0;
+        if (str_eq(*h, c->qos_header.p, c->qos_header.n)) { val = qos.p; vn = qos.n; }
+        else for (int i = 0; i < c->n_claims; i++)
+            if (claim_val[i] && str_eq(c->claims[i].header, h->p, h->n)) { val = claim_val[i]; vn = claim_n[i]; break; }
+        if (!val) continue;
+        if (sn + h->n + 1 > sizeof sig - 72) break;
+        if (sig[sn - 1] != '=') sig[sn++] = ',';
+        memcpy(sig + sn, h->p, h->n); sn += h->n;
+        hmac_sha256_update(&m, h->p, h->n);
+        hmac_sha256_update(&m, ":", 1);
+        hmac_sha256_update(&m, val, vn);
+        hmac_sha256_update(&m, "\n", 1);
+    }
+    uint8_t mac[32];
+    hmac_sha256_final(&m, mac);
+    memcpy(sig + sn, ";s=", 3); sn += 3;
+    for (int i = 0; i < 32; i++) { sig[sn++] = "0123456789abcdef"[mac[i] >> 4]; sig[sn++] = "0123456789abcdef"[mac[i] & 15]; }
+    proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->sig_header.p, c->sig_header.n, sig, sn);
+
+    for (int i = 0; i < c->n_claims; i++) free(claim_val[i]);
+    free(raw);
+    return ACTION_CONTINUE;
+}
+
+/* ----------------------------------------------------- response path */
+static int parse_status(const char *p, size_t n, int *out) {
+    if (!n || n > 4) return -1;
+    int v = 0;
+    for (size_t i = 0; i < n; i++) { if (p[i] < '0' || p[i] > '9') return -1; v = v * 10 + (p[i] - '0'); }
+    *out = v;
+    return 0;
+}
+
+static str_t grpc_error_class(const config_t *c, int code) {
+    if (code >= 0 && code < MAX_ERR_CODES && c->grpc_class[code].n) return c->grpc_class[code];
+    return c->grpc_default;
+}
+
+static int map_value(int32_t map, const str_t *name, char **out, size_t *n) {
+    *out = NULL; *n = 0;
+    if (proxy_get_header_map_value(map, name->p, name->n, out, n) != WASM_OK || !*out) { free(*out); *out = NULL; return -1; }
+    return 0;
+}
+
+static const str_t GRPC_STATUS = {"grpc-status", 11}, STATUS = {":status", 7}, CONTENT_TYPE = {"content-type", 12};
+
+EXPORT(proxy_on_response_headers) int32_t proxy_on_response_headers(uint32_t ctx, uint32_t num_headers, int32_t eos) {
+    (void)num_headers;
+    config_t *c = config_for(ctx);
+    if (!c) return ACTION_CONTINUE;
+    char *v = NULL;
+    size_t vn = 0;
+    int code;
+    str_t cls = {0, 0};
+    if (map_value(MAP_RESPONSE_HEADERS, &GRPC_STATUS, &v, &vn) == 0) {   /* trailers-only gRPC response */
+        cls = parse_status(v, vn, &code) == 0 ? grpc_error_class(c, code) : c->grpc_default;
+    } else {
+        free(v);
+        int grpc = 0;
+        if (map_value(MAP_RESPONSE_HEADERS, &CONTENT_TYPE, &v, &vn) == 0)
+            grpc = vn >= 16 && memcmp(v, "application/grpc", 16) == 0;
+        free(v);
+        if (grpc && !eos) {   /* the class comes with the trailers */
+            proxy_remove_header_map_value(MAP_RESPONSE_HEADERS, c->error_header.p, c->error_header.n);
+            return ACTION_CONTINUE;
+        }
+        if (map_value(MAP_RESPONSE_HEADERS, &STATUS, &v, &vn) == 0 && parse_status(v, vn, &code) == 0) {
+            cls = code < 400 ? c->http_ok : code < 500 ? c->http_4xx : c->http_5xx;
+            for (int i = 0; i < c->n_http; i++) if (c->http_code[i] == code) { cls = c->http_class[i]; break; }
+        }
+    }
+    free(v);
+    if (cls.n) proxy_replace_header_map_value(MAP_RESPONSE_HEADERS, c->error_header.p, c->error_header.n, cls.p, cls.n);
+    else proxy_remove_header_map_value(MAP_RESPONSE_HEADERS, c->error_header.p, c->error_header.n);
+    return ACTION_CONTINUE;
+}
+
+EXPORT(proxy_on_response_trailers) int32_t proxy_on_response_trailers(uint32_t ctx, uint32_t num_trailers) {
+    (void)num_trailers;
+    config_t *c = config_for(ctx);
+    if (!c) return ACTION_CONTINUE;
+    char *v = NULL;
+    size_t vn = 0;
+    int code;
+    if (map_value(MAP_RESPONSE_TRAILERS, &GRPC_STATUS, &v, &vn) == 0) {
+        str_t cls = parse_status(v, vn, &code) == 0 ? grpc_error_class(c, code) : c->grpc_default;
+        proxy_replace_header_map_value(MAP_RESPONSE_TRAILERS, c->error_header.p, c->error_header.n, cls.p, cls.n);
+    }
+    free(v);
+    return ACTION_CONTINUE;
+}
+
+EXPORT(proxy_on_done) int32_t proxy_on_done(uint32_t ctx) { (void)ctx; return 1; }
+
+EXPORT(proxy_on_delete) void proxy_on_delete(uint32_t ctx) {
+    root_t *r = find_root(ctx);
+    if (r) {   /* a plugin went away */
+        free_config(r->cfg);
+        *r = roots[--n_roots];
+        return;
+    }
+    slot_del(ctx);
+}

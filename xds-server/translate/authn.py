@@ -1,20 +1,175 @@
-"""Seam: request authentication (jwt_authn) from RequestAuthentication.
+"""RequestAuthentication -> envoy.filters.http.jwt_authn, as istiod does it.
 
-Owner: the header-contract engineer. Until filled, returning nothing is the
-correct behaviour (no RequestAuthentication is translated yet); this is a
-seam, not a feature. See the protocol in `xds_server.translate`.
+Every RequestAuthentication that applies to the proxy (its namespace, or the
+root namespace; `selector.matchLabels` a subset of the node's labels) adds
+one JWT provider per `jwtRules` entry. The requirement is Istio's: any one
+provider's valid token, or no token at all (allow_missing) -- so an invalid,
+expired, wrongly signed or wrong-audience token gets 401 and never reaches
+the upstream, while a request without a token goes on (an AuthorizationPolicy
+decides whether that is enough).
+
+The verified payload goes to dynamic metadata (`payload_in_metadata`) where
+the header-contract Wasm filter reads the claims: a client can send any
+header, but cannot write metadata. `clear_route_cache` makes the router
+re-select the route after claim headers are set.
+
+`jwksUri` is fetched by Envoy through a cluster this module adds.
+AUTHN-phase WasmPlugins run before jwt_authn (Istio's order), so they are
+emitted here, first.
 """
 from __future__ import annotations
 
-from mesh.config import MeshConfig
+import ipaddress
+from urllib.parse import urlsplit
+
+from google.protobuf import duration_pb2
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import http_uri_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2
+from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+
+from mesh.config import MeshConfig, Resource
+from mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
+from xds_server import types
 from xds_server.types import ProxyNode, Snapshot
+
+ROOT_NAMESPACE = "istio-system"
+KINDS = ("RequestAuthentication",)
+
+
+def applies(res: Resource, node: ProxyNode) -> bool:
+    """Namespace (or root namespace) and selector.matchLabels, as Istio selects workloads."""
+    if res.namespace not in (node.namespace, ROOT_NAMESPACE):
+        return False
+    want = ((res.spec.get("selector") or {}).get("matchLabels")) or {}
+    return all(node.labels.get(k) == v for k, v in want.items())
+
+
+def _applicable(config: MeshConfig, node: ProxyNode) -> list[Resource]:
+    found = [r for r in config.of_kind(*KINDS) if applies(r, node)]
+    return sorted(found, key=lambda r: (r.namespace, r.name))
+
+
+def jwks_cluster_name(uri: str) -> str:
+    u = urlsplit(uri)
+    return f"jwks|{u.hostname}|{u.port or (443 if u.scheme == 'https' else 80)}"
+
+
+def _jwks_cluster(uri: str) -> cluster_pb2.Cluster:
+    u = urlsplit(uri)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    name = jwks_cluster_name(uri)
+    try:
+        ipaddress.ip_address(u.hostname)
+        kind = cluster_pb2.Cluster.STATIC
+    except ValueError:
+        kind = cluster_pb2.Cluster.LOGICAL_DNS
+    c = cluster_pb2.Cluster(name=name, type=kind, connect_timeout=duration_pb2.Duration(seconds=5))
+    lb = endpoint_components_pb2.LbEndpoint()
+    lb.endpoint.address.socket_address.address = u.hostname
+    lb.endpoint.address.socket_address.port_value = port
+    c.load_assignment.cluster_name = name
+    c.load_assignment.endpoints.add().lb_endpoints.append(lb)
+    if u.scheme == "https":
+        ctx = tls_pb2.UpstreamTlsContext(sni=u.hostname)
+        c.transport_socket.name = "envoy.transport_sockets.tls"
+        c.transport_socket.typed_config.Pack(ctx)
+    return c
+
+
+def _duration(text: str | None, default_s: int) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    if not text:
+        d.seconds = default_s
+        return d
+    d.FromJsonString(str(text))
+    return d
+
+
+def provider_name(res: Resource, index: int) -> str:
+    return f"{res.namespace}/{res.name}/{index}"
+
+
+def _provider(rule: dict) -> jwt.JwtProvider:
+    p = jwt.JwtProvider(issuer=rule["issuer"], audiences=list(rule.get("audiences") or []),
+                        forward=bool(rule.get("forwardOriginalToken", False)),
+                        payload_in_metadata=JWT_PAYLOAD_METADATA_KEY, clear_route_cache=True)
+    if rule.get("jwks"):
+        p.local_jwks.inline_string = rule["jwks"]
+    elif rule.get("jwksUri"):
+        uri = rule["jwksUri"]
+        p.remote_jwks.http_uri.CopyFrom(http_uri_pb2.HttpUri(
+            uri=uri, cluster=jwks_cluster_name(uri), timeout=_duration(rule.get("timeout"), 5)))
+        p.remote_jwks.cache_duration.seconds = 300
+        p.remote_jwks.async_fetch.SetInParent()      # fetch before the listener serves
+        p.remote_jwks.retry_policy.num_retries.value = 3
+    for h in rule.get("fromHeaders") or []:
+        p.from_headers.add(name=h["name"], value_prefix=h.get("prefix", ""))
+    p.from_params.extend(rule.get("fromParams") or [])
+    p.from_cookies.extend(rule.get("fromCookies") or [])
+    for c in rule.get("outputClaimToHeaders") or []:
+        p.claim_to_headers.add(header_name=c["header"], claim_name=c["claim"])
+    if rule.get("outputPayloadToHeader"):
+        p.forward_payload_header = rule["outputPayloadToHeader"]
+    return p
+
+
+def jwt_authn_config(config: MeshConfig, node: ProxyNode) -> jwt.JwtAuthentication | None:
+    resources = _applicable(config, node)
+    if not resources:
+        return None
+    cfg = jwt.JwtAuthentication(bypass_cors_preflight=True)
+    names = []
+    for res in resources:
+        for i, rule in enumerate(res.spec.get("jwtRules") or []):
+            name = provider_name(res, i)
+            cfg.providers[name].CopyFrom(_provider(rule))
+            names.append(name)
+    if not names:
+        return None
+    # Istio's semantics: a valid token from any provider, or none at all.
+    req = jwt.JwtRequirement()
+    for n in names:
+        req.requires_any.requirements.add(provider_name=n)
+    req.requires_any.requirements.add().allow_missing.SetInParent()
+    rule = cfg.rules.add()
+    rule.match.prefix = "/"
+    rule.requires.CopyFrom(req)
+    return cfg
+
+
+def output_claims(config: MeshConfig, node: ProxyNode) -> list[tuple[str, str]]:
+    """(claim, header) pairs of outputClaimToHeaders: the Wasm filter re-derives
+    them from metadata, so a client's own copy of such a header never passes."""
+    out = []
+    for res in _applicable(config, node):
+        for rule in res.spec.get("jwtRules") or []:
+            for c in rule.get("outputClaimToHeaders") or []:
+                out.append((c["claim"], c["header"].lower()))
+    return out
 
 
 def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
-    """HttpFilters (jwt_authn, ...) for the HCM of `port`; placed first in the chain."""
-    return []
+    """AUTHN-phase Wasm plugins, then jwt_authn; first in the HCM chain."""
+    from xds_server.translate import wasm_plugins   # same part; phases interleave with jwt_authn
+    out = wasm_plugins.phase_filters(config, node, port, ("AUTHN",))
+    cfg = jwt_authn_config(config, node)
+    if cfg is not None:
+        f = hcm.HttpFilter(name=JWT_AUTHN_FILTER)
+        f.typed_config.Pack(cfg)
+        out.append(f)
+    return out
 
 
 def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
-    """Extra resources (e.g. the JWKS cluster) merged into the node's snapshot."""
-    return {}
+    """The clusters jwt_authn fetches jwksUri through."""
+    clusters = {}
+    for res in _applicable(config, node):
+        for rule in res.spec.get("jwtRules") or []:
+            uri = rule.get("jwksUri")
+            if uri and not rule.get("jwks"):
+                c = _jwks_cluster(uri)
+                clusters[c.name] = c
+    return {types.CLUSTER: clusters} if clusters else {}

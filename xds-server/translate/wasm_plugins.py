@@ -1,20 +1,166 @@
-"""Seam: the Wasm header-contract filter from WasmPlugin, delivered via ECDS.
+"""WasmPlugin (extensions.istio.io/v1alpha1) -> envoy.filters.http.wasm via ECDS.
 
-Owner: the header-contract engineer. Until filled, returning nothing is the
-correct behaviour (no WasmPlugin is translated yet); this is a seam, not a
-feature. See the protocol in `xds_server.translate`.
+Each WasmPlugin that selects the proxy becomes an HttpFilter whose config is
+discovered over ADS (`config_discovery`), plus a TypedExtensionConfig of the
+same name in the snapshot: changing a pluginConfig then pushes one ECDS
+resource, and no listener drains.
+
+Order, as Istio: AUTHN-phase plugins before jwt_authn (emitted by `authn`),
+then AUTHZ, STATS and unspecified-phase ones after it; within a phase the
+higher `priority` first, then namespace/name.
+
+The module is read from `url` (file:// or a plain path), its SHA-256 checked
+against `sha256`, and embedded inline: Envoy runs exactly the bytes that were
+checked, wherever it runs. `failStrategy: FAIL_OPEN` -> failure_policy
+FAIL_OPEN, otherwise FAIL_CLOSED.
+
+A plugin named `mcp-header-contract` (pluginName) is the mesh's own filter:
+its pluginConfig is validated and compiled by mesh.header_contract into the
+JSON the C module reads, with RequestAuthentication outputClaimToHeaders
+merged in; any other plugin gets its pluginConfig as JSON, verbatim.
 """
 from __future__ import annotations
 
-from mesh.config import MeshConfig
+import hashlib
+import json
+import os
+from urllib.parse import unquote, urlsplit
+
+from google.protobuf import wrappers_pb2
+from envoy.config.core.v3 import config_source_pb2, extension_pb2
+from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
+from envoy.extensions.wasm.v3 import wasm_pb2
+
+from mesh.config import MeshConfig, Resource
+from mesh.errors import ConfigError
+from mesh.header_contract import PLUGIN_NAME, parse_plugin_config
+from xds_server import types
 from xds_server.types import ProxyNode, Snapshot
+
+KIND = "WasmPlugin"
+ROOT_NAMESPACE = "istio-system"
+WASM_TYPE_URL = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+RUNTIME = "envoy.wasm.runtime.v8"
+PHASES = ("AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE")
+AFTER_AUTHN = ("AUTHZ", "STATS", "UNSPECIFIED_PHASE")
+
+_module_cache: dict[tuple, bytes] = {}
+
+
+def module_path(url: str) -> str:
+    """The local file a WasmPlugin url names (file:// or a path); other schemes are not fetched."""
+    u = urlsplit(url)
+    if u.scheme == "file":
+        return unquote(u.path)
+    if u.scheme == "":
+        return url
+    raise ValueError(f"url scheme {u.scheme!r} is not supported here (use file://)")
+
+
+def read_module(url: str, sha256: str | None) -> bytes:
+    """The module's bytes, checked against sha256 (cached by path, size, mtime)."""
+    path = module_path(url)
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns, sha256)
+    if key not in _module_cache:
+        with open(path, "rb") as f:
+            data = f.read()
+        if sha256 and hashlib.sha256(data).hexdigest() != sha256.lower():
+            raise ValueError(f"{path}: sha256 {hashlib.sha256(data).hexdigest()} does not match {sha256}")
+        _module_cache[key] = data
+    return _module_cache[key]
+
+
+def applies(res: Resource, node: ProxyNode, port: int | None = None) -> bool:
+    if res.namespace not in (node.namespace, ROOT_NAMESPACE):
+        return False
+    if (res.spec.get("type") or "HTTP") != "HTTP":
+        return False
+    want = ((res.spec.get("selector") or {}).get("matchLabels")) or {}
+    if not all(node.labels.get(k) == v for k, v in want.items()):
+        return False
+    matches = res.spec.get("match") or []
+    if port is not None and matches:
+        ports = {p.get("number") for m in matches for p in (m.get("ports") or [])}
+        if ports and port not in ports:
+            return False
+    return True
+
+
+def _ordered(config: MeshConfig, node: ProxyNode, port: int | None, phases) -> list[Resource]:
+    found = [r for r in config.of_kind(KIND) if applies(r, node, port)
+             and (r.spec.get("phase") or "UNSPECIFIED_PHASE") in phases]
+    return sorted(found, key=lambda r: (PHASES.index(r.spec.get("phase") or "UNSPECIFIED_PHASE"),
+                                        -int(r.spec.get("priority") or 0), r.namespace, r.name))
+
+
+def filter_name(res: Resource) -> str:
+    return f"{res.namespace}.{res.name}"
+
+
+def plugin_configuration(res: Resource, config: MeshConfig, node: ProxyNode) -> str:
+    """The JSON the module gets in proxy_on_configure."""
+    cfg = res.spec.get("pluginConfig") or {}
+    if res.spec.get("pluginName") == PLUGIN_NAME:
+        from xds_server.translate import authn
+        contract = parse_plugin_config(cfg).with_claims(authn.output_claims(config, node))
+        return contract.filter_json()
+    return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
+
+
+def wasm_filter_config(res: Resource, config: MeshConfig, node: ProxyNode) -> http_wasm.Wasm:
+    spec = res.spec
+    try:
+        code = read_module(spec["url"], spec.get("sha256"))
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError([res.diagnostic("spec.url", f"cannot load the Wasm module: {e}")]) from None
+    name = filter_name(res)
+    plugin = wasm_pb2.PluginConfig(
+        name=name, root_id=spec.get("pluginName") or name,
+        failure_policy=wasm_pb2.FAIL_OPEN if spec.get("failStrategy") == "FAIL_OPEN" else wasm_pb2.FAIL_CLOSED)
+    # One VM per plugin and module: plugins never share a VM's memory.
+    plugin.vm_config.vm_id = f"{name}@{hashlib.sha256(code).hexdigest()[:12]}"
+    plugin.vm_config.runtime = RUNTIME
+    plugin.vm_config.code.local.inline_bytes = code
+    plugin.configuration.Pack(wrappers_pb2.StringValue(value=plugin_configuration(res, config, node)))
+    return http_wasm.Wasm(config=plugin)
+
+
+def _ecds_filter(res: Resource) -> hcm.HttpFilter:
+    f = hcm.HttpFilter(name=filter_name(res))
+    cd = f.config_discovery
+    cd.config_source.ads.SetInParent()
+    cd.config_source.resource_api_version = config_source_pb2.V3
+    cd.type_urls.append(WASM_TYPE_URL)
+    return f
+
+
+def phase_filters(config: MeshConfig, node: ProxyNode, port: int, phases) -> list:
+    return [_ecds_filter(r) for r in _ordered(config, node, port, phases)]
 
 
 def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
-    """HttpFilters (config_discovery pointing at ECDS) for the HCM of `port`; after authn."""
-    return []
+    """ECDS-discovered Wasm filters of the phases after authn (AUTHN-phase ones come from authn)."""
+    return phase_filters(config, node, port, AFTER_AUTHN)
+
+
+def typed_extension_config(res: Resource, config: MeshConfig, node: ProxyNode) -> extension_pb2.TypedExtensionConfig:
+    tec = extension_pb2.TypedExtensionConfig(name=filter_name(res))
+    tec.typed_config.Pack(wasm_filter_config(res, config, node))
+    return tec
+
+
+def static_http_filter(res: Resource, config: MeshConfig, node: ProxyNode) -> hcm.HttpFilter:
+    """The same filter inline (for a bootstrap without ADS)."""
+    f = hcm.HttpFilter(name=filter_name(res))
+    f.typed_config.Pack(wasm_filter_config(res, config, node))
+    return f
 
 
 def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
-    """Extra resources (the ECDS TypedExtensionConfig, ...) merged into the snapshot."""
-    return {}
+    """The ECDS TypedExtensionConfig of every selected plugin."""
+    out = {}
+    for res in _ordered(config, node, None, PHASES):
+        out[filter_name(res)] = typed_extension_config(res, config, node)
+    return {types.EXTENSION_CONFIG: out} if out else {}

@@ -1,0 +1,110 @@
+/* tc programs of the MCP Mesh QoS datapath (loaded by bpf/program.py).
+ *
+ * qos_egress   marks the DSCP of selected flows and closes latency samples;
+ * qos_ingress  opens latency samples.
+ *
+ * A flow's DSCP comes from, in order: the socket mark (SO_MARK, which Envoy
+ * sets per cluster), the destination or source port, the destination CIDR,
+ * and the TLS ALPN detected on its first data segment. No match: the packet
+ * leaves unchanged. Every program returns TC_ACT_OK: QoS never drops.
+ */
+/* CFG_* flags, ALPN_* states and sizes come from bpf/layout.py as -D flags. */
+#ifndef CFG_ALPN
+#error "compile through bpf/program.py, which defines the shared constants"
+#endif
+
+struct qos_config {
+    u32 flags;
+    u16 ephemeral_lo;   /* net.ipv4.ip_local_port_range */
+    u16 ephemeral_hi;
+    u32 owner_flags;    /* user space's own bookkeeping, unused here */
+    u32 pad;
+};
+
+#include "packet.h"
+#include "alpn.h"
+#include "latency.h"
+
+struct cidr_key {
+    u32 prefixlen;      /* of the IPv4-mapped IPv6 address */
+    u32 addr[4];
+};
+
+BPF_ARRAY(config, struct qos_config, 1);
+BPF_HASH(mark_dscp, u32, u8, 256);
+BPF_HASH(port_dscp, u16, u8, 1024);
+BPF_LPM_TRIE(cidr_dscp, struct cidr_key, u8, 1024);
+BPF_TABLE("lru_hash", struct flow_key, struct flow_alpn, flow_alpn, 65536);
+
+/* The DSCP for this packet's flow, or -1 to leave it alone. */
+static __always_inline int classify(struct __sk_buff *skb, struct qos_config *cfg, struct pkt *p)
+{
+    u8 *dscp;
+
+    if (skb->mark) {
+        u32 mark = skb->mark;
+        dscp = mark_dscp.lookup(&mark);
+        if (dscp)
+            return *dscp;
+    }
+    if (p->is_tcp) {
+        u16 port = p->flow.dport;
+        dscp = port_dscp.lookup(&port);
+        if (dscp)
+            return *dscp;
+        port = p->flow.sport;
+        dscp = port_dscp.lookup(&port);
+        if (dscp)
+            return *dscp;
+    }
+    struct cidr_key ck = {.prefixlen = 128};
+    __builtin_memcpy(ck.addr, p->flow.daddr, 16);
+    dscp = cidr_dscp.lookup(&ck);
+    if (dscp)
+        return *dscp;
+
+    if (!(cfg->flags & CFG_ALPN) || !p->is_tcp)
+        return -1;
+    if ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+        flow_alpn.delete(&p->flow);   /* a new connection on a reused 4-tuple */
+        return -1;
+    }
+    struct flow_alpn *known = flow_alpn.lookup(&p->flow);
+    if (known)
+        return known->state == ALPN_CLASSED ? known->dscp : -1;
+    if (p->payload_len == 0)
+        return -1;
+    /* The first data segment decides the flow, whatever it holds. */
+    struct flow_alpn seen = {};
+    parse_client_hello(skb, p->payload_off, &seen);
+    flow_alpn.update(&p->flow, &seen);
+    return seen.state == ALPN_CLASSED ? seen.dscp : -1;
+}
+
+int qos_egress(struct __sk_buff *skb)
+{
+    u32 zero = 0;
+    struct qos_config *cfg = config.lookup(&zero);
+    struct pkt p;
+
+    if (!cfg || parse_packet(skb, &p) < 0)
+        return TC_ACT_OK;
+    int dscp = classify(skb, cfg, &p);
+    if (dscp >= 0)
+        set_dscp(skb, &p, dscp);
+    if (cfg->flags & CFG_SAMPLE)
+        sample_response_out(cfg, &p);
+    return TC_ACT_OK;
+}
+
+int qos_ingress(struct __sk_buff *skb)
+{
+    u32 zero = 0;
+    struct qos_config *cfg = config.lookup(&zero);
+    struct pkt p;
+
+    if (!cfg || !(cfg->flags & CFG_SAMPLE) || parse_packet(skb, &p) < 0)
+        return TC_ACT_OK;
+    sample_request_in(cfg, &p);
+    return TC_ACT_OK;
+}

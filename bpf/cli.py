@@ -1,0 +1,163 @@
+"""`mcpctl bpf attach|status|detach|latency`: the QoS datapath from the shell.
+
+State persists in bpffs between invocations (see attach.py), so `status`
+and `detach` act on what an earlier `attach` left.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from bpf.policy import PolicyError, build_policy
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bpf", help="eBPF QoS: DSCP marking and latency sampling on an interface")
+    sub = p.add_subparsers(dest="bpf_command", metavar="ACTION", required=True)
+
+    a = sub.add_parser("attach", help="load the tc programs onto an interface (replaces ours there)")
+    a.add_argument("--interface", "-i", required=True)
+    a.add_argument("--dscp-port", action="append", default=[], metavar="PORT=DSCP",
+                   help="mark TCP to or from PORT; DSCP is 0-63 or a QoS class name")
+    a.add_argument("--dscp-cidr", action="append", default=[], metavar="CIDR=DSCP",
+                   help="mark packets to a destination CIDR (IPv4 or IPv6)")
+    a.add_argument("--dscp-mark", action="append", default=[], metavar="MARK=DSCP",
+                   help="mark packets of sockets with this SO_MARK (Envoy cluster socket option)")
+    a.add_argument("--alpn", action="store_true", help="mark TLS flows by ClientHello ALPN (mesh.qos.ALPN_DSCP)")
+    a.add_argument("--sample", action="store_true",
+                   help="time requests (first byte in -> first response byte out) on service ports")
+    a.add_argument("--sample-port", action="append", default=[], type=str, metavar="PORT",
+                   help="sample only these service ports (implies --sample)")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=_attach)
+
+    s = sub.add_parser("status", help="what is attached, its maps and the flows it classified")
+    s.add_argument("--interface", "-i")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_status)
+
+    d = sub.add_parser("detach", help="remove our filters, pinned maps and the qdisc attach added")
+    d.add_argument("--interface", "-i", required=True)
+    d.set_defaults(func=_detach)
+
+    lat = sub.add_parser("latency", help="read the sampler: p50/p99 per service port")
+    lat.add_argument("--interface", "-i", required=True)
+    lat.add_argument("--seconds", type=float, default=5.0, help="how long to read (default 5)")
+    lat.add_argument("--prometheus-port", type=int, default=0,
+                     help="also serve the OpenTelemetry metrics for Prometheus on 127.0.0.1:PORT")
+    lat.add_argument("--json", action="store_true")
+    lat.set_defaults(func=_latency)
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"mcpctl bpf: {message}", file=sys.stderr)
+    return code
+
+
+def _guard(fn):
+    """Turns the datapath's known failures into one clear line and an exit code."""
+    def run(args) -> int:
+        from bpf.attach import AttachError
+        from bpf.program import BpfUnavailable
+        try:
+            return fn(args)
+        except PolicyError as e:
+            return _fail(f"invalid argument: {e}", 2)
+        except (BpfUnavailable, AttachError, FileNotFoundError) as e:
+            return _fail(str(e))
+    return run
+
+
+@_guard
+def _attach(args) -> int:
+    from bpf import attach
+    policy = build_policy(ports=args.dscp_port, cidrs=args.dscp_cidr, marks=args.dscp_mark,
+                          alpn=args.alpn, sample=args.sample, sample_ports=args.sample_port)
+    state = attach.attach(args.interface, policy)
+    if args.json:
+        print(json.dumps(state, indent=2))
+    else:
+        print(f"attached to {args.interface}: " + _describe(state))
+    return 0
+
+
+@_guard
+def _status(args) -> int:
+    from bpf import attach
+    from bpf.program import check_privilege
+    check_privilege()
+    states = attach.status(args.interface)
+    if args.json:
+        print(json.dumps(states, indent=2))
+        return 0
+    if not states:
+        print(f"nothing attached{' to ' + args.interface if args.interface else ''}")
+        return 0
+    for st in states:
+        print(f"{st['interface']}: {_describe(st)}")
+        for hook, fs in st["filters"].items():
+            progs = ", ".join(f"prog id {f['prog_id']}" for f in fs) or "none"
+            print(f"  tc {hook}: {progs}")
+        if not st["interface_present"]:
+            print("  interface is gone: run `mcpctl bpf detach` to remove the pins")
+        for f in st["flows"]:
+            dscp = f" -> DSCP {f['dscp']}" if f["dscp"] is not None else ""
+            print(f"  flow {f['flow']}: {f['state']} {f['alpn']}{dscp}")
+    return 0
+
+
+@_guard
+def _detach(args) -> int:
+    from bpf import attach
+    if attach.detach(args.interface):
+        print(f"detached from {args.interface}")
+    else:
+        print(f"nothing attached to {args.interface}")
+    return 0
+
+
+@_guard
+def _latency(args) -> int:
+    from bpf.latency import LatencyStats, instrument, open_pinned
+    from bpf.program import check_privilege
+    check_privilege()
+    stats = LatencyStats()
+    provider = None
+    if args.prometheus_port:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import start_http_server
+        start_http_server(args.prometheus_port, addr="127.0.0.1")
+        provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
+        instrument(provider.get_meter("mcp_mesh.bpf"), stats)
+    with open_pinned(args.interface, stats) as reader:
+        deadline = time.monotonic() + args.seconds
+        while time.monotonic() < deadline:
+            reader.poll(100)
+    summary = stats.summary()
+    if args.json:
+        print(json.dumps({str(p): v for p, v in summary.items()}, indent=2))
+    else:
+        print(f"{'port':>6} {'samples':>8} {'p50 us':>10} {'p99 us':>10}")
+        for port, v in summary.items():
+            print(f"{port:>6} {v['samples']:>8} {v['p50_us']:>10.1f} {v['p99_us']:>10.1f}")
+    if provider:
+        provider.shutdown()
+    return 0
+
+
+def _describe(st: dict) -> str:
+    parts = []
+    if st["ports"]:
+        parts.append("ports " + ", ".join(f"{p}={d}" for p, d in sorted(st["ports"].items())))
+    if st["cidrs"]:
+        parts.append("cidrs " + ", ".join(f"{c}={d}" for c, d in st["cidrs"].items()))
+    if st["marks"]:
+        parts.append("marks " + ", ".join(f"{hex(m)}={d}" for m, d in sorted(st["marks"].items())))
+    if st["alpn"]:
+        parts.append("alpn " + ", ".join(f"{a}={d}" for a, d in st["alpn_dscp"].items()))
+    if st["sample"]:
+        parts.append("sampling " + (", ".join(map(str, st["sample_ports"])) or "non-ephemeral ports"))
+    return "; ".join(parts) or "no classification (programs loaded, nothing marked)"

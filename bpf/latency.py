@@ -1,0 +1,138 @@
+"""User space of the latency sampler: ring-buffer reader, p50/p99 per
+service port, and OpenTelemetry instruments that export them.
+
+The kernel emits one `latency_event` per request (first request byte in ->
+first response byte out, c/latency.h). `LatencyStats` keeps a sliding
+window of recent samples per port; `instrument()` publishes its quantiles
+through any OpenTelemetry MeterProvider (the backend's own, a Prometheus
+reader, or an in-memory reader in tests).
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import threading
+from collections import defaultdict, deque
+
+from bpf.layout import LatencyEvent
+
+METRIC_LATENCY = "mcp.bpf.first_byte_latency"      # gauge, seconds, by port and quantile
+METRIC_SAMPLES = "mcp.bpf.first_byte_latency.samples"  # counter-like gauge of samples seen
+QUANTILES = (0.5, 0.99)
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank quantile (the value below which a fraction q of samples lie)."""
+    if not sorted_values:
+        raise ValueError("no samples")
+    rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 1))))
+    return sorted_values[rank - 1]
+
+
+class LatencyStats:
+    """Per service port: total samples and a window of the latest `window`."""
+
+    def __init__(self, window: int = 4096):
+        self.window = window
+        self._samples: dict[int, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._counts: dict[int, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    def add(self, port: int, latency_ns: int) -> None:
+        with self._lock:
+            self._samples[port].append(latency_ns)
+            self._counts[port] += 1
+
+    def ports(self) -> list[int]:
+        with self._lock:
+            return sorted(self._samples)
+
+    def count(self, port: int) -> int:
+        with self._lock:
+            return self._counts.get(port, 0)
+
+    def quantiles_ns(self, port: int) -> dict[float, int]:
+        with self._lock:
+            values = sorted(self._samples.get(port, ()))
+        return {q: quantile(values, q) for q in QUANTILES} if values else {}
+
+    def summary(self) -> dict[int, dict]:
+        out = {}
+        for port in self.ports():
+            qs = self.quantiles_ns(port)
+            out[port] = {"samples": self.count(port), "p50_us": qs[0.5] / 1e3, "p99_us": qs[0.99] / 1e3}
+        return out
+
+
+def instrument(meter, stats: LatencyStats) -> None:
+    """Registers observable gauges reading `stats` at each collection."""
+    from opentelemetry.metrics import Observation
+
+    def latency(_options):
+        for port in stats.ports():
+            for q, ns in stats.quantiles_ns(port).items():
+                yield Observation(ns / 1e9, {"service.port": port, "quantile": str(q)})
+
+    def samples(_options):
+        for port in stats.ports():
+            yield Observation(stats.count(port), {"service.port": port})
+
+    meter.create_observable_gauge(METRIC_LATENCY, callbacks=[latency], unit="s",
+                                  description="kernel-measured time from a request's first byte in "
+                                              "to its response's first byte out, by service port")
+    meter.create_observable_gauge(METRIC_SAMPLES, callbacks=[samples], unit="{request}",
+                                  description="requests the eBPF latency sampler has timed")
+
+
+class RingReader:
+    """Reads `latency_event`s from a BPF ring buffer map fd into `stats`.
+
+    Works on the fd of a pinned map (another process's attach) as well as
+    bcc's own, through libbcc's ring_buffer API.
+    """
+
+    def __init__(self, map_fd: int, stats: LatencyStats, owned_fd: bool = False):
+        from bcc.libbcc import _RINGBUF_CB_TYPE, lib
+        self._lib, self.stats, self._fd, self._owned = lib, stats, map_fd, owned_fd
+
+        def on_event(_ctx, data, size):
+            if size >= ct.sizeof(LatencyEvent):
+                e = ct.cast(data, ct.POINTER(LatencyEvent)).contents
+                stats.add(e.port, e.latency_ns)
+            return 0
+
+        self._cb = _RINGBUF_CB_TYPE(on_event)     # keep a reference: libbcc calls it
+        self._ring = lib.bpf_new_ringbuf(map_fd, self._cb, None)
+        if not self._ring:
+            raise OSError(f"cannot open the latency ring buffer (fd {map_fd})")
+
+    def poll(self, timeout_ms: int = 100) -> None:
+        self._lib.bpf_poll_ringbuf(self._ring, timeout_ms)
+
+    def drain(self) -> None:
+        self._lib.bpf_consume_ringbuf(self._ring)
+
+    def close(self) -> None:
+        if self._ring:
+            self._lib.bpf_free_ringbuf(self._ring)
+            self._ring = None
+        if self._owned and self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_pinned(ifname: str, stats: LatencyStats) -> RingReader:
+    """A reader on the ring buffer `mcpctl bpf attach --sample` pinned for `ifname`."""
+    from bpf.attach import pin_dir
+    from bpf.syscall import obj_get
+    path = os.path.join(pin_dir(ifname), "latency_events")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no latency sampler attached to {ifname} ({path} missing); "
+                                f"run `mcpctl bpf attach --interface {ifname} --sample`")
+    return RingReader(obj_get(path), stats, owned_fd=True)

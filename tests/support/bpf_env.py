@@ -1,0 +1,170 @@
+"""Helpers for the eBPF tests: skip reasons, network namespaces joined by a
+veth pair (created and removed by the test), and an AF_PACKET capture.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from contextlib import contextmanager
+
+import pytest
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def bpf_skip_reason() -> str | None:
+    """Why eBPF tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "eBPF tests need root (CAP_BPF, CAP_NET_ADMIN)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError as e:
+        return f"bcc not importable ({e}); `make install` links Debian python3-bpfcc into .venv"
+    return None
+
+
+def require_bpf() -> None:
+    reason = bpf_skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def load_datapath():
+    """A compiled QosDatapath, or a skip naming why the kernel refused it."""
+    require_bpf()
+    from bpf.program import BpfUnavailable, QosDatapath
+    try:
+        return QosDatapath()
+    except BpfUnavailable as e:
+        pytest.skip(str(e))
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+    return r
+
+
+@contextmanager
+def in_netns(name: str):
+    """Runs the block (this thread, and processes it starts) in netns `name`.
+
+    Sockets created inside keep that namespace after the block ends.
+    """
+    back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+        yield
+    finally:
+        _libc.setns(back, CLONE_NEWNET)
+        os.close(back)
+        os.close(target)
+
+
+class VethPair:
+    """Two namespaces `<tag>-c` (client) and `<tag>-s` (server) joined by a veth pair.
+
+    Addresses: IPv4 169.254.77.1/.2 (link-local, only inside the namespaces)
+    and IPv6 fd00:77::1/::2. Interface names: `veth-c` and `veth-s`.
+    """
+    V4 = ("169.254.77.1", "169.254.77.2")
+    V6 = ("fd00:77::1", "fd00:77::2")
+
+    def __init__(self):
+        self.tag = "mcpbpf" + uuid.uuid4().hex[:6]
+        self.client_ns, self.server_ns = self.tag + "-c", self.tag + "-s"
+        self.client_if, self.server_if = "veth-c", "veth-s"
+
+    def create(self) -> "VethPair":
+        try:
+            _ip("netns", "add", self.client_ns)
+            _ip("netns", "add", self.server_ns)
+            tmp_c, tmp_s = self.tag[-6:] + "c0", self.tag[-6:] + "s0"
+            _ip("link", "add", tmp_c, "type", "veth", "peer", "name", tmp_s)
+            _ip("link", "set", tmp_c, "netns", self.client_ns, "name", self.client_if)
+            _ip("link", "set", tmp_s, "netns", self.server_ns, "name", self.server_if)
+            for ns, ifname, v4, v6 in ((self.client_ns, self.client_if, self.V4[0], self.V6[0]),
+                                       (self.server_ns, self.server_if, self.V4[1], self.V6[1])):
+                _ip("-n", ns, "addr", "add", f"{v4}/30", "dev", ifname)
+                _ip("-n", ns, "addr", "add", f"{v6}/64", "dev", ifname, "nodad")
+                _ip("-n", ns, "link", "set", ifname, "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except Exception:
+            self.remove()
+            raise
+        return self
+
+    def remove(self) -> None:
+        # Deleting a namespace deletes its veth end, its peer, and their qdiscs.
+        for ns in (self.client_ns, self.server_ns):
+            _ip("netns", "del", ns, check=False)
+
+    def __enter__(self):
+        return self.create()
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def remove_stale_namespaces() -> None:
+    """Namespaces a killed earlier run of these tests left."""
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith("mcpbpf"):
+            _ip("netns", "del", name, check=False)
+
+
+class Capture:
+    """An AF_PACKET socket on one interface (of the current namespace)."""
+
+    def __init__(self, ifname: str):
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+        self.sock.bind((ifname, 0))
+        self.sock.settimeout(0.2)
+
+    def frames(self, duration: float = 0.5) -> list[tuple[bytes, int]]:
+        """(frame, pkttype) received within `duration` seconds of the last one."""
+        out, deadline = [], time.monotonic() + duration
+        while time.monotonic() < deadline:
+            try:
+                data, addr = self.sock.recvfrom(65535)
+            except socket.timeout:
+                continue
+            out.append((data, addr[2]))
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def tcp_segments(frames, dport: int | None = None, sport: int | None = None):
+    """(tos, tcp flags, payload length, frame) of the TCP frames matching the ports."""
+    out = []
+    for frame, _ in frames:
+        ethertype = struct.unpack_from("!H", frame, 12)[0]
+        if ethertype == 0x0800 and frame[23] == 6:
+            ihl = (frame[14] & 0xF) * 4
+            l4 = 14 + ihl
+            tos = frame[15]
+            total = struct.unpack_from("!H", frame, 16)[0] + 14
+        elif ethertype == 0x86DD and frame[20] == 6:
+            l4 = 54
+            tos = (struct.unpack_from("!I", frame, 14)[0] >> 20) & 0xFF
+            total = struct.unpack_from("!H", frame, 18)[0] + 54
+        else:
+            continue
+        sp, dp = struct.unpack_from("!HH", frame, l4)
+        if (dport is not None and dp != dport) or (sport is not None and sp != sport):
+            continue
+        doff = (frame[l4 + 12] >> 4) * 4
+        out.append((tos, frame[l4 + 13], total - l4 - doff, frame))
+    return out

@@ -1,0 +1,114 @@
+"""The latency sampler on a real interface: tc ingress + egress on the
+server's veth end, request/response turns from the client namespace, samples
+read from the pinned ring buffer and exported through OpenTelemetry.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from bpf import attach
+from bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, open_pinned
+from bpf.policy import build_policy
+from support.bpf_env import VethPair, in_netns, remove_stale_namespaces, require_bpf
+
+SLOW_PORT, FAST_PORT, UNSAMPLED_PORT = 8080, 8081, 8082
+DELAY_S = {SLOW_PORT: 0.03, FAST_PORT: 0.0, UNSAMPLED_PORT: 0.0}
+REQUESTS = 15
+
+
+def serve(sock: socket.socket, delay: float) -> None:
+    """Answers each request after `delay`: a server whose time is known."""
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+
+        def answer(c=conn):
+            with c:
+                while c.recv(4096):
+                    time.sleep(delay)
+                    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        threading.Thread(target=answer, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    require_bpf()
+    remove_stale_namespaces()
+    pair = VethPair().create()
+    socks = []
+    try:
+        with in_netns(pair.server_ns):
+            for port, delay in DELAY_S.items():
+                s = socket.socket()
+                s.bind((pair.V4[1], port))
+                s.listen(8)
+                socks.append(s)
+                threading.Thread(target=serve, args=(s, delay), daemon=True).start()
+            attach.attach(pair.server_if, build_policy(sample_ports=[SLOW_PORT, FAST_PORT]))
+        stats = LatencyStats()
+        with in_netns(pair.server_ns):
+            reader = open_pinned(pair.server_if, stats)
+        try:
+            for port in DELAY_S:
+                with in_netns(pair.client_ns):
+                    c = socket.create_connection((pair.V4[1], port), timeout=5)
+                with c:
+                    for _ in range(REQUESTS):
+                        c.sendall(b"GET / HTTP/1.1\r\nhost: backend\r\n\r\n")
+                        assert c.recv(4096).endswith(b"ok")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and any(stats.count(p) < REQUESTS for p in (SLOW_PORT, FAST_PORT)):
+                reader.poll(100)
+            reader.drain()
+        finally:
+            reader.close()
+        yield stats
+    finally:
+        with in_netns(pair.server_ns):
+            attach.detach(pair.server_if)
+        for s in socks:
+            s.close()
+        pair.remove()
+
+
+def test_one_sample_per_request_on_sampled_ports_only(sampled):
+    assert sampled.count(SLOW_PORT) == REQUESTS
+    assert sampled.count(FAST_PORT) == REQUESTS
+    assert sampled.count(UNSAMPLED_PORT) == 0
+    assert set(sampled.ports()) == {SLOW_PORT, FAST_PORT}
+
+
+def test_samples_cover_the_servers_own_time(sampled):
+    slow, fast = sampled.quantiles_ns(SLOW_PORT), sampled.quantiles_ns(FAST_PORT)
+    # The slow server sleeps before answering: no sample can be shorter.
+    assert min(slow.values()) >= DELAY_S[SLOW_PORT] * 1e9
+    assert fast[0.5] < slow[0.5]
+    assert slow[0.5] <= slow[0.99] and fast[0.5] <= fast[0.99]
+
+
+def test_quantiles_are_exported_as_opentelemetry_metrics(sampled):
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    instrument(provider.get_meter("mcp_mesh.bpf"), sampled)
+    data = reader.get_metrics_data()
+    points = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for p in metric.data.data_points:
+                    points[(metric.name, tuple(sorted(p.attributes.items())))] = p.value
+    for port in (SLOW_PORT, FAST_PORT):
+        qs = sampled.quantiles_ns(port)
+        for q in (0.5, 0.99):
+            key = (METRIC_LATENCY, (("quantile", str(q)), ("service.port", port)))
+            assert points[key] == pytest.approx(qs[q] / 1e9)
+        assert points[(METRIC_SAMPLES, (("service.port", port),))] == REQUESTS
+    provider.shutdown()

@@ -1,19 +1,37 @@
-"""Cross-resource analyzers, after istioctl analyze (codes and wording kept).
+"""Cross-resource analyzers, after `istioctl analyze` (its codes and wording).
 
-Each analyzer takes a validated MeshConfig and yields Diagnostics. Severity
-decides what a finding does: "error" blocks a config push (the control plane
-rejects the change set), "warning"/"info" are reported and kept on
-`MeshConfig.warnings`.
+Each analyzer takes a MeshConfig whose resources each passed validation and
+yields Diagnostics. Severity decides what a finding does to a config push:
+
+  error    blocks the push: the control plane rejects the whole change set
+           (IST0101 gateway / subset not found, IST0109 duplicate hosts,
+           IST0145 conflicting gateways)
+  warning  reported and kept on MeshConfig.warnings (IST0101 host not in the
+  info     registry, IST0132, IST0173, IST0130/IST0131 from validation)
+
+The service registry is what the config itself declares: ServiceEntries
+(their hosts, STATIC endpoints and the WorkloadEntries their
+workloadSelector picks). There is no Kubernetes Service registry here.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from mesh.config import MeshConfig
+from mesh import hosts
+from mesh.config import MeshConfig, Resource
 from mesh.errors import Diagnostic
 
-Analyzer = Callable[[MeshConfig], Iterable[Diagnostic]]
+Analyzer = Callable[["Index"], Iterable[Diagnostic]]
 ANALYZERS: list[Analyzer] = []
+
+# istioctl's message codes used here.
+REFERENCED_RESOURCE_NOT_FOUND = "IST0101"
+CONFLICTING_MESH_GATEWAY_VS_HOSTS = "IST0109"
+VS_HOST_NOT_FOUND_IN_GATEWAY = "IST0132"
+CONFLICTING_GATEWAYS = "IST0145"
+DR_SUBSET_NOT_SELECT_PODS = "IST0173"
 
 
 def analyzer(fn: Analyzer) -> Analyzer:
@@ -21,30 +39,242 @@ def analyzer(fn: Analyzer) -> Analyzer:
     return fn
 
 
+@dataclass
+class Service:
+    """One host of the registry: the ServiceEntries declaring it, its endpoints' labels."""
+    host: str
+    entries: list = field(default_factory=list)
+    endpoint_labels: list = field(default_factory=list)
+    # True when every endpoint is known (STATIC endpoints / workloadSelector):
+    # only then can "a subset selects no endpoint" be said.
+    endpoints_known: bool = False
+
+
+class Index:
+    """Lookups every analyzer needs, built once per config."""
+
+    def __init__(self, config: MeshConfig):
+        self.config = config
+        self.gateways = {f"{g.namespace}/{g.name}": g for g in config.of_kind("Gateway")}
+        self.virtual_services = config.of_kind("VirtualService")
+        self.destination_rules: dict[str, list[Resource]] = defaultdict(list)
+        self.wildcard_rules: list[tuple[str, Resource]] = []
+        for dr in config.of_kind("DestinationRule"):
+            host = hosts.resolve_short_name(str(dr.spec.get("host", "")), dr.namespace)
+            if host.startswith("*"):
+                self.wildcard_rules.append((host, dr))
+            else:
+                self.destination_rules[host].append(dr)
+        self.services: dict[str, Service] = {}
+        self.wildcard_services: list[str] = []
+        workload_entries = config.of_kind("WorkloadEntry")
+        for se in config.of_kind("ServiceEntry"):
+            labels, known = self._endpoints(se, workload_entries)
+            for h in se.spec.get("hosts") or []:
+                host = hosts.resolve_short_name(h, se.namespace)
+                svc = self.services.setdefault(host, Service(host))
+                svc.entries.append(se)
+                svc.endpoint_labels.extend(labels)
+                svc.endpoints_known = svc.endpoints_known or known
+                if host.startswith("*"):
+                    self.wildcard_services.append(host)
+
+    @staticmethod
+    def _endpoints(se: Resource, workload_entries: list[Resource]) -> tuple[list[dict], bool]:
+        selector = (se.spec.get("workloadSelector") or {}).get("labels")
+        if selector:
+            picked = [we.spec.get("labels") or {} for we in workload_entries
+                      if we.namespace == se.namespace and _selects(selector, we.spec.get("labels") or {})]
+            return picked, True
+        endpoints = se.spec.get("endpoints")
+        if endpoints is None:
+            return [], False
+        return [ep.get("labels") or {} for ep in endpoints], se.spec.get("resolution") in ("STATIC", "DNS", "DNS_ROUND_ROBIN")
+
+    def rules_for(self, host: str) -> list[Resource]:
+        """DestinationRules for a host: the exact host's, else the wildcards covering it."""
+        exact = self.destination_rules.get(host)
+        if exact:
+            return exact
+        return [dr for pattern, dr in self.wildcard_rules if hosts.host_matches(pattern, host)]
+
+    def service_for(self, host: str) -> Service | None:
+        svc = self.services.get(host)
+        if svc is not None:
+            return svc
+        for pattern in self.wildcard_services:
+            if hosts.host_matches(pattern, host):
+                return self.services[pattern]
+        return None
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
 def analyze(config: MeshConfig) -> list[Diagnostic]:
+    index = Index(config)
     out: list[Diagnostic] = []
     for fn in ANALYZERS:
-        out.extend(fn(config))
+        out.extend(fn(index))
     return out
 
 
+def _destinations(vs: Resource) -> Iterator[tuple[str, dict]]:
+    """(field path, destination) of every route, mirror and mirrors entry."""
+    for proto in ("http", "tcp", "tls"):
+        for i, route in enumerate(vs.spec.get(proto) or []):
+            for j, rd in enumerate(route.get("route") or []):
+                if rd.get("destination"):
+                    yield f"spec.{proto}[{i}].route[{j}].destination", rd["destination"]
+            if proto == "http":
+                if route.get("mirror"):
+                    yield f"spec.http[{i}].mirror", route["mirror"]
+                for j, m in enumerate(route.get("mirrors") or []):
+                    if m.get("destination"):
+                        yield f"spec.http[{i}].mirrors[{j}].destination", m["destination"]
+
+
+def _gateway_refs(vs: Resource) -> Iterator[tuple[str, str]]:
+    for i, g in enumerate(vs.spec.get("gateways") or []):
+        yield f"spec.gateways[{i}]", g
+    for i, route in enumerate(vs.spec.get("http") or []):
+        for j, m in enumerate(route.get("match") or []):
+            for k, g in enumerate(m.get("gateways") or []):
+                yield f"spec.http[{i}].match[{j}].gateways[{k}]", g
+
+
 @analyzer
-def virtual_service_subsets(config: MeshConfig) -> Iterator[Diagnostic]:
-    """IST0101: a VirtualService destination names a subset no DestinationRule defines."""
-    subsets: dict[str, set[str]] = {}
-    for dr in config.of_kind("DestinationRule"):
-        host = str(dr.spec.get("host", ""))
-        for s in dr.spec.get("subsets") or []:
-            if isinstance(s, dict) and s.get("name"):
-                subsets.setdefault(host, set()).add(str(s["name"]))
-    for vs in config.of_kind("VirtualService"):
-        for proto in ("http", "tcp", "tls"):
-            for i, route in enumerate(vs.spec.get(proto) or []):
-                for j, dest in enumerate(route.get("route") or []):
-                    d = dest.get("destination") or {}
-                    subset = d.get("subset")
-                    if subset and subset not in subsets.get(str(d.get("host", "")), set()):
-                        yield vs.diagnostic(
-                            f"spec.{proto}[{i}].route[{j}].destination.subset",
-                            f"Referenced host+subset in destinationrule not found: \"{d.get('host')}+{subset}\"",
-                            code="IST0101")
+def gateways_exist(index: Index) -> Iterator[Diagnostic]:
+    """IST0101: a VirtualService names a gateway no Gateway resource defines."""
+    for vs in index.virtual_services:
+        for path, g in _gateway_refs(vs):
+            ref = hosts.gateway_ref(g, vs.namespace)
+            if ref != hosts.MESH_GATEWAY and ref not in index.gateways:
+                yield vs.diagnostic(path, f'Referenced gateway not found: "{g}"', code=REFERENCED_RESOURCE_NOT_FOUND)
+
+
+@analyzer
+def destination_subsets(index: Index) -> Iterator[Diagnostic]:
+    """IST0101: a destination subset that no DestinationRule for its host defines."""
+    for vs in index.virtual_services:
+        for path, d in _destinations(vs):
+            subset = d.get("subset")
+            if not subset:
+                continue
+            host = hosts.resolve_short_name(str(d.get("host", "")), vs.namespace)
+            defined = {s.get("name") for dr in index.rules_for(host) for s in dr.spec.get("subsets") or []}
+            if subset not in defined:
+                yield vs.diagnostic(f"{path}.subset", "Referenced host+subset in destinationrule not found: "
+                                    f"\"{d.get('host')}+{subset}\"", code=REFERENCED_RESOURCE_NOT_FOUND)
+
+
+@analyzer
+def destination_hosts(index: Index) -> Iterator[Diagnostic]:
+    """IST0101 (a warning here): a destination host no ServiceEntry declares.
+
+    istioctl says error because it also sees the Kubernetes Services; here
+    the registry is the config's ServiceEntries, and a host outside it still
+    gets a cluster (Envoy answers 503 until it has endpoints), so it does not
+    block a push.
+    """
+    for vs in index.virtual_services:
+        for path, d in _destinations(vs):
+            host = hosts.resolve_short_name(str(d.get("host", "")), vs.namespace)
+            if index.service_for(host) is None:
+                yield vs.diagnostic(f"{path}.host", f'Referenced host not found: "{d.get("host")}"',
+                                    code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
+
+
+def _bound_gateways(vs: Resource) -> list[str]:
+    return [hosts.gateway_ref(g, vs.namespace) for g in vs.spec.get("gateways") or [hosts.MESH_GATEWAY]]
+
+
+@analyzer
+def conflicting_hosts(index: Index) -> Iterator[Diagnostic]:
+    """IST0109: two VirtualServices define the same host on the same gateway.
+
+    istioctl checks the mesh gateway only (istiod merges VirtualServices on
+    ingress gateways, in creation order). mcp-mesh reads a directory, which
+    has no creation order, so it rejects the duplicate on any gateway.
+    """
+    owners: dict[tuple[str, str], list[tuple[Resource, int]]] = defaultdict(list)
+    for vs in index.virtual_services:
+        for gw in dict.fromkeys(_bound_gateways(vs)):
+            for i, h in enumerate(vs.spec.get("hosts") or []):
+                owners[(gw, hosts.resolve_short_name(h, vs.namespace))].append((vs, i))
+    for (gw, host), found in owners.items():
+        if len({(v.namespace, v.name) for v, _ in found}) < 2:
+            continue
+        names = ",".join(sorted({f"{v.namespace}/{v.name}" for v, _ in found}))
+        where = "mesh gateway" if gw == hosts.MESH_GATEWAY else f"gateway {gw}"
+        for vs, i in found:
+            yield vs.diagnostic(f"spec.hosts[{i}]", f"The VirtualServices {names} associated with {where} define the "
+                                f"same host {host} which can lead to undefined behavior. This can be fixed by merging "
+                                "the conflicting VirtualServices into a single resource.",
+                                code=CONFLICTING_MESH_GATEWAY_VS_HOSTS)
+
+
+def _server_host(h: str) -> str:
+    return h.partition("/")[2] if "/" in h else h
+
+
+@analyzer
+def virtual_service_hosts_on_gateway(index: Index) -> Iterator[Diagnostic]:
+    """IST0132: a gateway-bound VirtualService host that none of its gateways' servers accept."""
+    for vs in index.virtual_services:
+        refs = [(i, g, hosts.gateway_ref(g, vs.namespace)) for i, g in enumerate(vs.spec.get("gateways") or [])]
+        gws = [index.gateways[r] for _, _, r in refs if r in index.gateways]
+        if not gws:
+            continue
+        server_hosts = [_server_host(h).lower() for gw in gws for s in gw.spec.get("servers") or []
+                        for h in s.get("hosts") or []]
+        missing = [h for h in vs.spec.get("hosts") or []
+                   if not any(hosts.host_matches(sh, h.lower()) or hosts.host_matches(h.lower(), sh) for sh in server_hosts)]
+        if missing:
+            names = ",".join(f"{g.namespace}/{g.name}" for g in gws)
+            yield vs.diagnostic("spec.hosts", f"one or more host(s) [{','.join(missing)}] specified in a VirtualService "
+                                f"({vs.namespace}/{vs.name}) were not found in Gateway(s) [{names}]",
+                                code=VS_HOST_NOT_FOUND_IN_GATEWAY, severity="warning")
+
+
+@analyzer
+def conflicting_gateways(index: Index) -> Iterator[Diagnostic]:
+    """IST0145: Gateways with the same selector and port whose hosts overlap."""
+    by_key: dict[tuple, list[tuple[Resource, int, list[str]]]] = defaultdict(list)
+    for gw in index.gateways.values():
+        selector = tuple(sorted((gw.spec.get("selector") or {}).items()))
+        for i, s in enumerate(gw.spec.get("servers") or []):
+            port = (s.get("port") or {}).get("number")
+            by_key[(selector, port)].append((gw, i, [_server_host(h).lower() for h in s.get("hosts") or []]))
+    for (selector, port), servers in by_key.items():
+        for a in range(len(servers)):
+            for b in range(a + 1, len(servers)):
+                ga, ia, ha = servers[a]
+                gb, ib, hb = servers[b]
+                if ga is gb:
+                    continue
+                overlap = sorted({x for x in ha for y in hb if hosts.hosts_overlap(x, y)})
+                if not overlap:
+                    continue
+                sel = ",".join(f"{k}={v}" for k, v in selector)
+                for gw, i, other in ((ga, ia, gb), (gb, ib, ga)):
+                    yield gw.diagnostic(f"spec.servers[{i}]", f"Conflict with gateways {other.namespace}/{other.name} "
+                                        f"(workload selector {sel}, port {port}, hosts {','.join(overlap)}).",
+                                        code=CONFLICTING_GATEWAYS)
+
+
+@analyzer
+def subsets_select_endpoints(index: Index) -> Iterator[Diagnostic]:
+    """IST0173: a subset whose labels select none of the host's known endpoints."""
+    for hostname, rules in index.destination_rules.items():
+        svc = index.service_for(hostname)
+        if svc is None or not svc.endpoints_known:
+            continue
+        for dr in rules:
+            for i, subset in enumerate(dr.spec.get("subsets") or []):
+                labels = subset.get("labels") or {}
+                if labels and not any(_selects(labels, ep) for ep in svc.endpoint_labels):
+                    yield dr.diagnostic(f"spec.subsets[{i}].labels", f"The Subset {subset.get('name')} defined in the "
+                                        "DestinationRule does not select any endpoints (ServiceEntry endpoints or "
+                                        "WorkloadEntries).", code=DR_SUBSET_NOT_SELECT_PODS, severity="warning")

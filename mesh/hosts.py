@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from functools import lru_cache
 
 DOMAIN_SUFFIX = "cluster.local"   # istiod's default --domain
 MESH_GATEWAY = "mesh"             # the reserved gateway name: every sidecar
@@ -22,6 +23,7 @@ _QUALIFIED_NAME = re.compile(r"^(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _K8S_NAME_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?$")
 
 
+@lru_cache(maxsize=8192)
 def is_dns1123_label(s: str) -> bool:
     return len(s) <= 63 and bool(_DNS1123_LABEL.match(s))
 
@@ -51,11 +53,13 @@ def _preconditions(name: str) -> str | None:
     return None
 
 
+@lru_cache(maxsize=8192)
 def fqdn_error(name: str) -> str | None:
     """Istio's ValidateFQDN: None when valid, else the reason."""
     return _preconditions(name) or _dns1123_labels(name)
 
 
+@lru_cache(maxsize=8192)
 def wildcard_domain_error(name: str) -> str | None:
     """Istio's ValidateWildcardDomain: a wildcard is allowed in the first label only."""
     err = _preconditions(name)
@@ -110,6 +114,7 @@ def label_value_error(value: str) -> str | None:
     return None
 
 
+@lru_cache(maxsize=8192)
 def resolve_short_name(host: str, namespace: str) -> str:
     """istiod's host.Name resolution: a name without dots is `name.ns.svc.<suffix>`.
 

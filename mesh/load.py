@@ -13,12 +13,13 @@ from typing import Iterable, Mapping
 
 from mesh import analyze as analyzers
 from mesh import validation
-from mesh.config import MeshConfig, Resource, load_dir, load_files, parse_documents, yaml_files
+from mesh.config import MeshConfig, Resource, load_dir, parse_documents, yaml_files
 from mesh.errors import ConfigError, Diagnostic
 
 # API groups mesh models (validators are registered for their kinds). A
 # resource of any other group is "foreign": `mcpctl validate` skips it with a
-# note, as istioctl does for non-Istio kinds; the control plane rejects it.
+# note, as istioctl does for non-Istio kinds; load_config (the control plane)
+# rejects it as an unknown kind.
 MESH_GROUPS = (
     "networking.istio.io", "security.istio.io", "extensions.istio.io",
     "telemetry.istio.io", "scheduling.mcp-mesh.io",
@@ -40,8 +41,8 @@ def check_config(config: MeshConfig) -> MeshConfig:
         found += analyzers.analyze(config)
         errors = [d for d in found if d.severity == "error"]
     if errors:
-        raise ConfigError(_ordered(errors))
-    config.warnings = _ordered(d for d in found if d.severity != "error")
+        raise ConfigError(ordered(errors))
+    config.warnings = ordered(d for d in found if d.severity != "error")
     return config
 
 
@@ -71,32 +72,5 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def load_paths(paths: Iterable[str], skip_foreign: bool = True) -> MeshConfig:
-    """What `mcpctl validate/analyze` loads: files or directories.
-
-    With skip_foreign, resources of groups mesh does not model are left out
-    with an info note (the control plane never skips: see load_config).
-    """
-    files = expand_paths(paths)
-    missing = [Diagnostic(f"no such file or directory: {p}", file=p)
-               for p in paths if not os.path.exists(p)]
-    if missing:
-        raise ConfigError(missing)
-    config = load_files(files)
-    notes = []
-    if skip_foreign:
-        kept = []
-        for res in config.resources:
-            if is_foreign(res):
-                notes.append(res.diagnostic("kind", f"skipping {res.api_version} {res.kind}: not a kind mesh validates",
-                                            severity="info"))
-            else:
-                kept.append(res)
-        config = MeshConfig(kept)
-    config = check_config(config)
-    config.warnings = _ordered(list(config.warnings) + notes)
-    return config
-
-
-def _ordered(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
+def ordered(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
     return sorted(diags, key=lambda d: (d.file, d.line, d.resource, d.field, d.message))

@@ -1,0 +1,22 @@
+"""Validator for the project's L7SchedulingPolicy (scheduling.mcp-mesh.io/v1alpha1).
+
+The rules are mesh.scheduling's (the same code the backend applies the policy
+with), so `mcpctl validate` and `mcpctl serve --policy-file` cannot disagree.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from mesh.config import MeshConfig, Resource
+from mesh.errors import Diagnostic
+from mesh.scheduling import API_VERSION, KIND, parse_spec
+from mesh.validation import validator
+
+
+@validator(KIND)
+def validate_scheduling_policy(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
+    if res.api_version != API_VERSION:
+        yield res.diagnostic("apiVersion", f"{KIND} is served at {API_VERSION!r}, not {res.api_version!r}")
+    _, problems = parse_spec(res.spec)
+    for field, message in problems:
+        yield res.diagnostic(field, message)

@@ -1,20 +1,49 @@
-"""Seam: the grpc_web filter for gRPC-Web clients reaching gRPC backends.
+"""Seam: the grpc_web filter, so browsers' gRPC-Web calls reach gRPC backends.
 
-Owner: the gRPC-Web engineer. Until filled, returning nothing is the correct
-behaviour; this is a seam, not a feature. See the protocol in
-`xds_server.translate`.
+Envoy's envoy.filters.http.grpc_web turns a gRPC-Web request
+(application/grpc-web[-text][+proto], over HTTP/1.1 or HTTP/2) into gRPC
+(application/grpc over HTTP/2, `te: trailers`) and folds the response's
+trailers back into the body as the final frame. Requests that are not
+gRPC-Web pass through untouched, so, as istiod does, every HTTP connection
+manager of a gateway or sidecar gets it; proxyless gRPC does not implement it.
+
+Its place in the chain (see xds_server.translate): after authn and the Wasm
+header contract -- which therefore see the original request and stamp the
+L6->L7 headers and the QoS class on it as on any other -- and before cors,
+fault and router. The route's cluster must speak HTTP/2 upstream: the
+translator does that for ServiceEntry ports of protocol GRPC, GRPC-WEB and
+HTTP2 (clusters.py, explicit_http_config.http2_protocol_options).
+
+A browser on another origin also needs CORS: the VirtualService's
+`corsPolicy` (translated in routes.py) must allow the request headers
+gRPC-Web clients send and expose grpc-status/grpc-message, which a
+trailers-only error carries as headers; see xds-server/console/README.md.
 """
 from __future__ import annotations
+
+from envoy.extensions.filters.http.grpc_web.v3 import grpc_web_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import any_pb2
 
 from mesh.config import MeshConfig
 from xds_server.types import ProxyNode, Snapshot
 
+GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
+
+
+def grpc_web_filter() -> hcm_pb2.HttpFilter:
+    typed = any_pb2.Any()
+    typed.Pack(grpc_web_pb2.GrpcWeb())
+    return hcm_pb2.HttpFilter(name=GRPC_WEB_FILTER, typed_config=typed)
+
 
 def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
-    """HttpFilters (envoy.filters.http.grpc_web, ...) for the HCM of `port`; after wasm_plugins."""
-    return []
+    """[grpc_web] for every HTTP connection manager of an Envoy (gateway or sidecar)."""
+    if node.kind == "grpc":
+        return []
+    return [grpc_web_filter()]
 
 
 def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
-    """Extra resources merged into the node's snapshot."""
+    """Nothing extra: the filter needs no cluster or extension config of its own."""
     return {}

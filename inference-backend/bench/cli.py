@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="e.g. high=0.1,low=0.9: x-mcp-qos-class and parameters.priority per request")
     p.add_argument("--model", default=None, help="model name, if the URL does not say")
     p.add_argument("--shape", default=None, metavar="IN:D1,D2;...", help="shape for variable-size inputs")
+    p.add_argument("--input", action="append", default=None, metavar="NAME:DATATYPE:D1,D2",
+                   help="an input to send (repeatable); skips the GET of the model's metadata")
     p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
     p.add_argument("--warmup", type=int, default=0, help="requests sent first and not recorded")
     p.add_argument("--output-format", choices=("table", "csv", "json"), default="table")
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = Config(url=args.url, concurrency=args.concurrency, requests=args.requests,
                  duration=args.duration, rate=args.rate, grpc=args.grpc,
-                 priority_mix=args.priority_mix, model=args.model, shape=args.shape,
+                 priority_mix=args.priority_mix, model=args.model, shape=args.shape, inputs=args.input,
                  timeout=args.timeout, warmup=args.warmup, connections=args.connections)
     try:
         result = run_sync(cfg)
@@ -58,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.output, "w") as f:
             f.write(text if text.endswith("\n") else text + "\n")
     else:
-        print(text)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:   # `mcp-bench ... | head`
+            sys.stderr.close()
     return 0
 
 

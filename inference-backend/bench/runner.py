@@ -11,7 +11,7 @@ from inference_backend.bench import engine, stats
 from inference_backend.bench.http1 import encode_request
 from inference_backend.bench.mix import MixSequence, Priority, parse_mix
 from inference_backend.bench.target import (Target, TargetError, build_tensors, fetch_metadata,
-                                            parse_shapes, parse_url, rest_body)
+                                            parse_inputs, parse_shapes, parse_url, rest_body)
 from mesh.headers import QOS_CLASS
 
 
@@ -26,6 +26,7 @@ class Config:
     priority_mix: str | None = None
     model: str | None = None
     shape: str | None = None
+    inputs: list[str] | None = None   # --input specs: skip the metadata call
     timeout: float = 30.0
     warmup: int = 0
     connections: int = 1        # gRPC channels (HTTP/1.1 always uses one per slot)
@@ -66,7 +67,7 @@ class Prepared:
         if cfg.grpc:
             from inference_backend.bench import grpc_slots
             self.channels = grpc_slots.open_channels(t, cfg.connections)
-            meta = await grpc_slots.fetch_metadata(t, self.channels[0])
+            meta = parse_inputs(cfg.inputs) or await grpc_slots.fetch_metadata(t, self.channels[0])
             tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
             payloads = [grpc_slots.infer_request(t, tensors, lv) for lv in levels]
             self.slots = [grpc_slots.GrpcSlot(self.channels[i % len(self.channels)], payloads, qos, cfg.timeout)
@@ -74,7 +75,7 @@ class Prepared:
             return
         from inference_backend.bench.http_slots import HttpSlot
         if t.model:
-            meta = await asyncio.to_thread(fetch_metadata, t, min(cfg.timeout, 10.0))
+            meta = parse_inputs(cfg.inputs) or await asyncio.to_thread(fetch_metadata, t, min(cfg.timeout, 10.0))
             tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
             payloads = [encode_request("POST", t.model_path + "/infer", t.authority,
                                        {"Content-Type": "application/json", **({QOS_CLASS: q} if q else {})},

@@ -102,6 +102,25 @@ def parse_shapes(text: str | None) -> dict[str, list[int]]:
     return out
 
 
+def parse_inputs(specs: list[str] | None) -> dict | None:
+    """`--input INPUT0:FP32:1,64` (repeatable): the inputs, so no metadata
+    call is made (a server without one, or a wrong model name on purpose)."""
+    if not specs:
+        return None
+    inputs = []
+    for spec in specs:
+        parts = spec.split(":")
+        try:
+            name, dtype, dims = parts
+            shape = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise TargetError(f"--input {spec!r}: expected NAME:DATATYPE:D1,D2,...") from None
+        if dtype.upper() not in DTYPES and dtype.upper() != "BYTES":
+            raise TargetError(f"--input {spec!r}: datatype {dtype!r} is not a KServe v2 type")
+        inputs.append({"name": name, "datatype": dtype.upper(), "shape": shape})
+    return {"name": "(from --input)", "inputs": inputs}
+
+
 def build_tensors(metadata: dict, shapes: dict[str, list[int]] | None = None,
                   seed: int = 0) -> list[tuple[str, str, list[int], np.ndarray]]:
     """(name, datatype, shape, values) for every input in the metadata.

@@ -130,8 +130,10 @@ def test_wrong_model_is_a_404_client_error_at_setup_and_on_infer():
     with ToyTarget() as t:
         with pytest.raises(TargetError, match="HTTP 404"):
             run_sync(Config(url=t.url("nope"), requests=5))
-        # raw mode (no metadata step): the 404s are counted by class
-        res = run_sync(Config(url=f"http://127.0.0.1:{t.port}/v2/models/nope/x", requests=7))
+        # inputs given, so no metadata step: every infer is a 404, counted by class
+        res = run_sync(Config(url=t.url("nope"), requests=7, inputs=["x:FP32:1,4"]))
+        raw = run_sync(Config(url=f"http://127.0.0.1:{t.port}/v2/nothing-here", requests=3))
+    assert raw["rows"][0]["error_classes"] == {"client/http-404": 3}
     row = res["rows"][0]
     assert row["ok"] == 0 and row["errors"] == 7
     assert row["error_classes"] == {"client/http-404": 7}

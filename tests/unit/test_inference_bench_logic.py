@@ -116,3 +116,14 @@ def test_http_head_parsing():
         _parse_head(b"SSH-2.0-OpenSSH")
     req = encode_request("POST", "/v2/models/m/infer", "h:1", {"x-mcp-qos-class": "batch"}, b"{}")
     assert req.endswith(b"\r\n\r\n{}") and b"Content-Length: 2\r\n" in req
+
+
+def test_input_specs_replace_metadata():
+    from inference_backend.bench.target import parse_inputs
+    meta = parse_inputs(["INPUT0:fp32:1,64", "ids:INT64:2,3"])
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64]},
+                              {"name": "ids", "datatype": "INT64", "shape": [2, 3]}]
+    assert parse_inputs(None) is None
+    for bad in ("INPUT0:FP32", "x:FLOAT:1", "x:FP32:a,b"):
+        with pytest.raises(TargetError, match="--input"):
+            parse_inputs([bad])

@@ -1,0 +1,346 @@
+"""Inference backend benchmarks: side by side, in one run, as ratios.
+
+Run from the repo root: `python benchmarks/bench_inference.py` (or `make bench`).
+Prints one table and writes artifacts/bench/inference.json.
+
+All servers here run on this machine's two cores together with the load
+generator, mcp-bench, which is calibrated first (section 0) so that a
+generator bottleneck would show up as such.
+
+0. Generator ceiling. mcp-bench, an aiohttp loop and h2load (nghttp2, C)
+   against one target that answers at once (Envoy direct_response): the
+   highest rate each can drive here. mcp-bench's must sit well above any
+   rate the model servers reach below, or those numbers measure the client.
+
+1. Dynamic batching vs --max-batch 1: throughput at the same p99. Both
+   servers get the same closed-loop concurrency sweep. The SLO is the
+   unbatched server's own p99 at its peak throughput (the most favourable
+   point for it: it needs no more concurrency than that to be saturated, and
+   more only adds queueing). Each server's figure is its highest throughput
+   over the sweep points whose p99 is within that SLO. Fixing the p99 rather
+   than the concurrency is what a capacity planner does: how many requests
+   per second one replica serves without breaking the latency objective.
+   Floor: >= 3x.
+
+2. Priority isolation. A low-priority closed loop (concurrency well past
+   saturation) keeps the batched server busy while an open-loop high-priority
+   stream (fixed rate, latency from the intended send time) runs alongside;
+   its p99 is compared with the same stream on the idle server. A control
+   run sends the same stream without a priority (the default class) under the
+   same load, showing what the priority levels buy. Floor: <= 2x.
+
+3. Peer. MLServer 1.7 (its own venv under .cache/peer-venv, installed on
+   first run) with a minimal onnxruntime runtime and its adaptive batching
+   set like ours (same max batch, same max queue delay), serving the same
+   ONNX file: throughput and p99 at equal concurrency, REST both.
+   Goal: ahead of the peer. If it cannot be installed or started, the reason
+   is printed and the rest still runs.
+
+4. Mesh hop. The batched server direct vs through an Envoy (static
+   bootstrap, HTTP/1.1 in, HTTP/1.1 keep-alive pool out, one worker): p50
+   added at concurrency 1 (the per-request cost of the hop) and throughput
+   at the sweep's saturating concurrency.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))          # support.envoy, support.ports
+
+from inference_backend.bench.peer import MLServerPeer, PeerUnavailable  # noqa: E402
+from inference_backend.bench.runner import Config, event_loop_runner, run_all  # noqa: E402
+from inference_backend.bench.serve_process import ServeProcess  # noqa: E402
+from support.envoy import Envoy  # noqa: E402
+from support.ports import free_port  # noqa: E402
+
+MODEL = "builtin:mlp"
+MAX_BATCH = 32
+QUEUE_DELAY_US = 2000
+SWEEP = (1, 2, 4, 8, 16, 32, 64)
+STEP_S = float(os.environ.get("BENCH_STEP_S", "2.0"))    # seconds per measured point
+HIGH_RATE = 40.0                                         # high-priority stream, requests/s
+LOW_CONCURRENCY = 64
+
+RESULTS: dict = {"config": {"model": MODEL, "max_batch": MAX_BATCH, "max_queue_delay_us": QUEUE_DELAY_US,
+                            "sweep": SWEEP, "step_s": STEP_S, "cpus": os.cpu_count()}}
+
+
+def run(*cfgs: Config) -> list[dict]:
+    return event_loop_runner()(run_all(list(cfgs)))
+
+
+def closed(url: str, c: int, duration: float = STEP_S, **kw) -> dict:
+    return run(Config(url=url, concurrency=c, duration=duration, warmup=2 * c, **kw))[0]
+
+
+def point(res: dict) -> dict:
+    row = res["rows"][0]
+    return {"concurrency": res["run"]["concurrency"], "rps": row["throughput_rps"],
+            "p50_ms": row["latency_ms"]["p50"], "p99_ms": row["latency_ms"]["p99"],
+            "errors": row["errors"], "error_classes": row["error_classes"]}
+
+
+def serve(max_batch: int, *extra: str) -> ServeProcess:
+    return ServeProcess(MODEL, free_port(), free_port(), "--max-batch", str(max_batch),
+                        "--max-queue-delay-us", str(QUEUE_DELAY_US), *extra)
+
+
+# -- 0. generator ceiling --------------------------------------------------
+
+def direct_response_bootstrap(port: int) -> dict:
+    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+           "stat_prefix": "ceiling",
+           "route_config": {"virtual_hosts": [{"name": "any", "domains": ["*"], "routes": [
+               {"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}]}]},
+           "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+               "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+    return {"static_resources": {"listeners": [_listener("ceiling", port, hcm)]}}
+
+
+def _listener(name: str, port: int, hcm: dict) -> dict:
+    return {"name": name, "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                            "typed_config": hcm}]}]}
+
+
+def h2load_rps(url: str, c: int, n: int) -> float | None:
+    exe = shutil.which("h2load")
+    if not exe:
+        return None
+    out = subprocess.run([exe, "--h1", "-c", str(c), "-n", str(n), url],
+                         capture_output=True, text=True, timeout=120).stdout
+    m = re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", out)
+    return float(m.group(1)) if m else None
+
+
+async def _aiohttp_rps(url: str, c: int, n: int) -> float:
+    import aiohttp
+    left = [n]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=c)) as s:
+        async def worker():
+            while left[0] > 0:
+                left[0] -= 1
+                async with s.get(url) as r:
+                    await r.read()
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(c)))
+        return n / (time.perf_counter() - t)
+
+
+def generator_ceiling() -> dict:
+    port, c = free_port(), 16
+    url = f"http://127.0.0.1:{port}/ready"
+    with Envoy(direct_response_bootstrap(port)):
+        mcp = run(Config(url=url, concurrency=c, requests=150_000, warmup=1000))[0]
+        open_loop = run(Config(url=url, concurrency=64, rate=40_000, duration=2.0))[0]
+        out = {
+            "mcp_bench_rps": mcp["rows"][0]["throughput_rps"],
+            "mcp_bench_open_loop_40k": {"sent_rps": open_loop["run"]["sent_rate_rps"],
+                                        "lag_p99_ms": open_loop["schedule_lag"]["p99_ms"],
+                                        "p99_ms": open_loop["rows"][0]["latency_ms"]["p99"]},
+            "aiohttp_rps": round(event_loop_runner()(_aiohttp_rps(url, c, 30_000)), 1),
+            "h2load_rps": h2load_rps(url, c, 150_000),
+            "concurrency": c,
+        }
+    return out
+
+
+# -- 1. batching -------------------------------------------------------------
+
+def sweep(url: str) -> list[dict]:
+    return [point(closed(url, c)) for c in SWEEP]
+
+
+def best_under(points: list[dict], slo_ms: float) -> dict | None:
+    ok = [p for p in points if p["p99_ms"] is not None and p["p99_ms"] <= slo_ms and not p["errors"]]
+    return max(ok, key=lambda p: p["rps"]) if ok else None
+
+
+def batching() -> dict:
+    with serve(1) as unbatched:
+        flat = sweep(unbatched.rest_url)
+    with serve(MAX_BATCH) as batched:
+        dyn = sweep(batched.rest_url)
+    peak = max(flat, key=lambda p: p["rps"])
+    slo = peak["p99_ms"]
+    b = best_under(dyn, slo)
+    return {"slo_p99_ms": slo, "unbatched": flat, "batched": dyn, "unbatched_at_slo": peak,
+            "batched_at_slo": b, "ratio": round(b["rps"] / peak["rps"], 2) if b else 0.0}
+
+
+# -- 2. priority isolation ---------------------------------------------------
+
+def isolation() -> dict:
+    with serve(MAX_BATCH) as s:
+        high = dict(url=s.rest_url, concurrency=8, rate=HIGH_RATE, duration=4.0 * STEP_S / 2)
+        run(Config(url=s.rest_url, concurrency=8, requests=200))                 # warm-up
+        alone = run(Config(**high, priority_mix="high=1"))[0]
+        low = dict(url=s.rest_url, concurrency=LOW_CONCURRENCY, duration=high["duration"] + 0.5,
+                   priority_mix="low=1")
+        loaded, low_res = run(Config(**high, priority_mix="high=1"), Config(**low))
+        control, _ = run(Config(**high), Config(**low))                           # no priority
+    p99 = lambda r: r["rows"][0]["latency_ms"]["p99"]  # noqa: E731
+    return {"high_rate_rps": HIGH_RATE, "low_concurrency": LOW_CONCURRENCY,
+            "high_alone_p99_ms": p99(alone), "high_under_load_p99_ms": p99(loaded),
+            "unprioritised_under_load_p99_ms": p99(control),
+            "low_rps": low_res["rows"][0]["throughput_rps"],
+            "high_errors": loaded["rows"][0]["error_classes"],
+            "ratio": round(p99(loaded) / p99(alone), 2) if p99(alone) else None}
+
+
+# -- 3. peer -----------------------------------------------------------------
+
+PEER_CONCURRENCY = (8, 32)
+
+
+def peer(onnx_path: str, meta: dict) -> dict:
+    out = {"peer": "MLServer 1.7.1 + onnxruntime runtime, adaptive batching", "points": []}
+    try:
+        p = MLServerPeer(ROOT, "mlp", onnx_path, meta["inputs"], meta["outputs"], free_port(), free_port(),
+                         free_port(), max_batch_size=MAX_BATCH, max_batch_time_s=QUEUE_DELAY_US / 1e6)
+        p.start()
+    except PeerUnavailable as e:
+        out["unavailable"] = str(e)
+        return out
+    try:
+        peer_pts = [point(closed(f"http://127.0.0.1:{p.http_port}/v2/models/mlp", c)) for c in PEER_CONCURRENCY]
+    finally:
+        p.stop()
+    with serve(MAX_BATCH) as s:
+        ours = [point(closed(s.rest_url, c)) for c in PEER_CONCURRENCY]
+    for c, a, b in zip(PEER_CONCURRENCY, ours, peer_pts):
+        out["points"].append({"concurrency": c, "ours": a, "peer": b,
+                              "rps_ratio": round(a["rps"] / b["rps"], 2) if b["rps"] else None,
+                              "p99_ratio": round(a["p99_ms"] / b["p99_ms"], 2) if b["p99_ms"] else None})
+    return out
+
+
+# -- 4. mesh hop -------------------------------------------------------------
+
+def proxy_bootstrap(listen: int, upstream: int) -> dict:
+    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+           "stat_prefix": "mesh_hop",
+           "route_config": {"virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [
+               {"match": {"prefix": "/"}, "route": {"cluster": "inference", "timeout": "30s"}}]}]},
+           "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+               "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+    cluster = {"name": "inference", "type": "STATIC", "connect_timeout": "1s",
+               "circuit_breakers": {"thresholds": [{"max_connections": 1024, "max_pending_requests": 1024,
+                                                    "max_requests": 1024}]},
+               "load_assignment": {"cluster_name": "inference", "endpoints": [{"lb_endpoints": [
+                   {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream}}}}]}]}}
+    return {"static_resources": {"listeners": [_listener("mesh_hop", listen, hcm)], "clusters": [cluster]}}
+
+
+def mesh_hop(saturating_c: int) -> dict:
+    listen = free_port()
+    with ServeProcess(MODEL, free_port(), free_port(), "--max-batch", str(MAX_BATCH),
+                      "--max-queue-delay-us", str(QUEUE_DELAY_US)) as s, \
+            Envoy(proxy_bootstrap(listen, s.http_port)):
+        via = s.rest_url.replace(f":{s.http_port}/", f":{listen}/")
+        out = {}
+        for label, c in (("c1", 1), ("saturated", saturating_c)):
+            d, e = point(closed(s.rest_url, c)), point(closed(via, c))
+            out[label] = {"direct": d, "envoy": e, "p50_added_ms": round(e["p50_ms"] - d["p50_ms"], 3),
+                          "rps_ratio": round(e["rps"] / d["rps"], 3) if d["rps"] else None}
+    return out
+
+
+# -- report ------------------------------------------------------------------
+
+def table(r: dict) -> str:
+    rows = []
+    g = r.get("generator")
+    if g:
+        h2 = g["h2load_rps"]
+        rows.append(("generator ceiling (direct_response, c=16)", f"mcp-bench {g['mcp_bench_rps']:.0f}/s",
+                     f"h2load {h2:.0f}/s" if h2 else "h2load: not installed",
+                     f"{g['mcp_bench_rps'] / h2:.2f}x" if h2 else "-", "-"))
+        rows.append(("  aiohttp client, same target", f"{g['aiohttp_rps']:.0f}/s", f"mcp-bench {g['mcp_bench_rps']:.0f}/s",
+                     f"{g['aiohttp_rps'] / g['mcp_bench_rps']:.2f}x", "-"))
+    b = r.get("batching")
+    if b:
+        bb, ub = b["batched_at_slo"], b["unbatched_at_slo"]
+        rows.append((f"batching: rps at p99 <= {b['slo_p99_ms']:.1f} ms",
+                     f"max-batch {MAX_BATCH}: {bb['rps']:.0f}/s (c={bb['concurrency']})" if bb else "none within SLO",
+                     f"max-batch 1: {ub['rps']:.0f}/s (c={ub['concurrency']})",
+                     f"{b['ratio']:.2f}x", ">= 3x " + ("PASS" if b["ratio"] >= 3 else "FAIL")))
+    i = r.get("isolation")
+    if i:
+        ratio = i["ratio"]
+        rows.append((f"priority: high p99, {i['high_rate_rps']:.0f}/s open loop",
+                     f"under low load: {i['high_under_load_p99_ms']:.1f} ms", f"alone: {i['high_alone_p99_ms']:.1f} ms",
+                     f"{ratio:.2f}x" if ratio else "-", "<= 2x " + ("PASS" if ratio and ratio <= 2 else "FAIL")))
+        rows.append(("  control: same stream, no priority", f"{i['unprioritised_under_load_p99_ms']:.1f} ms",
+                     f"alone: {i['high_alone_p99_ms']:.1f} ms",
+                     f"{i['unprioritised_under_load_p99_ms'] / i['high_alone_p99_ms']:.2f}x", "-"))
+    p = r.get("peer")
+    if p:
+        if p.get("unavailable"):
+            rows.append(("peer: MLServer", "unavailable", p["unavailable"][:60], "-", "-"))
+        for pt in p.get("points", []):
+            o, q = pt["ours"], pt["peer"]
+            rows.append((f"peer MLServer, c={pt['concurrency']}: rps", f"ours {o['rps']:.0f}/s", f"MLServer {q['rps']:.0f}/s",
+                         f"{pt['rps_ratio']:.2f}x", "goal > 1x " + ("ahead" if pt["rps_ratio"] > 1 else "BEHIND")))
+            rows.append((f"peer MLServer, c={pt['concurrency']}: p99", f"ours {o['p99_ms']:.1f} ms",
+                         f"MLServer {q['p99_ms']:.1f} ms", f"{pt['p99_ratio']:.2f}x",
+                         "goal < 1x " + ("ahead" if pt["p99_ratio"] < 1 else "BEHIND")))
+    m = r.get("mesh_hop")
+    if m:
+        c1, sat = m["c1"], m["saturated"]
+        rows.append(("mesh hop, c=1: p50", f"Envoy {c1['envoy']['p50_ms']:.2f} ms", f"direct {c1['direct']['p50_ms']:.2f} ms",
+                     f"+{c1['p50_added_ms'] * 1000:.0f} us", "-"))
+        rows.append((f"mesh hop, c={sat['direct']['concurrency']}: rps", f"Envoy {sat['envoy']['rps']:.0f}/s",
+                     f"direct {sat['direct']['rps']:.0f}/s", f"{sat['rps_ratio']:.2f}x", "-"))
+    head = ("measure", "this", "against", "ratio", "floor / goal")
+    widths = [max(len(str(x[k])) for x in [head, *rows]) for k in range(5)]
+    fmt = lambda x: "  ".join(str(v).ljust(w) for v, w in zip(x, widths))  # noqa: E731
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+
+
+def main() -> int:
+    from inference_backend.builtin_models import builtin_path
+    t0 = time.monotonic()
+    sections = os.environ.get("BENCH_SECTIONS", "generator,batching,isolation,peer,mesh_hop").split(",")
+    if "generator" in sections:
+        print("0/4 generator ceiling ...", flush=True)
+        RESULTS["generator"] = generator_ceiling()
+    sat_c = 32
+    if "batching" in sections:
+        print("1/4 batching sweep ...", flush=True)
+        RESULTS["batching"] = batching()
+        if RESULTS["batching"]["batched_at_slo"]:
+            sat_c = RESULTS["batching"]["batched_at_slo"]["concurrency"]
+    if "isolation" in sections:
+        print("2/4 priority isolation ...", flush=True)
+        RESULTS["isolation"] = isolation()
+    if "peer" in sections:
+        print("3/4 peer (MLServer) ...", flush=True)
+        meta = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]}],
+                "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16]}]}
+        RESULTS["peer"] = peer(builtin_path("mlp"), meta)
+    if "mesh_hop" in sections:
+        print("4/4 mesh hop ...", flush=True)
+        RESULTS["mesh_hop"] = mesh_hop(sat_c)
+    RESULTS["wall_s"] = round(time.monotonic() - t0, 1)
+    print()
+    print(table(RESULTS))
+    out = os.path.join(ROOT, "artifacts", "bench", "inference.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(RESULTS, f, indent=2)
+    print(f"\n{RESULTS['wall_s']} s; wrote {os.path.relpath(out, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

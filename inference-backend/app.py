@@ -1,0 +1,281 @@
+"""One server process: REST + gRPC on one asyncio loop, hot reconfiguration, shutdown.
+
+Reconfiguration arrives two ways, both taken whole or not at all:
+- a watched `--policy-file` (an L7SchedulingPolicy; checked by the same
+  validator `mcpctl validate` uses) or a watched `--model` file;
+- the admin listener (`--admin-port`): POST /admin/reload {"model", "path"?,
+  "version"?}, POST /admin/policy {"qosPolicy" | L7SchedulingPolicy spec},
+  GET /admin/status. It is a separate port so the mesh never routes to it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, replace
+
+import grpc
+from aiohttp import web
+
+from mesh.config import MeshConfig, parse_documents
+from mesh.validation import check
+from mesh.errors import ConfigError, Diagnostic
+from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
+from inference_backend.errors import InferenceError, InvalidArgument
+from inference_backend.grpc_service import add_to_server
+from inference_backend.model_server import ModelServer, resolve_model
+from inference_backend.rest import build_app
+from inference_backend.telemetry import Telemetry
+
+log = logging.getLogger("inference_backend")
+WATCH_INTERVAL_S = 0.25
+GRPC_MAX_MESSAGE = 64 << 20
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    name: str | None = None
+    host: str = "127.0.0.1"
+    http_port: int = 8080
+    grpc_port: int = 8081
+    admin_port: int | None = None
+    device: str = "auto"
+    qos_policy: str = "balanced"
+    policy_file: str | None = None
+    max_batch: int | None = None
+    max_queue_delay_us: int | None = None
+    intra_op_threads: int | None = None
+    kv_cache_mb: float = 64
+    max_body_bytes: int = 64 << 20
+    session_key_file: str | None = None
+    trace_file: str | None = None
+    enable_profiler: bool = False
+    labels: dict | None = None
+    watch_model: bool = False
+
+
+def load_policy_file(path: str, labels: dict | None = None) -> BatcherSettings:
+    """The L7SchedulingPolicy in `path` whose selector matches this workload.
+    Raises ConfigError naming file:line and field."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    resources = [r for r in parse_documents(text, file=path) if r.kind == KIND]
+    if not resources:
+        raise ConfigError([Diagnostic(f"no {KIND} in this file", file=path)])
+    check(MeshConfig(resources))
+    chosen = [r for r in resources if selector_matches(r.spec, labels or {})]
+    if not chosen:
+        raise ConfigError([resources[0].diagnostic("spec.selector", "no policy in this file selects this workload")])
+    res = chosen[0]
+    settings = settings_from_spec(res.spec)
+    return replace(settings, name=f"{res.name}({settings.name})")
+
+
+class Server:
+    def __init__(self, opts: ServeOptions):
+        self.opts = opts
+        self.telemetry = Telemetry.get(opts.trace_file)
+        key = None
+        if opts.session_key_file:
+            with open(opts.session_key_file, "rb") as fh:
+                key = fh.read().strip()
+        self.models = ModelServer(self.telemetry, session_key=key)
+        self.settings = self._initial_settings()
+        self._runner: web.AppRunner | None = None
+        self._admin_runner: web.AppRunner | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._stop = asyncio.Event()
+
+    def _initial_settings(self) -> BatcherSettings:
+        o = self.opts
+        if o.policy_file:
+            base = load_policy_file(o.policy_file, o.labels)
+        else:
+            base = preset(o.qos_policy)
+        return base.with_overrides(o.max_batch, o.max_queue_delay_us)
+
+    async def start(self) -> None:
+        o = self.opts
+        name, path = resolve_model(o.model)
+        self._model_path = path
+        self._model_mtime = os.stat(path).st_mtime
+        self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
+        t0 = time.perf_counter()
+        served = await asyncio.to_thread(self.models.add, o.name or name, path, self.settings, o.device,
+                                         o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
+                                         profile=o.enable_profiler)
+        m = served.model
+        log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
+                 served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
+                 time.perf_counter() - t0, json.dumps(self.settings.describe()))
+        if o.enable_profiler:
+            log.info("ONNX Runtime profiler on: a chrome-trace JSON is written at shutdown (ort_profile_*.json)")
+        app = build_app(self.models, o.max_body_bytes)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True).start()
+        self._grpc = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+            ("grpc.so_reuseport", 0),
+        ])
+        add_to_server(self.models, self._grpc)
+        if self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}") == 0:
+            raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
+        await self._grpc.start()
+        if o.admin_port:
+            admin = self._admin_app()
+            self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
+            await self._admin_runner.setup()
+            await web.TCPSite(self._admin_runner, o.host, o.admin_port, reuse_address=True).start()
+        self.models.ready = True
+        self._watch_task = asyncio.create_task(self._watch())
+        log.info("ready: http %s:%d grpc %s:%d%s", o.host, o.http_port, o.host, o.grpc_port,
+                 f" admin {o.host}:{o.admin_port}" if o.admin_port else "")
+        print(json.dumps({"event": "ready", "model": served.name, "http_port": o.http_port, "grpc_port": o.grpc_port,
+                          "admin_port": o.admin_port, "provider": m.provider, "load_seconds": round(m.load_seconds, 4),
+                          "warmup_seconds": round(m.warmup_seconds, 4)}), flush=True)
+
+    # -- hot reconfiguration -------------------------------------------------------------
+    def served(self):
+        return next(iter(self.models.models.values()))
+
+    async def reload_model(self, path: str | None = None, version: str | None = None, name: str | None = None) -> dict:
+        served = self.models.models.get(name) if name else self.served()
+        if served is None:
+            raise InvalidArgument(f"unknown model {name!r}")
+        path = path or self._model_path
+        if path.startswith("builtin:"):
+            path = resolve_model(path)[1]
+        if not os.path.isfile(path):
+            raise InvalidArgument(f"no model file {path!r}")
+        rec = await asyncio.to_thread(served.reload, path, version)
+        self.models.record(rec)
+        return {"kind": rec.kind, "seconds": round(rec.seconds, 4), "detail": rec.detail, "version": served.model.version}
+
+    def apply_settings(self, settings: BatcherSettings) -> dict:
+        settings = settings.with_overrides(self.opts.max_batch, self.opts.max_queue_delay_us)
+        out = []
+        for served in self.models.models.values():
+            out.append(self.models.record(served.reconfigure(settings)))
+        self.settings = settings
+        return {"kind": "policy", "seconds": round(max(r.seconds for r in out), 6), "policy": settings.describe()}
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            try:
+                if self.opts.policy_file:
+                    mtime = os.stat(self.opts.policy_file).st_mtime
+                    if mtime != self._policy_mtime:
+                        self._policy_mtime = mtime
+                        t0 = time.perf_counter()
+                        try:
+                            settings = load_policy_file(self.opts.policy_file, self.opts.labels)
+                        except (ConfigError, ValueError, OSError) as e:
+                            log.error("policy file not applied (the previous policy stays):\n%s", e)
+                            continue
+                        rec = self.apply_settings(settings)
+                        log.info("policy file %s applied in %.4fs (read + validate + swap)",
+                                 self.opts.policy_file, time.perf_counter() - t0)
+                        del rec
+                if self.opts.watch_model:
+                    mtime = os.stat(self._model_path).st_mtime
+                    if mtime != self._model_mtime:
+                        self._model_mtime = mtime
+                        try:
+                            await self.reload_model(self._model_path)
+                        except Exception as e:  # a bad file leaves the old version serving
+                            log.error("model file %s not reloaded (the previous version stays): %s",
+                                      self._model_path, e)
+            except FileNotFoundError:
+                continue
+            except Exception:
+                log.exception("watcher")
+
+    def _admin_app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 20)
+        routes = web.RouteTableDef()
+
+        async def body(request) -> dict:
+            try:
+                doc = await request.json() if request.can_read_body else {}
+            except ValueError as e:
+                raise InvalidArgument(f"body is not JSON: {e}") from None
+            if not isinstance(doc, dict):
+                raise InvalidArgument("body must be a JSON object")
+            return doc
+
+        @routes.post("/admin/reload")
+        async def reload(request):
+            try:
+                doc = await body(request)
+                return web.json_response(await self.reload_model(doc.get("path"), doc.get("version"), doc.get("model")))
+            except InferenceError as e:
+                return web.json_response({"error": e.message}, status=e.http_status)
+            except Exception as e:
+                return web.json_response({"error": f"reload failed, previous version still serving: {e}"}, status=400)
+
+        @routes.post("/admin/policy")
+        async def policy(request):
+            try:
+                doc = await body(request)
+                settings = settings_from_spec(doc.get("spec", doc))
+            except InferenceError as e:
+                return web.json_response({"error": e.message}, status=e.http_status)
+            except ValueError as e:
+                return web.json_response({"error": str(e)}, status=400)
+            return web.json_response(self.apply_settings(settings))
+
+        @routes.get("/admin/status")
+        async def status(_):
+            return web.json_response({"models": [m.status() for m in self.models.models.values()],
+                                      "reloads": [vars(r) for r in self.models.reloads]})
+
+        @routes.get("/metrics")
+        async def metrics(_):
+            return web.Response(body=self.telemetry.prometheus_text(),
+                                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+        app.add_routes(routes)
+        return app
+
+    async def stop(self) -> None:
+        """Stop taking requests, answer the queued ones, then close."""
+        self.models.ready = False
+        if self._watch_task:
+            self._watch_task.cancel()
+        if self._grpc:
+            await self._grpc.stop(grace=5)
+        if self._runner:
+            await self._runner.cleanup()
+        if self._admin_runner:
+            await self._admin_runner.cleanup()
+        await asyncio.to_thread(self.models.stop)
+        if self.opts.enable_profiler:
+            for served in self.models.models.values():
+                log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
+        self.telemetry.shutdown()
+
+    async def run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        await self.start()
+        await self._stop.wait()
+        log.info("shutting down")
+        await self.stop()
+
+
+def serve(opts: ServeOptions) -> int:
+    try:
+        asyncio.run(Server(opts).run_forever())
+    except ConfigError as e:
+        print(f"mcpctl serve: {e}", flush=True)
+        return 2
+    return 0

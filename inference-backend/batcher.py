@@ -1,0 +1,283 @@
+"""The dynamic batcher: priority queues with Triton's dynamic-batching semantics.
+
+Requests wait in one FIFO per priority level (1 is the highest); a batch is
+taken in (level, arrival) order from requests that can share one run (same
+inputs, same non-batch shape, same outputs). A batch leaves when it reaches
+max_batch_size, when it reaches the largest preferred_batch_size it can, or
+when the oldest request in it has waited max_queue_delay_microseconds. Each
+level's queue policy bounds its length (max_queue_size: reject at arrival)
+and its wait (default_timeout_microseconds, overridable downwards by the
+request when allow_timeout_override): on timeout, REJECT fails the request,
+DELAY moves it behind every fresh request of its level and above.
+
+One compute thread per model instance takes the batches; everything else
+(parsing, encoding) happens on the server's threads, which only enqueue.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from mesh.scheduling import BatcherSettings
+from inference_backend.errors import InferenceError, Internal, InvalidArgument, Overloaded, Unavailable
+
+log = logging.getLogger("inference_backend")
+_seq = itertools.count()
+
+
+@dataclass(eq=False)
+class Pending:
+    """One request in the queue."""
+    inputs: dict[str, np.ndarray]
+    outputs: tuple[str, ...]          # requested outputs; empty: all
+    rows: int                         # its batch dimension
+    key: tuple                        # requests with equal keys can share a run
+    level: int = 0                    # filled by submit()
+    timeout_us: int | None = None     # the request's own timeout (parameter `timeout`)
+    context: dict = field(default_factory=dict)
+    arrival_ns: int = 0
+    deadline_ns: int = 0              # 0: none
+    delayed: bool = False
+    order: int = field(default_factory=lambda: next(_seq))
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class Result:
+    outputs: dict[str, np.ndarray]
+    queue_us: int
+    compute_us: int
+    assemble_us: int
+    batch_size: int                   # rows in the run this request was part of
+    batch_requests: int
+    level: int
+    parameters: dict = field(default_factory=dict)
+
+
+class Executor(Protocol):
+    def run_batch(self, batch: list[Pending]) -> tuple[list[dict], list[dict], float, float]:
+        """-> (outputs per request, response parameters per request, assemble s, compute s)."""
+
+
+class Observer(Protocol):
+    def on_batch(self, batch: list[Pending], result_times: tuple[int, int, int], rows: int) -> None: ...
+    def on_reject(self, level: int, reason: str) -> None: ...
+
+
+class DynamicBatcher:
+    def __init__(self, name: str, executor: Executor, settings: BatcherSettings,
+                 observer: Observer | None = None):
+        self.name = name
+        self.executor = executor
+        self.settings = settings
+        self.observer = observer
+        self._cond = threading.Condition()
+        self._fresh: dict[int, collections.deque] = {}
+        self._delayed: dict[int, collections.deque] = {}
+        self._count: dict[int, int] = collections.defaultdict(int)
+        self._next_deadline = 0
+        self._stopping = False
+        self.in_flight = 0                 # requests of the batch being computed
+        self.busy_ns = 0                   # compute time so far, for utilisation
+        self.completed = 0
+        self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
+        self._thread.start()
+
+    # -- called from request threads ------------------------------------------------
+    def submit(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> concurrent.futures.Future:
+        s = self.settings
+        try:
+            p.level = s.level_for(qos_class, priority)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        if p.rows > s.max_batch_size:
+            raise InvalidArgument(f"batch size {p.rows} exceeds max_batch_size {s.max_batch_size} of model {self.name!r}")
+        policy = s.policy_for(p.level)
+        p.arrival_ns = time.monotonic_ns()
+        timeout = policy.timeout_us(p.timeout_us)
+        p.deadline_ns = p.arrival_ns + timeout * 1000 if timeout else 0
+        with self._cond:
+            if self._stopping:
+                raise Unavailable(f"model {self.name!r} is shutting down")
+            if policy.max_queue_size and self._count[p.level] >= policy.max_queue_size:
+                reason = f"priority level {p.level} queue of model {self.name!r} is full ({policy.max_queue_size} requests)"
+                if self.observer:
+                    self.observer.on_reject(p.level, "queue_full")
+                raise Overloaded(reason)
+            self._fresh.setdefault(p.level, collections.deque()).append(p)
+            self._count[p.level] += 1
+            if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
+                self._next_deadline = p.deadline_ns
+            self._cond.notify()
+        return p.future
+
+    def update_settings(self, settings: BatcherSettings) -> None:
+        """Take new settings for every batch formed from now on; queued requests keep
+        their place (a level beyond the new priority_levels is served as the lowest)."""
+        with self._cond:
+            self.settings = settings
+            self._cond.notify()
+
+    def set_executor(self, executor: Executor) -> None:
+        """Swap the model under the queue; the batch being computed finishes on the old one."""
+        with self._cond:
+            self.executor = executor
+
+    def queue_depth(self) -> dict[int, int]:
+        with self._cond:
+            return {level: n for level, n in self._count.items() if n}
+
+    def total_queued(self) -> int:
+        return sum(self._count.values())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Serve what is queued, then end the compute thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # -- the compute thread --------------------------------------------------------
+    def _ordered(self):
+        for level in sorted(set(self._fresh) | set(self._delayed)):
+            yield from self._fresh.get(level, ())
+            yield from self._delayed.get(level, ())
+
+    def _expire(self, now: int) -> None:
+        if not self._next_deadline or now < self._next_deadline:
+            return
+        nearest = 0
+        for level, dq in self._fresh.items():
+            keep = collections.deque()
+            for p in dq:
+                if p.deadline_ns and p.deadline_ns <= now:
+                    action = self.settings.policy_for(level).timeout_action
+                    if action == "DELAY":
+                        p.delayed, p.deadline_ns = True, 0
+                        self._delayed.setdefault(level, collections.deque()).append(p)
+                        continue
+                    self._count[level] -= 1
+                    waited = (now - p.arrival_ns) // 1000
+                    if self.observer:
+                        self.observer.on_reject(level, "timeout")
+                    _fail(p, Overloaded(f"request timed out after {waited} us in the priority level {level} "
+                                        f"queue of model {self.name!r} (timeout_action REJECT)"))
+                    continue
+                if p.deadline_ns and (not nearest or p.deadline_ns < nearest):
+                    nearest = p.deadline_ns
+                keep.append(p)
+            self._fresh[level] = keep
+        self._next_deadline = nearest
+
+    def _take(self, batch: list[Pending]) -> None:
+        taken = set(map(id, batch))
+        for queues in (self._fresh, self._delayed):
+            for level, dq in queues.items():
+                if any(id(p) in taken for p in dq):
+                    queues[level] = collections.deque(p for p in dq if id(p) not in taken)
+        for p in batch:
+            self._count[p.level] -= 1
+
+    def _form(self, now: int) -> tuple[list[Pending] | None, float | None]:
+        """-> (a batch to run now, or None and how long to wait in seconds)."""
+        s = self.settings
+        head, batch, rows, overflow, oldest = None, [], 0, False, 0
+        cancelled = []
+        for p in self._ordered():
+            if p.future.cancelled():
+                cancelled.append(p)
+                continue
+            if head is None:
+                head = p
+            if p.key != head.key:
+                continue
+            if rows + p.rows > s.max_batch_size:
+                overflow = True
+                break
+            batch.append(p)
+            rows += p.rows
+            oldest = p.arrival_ns if not oldest else min(oldest, p.arrival_ns)
+        if cancelled:
+            self._take(cancelled)
+        if not batch:
+            return None, None
+        if overflow or rows >= s.max_batch_size or s.max_queue_delay_us == 0 or self._stopping:
+            return batch, None
+        if s.preferred_batch_sizes:
+            # Triton: the largest preferred size a prefix of the queue reaches goes now.
+            total, best = 0, 0
+            for i, p in enumerate(batch):
+                total += p.rows
+                if total in s.preferred_batch_sizes:
+                    best = i + 1
+            if best:
+                return batch[:best], None
+        wait_until = oldest + s.max_queue_delay_us * 1000
+        if now >= wait_until:
+            return batch, None
+        return None, (wait_until - now) / 1e9
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic_ns()
+                    self._expire(now)
+                    batch, wait = self._form(now)
+                    if batch:
+                        self._take(batch)
+                        self.in_flight = len(batch)
+                        break
+                    if self._stopping and not self.total_queued():
+                        return
+                    if self._next_deadline:
+                        until_deadline = max(0.0, (self._next_deadline - now) / 1e9)
+                        wait = until_deadline if wait is None else min(wait, until_deadline)
+                    self._cond.wait(wait)
+                executor = self.executor
+            self._run(executor, batch)
+
+    def _run(self, executor: Executor, batch: list[Pending]) -> None:
+        start = time.monotonic_ns()
+        try:
+            outputs, params, assemble_s, compute_s = executor.run_batch(batch)
+        except InferenceError as e:
+            for p in batch:
+                _fail(p, e)
+            return
+        except Exception as e:  # the model failed; the server does not
+            log.exception("model %s failed on a batch of %d", self.name, len(batch))
+            for p in batch:
+                _fail(p, Internal(f"model {self.name!r} failed: {type(e).__name__}: {e}"))
+            return
+        finally:
+            self.busy_ns += time.monotonic_ns() - start
+            self.in_flight = 0
+        rows = sum(p.rows for p in batch)
+        assemble_us, compute_us = int(assemble_s * 1e6), int(compute_s * 1e6)
+        for p, out, par in zip(batch, outputs, params):
+            queue_us = (start - p.arrival_ns) // 1000
+            if not p.future.done():
+                try:
+                    p.future.set_result(Result(out, queue_us, compute_us, assemble_us, rows, len(batch), p.level, par))
+                except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+                    pass
+        self.completed += len(batch)
+        if self.observer:
+            self.observer.on_batch(batch, (start, assemble_us, compute_us), rows)
+
+
+def _fail(p: Pending, error: Exception) -> None:
+    if not p.future.done():
+        try:
+            p.future.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass

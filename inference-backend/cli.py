@@ -1,0 +1,144 @@
+"""`mcpctl serve`: the inference backend (plugged in via the mcpctl.commands entry point).
+
+With `--replicas N`, N server processes run, replica i on every base port
+plus i*stride, where stride is the span of the base ports plus one: the
+defaults (http 8080, grpc 8081) give 8080/8081, 8082/8083, ... Each replica
+is one endpoint of the pool (istio-manifests/examples/inference-pool.yaml).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from mesh.scheduling import DEFAULT_PRESET, PRESETS
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve an ONNX model over KServe v2 (REST + gRPC)",
+                              description="Serve an ONNX model over the KServe v2 protocol with dynamic "
+                                          "batching and priority queues.")
+    p.add_argument("--model", required=True, help="PATH.onnx, builtin:mlp or builtin:tiny-decoder")
+    p.add_argument("--name", help="served model name (default: the file's or built-in's name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=8080)
+    p.add_argument("--grpc-port", type=int, default=8081)
+    p.add_argument("--admin-port", type=int, default=None,
+                   help="admin listener (reload, policy, status); off unless given")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda:N | tensorrt:N (default auto)")
+    p.add_argument("--qos-policy", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+                   help=f"batcher preset (default {DEFAULT_PRESET}); see inference-backend/README.md")
+    p.add_argument("--policy-file", help="an L7SchedulingPolicy YAML; watched and applied on change")
+    p.add_argument("--max-batch", type=int, help="override max_batch_size of the policy")
+    p.add_argument("--max-queue-delay-us", type=int, help="override max_queue_delay_microseconds")
+    p.add_argument("--intra-op-threads", type=int,
+                   help="ONNX Runtime intra-op threads (default: CPU cores / replicas)")
+    p.add_argument("--kv-cache-mb", type=float, default=64, help="KV-cache budget of a decoder model (MiB)")
+    p.add_argument("--max-body-bytes", type=int, default=64 << 20, help="largest REST body (413 above)")
+    p.add_argument("--session-key-file", help="verify the L6 session signature with this key (403 on mismatch)")
+    p.add_argument("--trace-file", help="write OpenTelemetry spans as JSON lines here")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="workload labels for the policy's selector.matchLabels")
+    p.add_argument("--watch-model", action="store_true", help="reload the model when its file changes")
+    p.add_argument("--replicas", type=int, default=1, help="run N server processes (ports as above)")
+    p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def _labels(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise SystemExit(f"mcpctl serve: --label {item!r}: expected KEY=VALUE")
+        out[k] = v
+    return out
+
+
+def run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.replicas < 1:
+        print("mcpctl serve: --replicas must be at least 1", file=sys.stderr)
+        return 2
+    if args.replicas > 1:
+        return run_replicas(args)
+    from inference_backend.app import ServeOptions, serve
+    from inference_backend.model_server import resolve_model
+    try:
+        resolve_model(args.model)
+        intra = args.intra_op_threads or max(1, os.cpu_count() or 1)
+        opts = ServeOptions(
+            model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+            admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
+            max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
+            kv_cache_mb=args.kv_cache_mb, max_body_bytes=args.max_body_bytes, session_key_file=args.session_key_file,
+            trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
+            watch_model=args.watch_model)
+        return serve(opts)
+    except (ValueError, OSError) as e:
+        print(f"mcpctl serve: {e}", file=sys.stderr)
+        return 2
+
+
+def replica_ports(args, i: int) -> dict:
+    base = {"http": args.http_port, "grpc": args.grpc_port}
+    if args.admin_port:
+        base["admin"] = args.admin_port
+    stride = max(base.values()) - min(base.values()) + 1
+    return {k: v + i * stride for k, v in base.items()}
+
+
+def run_replicas(args) -> int:
+    """N child `mcpctl serve` processes; stop them all when one dies or on a signal."""
+    argv, skip = [], False
+    raw = sys.argv[1:] if sys.argv[1:2] == ["serve"] else ["serve"] + sys.argv[1:]
+    for a in raw:  # drop the port and replica flags; each child gets its own
+        if skip:
+            skip = False
+            continue
+        if a in ("--replicas", "--http-port", "--grpc-port", "--admin-port"):
+            skip = True
+            continue
+        if a.split("=", 1)[0] in ("--replicas", "--http-port", "--grpc-port", "--admin-port"):
+            continue
+        argv.append(a)
+    if args.intra_op_threads is None:  # replicas share the cores
+        argv += ["--intra-op-threads", str(max(1, (os.cpu_count() or 1) // args.replicas))]
+    children = []
+    for i in range(args.replicas):
+        ports = replica_ports(args, i)
+        cmd = [sys.executable, "-m", "mesh.cli", *argv, "--http-port", str(ports["http"]),
+               "--grpc-port", str(ports["grpc"])]
+        if "admin" in ports:
+            cmd += ["--admin-port", str(ports["admin"])]
+        if not any(a.startswith("--label") for a in argv):
+            cmd += ["--label", f"replica={i}"]
+        children.append(subprocess.Popen(cmd))
+        logging.getLogger("inference_backend").info("replica %d: pid %d, ports %s", i, children[-1].pid, ports)
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while not stopping and all(c.poll() is None for c in children):
+            time.sleep(0.2)
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.terminate()
+        for c in children:
+            try:
+                c.wait(10)
+            except subprocess.TimeoutExpired:
+                c.kill()
+    codes = [c.returncode for c in children]
+    return 0 if stopping else max(abs(x or 0) for x in codes) or 1

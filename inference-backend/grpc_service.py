@@ -1,0 +1,196 @@
+"""KServe v2 gRPC front end: inference.GRPCInferenceService on grpc.aio.
+
+Inputs come as `raw_input_contents` (what tritonclient sends) or typed
+`contents`; outputs always go back as `raw_output_contents`, which every
+KServe client reads. Server-side queue/compute time and the ORCA load report
+travel in trailing metadata (Envoy reads ORCA from trailers for gRPC) and, for
+streams, in each response's parameters.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import numpy as np
+
+from mesh import headers as H
+from inference_backend import datatypes
+from inference_backend.errors import InferenceError, InvalidArgument, NotFound
+from inference_backend.model_server import ModelServer
+from inference_backend.protos import grpc_service_pb2 as pb
+from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
+from inference_backend.request_meta import check_session, priority_param, response_parameters, timing_pairs
+from inference_backend.rest import EXTENSIONS, SERVER_NAME, SERVER_VERSION
+
+log = logging.getLogger("inference_backend")
+
+
+def param_value(p: pb.InferParameter):
+    which = p.WhichOneof("parameter_choice")
+    return getattr(p, which) if which else None
+
+
+def set_param(p: pb.InferParameter, value) -> None:
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        if value >= 0:
+            p.uint64_param = value
+        else:
+            p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = str(value)
+
+
+def _typed_contents(name: str, datatype: str, shape, contents: pb.InferTensorContents) -> np.ndarray:
+    field = datatypes.CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidArgument(f"input {name!r}: {datatype} cannot travel in typed contents; use raw_input_contents")
+    values = getattr(contents, field)
+    if datatype == "BYTES":
+        return datatypes.from_list(name, datatype, shape, list(values))
+    dtype = datatypes.DTYPES[datatype]
+    count = datatypes.element_count(shape)
+    if len(values) != count:
+        raise InvalidArgument(f"input {name!r}: {len(values)} values in contents.{field} for shape {list(shape)} ({count})")
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, server: ModelServer):
+        self.server = server
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.server.live)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.server.ready)
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
+
+    async def ModelReady(self, request, context):
+        try:
+            self.server.get(request.name, request.version)
+        except NotFound as e:
+            await context.abort(e.code, e.message)
+        except InferenceError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ModelMetadata(self, request, context):
+        try:
+            served = self.server.get(request.name, request.version)
+        except InferenceError as e:
+            await context.abort(e.code, e.message)
+        m = served.model
+        # The protocol's message has no field for it: the provider rides in metadata.
+        context.set_trailing_metadata((("x-mcp-execution-provider", m.provider),
+                                       ("x-mcp-model-load-seconds", f"{m.load_seconds:.4f}")))
+        return pb.ModelMetadataResponse(
+            name=m.name, versions=[m.version], platform="onnxruntime_onnx",
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape))
+                    for s in m.inputs.values()],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape))
+                     for s in m.outputs.values()])
+
+    async def _infer(self, request: pb.ModelInferRequest, metadata) -> tuple[pb.ModelInferResponse, list]:
+        served = self.server.get(request.model_name, request.model_version)
+        check_session(metadata, self.server.session_key)
+        raw = request.raw_input_contents
+        if raw and len(raw) != len(request.inputs):
+            raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+        if not request.inputs:
+            raise InvalidArgument("request has no inputs")
+        arrays = {}
+        for i, t in enumerate(request.inputs):
+            if t.name in arrays:
+                raise InvalidArgument(f"input {t.name!r} is given twice")
+            if t.datatype not in datatypes.DTYPES:
+                raise InvalidArgument(f"input {t.name!r}: unknown datatype {t.datatype!r}")
+            shape = datatypes.check_shape(t.name, t.shape)
+            served.model.check_input(t.name, t.datatype, shape)
+            if raw:
+                if t.HasField("contents"):
+                    raise InvalidArgument(f"input {t.name!r}: contents and raw_input_contents are exclusive")
+                arrays[t.name] = datatypes.from_raw(t.name, t.datatype, shape, raw[i])
+            else:
+                arrays[t.name] = _typed_contents(t.name, t.datatype, shape, t.contents)
+        params = {k: param_value(v) for k, v in request.parameters.items()}
+        outputs = [o.name for o in request.outputs]
+        pending = served.prepare(arrays, outputs, params)
+        qos = next((v for k, v in metadata if k.lower() == H.QOS_CLASS), None)
+        result = await served.infer(pending, qos, priority_param(params))
+        t = self.server.telemetry
+        t.request_duration.record((result.queue_us + result.compute_us) / 1e6,
+                                  {"model": served.name, "priority_level": str(result.level)})
+        t.requests.add(1, {"model": served.name, "protocol": "grpc", "code": "OK"})
+        t.record_spans(served.name, result.level, pending.arrival_ns, result, request.id, "grpc")
+        response = pb.ModelInferResponse(model_name=served.name, model_version=served.model.version, id=request.id)
+        for k, v in response_parameters(result).items():
+            set_param(response.parameters[k], v)
+        for name, array in result.outputs.items():
+            spec = served.model.outputs[name]
+            response.outputs.add(name=name, datatype=spec.datatype, shape=list(array.shape))
+            response.raw_output_contents.append(datatypes.to_raw(array))
+        return response, timing_pairs(result, served.load.header_value())
+
+    async def ModelInfer(self, request, context):
+        try:
+            response, trailers = await self._infer(request, context.invocation_metadata() or ())
+        except InferenceError as e:
+            self.server.telemetry.requests.add(1, {"model": request.model_name, "protocol": "grpc", "code": e.code.name})
+            await context.abort(e.code, e.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # one bad request never takes the server down
+            log.exception("gRPC infer failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+        context.set_trailing_metadata(tuple(trailers))
+        return response
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests on a stream run concurrently (so they batch); each answer, or its
+        error, comes back as soon as it is ready, matched by `id` as in Triton."""
+        metadata = context.invocation_metadata() or ()
+        out: asyncio.Queue = asyncio.Queue()
+        tasks: set = set()
+
+        async def one(req):
+            try:
+                response, _ = await self._infer(req, metadata)
+                await out.put(pb.ModelStreamInferResponse(infer_response=response))
+            except InferenceError as e:
+                await out.put(pb.ModelStreamInferResponse(
+                    error_message=e.message, infer_response=pb.ModelInferResponse(
+                        model_name=req.model_name, model_version=req.model_version, id=req.id)))
+            except Exception as e:
+                log.exception("gRPC stream infer failed")
+                await out.put(pb.ModelStreamInferResponse(error_message=f"internal error: {type(e).__name__}: {e}"))
+
+        async def read():
+            try:
+                async for req in request_iterator:
+                    task = asyncio.create_task(one(req))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                await out.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+
+def add_to_server(server: ModelServer, grpc_server: grpc.aio.Server) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server), grpc_server)

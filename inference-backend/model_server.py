@@ -1,0 +1,243 @@
+"""The served models: one batcher and compute thread per model, hot reload.
+
+`ModelServer` is what the REST and gRPC front ends share: look a model up,
+turn decoded tensors into a queued request, await its result. Reloading a
+model loads and warms the new version beside the old one, then swaps it
+under the queue in one step - the queue (and every request in it) stays, so
+no request fails; the batch being computed finishes on the old session.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mesh.scheduling import BatcherSettings
+from inference_backend import builtin_models
+from inference_backend.batcher import DynamicBatcher, Pending, Result
+from inference_backend.decoder import DecoderExecutor, KVCache, PAST, TokenMeter, is_decoder, sequence_context
+from inference_backend.errors import InvalidArgument, NotFound, Unavailable
+from inference_backend.executors import BatchExecutor
+from inference_backend.load_report import LoadSampler
+from inference_backend.runtime import OnnxModel
+from inference_backend.telemetry import Telemetry
+
+log = logging.getLogger("inference_backend")
+
+
+def resolve_model(spec: str) -> tuple[str, str]:
+    """`builtin:NAME` or a path -> (default served name, file path)."""
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        return name, builtin_models.builtin_path(name)
+    if not os.path.isfile(spec):
+        raise ValueError(f"--model {spec!r}: no such file (or use builtin:mlp / builtin:tiny-decoder)")
+    return os.path.splitext(os.path.basename(spec))[0], spec
+
+
+@dataclass
+class ReloadRecord:
+    kind: str             # model | policy
+    seconds: float        # from the request to the swap
+    detail: str
+    at: float = field(default_factory=time.time)
+
+
+class ServedModel:
+    def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
+                 kv_cache_bytes: int = 64 << 20):
+        self.name = name
+        self.model = model
+        self.telemetry = telemetry
+        self.decoder = is_decoder(model)
+        self.kv_cache = KVCache(kv_cache_bytes) if self.decoder else None
+        self.tokens = TokenMeter() if self.decoder else None
+        self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self)
+        self.load = LoadSampler(lambda: self.batcher.busy_ns, lambda: self.batcher.completed,
+                                self.batcher.total_queued)
+        self.version_count = 1
+        self._reload_lock = threading.Lock()
+        telemetry.add_gauge_source("queue_depth", self._queue_gauge)
+        if self.decoder:
+            attrs = {"model": name}
+            telemetry.add_gauge_source("tokens_per_second", lambda: [(self.tokens.tokens_per_second(), attrs)])
+            telemetry.add_gauge_source("kv_cache_hit_rate", lambda: [(self.kv_cache.hit_rate(), attrs)])
+            telemetry.add_gauge_source("kv_cache_bytes", lambda: [(float(self.kv_cache.bytes), attrs)])
+            telemetry.add_gauge_source("tokens", lambda: [
+                (float(self.tokens.generated), {**attrs, "kind": "generated"}),
+                (float(self.tokens.processed), {**attrs, "kind": "processed"}),
+                (float(self.tokens.recomputed), {**attrs, "kind": "recomputed"})])
+
+    def _executor_for(self, model: OnnxModel):
+        if is_decoder(model):
+            return DecoderExecutor(model, self.kv_cache, self.tokens)
+        return BatchExecutor(model)
+
+    def _queue_gauge(self):
+        depth = self.batcher.queue_depth()
+        return [(float(depth.get(level, 0)), {"model": self.name, "priority_level": str(level)})
+                for level in range(1, self.batcher.settings.priority_levels + 1)]
+
+    # -- batcher observer -------------------------------------------------------------
+    def on_batch(self, batch: list[Pending], times, rows: int) -> None:
+        start, _, compute_us = times
+        t = self.telemetry
+        t.batch_size.record(rows, {"model": self.name})
+        t.compute_duration.record(compute_us / 1e6, {"model": self.name})
+        for p in batch:
+            t.queue_duration.record((start - p.arrival_ns) / 1e9, {"model": self.name, "priority_level": str(p.level)})
+
+    def on_reject(self, level: int, reason: str) -> None:
+        self.telemetry.rejections.add(1, {"model": self.name, "priority_level": str(level), "reason": reason})
+
+    # -- requests -----------------------------------------------------------------------
+    def check_version(self, version: str) -> None:
+        if version and version != self.model.version:
+            raise NotFound(f"model {self.name!r} has no version {version!r}; serving version {self.model.version}")
+
+    def prepare(self, inputs: dict[str, np.ndarray], outputs: list[str], params: dict) -> Pending:
+        """Decoded tensors + parameters -> a request ready to queue (all checks done here,
+        on the request's thread, so the compute thread only ever sees valid batches)."""
+        model = self.model
+        for o in outputs:
+            if o not in model.outputs:
+                raise InvalidArgument(f"model {self.name!r} has no output {o!r}; outputs are {', '.join(model.outputs)}")
+        if len(set(outputs)) != len(outputs):
+            raise InvalidArgument("an output is requested twice")
+        seq = sequence_context(model, params, set(inputs)) if self.decoder else None
+        required = [n for n in model.inputs if not (seq and n in PAST)]
+        missing = [n for n in required if n not in inputs]
+        if missing:
+            raise InvalidArgument(f"model {self.name!r} needs input(s) {', '.join(missing)}")
+        timeout = params.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0):
+            raise InvalidArgument(f"parameter timeout must be a non-negative integer (microseconds), got {timeout!r}")
+        if seq:
+            ids = inputs["input_ids"]
+            if ids.shape[0] != 1 or ids.shape[1] < 1:
+                raise InvalidArgument(f"a sequence request sends input_ids of shape [1, T>=1], got {list(ids.shape)}")
+            if ids.size and (ids.min() < 0 or ids.max() >= model.extra.get("vocab", 256)):
+                raise InvalidArgument(f"input_ids must be token ids in 0..{model.extra.get('vocab', 256) - 1}")
+            return Pending(inputs=inputs, outputs=tuple(outputs), rows=1, key=("sequence", tuple(outputs)),
+                           timeout_us=timeout or None, context=seq)
+        if self.decoder and "input_ids" in inputs:
+            ids = inputs["input_ids"]
+            if ids.size and (ids.min() < 0 or ids.max() >= model.extra.get("vocab", 256)):
+                raise InvalidArgument(f"input_ids must be token ids in 0..{model.extra.get('vocab', 256) - 1}")
+        if model.batch_dim:
+            rows = {a.shape[0] for a in inputs.values()}
+            if len(rows) != 1:
+                raise InvalidArgument(f"inputs disagree on the batch dimension: {sorted(rows)}")
+            n = rows.pop()
+            if n < 1:
+                raise InvalidArgument("batch dimension is 0: nothing to infer")
+            key = (tuple((k, a.shape[1:], a.dtype.str) for k, a in sorted(inputs.items())), tuple(outputs))
+        else:
+            n, key = 1, ("unbatched", object())
+        return Pending(inputs=inputs, outputs=tuple(outputs), rows=n, key=key, timeout_us=timeout or None)
+
+    async def infer(self, pending: Pending, qos_class: str | None, priority: int | None) -> Result:
+        future = self.batcher.submit(pending, qos_class, priority)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()       # the client went away: drop it from the queue
+            raise
+
+    # -- hot reconfiguration ------------------------------------------------------------
+    def reload(self, path: str, version: str | None = None, device: str | None = None,
+               intra_op_threads: int | None = None) -> ReloadRecord:
+        """Load + warm a new version, check it accepts what the old one did, swap it in."""
+        with self._reload_lock:
+            t0 = time.perf_counter()
+            old = self.model
+            new_version = version or str(int(old.version) + 1 if old.version.isdigit() else old.version + "+1")
+            new = OnnxModel.load(self.name, new_version, path, device or old.requested_device,
+                                 intra_op_threads or old.intra_op_threads)
+            new.extra = dict(old.extra)
+            if {k: (v.datatype, len(v.shape)) for k, v in new.inputs.items()} != \
+                    {k: (v.datatype, len(v.shape)) for k, v in old.inputs.items()}:
+                raise InvalidArgument(f"new version of {self.name!r} has different inputs "
+                                      f"({[s.describe() for s in new.inputs.values()]}); not swapped")
+            if is_decoder(new) != self.decoder:
+                raise InvalidArgument("a decoder can only be replaced by a decoder")
+            self.batcher.set_executor(self._executor_for(new))
+            self.model = new
+            self.version_count += 1
+            seconds = time.perf_counter() - t0
+            self.telemetry.reloads.add(1, {"model": self.name, "kind": "model"})
+            log.info("model %s: version %s -> %s swapped in %.3fs (load %.3fs, warm-up %.3fs), zero requests dropped",
+                     self.name, old.version, new.version, seconds, new.load_seconds, new.warmup_seconds)
+            return ReloadRecord("model", seconds, f"{old.version} -> {new.version} from {path}")
+
+    def reconfigure(self, settings: BatcherSettings) -> ReloadRecord:
+        t0 = time.perf_counter()
+        old = self.batcher.settings.name
+        self.batcher.update_settings(settings)
+        seconds = time.perf_counter() - t0
+        self.telemetry.reloads.add(1, {"model": self.name, "kind": "policy"})
+        log.info("model %s: QoS policy %s -> %s applied in %.6fs", self.name, old, settings.name, seconds)
+        return ReloadRecord("policy", seconds, f"{old} -> {settings.name}")
+
+    def status(self) -> dict:
+        m = self.model
+        out = {
+            "name": self.name, "version": m.version, "path": m.path, "provider": m.provider, "device": m.device,
+            "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
+            "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
+            "batching": self.batcher.settings.describe(), "queue_depth": self.batcher.queue_depth(),
+            "load_report": self.load.sample(),
+        }
+        if self.decoder:
+            out["kv_cache"] = self.kv_cache.stats()
+            out["tokens"] = {"generated": self.tokens.generated, "processed": self.tokens.processed,
+                             "recomputed": self.tokens.recomputed,
+                             "tokens_per_second": round(self.tokens.tokens_per_second(), 2)}
+        return out
+
+
+class ModelServer:
+    """Every model this process serves, and its liveness/readiness."""
+
+    def __init__(self, telemetry: Telemetry, session_key: bytes | None = None):
+        self.telemetry = telemetry
+        self.models: dict[str, ServedModel] = {}
+        self.session_key = session_key
+        self.live = True
+        self.ready = False
+        self.reloads: list[ReloadRecord] = []
+
+    def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
+            intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
+            profile: bool = False) -> ServedModel:
+        model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
+        if is_decoder(model):
+            model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
+                model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
+        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes)
+        self.models[name] = served
+        return served
+
+    def get(self, name: str, version: str = "") -> ServedModel:
+        served = self.models.get(name)
+        if served is None:
+            raise NotFound(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}")
+        served.check_version(version)
+        if not self.ready:
+            raise Unavailable(f"model {name!r} is not ready")
+        return served
+
+    def record(self, rec: ReloadRecord) -> ReloadRecord:
+        self.reloads.append(rec)
+        del self.reloads[:-50]
+        return rec
+
+    def stop(self) -> None:
+        self.ready = False
+        for m in self.models.values():
+            m.batcher.stop()

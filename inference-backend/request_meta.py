@@ -1,0 +1,43 @@
+"""What REST and gRPC both read off a request's headers, and write onto its answer."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from mesh import headers as H
+from mesh.session import SessionError, verify_session
+from inference_backend.batcher import Result
+from inference_backend.errors import InvalidArgument, PermissionDenied
+
+RESERVED_PARAMETERS = ("priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output")
+
+
+def check_session(headers: Mapping[str, str] | Iterable[tuple[str, str]], key: bytes | None) -> None:
+    """With --session-key-file: the L6 session headers must match x-mcp-session-sig."""
+    if key is None:
+        return
+    try:
+        verify_session(headers, key)
+    except SessionError as e:
+        raise PermissionDenied(f"session check failed: {e.reason}") from None
+
+
+def priority_param(params: Mapping) -> int | None:
+    value = params.get("priority")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"parameter priority must be a non-negative integer (1 is the highest), got {value!r}")
+    return value
+
+
+def timing_pairs(result: Result, load_report: str) -> list[tuple[str, str]]:
+    """Server-side queue and compute time, and the ORCA load report."""
+    return [(H.QUEUE_TIME_US, str(result.queue_us)), (H.COMPUTE_TIME_US, str(result.compute_us)),
+            (H.ORCA_LOAD_REPORT, load_report)]
+
+
+def response_parameters(result: Result) -> dict:
+    out = {"queue_time_us": result.queue_us, "compute_time_us": result.compute_us,
+           "batch_size": result.batch_size, "priority_level": result.level}
+    out.update(result.parameters)
+    return out

@@ -1,0 +1,209 @@
+"""KServe v2 REST front end (aiohttp), with the binary-tensor extension.
+
+A body with `Inference-Header-Content-Length: N` is N bytes of JSON followed
+by the inputs' raw bytes, each input declaring `parameters.binary_data_size`
+(what tritonclient.http sends by default). Outputs come back binary when the
+request asks (`outputs[].parameters.binary_data`, or `binary_data_output`
+with no outputs listed) and as JSON `data` otherwise.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+
+from mesh import headers as H
+from inference_backend import datatypes
+from inference_backend.errors import InferenceError, InvalidArgument, NotFound
+from inference_backend.model_server import ModelServer
+from inference_backend.request_meta import check_session, priority_param, response_parameters, timing_pairs
+
+log = logging.getLogger("inference_backend")
+SERVER_NAME = "mcp-mesh-inference"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["binary_tensor_data", "sequence", "model_stream_infer", "orca_load_report", "hot_reload"]
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def error_response(e: InferenceError) -> web.Response:
+    return web.json_response({"error": e.message}, status=e.http_status)
+
+
+def _decode_inputs(served, doc: dict, binary: bytes) -> dict:
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidArgument("request needs a non-empty 'inputs' list")
+    arrays, offset = {}, 0
+    for i, t in enumerate(inputs):
+        if not isinstance(t, dict):
+            raise InvalidArgument(f"inputs[{i}] must be an object")
+        name, datatype, shape = t.get("name"), t.get("datatype"), t.get("shape")
+        if not isinstance(name, str) or not isinstance(datatype, str) or not isinstance(shape, list) or \
+                not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise InvalidArgument(f"inputs[{i}] needs name (string), datatype (string) and shape (list of integers)")
+        if name in arrays:
+            raise InvalidArgument(f"input {name!r} is given twice")
+        if datatype not in datatypes.DTYPES:
+            raise InvalidArgument(f"input {name!r}: unknown datatype {datatype!r}")
+        shape = datatypes.check_shape(name, shape)
+        served.model.check_input(name, datatype, shape)
+        params = t.get("parameters") or {}
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise InvalidArgument(f"input {name!r}: binary_data_size {size!r} runs past the "
+                                      f"{len(binary)} bytes of binary data")
+            arrays[name] = datatypes.from_raw(name, datatype, shape, binary[offset:offset + size])
+            offset += size
+        else:
+            if "data" not in t:
+                raise InvalidArgument(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+            arrays[name] = datatypes.from_list(name, datatype, shape, t["data"])
+    if offset != len(binary):
+        raise InvalidArgument(f"{len(binary) - offset} bytes of binary data belong to no input")
+    return arrays
+
+
+def _requested_outputs(doc: dict, params: dict) -> tuple[list[str], dict[str, bool]]:
+    outputs = doc.get("outputs")
+    if outputs is None:
+        return [], {}
+    if not isinstance(outputs, list):
+        raise InvalidArgument("'outputs' must be a list")
+    names, binary = [], {}
+    default_binary = bool(params.get("binary_data_output", False))
+    for i, o in enumerate(outputs):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise InvalidArgument(f"outputs[{i}] needs a name")
+        names.append(o["name"])
+        p = o.get("parameters") or {}
+        binary[o["name"]] = bool(p.get("binary_data", default_binary)) if isinstance(p, dict) else default_binary
+    return names, binary
+
+
+def build_app(server: ModelServer, max_body_bytes: int) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes)
+    routes = web.RouteTableDef()
+
+    @routes.get("/v2/health/live")
+    async def live(_):
+        return web.Response(status=200 if server.live else 503)
+
+    @routes.get("/v2/health/ready")
+    async def ready(_):
+        return web.Response(status=200 if server.ready else 503)
+
+    @routes.get("/v2")
+    async def server_metadata(_):
+        return web.json_response({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+
+    def _model(request):
+        return server.get(request.match_info["name"], request.match_info.get("version", ""))
+
+    @routes.get("/v2/models/{name}")
+    @routes.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(request):
+        try:
+            served = _model(request)
+        except InferenceError as e:
+            return error_response(e)
+        m = served.model
+        doc = m.metadata()
+        doc.update({"execution_provider": m.provider, "device": m.device,
+                    "load_seconds": round(m.load_seconds, 4), "warmup_seconds": round(m.warmup_seconds, 4)})
+        return web.json_response(doc)
+
+    @routes.get("/v2/models/{name}/ready")
+    @routes.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(request):
+        try:
+            _model(request)
+        except NotFound as e:
+            return error_response(e)
+        except InferenceError:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    @routes.post("/v2/models/{name}/infer")
+    @routes.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(request):
+        try:
+            return await _infer(request)
+        except web.HTTPException:
+            raise
+        except InferenceError as e:
+            server.telemetry.requests.add(1, {"model": request.match_info["name"], "protocol": "http",
+                                              "code": e.code.name})
+            return error_response(e)
+        except Exception as e:  # never take the server down for one request
+            log.exception("REST infer failed")
+            return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
+
+    async def _infer(request):
+        served = _model(request)
+        check_session(request.headers, server.session_key)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response({"error": f"request body exceeds {max_body_bytes} bytes"}, status=413)
+        header_len = request.headers.get(HEADER_LENGTH)
+        if header_len is not None:
+            try:
+                n = int(header_len)
+            except ValueError:
+                raise InvalidArgument(f"{HEADER_LENGTH} {header_len!r} is not an integer") from None
+            if not 0 <= n <= len(body):
+                raise InvalidArgument(f"{HEADER_LENGTH} {n} is outside the {len(body)}-byte body")
+            json_part, binary = body[:n], body[n:]
+        else:
+            json_part, binary = body, b""
+        try:
+            doc = json.loads(json_part)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InvalidArgument(f"request body is not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise InvalidArgument("request body must be a JSON object")
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgument("'parameters' must be an object")
+        arrays = _decode_inputs(served, doc, binary)
+        names, binary_out = _requested_outputs(doc, params)
+        pending = served.prepare(arrays, names, params)
+        result = await served.infer(pending, request.headers.get(H.QOS_CLASS), priority_param(params))
+        server.telemetry.request_duration.record((result.queue_us + result.compute_us) / 1e6,
+                                                 {"model": served.name, "priority_level": str(result.level)})
+        server.telemetry.requests.add(1, {"model": served.name, "protocol": "http", "code": "OK"})
+        server.telemetry.record_spans(served.name, result.level, pending.arrival_ns, result,
+                                      str(doc.get("id", "")), "http")
+        all_binary = not names and bool(params.get("binary_data_output", False))
+        out_docs, chunks = [], []
+        for name, array in result.outputs.items():
+            spec = served.model.outputs[name]
+            d = {"name": name, "datatype": spec.datatype, "shape": list(array.shape)}
+            if all_binary or binary_out.get(name):
+                raw = datatypes.to_raw(array)
+                d["parameters"] = {"binary_data_size": len(raw)}
+                chunks.append(raw)
+            else:
+                d["data"] = datatypes.to_list(array)
+            out_docs.append(d)
+        response = {"model_name": served.name, "model_version": served.model.version,
+                    "outputs": out_docs, "parameters": response_parameters(result)}
+        if "id" in doc:
+            response["id"] = doc["id"]
+        headers = dict(timing_pairs(result, served.load.header_value()))
+        text = json.dumps(response).encode()
+        if chunks:
+            headers[HEADER_LENGTH] = str(len(text))
+            return web.Response(body=text + b"".join(chunks), headers=headers,
+                                content_type="application/octet-stream")
+        return web.Response(body=text, headers=headers, content_type="application/json")
+
+    @routes.get("/metrics")
+    async def metrics(_):
+        return web.Response(body=server.telemetry.prometheus_text(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    app.add_routes(routes)
+    return app

@@ -1,0 +1,178 @@
+"""ONNX Runtime sessions for serving: execution-provider choice, threads, warm-up.
+
+Providers are tried TensorRT > CUDA > CPU, as far as the installed
+onnxruntime offers them (the `gpu` extra brings onnxruntime-gpu/tensorrt);
+the one the session actually got is reported in model metadata and logs.
+
+Threads, for a server (not a notebook): each model instance has one compute
+thread that runs one batch at a time, so inter-op parallelism is 1 and the
+graph runs sequentially (the built-ins are chains; parallel branches would
+only fight the request-parsing thread for the same cores). Intra-op threads
+default to the cores divided by the replicas sharing them, so N replicas on
+one machine do not oversubscribe it. Spinning is off: an idle ORT worker that
+spins steals the core the event loop needs to parse the next requests.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from inference_backend.datatypes import DTYPES, ORT_TYPES
+from inference_backend.errors import InvalidArgument
+
+log = logging.getLogger("inference_backend")
+
+PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+DEVICE_SHORT = {"TensorrtExecutionProvider": "tensorrt", "CUDAExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
+
+
+def provider_plan(device: str) -> list:
+    """Providers to offer ORT for `--device auto|cpu|cuda:N|tensorrt:N`, best first."""
+    available = set(ort.get_available_providers())
+    kind, _, index = device.partition(":")
+    dev_id = int(index) if index else 0
+    if kind == "cpu":
+        wanted = ["CPUExecutionProvider"]
+    elif kind == "cuda":
+        wanted = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    elif kind in ("tensorrt", "trt"):
+        wanted = list(PROVIDER_ORDER)
+    elif kind == "auto":
+        wanted = list(PROVIDER_ORDER)
+    else:
+        raise ValueError(f"--device {device!r}: expected auto, cpu, cuda:N or tensorrt:N")
+    plan = []
+    for p in wanted:
+        if p not in available:
+            continue
+        if p == "CPUExecutionProvider":
+            plan.append(p)
+        else:
+            plan.append((p, {"device_id": dev_id}))
+    if "CPUExecutionProvider" not in [x if isinstance(x, str) else x[0] for x in plan]:
+        plan.append("CPUExecutionProvider")
+    return plan
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple            # ints, -1 for a variable dimension
+
+    def describe(self) -> dict:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def _spec(arg) -> TensorSpec:
+    dt = ORT_TYPES.get(arg.type)
+    if dt is None:
+        raise ValueError(f"tensor {arg.name!r} has type {arg.type}, which KServe v2 cannot carry")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
+    return TensorSpec(arg.name, dt, shape)
+
+
+@dataclass
+class OnnxModel:
+    """One loaded model version: an ORT session and what the protocol reports of it."""
+    name: str
+    version: str
+    path: str
+    session: ort.InferenceSession
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    provider: str
+    requested_device: str
+    load_seconds: float
+    warmup_seconds: float
+    intra_op_threads: int
+    batch_dim: bool = True          # dim 0 of every input/output is the batch
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, name: str, version: str, path: str, device: str = "auto",
+             intra_op_threads: int | None = None, warmup: bool = True, profile: bool = False) -> "OnnxModel":
+        t0 = time.perf_counter()
+        opts = ort.SessionOptions()
+        threads = intra_op_threads or max(1, (os.cpu_count() or 1))
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.log_severity_level = 3
+        if profile:  # --enable-profiler: ORT's per-operator chrome trace
+            opts.enable_profiling = True
+            opts.profile_file_prefix = f"ort_profile_{name}"
+        plan = provider_plan(device)
+        session = ort.InferenceSession(path, sess_options=opts, providers=plan)
+        provider = session.get_providers()[0]
+        inputs = {a.name: _spec(a) for a in session.get_inputs()}
+        outputs = {a.name: _spec(a) for a in session.get_outputs()}
+        batch_dim = all(s.shape and s.shape[0] == -1 for s in [*inputs.values(), *outputs.values()])
+        model = cls(name=name, version=version, path=path, session=session, inputs=inputs, outputs=outputs,
+                    provider=provider, requested_device=device, load_seconds=time.perf_counter() - t0,
+                    warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim)
+        if warmup:
+            model.warm_up()
+        log.info("model %s v%s loaded from %s on %s (asked %s; offered %s) in %.3fs, warm-up %.3fs, "
+                 "intra-op threads %d", name, version, path, provider, device,
+                 [p if isinstance(p, str) else p[0] for p in plan], model.load_seconds,
+                 model.warmup_seconds, threads)
+        return model
+
+    @property
+    def device(self) -> str:
+        return DEVICE_SHORT.get(self.provider, self.provider)
+
+    def example_inputs(self, batch: int = 1) -> dict[str, np.ndarray]:
+        """Zero inputs of a valid shape: variable dims become `batch` at dim 0, 1 elsewhere
+        (0 for a KV-cache `past` dimension, so decoders warm up on an empty cache)."""
+        out = {}
+        for spec in self.inputs.values():
+            shape = []
+            for i, d in enumerate(spec.shape):
+                if d >= 0:
+                    shape.append(d)
+                elif i == 0:
+                    shape.append(batch)
+                else:
+                    shape.append(0 if spec.name.startswith("past") else 1)
+            out[spec.name] = np.zeros(shape, dtype=DTYPES[spec.datatype] if spec.datatype != "BYTES" else object)
+        return out
+
+    def warm_up(self, batches=(1, 8, 32)) -> None:
+        """Run each batch size once before ready: first runs allocate arenas and
+        pick kernels, which must not land on the first real request."""
+        t0 = time.perf_counter()
+        for b in (batches if self.batch_dim else (1,)):
+            self.session.run(None, self.example_inputs(b))
+        self.warmup_seconds = time.perf_counter() - t0
+
+    def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
+        names = output_names or list(self.outputs)
+        values = self.session.run(names, feeds)
+        return dict(zip(names, values))
+
+    def check_input(self, name: str, datatype: str, shape: tuple[int, ...]) -> TensorSpec:
+        spec = self.inputs.get(name)
+        if spec is None:
+            raise InvalidArgument(f"model {self.name!r} has no input {name!r}; inputs are {', '.join(self.inputs)}")
+        if datatype != spec.datatype:
+            raise InvalidArgument(f"input {name!r}: datatype {datatype} given, model expects {spec.datatype}")
+        if len(shape) != len(spec.shape) or any(e != -1 and e != g for e, g in zip(spec.shape, shape)):
+            raise InvalidArgument(f"input {name!r}: shape {list(shape)} does not match the model's "
+                                  f"{list(spec.shape)} (-1 is any size)")
+        return spec
+
+    def metadata(self) -> dict:
+        return {
+            "name": self.name, "versions": [self.version], "platform": "onnxruntime_onnx",
+            "inputs": [s.describe() for s in self.inputs.values()],
+            "outputs": [s.describe() for s in self.outputs.values()],
+        }

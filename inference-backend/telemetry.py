@@ -1,0 +1,155 @@
+"""OpenTelemetry metrics (exported as Prometheus text at /metrics) and spans.
+
+Metrics: request latency and queue wait histograms per model and priority
+level, batch size histogram, queue depth per level, requests by status,
+rejections by reason, tokens/s and KV-cache hit rate of decoder models.
+Spans (when `--trace-file` is given): one `infer` span per request with
+`queue_wait`, `batch_assembly` and `compute` children, their times taken
+from the batcher's own clock.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Callable
+
+from opentelemetry import metrics, trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from prometheus_client import REGISTRY, generate_latest
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
+                     0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
+
+# Monotonic (the batcher's clock) -> epoch nanoseconds (OpenTelemetry's).
+_EPOCH_OFFSET_NS = time.time_ns() - time.monotonic_ns()
+
+
+def epoch_ns(monotonic_ns: int) -> int:
+    return monotonic_ns + _EPOCH_OFFSET_NS
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """One JSON object per finished span; enough to check a trace without a collector."""
+
+    def __init__(self, path: str):
+        self._fh = open(path, "a", buffering=1)
+        self._lock = threading.Lock()
+
+    def export(self, spans) -> SpanExportResult:
+        with self._lock:
+            for s in spans:
+                self._fh.write(json.dumps({
+                    "name": s.name, "trace_id": f"{s.context.trace_id:032x}", "span_id": f"{s.context.span_id:016x}",
+                    "parent_id": f"{s.parent.span_id:016x}" if s.parent else None,
+                    "start_ns": s.start_time, "end_ns": s.end_time, "attributes": dict(s.attributes or {}),
+                }) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._fh.close()
+
+
+class Telemetry:
+    _instance: "Telemetry | None" = None
+
+    @classmethod
+    def get(cls, trace_file: str | None = None) -> "Telemetry":
+        # One per process: the Prometheus registry and OTel providers are global.
+        if cls._instance is None:
+            cls._instance = cls(trace_file)
+        return cls._instance
+
+    def __init__(self, trace_file: str | None = None):
+        resource = Resource.create({"service.name": "mcp-inference-backend"})
+        self._reader = PrometheusMetricReader()
+        views = [
+            View(instrument_name="mcp_inference_request_duration_seconds",
+                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S)),
+            View(instrument_name="mcp_inference_queue_duration_seconds",
+                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S)),
+            View(instrument_name="mcp_inference_compute_duration_seconds",
+                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S)),
+            View(instrument_name="mcp_inference_batch_size",
+                 aggregation=ExplicitBucketHistogramAggregation(BATCH_BUCKETS)),
+        ]
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], views=views)
+        meter = self.meter_provider.get_meter("inference_backend")
+        self.request_duration = meter.create_histogram(
+            "mcp_inference_request_duration_seconds", unit="s",
+            description="Server-side latency of an inference request (queue + compute), by priority level")
+        self.queue_duration = meter.create_histogram(
+            "mcp_inference_queue_duration_seconds", unit="s", description="Time a request waited in its priority queue")
+        self.compute_duration = meter.create_histogram(
+            "mcp_inference_compute_duration_seconds", unit="s", description="Model run time of a batch")
+        self.batch_size = meter.create_histogram(
+            "mcp_inference_batch_size", description="Rows per model run formed by the dynamic batcher")
+        self.requests = meter.create_counter(
+            "mcp_inference_requests", description="Inference requests by model, protocol and status code")
+        self.rejections = meter.create_counter(
+            "mcp_inference_rejections", description="Requests refused by a queue policy, by level and reason")
+        self.reloads = meter.create_counter(
+            "mcp_inference_reloads", description="Hot reconfigurations applied (model version or QoS policy)")
+        meter.create_observable_gauge("mcp_inference_queue_depth", callbacks=[self._observe("queue_depth")],
+                                      description="Requests waiting, by model and priority level")
+        meter.create_observable_gauge("mcp_inference_tokens_per_second", callbacks=[self._observe("tokens_per_second")],
+                                      description="Decoder tokens generated per second (10 s window)")
+        meter.create_observable_gauge("mcp_inference_kv_cache_hit_rate", callbacks=[self._observe("kv_cache_hit_rate")],
+                                      description="Continuing sequences whose KV cache was still held")
+        meter.create_observable_gauge("mcp_inference_kv_cache_bytes", callbacks=[self._observe("kv_cache_bytes")],
+                                      description="Bytes of KV cache held")
+        meter.create_observable_gauge("mcp_inference_tokens", callbacks=[self._observe("tokens")],
+                                      description="Decoder tokens so far, by kind (generated, processed, recomputed)")
+        self._sources: dict[str, list[Callable[[], list[tuple[float, dict]]]]] = {}
+        self.tracing = bool(trace_file)
+        if trace_file:
+            provider = TracerProvider(resource=resource)
+            provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(trace_file),
+                                                           schedule_delay_millis=200))
+            self.tracer_provider = provider
+            self.tracer = provider.get_tracer("inference_backend")
+        else:
+            self.tracer_provider = None
+            self.tracer = trace.NoOpTracer()
+
+    def _observe(self, name: str):
+        def callback(_options):
+            out = []
+            for source in self._sources.get(name, []):
+                for value, attrs in source():
+                    out.append(metrics.Observation(value, attrs))
+            return out
+        return callback
+
+    def add_gauge_source(self, name: str, source: Callable[[], list[tuple[float, dict]]]) -> None:
+        self._sources.setdefault(name, []).append(source)
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(REGISTRY)
+
+    def record_spans(self, model: str, level: int, arrival_ns: int, result, request_id: str, protocol: str) -> None:
+        """The request's spans, from the batcher's timestamps (monotonic -> epoch)."""
+        if not self.tracing:
+            return
+        start = epoch_ns(arrival_ns)
+        queued_end = start + result.queue_us * 1000
+        assembled_end = queued_end + result.assemble_us * 1000
+        end = assembled_end + result.compute_us * 1000
+        attrs = {"model": model, "priority_level": level, "batch_size": result.batch_size,
+                 "batch_requests": result.batch_requests, "protocol": protocol, "request_id": request_id}
+        root = self.tracer.start_span("infer", start_time=start, attributes=attrs)
+        ctx = trace.set_span_in_context(root)
+        for name, a, b in (("queue_wait", start, queued_end), ("batch_assembly", queued_end, assembled_end),
+                           ("compute", assembled_end, end)):
+            self.tracer.start_span(name, context=ctx, start_time=a).end(end_time=b)
+        root.end(end_time=max(end, time.time_ns()))
+
+    def shutdown(self) -> None:
+        if self.tracer_provider:
+            self.tracer_provider.shutdown()

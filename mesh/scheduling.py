@@ -1,0 +1,261 @@
+"""Batcher settings of the inference backend: `--qos-policy` presets and the
+`L7SchedulingPolicy` resource, with Triton's dynamic-batching semantics.
+
+The fields mirror Triton's `dynamic_batching` block (model_config.proto):
+max_batch_size, preferred_batch_size, max_queue_delay_microseconds,
+priority_levels (1 is the highest), default_priority_level and a queue policy
+per level (max_queue_size, default_timeout_microseconds, timeout_action
+REJECT|DELAY, allow_timeout_override). A request's level comes from the mesh's
+QoS class header (`x-mcp-qos-class`, set by the sidecar) or, without one, from
+the protocol's `priority` parameter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from mesh.qos import PRIORITY_LEVELS, QosClass
+
+API_VERSION = "scheduling.mcp-mesh.io/v1alpha1"
+KIND = "L7SchedulingPolicy"
+TIMEOUT_ACTIONS = ("REJECT", "DELAY")
+MAX_PRIORITY_LEVELS = 16
+MAX_BATCH_SIZE_LIMIT = 4096
+MAX_QUEUE_DELAY_US_LIMIT = 10_000_000   # 10 s: anything longer is a typo
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's ModelQueuePolicy; 0 means unlimited / no timeout."""
+    max_queue_size: int = 0
+    default_timeout_us: int = 0
+    timeout_action: str = "REJECT"
+    allow_timeout_override: bool = False
+
+    def timeout_us(self, requested_us: int | None) -> int:
+        """The timeout a request gets: a request may only shorten it (Triton)."""
+        if requested_us and self.allow_timeout_override:
+            if self.default_timeout_us == 0 or requested_us < self.default_timeout_us:
+                return requested_us
+        return self.default_timeout_us
+
+
+@dataclass(frozen=True)
+class BatcherSettings:
+    max_batch_size: int = 32
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    priority_levels: int = PRIORITY_LEVELS
+    default_priority_level: int = QosClass.STANDARD.priority_level
+    queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    name: str = "custom"          # the preset or policy it came from, for reports
+
+    def policy_for(self, level: int) -> QueuePolicy:
+        return self.queue_policies.get(level, self.default_queue_policy)
+
+    def with_overrides(self, max_batch_size: int | None = None,
+                       max_queue_delay_us: int | None = None) -> "BatcherSettings":
+        """Command-line flags on top of a preset (`--max-batch`, `--max-queue-delay-us`)."""
+        out = self
+        if max_batch_size is not None:
+            prefs = tuple(p for p in out.preferred_batch_sizes if p <= max_batch_size)
+            out = replace(out, max_batch_size=max_batch_size, preferred_batch_sizes=prefs)
+        if max_queue_delay_us is not None:
+            out = replace(out, max_queue_delay_us=max_queue_delay_us)
+        problems = settings_problems(out)
+        if problems:
+            raise ValueError("; ".join(f"{f}: {m}" for f, m in problems))
+        return out
+
+    def level_for(self, qos_class: str | None = None, priority: int | None = None) -> int:
+        """The priority level of a request.
+
+        The mesh's QoS class wins: the sidecar computed it from the verified
+        caller, while `priority` is whatever the client wrote. A class above
+        the configured levels lands on the lowest level. `priority` follows
+        Triton: 0 or out of range means the default level.
+        Raises ValueError for a QoS class the mesh does not define.
+        """
+        if qos_class:
+            return min(QosClass.parse(qos_class).priority_level, self.priority_levels)
+        if priority and 1 <= priority <= self.priority_levels:
+            return int(priority)
+        return self.default_priority_level
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name, "max_batch_size": self.max_batch_size,
+            "preferred_batch_size": list(self.preferred_batch_sizes),
+            "max_queue_delay_microseconds": self.max_queue_delay_us,
+            "priority_levels": self.priority_levels,
+            "default_priority_level": self.default_priority_level,
+            "priority_queue_policy": {str(k): vars(v) for k, v in sorted(self.queue_policies.items())},
+        }
+
+
+# The `--qos-policy` presets (documented in inference-backend/README.md).
+# latency-critical: small batches, a short wait, bounded low-priority queues
+#   that shed load fast, so interactive p99 stays near batch-1 latency.
+# balanced: the default; batches up to 32, a 2 ms window, batch-class work
+#   that waits past 1 s is delayed behind fresh work instead of failing.
+# throughput: big batches and a 10 ms window; nothing is shed.
+PRESETS: dict[str, BatcherSettings] = {
+    "latency-critical": BatcherSettings(
+        name="latency-critical", max_batch_size=8, preferred_batch_sizes=(4, 8),
+        max_queue_delay_us=500, queue_policies={
+            QosClass.STANDARD.priority_level: QueuePolicy(max_queue_size=256, default_timeout_us=200_000),
+            QosClass.BATCH.priority_level: QueuePolicy(max_queue_size=64, default_timeout_us=100_000),
+        }),
+    "balanced": BatcherSettings(
+        name="balanced", max_batch_size=32, preferred_batch_sizes=(8, 16, 32),
+        max_queue_delay_us=2_000, queue_policies={
+            QosClass.BATCH.priority_level: QueuePolicy(max_queue_size=1024, default_timeout_us=1_000_000,
+                                                       timeout_action="DELAY"),
+        }),
+    "throughput": BatcherSettings(
+        name="throughput", max_batch_size=64, preferred_batch_sizes=(32, 64),
+        max_queue_delay_us=10_000),
+}
+DEFAULT_PRESET = "balanced"
+
+
+def preset(name: str) -> BatcherSettings:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown --qos-policy {name!r}; expected one of {', '.join(PRESETS)}") from None
+
+
+def _int(spec: Mapping, key: str, path: str, problems: list, lo: int, hi: int) -> int | None:
+    value = spec.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append((f"{path}.{key}", f"must be an integer, got {value!r}"))
+        return None
+    if not lo <= value <= hi:
+        problems.append((f"{path}.{key}", f"must be in {lo}..{hi}, got {value}"))
+        return None
+    return value
+
+
+_SPEC_FIELDS = {"selector", "qosPolicy", "maxBatchSize", "preferredBatchSize", "maxQueueDelayMicroseconds",
+                "priorityLevels", "defaultPriorityLevel", "queuePolicies"}
+_QUEUE_FIELDS = {"maxQueueSize", "defaultTimeoutMicroseconds", "timeoutAction", "allowTimeoutOverride"}
+
+
+def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tuple[str, str]]]:
+    """An L7SchedulingPolicy spec -> (settings, problems as (field path, message)).
+
+    Fields left out come from `qosPolicy` (a preset name, default balanced).
+    Settings are None whenever a problem is found: a policy is taken whole.
+    """
+    problems: list[tuple[str, str]] = []
+    if not isinstance(spec, Mapping):
+        return None, [("spec", "must be a mapping")]
+    for key in spec:
+        if key not in _SPEC_FIELDS:
+            problems.append((f"spec.{key}", f"unknown field; expected one of {', '.join(sorted(_SPEC_FIELDS))}"))
+    selector = spec.get("selector")
+    if selector is not None:
+        labels = selector.get("matchLabels") if isinstance(selector, Mapping) else None
+        if not isinstance(selector, Mapping) or set(selector) - {"matchLabels"} or (
+                labels is not None and not (isinstance(labels, Mapping)
+                                            and all(isinstance(v, str) for v in labels.values()))):
+            problems.append(("spec.selector", "must be {matchLabels: {label: string}}"))
+    base_name = spec.get("qosPolicy", DEFAULT_PRESET)
+    if base_name not in PRESETS:
+        problems.append(("spec.qosPolicy", f"unknown preset {base_name!r}; expected one of {', '.join(PRESETS)}"))
+        base = PRESETS[DEFAULT_PRESET]
+    else:
+        base = PRESETS[base_name]
+    max_batch = _int(spec, "maxBatchSize", "spec", problems, 1, MAX_BATCH_SIZE_LIMIT)
+    delay = _int(spec, "maxQueueDelayMicroseconds", "spec", problems, 0, MAX_QUEUE_DELAY_US_LIMIT)
+    levels = _int(spec, "priorityLevels", "spec", problems, 1, MAX_PRIORITY_LEVELS)
+    default_level = _int(spec, "defaultPriorityLevel", "spec", problems, 1, MAX_PRIORITY_LEVELS)
+    prefs = spec.get("preferredBatchSize")
+    pref_tuple = None
+    if prefs is not None:
+        if not isinstance(prefs, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1
+                                                  for p in prefs):
+            problems.append(("spec.preferredBatchSize", f"must be a list of positive integers, got {prefs!r}"))
+        else:
+            pref_tuple = tuple(sorted(set(prefs)))
+    queues = None
+    raw_queues = spec.get("queuePolicies")
+    if raw_queues is not None:
+        if not isinstance(raw_queues, Mapping):
+            problems.append(("spec.queuePolicies", "must map a priority level to a queue policy"))
+        else:
+            queues = {}
+            for key, q in raw_queues.items():
+                path = f"spec.queuePolicies.{key}"
+                try:
+                    level = int(key)
+                except (TypeError, ValueError):
+                    problems.append((path, f"key must be a priority level (1 is the highest), got {key!r}"))
+                    continue
+                if not isinstance(q, Mapping):
+                    problems.append((path, "must be a mapping"))
+                    continue
+                for k in q:
+                    if k not in _QUEUE_FIELDS:
+                        problems.append((f"{path}.{k}", f"unknown field; expected one of {', '.join(sorted(_QUEUE_FIELDS))}"))
+                size = _int(q, "maxQueueSize", path, problems, 0, 10_000_000)
+                timeout = _int(q, "defaultTimeoutMicroseconds", path, problems, 0, 3_600_000_000)
+                action = q.get("timeoutAction", "REJECT")
+                if action not in TIMEOUT_ACTIONS:
+                    problems.append((f"{path}.timeoutAction", f"must be REJECT or DELAY, got {action!r}"))
+                override = q.get("allowTimeoutOverride", False)
+                if not isinstance(override, bool):
+                    problems.append((f"{path}.allowTimeoutOverride", f"must be true or false, got {override!r}"))
+                queues[level] = QueuePolicy(max_queue_size=size or 0, default_timeout_us=timeout or 0,
+                                            timeout_action=action if action in TIMEOUT_ACTIONS else "REJECT",
+                                            allow_timeout_override=bool(override))
+    if problems:
+        return None, problems
+    overridden = set(spec) - {"qosPolicy", "selector"}
+    settings = replace(
+        base, name=f"{base.name}+overrides" if overridden else base.name,
+        max_batch_size=max_batch if max_batch is not None else base.max_batch_size,
+        preferred_batch_sizes=pref_tuple if pref_tuple is not None else tuple(
+            p for p in base.preferred_batch_sizes if p <= (max_batch or base.max_batch_size)),
+        max_queue_delay_us=delay if delay is not None else base.max_queue_delay_us,
+        priority_levels=levels if levels is not None else base.priority_levels,
+        default_priority_level=default_level if default_level is not None else min(
+            base.default_priority_level, levels or base.priority_levels),
+        queue_policies=queues if queues is not None else {
+            k: v for k, v in base.queue_policies.items() if k <= (levels or base.priority_levels)},
+    )
+    return settings, settings_problems(settings)
+
+
+def settings_problems(s: BatcherSettings) -> list[tuple[str, str]]:
+    """Cross-field rules, named by the L7SchedulingPolicy field they concern."""
+    out = []
+    if s.max_batch_size < 1:
+        out.append(("spec.maxBatchSize", "must be at least 1"))
+    for p in s.preferred_batch_sizes:
+        if p > s.max_batch_size:
+            out.append(("spec.preferredBatchSize", f"{p} exceeds maxBatchSize {s.max_batch_size}"))
+    if not 1 <= s.default_priority_level <= s.priority_levels:
+        out.append(("spec.defaultPriorityLevel",
+                    f"must be in 1..priorityLevels ({s.priority_levels}), got {s.default_priority_level}"))
+    for level in s.queue_policies:
+        if not 1 <= level <= s.priority_levels:
+            out.append((f"spec.queuePolicies.{level}", f"level outside 1..priorityLevels ({s.priority_levels})"))
+    return out
+
+
+def settings_from_spec(spec: Mapping[str, Any]) -> BatcherSettings:
+    settings, problems = parse_spec(spec)
+    if problems or settings is None:
+        raise ValueError("; ".join(f"{f}: {m}" for f, m in problems))
+    return settings
+
+
+def selector_matches(spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a policy's selector.matchLabels picks a workload with `labels` (no selector: all)."""
+    match = ((spec.get("selector") or {}).get("matchLabels")) or {}
+    return all(labels.get(k) == v for k, v in match.items())

@@ -111,7 +111,7 @@ def exchange(pair: VethPair, server_ip: str, port: int, use_tls: bool, alpn=("h2
 
 def client_segments(pair: VethPair, server_ip: str, port: int, use_tls: bool, alpn=("h2",)):
     with in_netns(pair.server_ns):
-        cap = Capture(pair.server_if)
+        cap = Capture(pair.server_if, port)
     try:
         sport, negotiated = exchange(pair, server_ip, port, use_tls, alpn)
         segs = tcp_segments(cap.frames(0.3), dport=port, sport=sport)

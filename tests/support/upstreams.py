@@ -22,6 +22,7 @@ class EchoUpstream:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True   # headers and body go in two writes: no 40 ms delayed-ACK stall
 
             def _answer(self):
                 length = int(self.headers.get("content-length") or 0)

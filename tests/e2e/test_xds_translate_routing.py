@@ -1,0 +1,157 @@
+"""Traffic through real Envoy running translate()'s output (static bootstrap).
+
+Three echo upstreams v1/v2/v3 behind a ServiceEntry whose endpoints carry
+version labels, a DestinationRule with subsets, a VirtualService on a
+Gateway. Each check looks at which upstream answered and what it received.
+"""
+import http.client
+import json
+import time
+
+import pytest
+
+from mesh.config import MeshConfig, parse_documents
+from support.envoy import Envoy
+from support.ports import free_port
+from support.upstreams import EchoUpstream
+from xds_server.translate import translate
+from xds_server.translate.static import static_bootstrap
+from xds_server.types import ProxyNode
+
+pytestmark = pytest.mark.e2e
+DELAY_S = 0.4
+
+CONFIG = """
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: ingress, namespace: shop}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: {gw}, name: http, protocol: HTTP}}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: reviews, namespace: shop}}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  ports: [{{number: 9080, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints:
+  - {{address: 127.0.0.1, ports: {{http: {v1}}}, labels: {{version: v1}}}}
+  - {{address: 127.0.0.1, ports: {{http: {v2}}}, labels: {{version: v2}}}}
+  - {{address: 127.0.0.1, ports: {{http: {v3}}}, labels: {{version: v3}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: reviews, namespace: shop}}
+spec:
+  host: reviews
+  subsets:
+  - {{name: v1, labels: {{version: v1}}}}
+  - {{name: v2, labels: {{version: v2}}}}
+  - {{name: v3, labels: {{version: v3}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: reviews, namespace: shop}}
+spec:
+  hosts: [reviews.example.com]
+  gateways: [ingress]
+  http:
+  - match: [{{uri: {{exact: /teapot}}}}]
+    directResponse: {{status: 418, body: {{string: "short and stout"}}}}
+  - match: [{{uri: {{prefix: /slow}}}}]
+    fault: {{delay: {{fixedDelay: {delay}s, percentage: {{value: 100}}}}}}
+    route: [{{destination: {{host: reviews, subset: v1}}}}]
+  - match: [{{uri: {{prefix: /old/}}}}]
+    rewrite: {{uri: /new/}}
+    headers: {{request: {{set: {{x-rewritten: "yes"}}}}}}
+    route: [{{destination: {{host: reviews, subset: v3}}}}]
+  - match: [{{uri: {{prefix: /moved}}}}]
+    redirect: {{uri: /here, authority: elsewhere.example.com}}
+  - match: [{{headers: {{end-user: {{exact: jason}}}}}}]
+    route: [{{destination: {{host: reviews, subset: v2}}}}]
+  - route:
+    - {{destination: {{host: reviews, subset: v1}}, weight: 80}}
+    - {{destination: {{host: reviews, subset: v3}}, weight: 20}}
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    ups = {v: EchoUpstream(v).start() for v in ("v1", "v2", "v3")}
+    gw_port = free_port()
+    try:
+        text = CONFIG.format(gw=gw_port, delay=DELAY_S, **{v: u.port for v, u in ups.items()})
+        snap = translate(MeshConfig(parse_documents(text, "routing.yaml")),
+                         ProxyNode("router~127.0.0.1~ingress.shop~shop.svc.cluster.local",
+                                   namespace="shop", labels={"istio": "ingressgateway"}))
+        with Envoy(static_bootstrap(snap)):
+            yield gw_port
+    finally:
+        for u in ups.values():
+            u.stop()
+
+
+def request(port, path="/", headers=None, conn=None):
+    c = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", path, headers={"host": "reviews.example.com", **(headers or {})})
+    r = c.getresponse()
+    body = r.read()
+    if conn is None:
+        c.close()
+    return r.status, dict((k.lower(), v) for k, v in r.getheaders()), body
+
+
+def test_end_user_jason_goes_to_v2(gateway):
+    seen = {json.loads(request(gateway, "/reviews/1", {"end-user": "jason"})[2])["upstream"] for _ in range(20)}
+    assert seen == {"v2"}
+
+
+def test_others_split_80_20_between_v1_and_v3(gateway):
+    counts = {"v1": 0, "v2": 0, "v3": 0}
+    conn = http.client.HTTPConnection("127.0.0.1", gateway, timeout=10)
+    try:
+        for i in range(1000):
+            status, headers, _ = request(gateway, f"/reviews/{i}", {"end-user": "someone"}, conn=conn)
+            assert status == 200
+            counts[headers["x-upstream"]] += 1
+    finally:
+        conn.close()
+    # Binomial(1000, 0.8): sd 12.6; 5 sd either side.
+    assert counts["v2"] == 0
+    assert 737 <= counts["v1"] <= 863, counts
+    assert counts["v1"] + counts["v3"] == 1000
+
+
+def test_fault_delay_holds_the_request(gateway):
+    t0 = time.monotonic()
+    status, headers, _ = request(gateway, "/slow")
+    slow = time.monotonic() - t0
+    t0 = time.monotonic()
+    request(gateway, "/fast", {"end-user": "jason"})
+    fast = time.monotonic() - t0
+    assert status == 200 and headers["x-upstream"] == "v1"
+    assert slow >= DELAY_S > fast
+
+
+def test_direct_response_never_reaches_an_upstream(gateway):
+    status, headers, body = request(gateway, "/teapot")
+    assert (status, body) == (418, b"short and stout")
+    assert "x-upstream" not in headers
+
+
+def test_rewrite_and_request_header_reach_the_upstream(gateway):
+    status, _, body = request(gateway, "/old/page?x=1")
+    seen = json.loads(body)
+    assert status == 200 and seen["upstream"] == "v3"
+    assert seen["path"] == "/new/page?x=1"
+    assert seen["headers"]["x-rewritten"] == "yes"
+
+
+def test_redirect_answers_with_location(gateway):
+    status, headers, _ = request(gateway, "/moved")
+    assert status == 301
+    assert headers["location"] == "http://elsewhere.example.com/here"

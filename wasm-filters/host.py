@@ -70,11 +70,25 @@ class StreamResult:
         return [v for k, v in self.headers if k == name]
 
 
+_ENGINE = wasmtime.Engine()
+_compiled: dict[tuple, wasmtime.Module] = {}
+
+
+def _module(wasm: str | bytes) -> wasmtime.Module:
+    """Compiled once per file version (or bytes): each host gets a fresh instance."""
+    if isinstance(wasm, (bytes, bytearray)):
+        return wasmtime.Module(_ENGINE, bytes(wasm))
+    st = os.stat(wasm)
+    key = (os.path.abspath(wasm), st.st_size, st.st_mtime_ns)
+    if key not in _compiled:
+        _compiled[key] = wasmtime.Module.from_file(_ENGINE, wasm)
+    return _compiled[key]
+
+
 class ProxyWasmHost:
     def __init__(self, wasm: str | bytes = DEFAULT_WASM):
-        self.engine = wasmtime.Engine()
-        self.module = (wasmtime.Module(self.engine, wasm) if isinstance(wasm, (bytes, bytearray))
-                       else wasmtime.Module.from_file(self.engine, wasm))
+        self.engine = _ENGINE
+        self.module = _module(wasm)
         self.store = wasmtime.Store(self.engine)
         self.logs: list[tuple[int, str]] = []
         self.maps: dict[int, list[tuple[str, str]]] = {}

@@ -134,29 +134,31 @@ static int in_list(const str_t *list, int count, const char *name, size_t n) {
 /* ------------------------------------------------------ configuration */
 typedef struct { const json_node *nodes; const char *err; } cfg_parse;
 
-static char missing_msg[80];
-static const char *missing(const char *key) {
-    const char *pre = "missing field: ";
+/* "<key>: <msg>" in a static buffer: configuration errors name the field. */
+static char field_msg[120];
+static const char *field_err(const char *key, const char *msg) {
     size_t n = 0;
-    for (const char *s = pre; *s; s++) missing_msg[n++] = *s;
-    for (const char *s = key; *s && n < sizeof missing_msg - 1; s++) missing_msg[n++] = *s;
-    missing_msg[n] = 0;
-    return missing_msg;
+    for (const char *s = key; *s && n < 60; s++) field_msg[n++] = *s;
+    field_msg[n++] = ':'; field_msg[n++] = ' ';
+    for (const char *s = msg; *s && n < sizeof field_msg - 1; s++) field_msg[n++] = *s;
+    field_msg[n] = 0;
+    return field_msg;
 }
+#define missing(key) field_err((key), "missing field")
 
 #define NEED(cond, msg) do { if (!(cond)) { cp->err = (msg); return -1; } } while (0)
 
 static int get_str(cfg_parse *cp, const json_node *obj, const char *key, str_t *out, int required) {
     const json_node *v = json_get(cp->nodes, obj, key);
     if (!v) { if (required) { cp->err = missing(key); return -1; } out->p = ""; out->n = 0; return 0; }
-    NEED(v->type == J_STR, "expected a string");
+    NEED(v->type == J_STR, field_err(key, "expected a string"));
     out->p = v->str; out->n = v->len;
     return 0;
 }
 
 static int get_header_name(cfg_parse *cp, const json_node *obj, const char *key, str_t *out) {
     if (get_str(cp, obj, key, out, 1) < 0) return -1;
-    NEED(is_header_name(*out), "header name must be a lower-case RFC 7230 token");
+    NEED(is_header_name(*out), field_err(key, "header name must be a lower-case RFC 7230 token"));
     return 0;
 }
 
@@ -166,15 +168,15 @@ static int get_str_list(cfg_parse *cp, const json_node *obj, const char *key, st
     const json_node *v = json_get(cp->nodes, obj, key);
     *count = 0;
     if (!v) { NEED(!required, missing(key)); return 0; }
-    NEED(v->type == J_ARR, "expected a list");
-    NEED((int)v->len <= max, "list too long");
+    NEED(v->type == J_ARR, field_err(key, "expected a list"));
+    NEED((int)v->len <= max, field_err(key, "list too long"));
     for (const json_node *e = JSON_CHILD(cp->nodes, v); e; e = JSON_NEXT(cp->nodes, e)) {
-        NEED(e->type == J_STR && e->len > 0, "expected a non-empty string in list");
+        NEED(e->type == J_STR && e->len > 0, field_err(key, "expected a non-empty string in list"));
         str_t s = {e->str, e->len};
         if (names) {
             str_t base = s;
             if (base.n > 1 && base.p[base.n - 1] == '*') base.n--;
-            NEED(is_header_name(base), "header name must be a lower-case RFC 7230 token");
+            NEED(is_header_name(base), field_err(key, "header name must be a lower-case RFC 7230 token"));
         }
         out[(*count)++] = s;
     }
@@ -190,7 +192,7 @@ static int get_class(cfg_parse *cp, const config_t *c, const json_node *obj, con
     str_t s;
     if (get_str(cp, obj, key, &s, 1) < 0) return -1;
     *out = class_index(c, s.p, s.n);
-    NEED(*out >= 0, "unknown QoS class");
+    NEED(*out >= 0, field_err(key, "unknown QoS class"));
     return 0;
 }
 
@@ -200,12 +202,12 @@ static int get_class_map(cfg_parse *cp, const config_t *c, const json_node *obj,
     const json_node *m = json_get(cp->nodes, obj, key);
     *count = 0;
     if (!m) return 0;
-    NEED(m->type == J_OBJ && m->len <= MAX_PAIRS, "expected an object of at most 16 entries");
+    NEED(m->type == J_OBJ && m->len <= MAX_PAIRS, field_err(key, "expected an object of at most 16 entries"));
     for (const json_node *k = JSON_CHILD(cp->nodes, m); k; ) {
         const json_node *v = JSON_NEXT(cp->nodes, k);
-        NEED(v->type == J_STR, "expected a QoS class name");
+        NEED(v->type == J_STR, field_err(key, "expected a QoS class name"));
         int ci = class_index(c, v->str, v->len);
-        NEED(ci >= 0, "unknown QoS class");
+        NEED(ci >= 0, field_err(key, "unknown QoS class"));
         out[*count].key.p = k->str; out[*count].key.n = k->len; out[*count].cls = ci;
         (*count)++;
         k = JSON_NEXT(cp->nodes, v);
@@ -219,10 +221,9 @@ static int unhex(char ch) {
     return -1;
 }
 
-static int parse_config(config_t *c, const json_node *nodes, const char **err) {
-    cfg_parse st = {nodes, NULL}, *cp = &st;
-    const json_node *root = &nodes[0], *sec, *v;
-#define TRY(x) do { if ((x) < 0) { *err = cp->err; return -1; } } while (0)
+static int parse_config_in(config_t *c, cfg_parse *cp) {
+    const json_node *nodes = cp->nodes, *root = &nodes[0], *sec, *v;
+#define TRY(x) do { if ((x) < 0) return -1; } while (0)
     NEED(root->type == J_OBJ, "configuration must be a JSON object");
     v = json_get(nodes, root, "v");
     NEED(v && v->type == J_NUM && v->is_int && v->num == 1, "unsupported configuration version (want v: 1)");
@@ -350,6 +351,13 @@ static int parse_config(config_t *c, const json_node *nodes, const char **err) {
          "errors: class names must be tokens");
 #undef TRY
     return 0;
+}
+
+static int parse_config(config_t *c, const json_node *nodes, const char **err) {
+    cfg_parse st = {nodes, NULL};
+    int rc = parse_config_in(c, &st);
+    *err = st.err;
+    return rc;
 }
 
 /* ------------------------------------------------ contexts and roots */

@@ -1,0 +1,185 @@
+"""The compiled header-contract module, run in the wasmtime Proxy-Wasm host."""
+import json
+import os
+
+import pytest
+
+from mesh import headers as H
+from mesh.header_contract import parse_plugin_config
+from mesh.session import SessionError, sign, verify_session
+from wasm_filters.host import CONTINUE, DEFAULT_WASM, PAUSE, ProxyWasmHost
+
+pytestmark = pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")
+
+KEY = bytes(range(32))
+PLUGIN = {
+    "sessionKeyHex": KEY.hex(),
+    "claims": [{"claim": "email", "header": "x-mcp-email"}],
+    "tenants": {
+        "acme": {"allowedHeaders": ["x-tenant-acme-*", "x-tenant-shared"]},
+        "globex": {"allowedHeaders": ["x-tenant-globex-*"], "strict": True},
+    },
+    "qos": {"tiers": {"free": "standard", "pro": "interactive", "enterprise": "latency-critical"}},
+    "errorClasses": {"RESOURCE_EXHAUSTED": "overload", "5": "unavailable"},
+    "httpErrorClasses": {"429": "overload"},
+}
+BASE = [(":method", "GET"), (":path", "/v2/models/m/infer"), (":authority", "mesh"), ("content-type", "application/json")]
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = ProxyWasmHost()
+    assert h.configure(parse_plugin_config(PLUGIN).filter_json()), h.logs
+    return h
+
+
+def test_claims_become_session_headers_and_the_signature_is_mesh_sessions(host):
+    r = host.request(BASE, metadata={"sub": "jane", "tenant": "acme", "email": "jane@acme.test"})
+    assert r.action == CONTINUE and r.local_response is None
+    assert (r.get(H.END_USER), r.get(H.TENANT), r.get("x-mcp-email")) == ("jane", "acme", "jane@acme.test")
+    s = verify_session(r.headers, KEY, required=(H.END_USER, H.TENANT, "x-mcp-email"))
+    assert s.signed == {H.END_USER: "jane", H.TENANT: "acme", H.QOS_CLASS: "standard", "x-mcp-email": "jane@acme.test"}
+    # byte for byte the Python signer's output
+    assert r.get(H.SESSION_SIG) == sign([(n, s.signed[n]) for n in s.signed], KEY)
+
+
+def test_client_sent_session_qos_and_identity_headers_never_pass(host):
+    spoofed = BASE + [(H.END_USER, "admin"), (H.END_USER, "root"), (H.TENANT, "globex"), (H.QOS_CLASS, "latency-critical"),
+                      (H.SESSION_SIG, "v1;h=end-user;s=" + "0" * 64), (H.DOWNSTREAM_SERVICE_CLUSTER, "billing"),
+                      ("x-mcp-email", "ceo@acme.test")]
+    r = host.request(spoofed)   # no token: jwt_authn left no payload
+    names = [k for k, _ in r.headers]
+    for h in (H.END_USER, H.TENANT, "x-mcp-email", H.DOWNSTREAM_SERVICE_CLUSTER):
+        assert h not in names
+    assert r.all(H.QOS_CLASS) == ["standard"]
+    assert verify_session(r.headers, KEY).signed == {H.QOS_CLASS: "standard"}
+    # with a token the claim wins over the client's copy, once
+    r = host.request(spoofed, metadata={"sub": "jane", "tenant": "acme"})
+    assert r.all(H.END_USER) == ["jane"] and r.all(H.TENANT) == ["acme"]
+
+
+def test_other_tenants_headers_are_removed_own_whitelist_kept(host):
+    hdrs = BASE + [("x-tenant-acme-region", "eu"), ("x-tenant-shared", "1"), ("x-tenant-globex-secret", "s"),
+                   ("x-custom", "kept")]
+    r = host.request(hdrs, metadata={"sub": "jane", "tenant": "acme"})
+    names = [k for k, _ in r.headers]
+    assert "x-tenant-acme-region" in names and "x-tenant-shared" in names and "x-custom" in names
+    assert "x-tenant-globex-secret" not in names
+    anon = host.request(hdrs)
+    assert not [k for k, _ in anon.headers if k.startswith("x-tenant-")]
+
+
+def test_strict_tenant_keeps_only_its_whitelist_and_common_headers(host):
+    hdrs = BASE + [("x-tenant-globex-a", "1"), ("x-custom", "dropped"), ("user-agent", "t"), ("x-llm-priority", "low")]
+    r = host.request(hdrs, metadata={"sub": "bob", "tenant": "globex"})
+    names = {k for k, _ in r.headers}
+    assert {"x-tenant-globex-a", "user-agent", "content-type", "x-llm-priority", ":path"} <= names
+    assert "x-custom" not in names
+
+
+@pytest.mark.parametrize("name", ["bad header", "x-a\x01", "x(y)", "ümlaut"])
+def test_non_token_header_names_are_rejected_400(host, name):
+    r = host.request(BASE + [(name, "v")])
+    assert r.action == PAUSE and r.local_response.status == 400
+
+
+@pytest.mark.parametrize("priority, tier, protocol, want", [
+    ("high", None, "HTTP/1.1", "latency-critical"),      # the seed: high -> weight x3 class
+    ("HIGH ", None, "HTTP/1.1", "standard"),               # exact token, not trimmed: no match -> protocol/default
+    ("high", "free", "HTTP/1.1", "standard"),             # a free tier caps what it may ask
+    ("high", "pro", "HTTP/2", "interactive"),
+    ("low", "enterprise", "HTTP/2", "batch"),             # asking for less is always allowed
+    (None, None, "HTTP/2", "latency-critical"),           # h2 -> EF class when nothing is asked
+    (None, "free", "HTTP/2", "standard"),
+    (None, None, "HTTP/1.1", "standard"),                 # the default
+    ("bogus", None, "HTTP/1.1", "standard"),
+])
+def test_qos_class_from_priority_tier_and_protocol(host, priority, tier, protocol, want):
+    hdrs = BASE + ([("x-llm-priority", priority)] if priority else [])
+    claims = {"sub": "u", **({"tier": tier} if tier else {})}
+    r = host.request(hdrs, properties={("request", "protocol"): protocol.encode()}, metadata=claims)
+    assert r.get(H.QOS_CLASS) == want
+
+
+def test_non_string_or_unsafe_claims_are_not_written(host):
+    r = host.request(BASE, metadata={"sub": b"\x00\x00\x00\x00\x00\x00\xf0\x3f", "tenant": "a\r\nx-evil: 1"})
+    assert r.get(H.END_USER) is None and r.get(H.TENANT) is None
+
+
+@pytest.mark.parametrize("response, trailers, want_header, want_trailer", [
+    ([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "14")], None, "unavailable", None),
+    ([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "8")], None, "overload", None),
+    ([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "5")], None, "unavailable", None),
+    ([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "99")], None, "server", None),
+    ([(":status", "200"), ("content-type", "application/grpc"), (H.ERROR_CLASS, "ok")], [("grpc-status", "4")], None, "timeout"),
+    ([(":status", "429"), (H.ERROR_CLASS, "ok")], None, "overload", None),
+    ([(":status", "404")], None, "client", None),
+    ([(":status", "503")], None, "server", None),
+    ([(":status", "200")], None, "ok", None),
+])
+def test_error_class_from_grpc_status_or_http_status(host, response, trailers, want_header, want_trailer):
+    r = host.request(BASE, response=response, trailers=trailers)
+    got = [v for k, v in r.response if k == H.ERROR_CLASS]
+    assert got == ([want_header] if want_header else [])
+    if trailers is not None:
+        assert [v for k, v in r.trailers if k == H.ERROR_CLASS] == [want_trailer]
+
+
+def test_a_session_header_changed_after_the_filter_fails_the_backend_check(host):
+    r = host.request(BASE, metadata={"sub": "jane", "tenant": "acme"})
+    changed = [(k, "admin" if k == H.END_USER else v) for k, v in r.headers]
+    with pytest.raises(SessionError):
+        verify_session(changed, KEY)
+
+
+@pytest.mark.parametrize("config, why", [
+    ("", "no plugin configuration"),
+    ("{", "expected a string key"),
+    ("{\"v\":1,", "expected a string key"),
+    ('{"v":2}', "version"),
+    ("[]", "JSON object"),
+])
+def test_bad_configuration_fails_closed(config, why):
+    h = ProxyWasmHost()
+    assert not h.configure(config)
+    assert any(why in m for _, m in h.logs), h.logs
+    r = h.request(BASE + [(H.END_USER, "admin")])
+    assert r.local_response and r.local_response.status == 500
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (lambda c: c["session"].update(key="abcd"), "session.key"),
+    (lambda c: c["session"].update(key="zz" * 32), "hex"),
+    (lambda c: c["strip"].append("Bad Name"), "RFC 7230"),
+    (lambda c: c["qos"].update(default="platinum"), "unknown QoS class"),
+    (lambda c: c["qos"]["tiers"].update(free="nope"), "unknown QoS class"),
+    (lambda c: c["errors"]["grpc"].update({"17": "server"}), "0..16"),
+    (lambda c: c.pop("tenant"), "tenant"),
+    (lambda c: c["strip"].remove(H.SESSION_SIG), "session.header must also be stripped"),
+    (lambda c: c["claims"].append({"claim": "x", "header": "x-unstripped"}), "also be stripped"),
+])
+def test_each_bad_field_is_rejected_by_the_module_itself(mutate, why):
+    cfg = parse_plugin_config(PLUGIN).filter_config()
+    mutate(cfg)
+    h = ProxyWasmHost()
+    assert not h.configure(json.dumps(cfg))
+    assert any(why in m for _, m in h.logs), h.logs
+
+
+def test_a_failed_reconfigure_drops_the_old_configuration():
+    h = ProxyWasmHost()
+    assert h.configure(parse_plugin_config(PLUGIN).filter_json())
+    assert h.request(BASE).local_response is None
+    assert not h.configure("{}")
+    assert h.request(BASE).local_response.status == 500
+
+
+def test_streams_do_not_leak_memory(host):
+    for _ in range(50):
+        host.request(BASE + [("x-tenant-acme-a", "1")] * 10, metadata={"sub": "jane", "tenant": "acme"},
+                     response=[(":status", "200")])
+    size = host.memory_size()
+    for _ in range(2000):
+        host.request(BASE + [("x-tenant-acme-a", "1")] * 10, metadata={"sub": "jane", "tenant": "acme"},
+                     response=[(":status", "200")])
+    assert host.memory_size() == size

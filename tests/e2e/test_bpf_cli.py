@@ -1,0 +1,142 @@
+"""`mcpctl bpf attach|status|detach` as separate processes, on a veth end in a
+namespace this test creates (entered with nsenter, which keeps the mount
+namespace and so the shared bpffs pins); and the loader's clean-up guarantees.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bpf import attach, tc
+from bpf.attach import AttachError
+from bpf.policy import build_policy
+from support.bpf_env import VethPair, in_netns, remove_stale_namespaces, require_bpf
+
+
+def mcpctl(*args: str, netns: str | None = None, user: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "mesh.cli", "bpf", *args]
+    if netns:
+        cmd = ["nsenter", f"--net=/run/netns/{netns}", *cmd]
+    if user:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+
+
+@pytest.fixture
+def pair():
+    require_bpf()
+    remove_stale_namespaces()
+    p = VethPair().create()
+    yield p
+    with in_netns(p.client_ns):
+        attach.detach(p.client_if)
+    p.remove()
+
+
+def leftovers(pair: VethPair) -> list[str]:
+    with in_netns(pair.client_ns):
+        found = []
+        if os.path.exists(attach.pin_dir(pair.client_if)) or os.path.exists(attach.staging_dir(pair.client_if)):
+            found.append("pins")
+        if tc.interface_exists(pair.client_if):
+            if tc.has_clsact(pair.client_if):
+                found.append("clsact qdisc")
+            if tc.filters(pair.client_if, "egress") or tc.filters(pair.client_if, "ingress"):
+                found.append("filters")
+    return found
+
+
+def test_attach_status_replace_detach_across_processes(pair):
+    ns, ifname = pair.client_ns, pair.client_if
+    r = mcpctl("attach", "--interface", ifname, "--dscp-port", "9100=interactive", "--alpn", "--sample",
+               "--json", netns=ns)
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout)
+    r = mcpctl("status", "--json", netns=ns)
+    assert r.returncode == 0, r.stderr
+    (st,) = json.loads(r.stdout)
+    assert st["interface"] == ifname and st["ports"] == {"9100": 34} and st["alpn"] and st["sample"]
+    assert st["filters"]["egress"] and st["filters"]["ingress"]
+    assert st["filters"]["egress"][0]["prog_id"] == first["filters"]["egress"][0]["prog_id"]
+
+    # attach replaces: new program, new maps, no sampler, the ingress filter gone
+    r = mcpctl("attach", "--interface", ifname, "--dscp-port", "8000=46", "--json", netns=ns)
+    assert r.returncode == 0, r.stderr
+    (st,) = json.loads(mcpctl("status", "--json", netns=ns).stdout)
+    assert st["ports"] == {"8000": 46} and not st["alpn"] and not st["sample"]
+    assert st["filters"]["egress"][0]["prog_id"] != first["filters"]["egress"][0]["prog_id"]
+    assert st["filters"]["ingress"] == []
+    assert st["created_qdisc"]
+
+    r = mcpctl("detach", "--interface", ifname, netns=ns)
+    assert r.returncode == 0 and "detached" in r.stdout
+    assert leftovers(pair) == []
+    assert json.loads(mcpctl("status", "--json", netns=ns).stdout) == []
+    r = mcpctl("detach", "--interface", ifname, netns=ns)
+    assert r.returncode == 0 and "nothing attached" in r.stdout
+
+
+def test_bad_arguments_exit_2_and_attach_nothing(pair):
+    r = mcpctl("attach", "--interface", pair.client_if, "--dscp-port", "9100=ultra", "--dscp-cidr",
+               "10.0.0.1/8=46", netns=pair.client_ns)
+    assert r.returncode == 2
+    assert "'9100=ultra'" in r.stderr and "10.0.0.1/8" in r.stderr
+    r2 = mcpctl("attach", "--interface", "nosuch0", netns=pair.client_ns)
+    assert r2.returncode == 1 and "no interface 'nosuch0'" in r2.stderr
+    assert leftovers(pair) == []
+
+
+def test_without_privilege_a_clear_message(pair):
+    r = mcpctl("attach", "--interface", "lo", user="65534")
+    assert r.returncode == 1
+    assert "needs root" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_failed_attach_leaves_nothing(pair, monkeypatch):
+    real = tc.replace_filter
+
+    def fail_on_ingress(ifname, hook, pinned):
+        if hook == "ingress":
+            raise tc.TcError("injected failure")
+        real(ifname, hook, pinned)
+
+    monkeypatch.setattr(tc, "replace_filter", fail_on_ingress)
+    with in_netns(pair.client_ns), pytest.raises(AttachError, match="injected failure"):
+        attach.attach(pair.client_if, build_policy(ports=["1=1"], sample=True))
+    assert leftovers(pair) == []
+
+
+def test_a_failed_replace_keeps_the_previous_attach(pair, monkeypatch):
+    with in_netns(pair.client_ns):
+        before = attach.attach(pair.client_if, build_policy(ports=["9100=34"], sample=True))
+    real = tc.replace_filter
+
+    def fail_on_ingress(ifname, hook, pinned):
+        if hook == "ingress":
+            raise tc.TcError("injected failure")
+        real(ifname, hook, pinned)
+
+    monkeypatch.setattr(tc, "replace_filter", fail_on_ingress)
+    with in_netns(pair.client_ns):
+        with pytest.raises(AttachError):
+            attach.attach(pair.client_if, build_policy(ports=["8000=46"], sample=True))
+        monkeypatch.setattr(tc, "replace_filter", real)
+        (after,) = attach.status(pair.client_if)
+    assert after["ports"] == {9100: 34}
+    assert after["filters"]["egress"][0]["prog_id"] == before["filters"]["egress"][0]["prog_id"]
+    assert after["filters"]["ingress"][0]["prog_id"] == before["filters"]["ingress"][0]["prog_id"]
+
+
+def test_detach_after_the_interface_is_gone_removes_the_pins(pair):
+    with in_netns(pair.client_ns):
+        attach.attach(pair.client_if, build_policy(alpn=True))
+        subprocess.run(["ip", "link", "del", pair.client_if], check=True)
+        (st,) = attach.status()
+        assert st["interface_present"] is False
+        assert attach.detach(pair.client_if) is True
+        assert not os.path.exists(attach.pin_dir(pair.client_if))

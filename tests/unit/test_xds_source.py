@@ -1,0 +1,120 @@
+"""The watched config directory: debounced, atomic change sets; bad ones rejected whole."""
+import asyncio
+import os
+
+from mesh.config import load_dir
+from support.ports import free_port
+from support.xds import write_config
+from xds_server.server import XdsServer
+from xds_server.source import DirectorySource, fingerprint
+
+DOC = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata:
+  name: {name}
+spec:
+  hosts: [{name}.example]
+"""
+
+
+def test_fingerprint_sees_add_write_and_remove(tmp_path):
+    d = str(tmp_path)
+    empty = fingerprint(d)
+    write_config(d, "a.yaml", DOC.format(name="a"))
+    one = fingerprint(d)
+    assert one != empty
+    write_config(d, "a.yaml", DOC.format(name="a2"))
+    assert fingerprint(d) != one
+    (tmp_path / "notes.txt").write_text("ignored")
+    (tmp_path / ".hidden.yaml").write_text("ignored")
+    os.remove(tmp_path / "a.yaml")
+    assert fingerprint(d) == empty
+
+
+def test_a_burst_of_writes_is_one_change_set(tmp_path):
+    seen = []
+
+    async def body():
+        src = DirectorySource(str(tmp_path), lambda: _record(seen, tmp_path), poll=0.01, debounce=0.1)
+        src.start()
+        for i in range(5):          # five files, 20 ms apart: inside one debounce window
+            write_config(str(tmp_path), f"f{i}.yaml", DOC.format(name=f"s{i}"))
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.4)
+        await src.stop()
+
+    asyncio.run(body())
+    assert seen == [5]              # one apply, seeing all five files
+
+
+async def _record(seen, path):
+    seen.append(len(load_dir(str(path))))
+
+
+def _count_translate(config, node):
+    return {}
+
+
+def test_bad_change_set_is_rejected_whole_and_last_good_kept(tmp_path):
+    d = str(tmp_path)
+    write_config(d, "a.yaml", DOC.format(name="a"))
+
+    async def body():
+        server = XdsServer(d, port=free_port(), admin_port=free_port(), load=load_dir,
+                           translate=_count_translate, poll=0.01, debounce=0.05)
+        await server.start()
+        try:
+            good = server.cache.config
+            assert [r.name for r in good] == ["a"] and server.status["generation"] == "g1"
+            # One good new file and one broken one arrive together: neither is taken.
+            write_config(d, "b.yaml", DOC.format(name="b"))
+            write_config(d, "c.yaml", "apiVersion: v1\nkind: [unclosed\n")
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if server.status["rejected"]:
+                    break
+            rejected = server.status["rejected"]
+            assert rejected, "the broken change set was not reported"
+            err = rejected["errors"][0]
+            assert err["file"].endswith("c.yaml") and err["line"] == 3 and "malformed YAML" in err["message"]
+            assert server.cache.config is good and server.status["generation"] == "g1"
+            # The fix is taken, with b.
+            os.remove(os.path.join(d, "c.yaml"))
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if server.status["generation"] != "g1":
+                    break
+            assert sorted(r.name for r in server.cache.config) == ["a", "b"]
+            assert server.status["rejected"] is None
+        finally:
+            await server.stop(0)
+
+    asyncio.run(body())
+
+
+def test_translation_failure_rejects_change_set(tmp_path):
+    d = str(tmp_path)
+    write_config(d, "a.yaml", DOC.format(name="a"))
+    calls = []
+
+    def translate(config, node):
+        calls.append(1)
+        if any(r.name == "boom" for r in config):
+            raise RuntimeError("translator bug")
+        return {}
+
+    async def body():
+        from xds_server.types import ProxyNode
+        server = XdsServer(d, port=free_port(), admin_port=free_port(), load=load_dir, translate=translate)
+        server.hub.nodes = lambda: [ProxyNode(id="n")]   # as if one proxy were connected
+        await server.start()
+        try:
+            good = server.cache.config
+            write_config(d, "b.yaml", DOC.format(name="boom"))
+            assert not await server.apply()
+            assert server.cache.config is good
+            assert "translator bug" in server.status["rejected"]["errors"][0]["message"]
+        finally:
+            await server.stop(0)
+
+    asyncio.run(body())

@@ -7,7 +7,7 @@ semantic rules; VirtualService rules live in `virtualservice.py`.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from mesh import hosts
 from mesh.config import MeshConfig, Resource
@@ -106,18 +106,25 @@ def check_kind(res: Resource) -> Report:
     return rep
 
 
-def _spec_ok(rep: Report) -> bool:
-    return rep.typed
+def semantic(rule: Callable[[Report, Resource], None], rep: Report, res: Resource) -> list[Diagnostic]:
+    """Run a kind's semantic rules when the schema let the types through.
+
+    A rule that trips over a shape the schema did not foresee must reject
+    the resource, never take the control plane down with it.
+    """
+    if rep.typed:
+        try:
+            rule(rep, res)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # pragma: no cover - a rule bug
+            rep.error("spec", f"cannot validate this {res.kind}: {type(e).__name__}: {e}")
+    return rep.out
 
 
 # --- Gateway ---------------------------------------------------------------
 
 @validator("Gateway")
 def validate_gateway(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = check_kind(res)
-    if _spec_ok(rep):
-        _gateway(rep, res)
-    yield from rep.out
+    yield from semantic(_gateway, check_kind(res), res)
 
 
 def _gateway(rep: Report, res: Resource) -> None:
@@ -228,17 +235,15 @@ def _server_tls(rep: Report, p: str, tls: dict | None) -> None:
 
 @validator("DestinationRule")
 def validate_destination_rule(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = check_kind(res)
-    if _spec_ok(rep):
-        _destination_rule(rep, res)
-    yield from rep.out
+    yield from semantic(_destination_rule, check_kind(res), res)
 
 
 def _destination_rule(rep: Report, res: Resource) -> None:
     spec = res.spec
-    err = hosts.wildcard_domain_error(spec["host"])
-    if err:
-        rep.error("spec.host", err)
+    if spec.get("host"):   # a missing host is the schema's "host is required"
+        err = hosts.wildcard_domain_error(spec["host"])
+        if err:
+            rep.error("spec.host", err)
     traffic_policy(rep, "spec.trafficPolicy", spec.get("trafficPolicy"))
     names: set[str] = set()
     for i, subset in enumerate(spec.get("subsets") or []):
@@ -427,10 +432,7 @@ def hosts_header_ok(name: str) -> bool:
 
 @validator("ServiceEntry")
 def validate_service_entry(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = check_kind(res)
-    if _spec_ok(rep):
-        _service_entry(rep, res)
-    yield from rep.out
+    yield from semantic(_service_entry, check_kind(res), res)
 
 
 def _service_entry(rep: Report, res: Resource) -> None:
@@ -552,7 +554,4 @@ def workload_entry(rep: Report, p: str, we: dict, service_ports: set[str] | None
 
 @validator("WorkloadEntry")
 def validate_workload_entry(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = check_kind(res)
-    if _spec_ok(rep):
-        workload_entry(rep, "spec", res.spec, None, allow_fqdn=True)
-    yield from rep.out
+    yield from semantic(lambda rep, r: workload_entry(rep, "spec", r.spec, None, allow_fqdn=True), check_kind(res), res)

@@ -14,7 +14,7 @@ from mesh.config import MeshConfig, Resource
 from mesh.errors import Diagnostic
 from mesh.headers import L7_READ_ONLY_HEADERS
 from mesh.validation import validator
-from mesh.validation.networking import Report, _spec_ok, check_kind, hosts_header_ok
+from mesh.validation.networking import Report, check_kind, hosts_header_ok, semantic
 from mesh.validation.regex import regex_error
 
 # Envoy's x-envoy-retry-on and x-envoy-retry-grpc-on policies (Istio's list).
@@ -39,10 +39,7 @@ _KB, _MB = 1024, 1024 * 1024
 
 @validator("VirtualService")
 def validate_virtual_service(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = check_kind(res)
-    if _spec_ok(rep):
-        _virtual_service(rep, res)
-    yield from rep.out
+    yield from semantic(_virtual_service, check_kind(res), res)
 
 
 def _virtual_service(rep: Report, res: Resource) -> None:

@@ -69,6 +69,9 @@ class MeshIndex:
     gateways: list[Resource] = field(default_factory=list)
     virtual_services: list[Resource] = field(default_factory=list)
     uses_source_labels: bool = False
+    # VirtualServices for `mesh` by resolved host, and the wildcard ones.
+    mesh_vs_exact: dict[str, list[Resource]] = field(default_factory=dict)
+    mesh_vs_wildcard: list[tuple[str, Resource]] = field(default_factory=list)
 
     # -- hosts -----------------------------------------------------------
     def resolve(self, host: str, namespace: str) -> str:
@@ -192,6 +195,17 @@ def build_index(config: MeshConfig) -> MeshIndex:
         idx.destination_rules.setdefault(host, dr)   # the first one wins, as in istiod
     idx.gateways = config.of_kind("Gateway")
     idx.virtual_services = config.of_kind("VirtualService")
+    for vs in idx.virtual_services:
+        if MESH_GATEWAY not in idx.vs_gateways(vs):
+            continue
+        for h in vs.spec.get("hosts") or []:
+            resolved = idx.resolve(str(h), vs.namespace)
+            if resolved.startswith("*"):
+                idx.mesh_vs_wildcard.append((resolved, vs))
+            else:
+                idx.mesh_vs_exact.setdefault(resolved, [])
+                if vs not in idx.mesh_vs_exact[resolved]:
+                    idx.mesh_vs_exact[resolved].append(vs)
     idx.uses_source_labels = any(
         isinstance(m, dict) and m.get("sourceLabels")
         for vs in idx.virtual_services for h in vs.spec.get("http") or [] if isinstance(h, dict)

@@ -61,20 +61,11 @@ def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer]
 
 
 def _mesh_vs_for(idx: MeshIndex, host: str) -> list[Resource]:
-    """VirtualServices for `mesh` naming `host`: exact hosts first, then wildcards."""
-    exact, wild = [], []
-    for vs in idx.virtual_services:
-        if MESH_GATEWAY not in idx.vs_gateways(vs):
-            continue
-        for h in vs.spec.get("hosts") or []:
-            resolved = idx.resolve(str(h), vs.namespace)
-            if resolved == host:
-                exact.append(vs)
-                break
-            if resolved.startswith("*") and host_matches(host, resolved):
-                wild.append(vs)
-                break
-    return exact or wild[:1]
+    """VirtualServices for `mesh` naming `host`: exact hosts, else the first wildcard."""
+    exact = idx.mesh_vs_exact.get(host)
+    if exact:
+        return exact
+    return next(([vs] for pattern, vs in idx.mesh_vs_wildcard if host_matches(host, pattern)), [])
 
 
 def mesh_virtual_host_routes(idx: MeshIndex, host: str, port: int, ctx_base: RouteContext) -> list:

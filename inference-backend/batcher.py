@@ -59,6 +59,7 @@ class Result:
     batch_size: int                   # rows in the run this request was part of
     batch_requests: int
     level: int
+    version: str = ""                 # of the model version that computed it
     parameters: dict = field(default_factory=dict)
 
 
@@ -262,12 +263,13 @@ class DynamicBatcher:
             self.busy_ns += time.monotonic_ns() - start
             self.in_flight = 0
         rows = sum(p.rows for p in batch)
+        version = getattr(getattr(executor, "model", None), "version", "")
         assemble_us, compute_us = int(assemble_s * 1e6), int(compute_s * 1e6)
         for p, out, par in zip(batch, outputs, params):
             queue_us = (start - p.arrival_ns) // 1000
             if not p.future.done():
                 try:
-                    p.future.set_result(Result(out, queue_us, compute_us, assemble_us, rows, len(batch), p.level, par))
+                    p.future.set_result(Result(out, queue_us, compute_us, assemble_us, rows, len(batch), p.level, version, par))
                 except concurrent.futures.InvalidStateError:  # cancelled meanwhile
                     pass
         self.completed += len(batch)

@@ -43,8 +43,9 @@ def _weights(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return (rng.standard_normal((rows, cols)) / np.sqrt(rows)).astype(np.float32)
 
 
-def build_mlp() -> onnx.ModelProto:
-    rng = np.random.default_rng(20240601)
+def build_mlp(seed: int = 20240601) -> onnx.ModelProto:
+    """`seed` other than the default gives another "version" of the same graph (tests, demos)."""
+    rng = np.random.default_rng(seed)
     dims = [MLP_IN] + [MLP_HIDDEN] * MLP_LAYERS + [MLP_OUT]
     nodes, inits, x = [], [], "INPUT0"
     for i, (a, b) in enumerate(zip(dims, dims[1:])):

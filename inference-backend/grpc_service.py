@@ -129,7 +129,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                                   {"model": served.name, "priority_level": str(result.level)})
         t.requests.add(1, {"model": served.name, "protocol": "grpc", "code": "OK"})
         t.record_spans(served.name, result.level, pending.arrival_ns, result, request.id, "grpc")
-        response = pb.ModelInferResponse(model_name=served.name, model_version=served.model.version, id=request.id)
+        response = pb.ModelInferResponse(model_name=served.name, model_version=result.version, id=request.id)
         for k, v in response_parameters(result).items():
             set_param(response.parameters[k], v)
         for name, array in result.outputs.items():

@@ -188,7 +188,7 @@ def build_app(server: ModelServer, max_body_bytes: int) -> web.Application:
             else:
                 d["data"] = datatypes.to_list(array)
             out_docs.append(d)
-        response = {"model_name": served.name, "model_version": served.model.version,
+        response = {"model_name": served.name, "model_version": result.version,
                     "outputs": out_docs, "parameters": response_parameters(result)}
         if "id" in doc:
             response["id"] = doc["id"]

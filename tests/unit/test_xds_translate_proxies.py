@@ -1,0 +1,191 @@
+"""Which listeners, route configs and virtual hosts each proxy kind gets."""
+import pytest
+from google.protobuf import json_format
+
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from mesh.config import MeshConfig, parse_documents
+from mesh.errors import ConfigError
+from xds_server import translate as translate_pkg
+from xds_server.translate import translate
+from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode
+
+MESH = """
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: public, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["shop/*.example.com", "./own.example.com"]
+  - port: {number: 8080, name: http-b, protocol: HTTP}
+    hosts: ["*/b.example.org"]
+  - port: {number: 8443, name: https, protocol: HTTPS}
+    hosts: ["*"]
+    tls: {mode: SIMPLE, credentialName: c}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  ports: [{number: 9080, name: http, protocol: HTTP}, {number: 9090, name: grpc, protocol: GRPC}]
+  resolution: STATIC
+  endpoints:
+  - {address: 127.0.0.1, ports: {http: 9001, grpc: 9101}, labels: {version: v1}}
+  - {address: 127.0.0.2, ports: {http: 9002, grpc: 9102}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ratings, namespace: shop}
+spec:
+  hosts: [ratings.shop.svc.cluster.local]
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.3}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: shop}
+spec:
+  host: reviews
+  trafficPolicy: {loadBalancer: {simple: RANDOM}}
+  subsets: [{name: v1, labels: {version: v1}}, {name: v2, labels: {version: v2}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: shop-edge, namespace: shop}
+spec:
+  hosts: ["www.example.com", "b.example.org", "other.net"]
+  gateways: [edge/public]
+  http: [{route: [{destination: {host: reviews, port: {number: 9080}}}]}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{headers: {end-user: {exact: jason}}}]
+    timeout: 3s
+    fault: {abort: {grpcStatus: UNAVAILABLE, percentage: {value: 50}}}
+    route: [{destination: {host: reviews, subset: v2}}]
+  - route: [{destination: {host: reviews, subset: v1}}]
+"""
+GATEWAY = ProxyNode("router~1~gw.edge~edge.svc.cluster.local", namespace="edge", labels={"istio": "ingressgateway"})
+SIDECAR = ProxyNode("sidecar~2~app.shop~shop.svc.cluster.local", namespace="shop", kind="sidecar")
+GRPC = ProxyNode("grpc-client-1", namespace="shop", kind="grpc")
+
+
+def snap(node, text=MESH):
+    return translate(MeshConfig(parse_documents(text, "mesh.yaml")), node)
+
+
+def hcm_of(listener) -> dict:
+    if listener.HasField("api_listener"):
+        any_ = listener.api_listener.api_listener
+    else:
+        any_ = listener.filter_chains[0].filters[0].typed_config
+    hcm = hcm_pb2.HttpConnectionManager()
+    assert any_.Unpack(hcm)
+    return json_format.MessageToDict(hcm)
+
+
+# -- gateways --------------------------------------------------------------
+def test_gateway_servers_on_one_port_share_a_listener_and_route_config():
+    s = snap(GATEWAY)
+    assert set(s[LISTENER]) == {"127.0.0.1_8080"}        # HTTPS servers are not translated yet
+    assert set(s[ROUTE]) == {"http.8080"}
+
+
+def test_gateway_host_namespaces_admit_only_matching_virtual_service_hosts():
+    vhosts = {vh.name: list(vh.domains) for vh in snap(GATEWAY)[ROUTE]["http.8080"].virtual_hosts}
+    # www.example.com: shop/*.example.com admits shop's VS; b.example.org: */ admits any;
+    # other.net matches no server host; ./own.example.com is edge's, and no VS names it.
+    assert vhosts == {"b.example.org:8080": ["b.example.org", "b.example.org:8080"],
+                      "www.example.com:8080": ["www.example.com", "www.example.com:8080"]}
+
+
+def test_mesh_virtual_service_does_not_reach_the_gateway():
+    routes = [r for vh in snap(GATEWAY)[ROUTE]["http.8080"].virtual_hosts for r in vh.routes]
+    assert {r.route.cluster for r in routes} == {"outbound|9080||reviews.shop.svc.cluster.local"}
+
+
+# -- sidecars --------------------------------------------------------------
+def test_sidecar_gets_a_listener_and_route_config_per_service_port():
+    s = snap(SIDECAR)
+    assert set(s[LISTENER]) == {"127.0.0.1_9080", "127.0.0.1_9090"}
+    assert set(s[ROUTE]) == {"9080", "9090"}
+    assert hcm_of(s[LISTENER]["127.0.0.1_9080"])["rds"]["routeConfigName"] == "9080"
+    assert hcm_of(s[LISTENER]["127.0.0.1_9080"])["useRemoteAddress"] is False
+
+
+def test_sidecar_routes_mesh_virtual_service_and_defaults_the_rest():
+    rc = snap(SIDECAR)[ROUTE]["9080"]
+    vh = {v.name: v for v in rc.virtual_hosts}
+    assert set(vh) == {"ratings.shop.svc.cluster.local:9080", "reviews.shop.svc.cluster.local:9080"}
+    assert [r.route.cluster for r in vh["reviews.shop.svc.cluster.local:9080"].routes] == [
+        "outbound|9080|v2|reviews.shop.svc.cluster.local", "outbound|9080|v1|reviews.shop.svc.cluster.local"]
+    [default] = vh["ratings.shop.svc.cluster.local:9080"].routes
+    assert (default.name, default.route.cluster) == ("default", "outbound|9080||ratings.shop.svc.cluster.local")
+
+
+# -- proxyless gRPC --------------------------------------------------------
+def test_proxyless_grpc_gets_api_listeners_named_host_port():
+    s = snap(GRPC)
+    names = {"reviews.shop.svc.cluster.local:9080", "reviews.shop.svc.cluster.local:9090",
+             "ratings.shop.svc.cluster.local:9080"}
+    assert set(s[LISTENER]) == names and set(s[ROUTE]) == names
+    lis = s[LISTENER]["reviews.shop.svc.cluster.local:9090"]
+    assert not lis.HasField("address") and lis.HasField("api_listener")
+    hcm = hcm_of(lis)
+    assert hcm["rds"] == {"configSource": {"ads": {}, "resourceApiVersion": "V3"},
+                          "routeConfigName": "reviews.shop.svc.cluster.local:9090"}
+    # gRPC implements fault and router (gRFC A33, A39); the router comes last.
+    assert [f["name"] for f in hcm["httpFilters"]] == ["envoy.filters.http.fault", "envoy.filters.http.router"]
+
+
+def test_proxyless_route_config_matches_target_authority_and_carries_features():
+    rc = snap(GRPC)[ROUTE]["reviews.shop.svc.cluster.local:9090"]
+    [vh] = rc.virtual_hosts
+    assert list(vh.domains) == ["reviews.shop.svc.cluster.local:9090", "reviews.shop.svc.cluster.local"]
+    jason = json_format.MessageToDict(vh.routes[0])
+    assert jason["route"]["cluster"] == "outbound|9090|v2|reviews.shop.svc.cluster.local"
+    assert jason["route"]["maxStreamDuration"] == {"maxStreamDuration": "3s"}      # gRFC A31
+    assert jason["typedPerFilterConfig"]["envoy.filters.http.fault"]["abort"]["grpcStatus"] == 14
+
+
+def test_proxyless_clusters_are_eds_with_a_grpc_lb_policy():
+    s = snap(GRPC)
+    c = s[CLUSTER]["outbound|9090|v2|reviews.shop.svc.cluster.local"]
+    d = json_format.MessageToDict(c)
+    assert d["type"] == "EDS" and d["edsClusterConfig"]["edsConfig"] == {"ads": {}, "resourceApiVersion": "V3"}
+    assert "lbPolicy" not in d                 # RANDOM is not in gRPC's set: ROUND_ROBIN
+    assert "typedExtensionProtocolOptions" not in d
+    [loc] = s[ENDPOINT]["outbound|9090|v2|reviews.shop.svc.cluster.local"].endpoints
+    assert [(e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)
+            for e in loc.lb_endpoints] == [("127.0.0.2", 9102)]
+
+
+# -- seams -----------------------------------------------------------------
+def test_seam_filters_go_first_in_order_then_cors_fault_router(monkeypatch):
+    for seam in translate_pkg.SEAMS:
+        name = f"test.{seam.__name__.rsplit('.', 1)[-1]}"
+        monkeypatch.setattr(seam, "http_filters",
+                            lambda config, node, port, name=name: [hcm_pb2.HttpFilter(name=f"{name}.{port}")])
+    hcm = hcm_of(snap(GATEWAY)[LISTENER]["127.0.0.1_8080"])
+    assert [f["name"] for f in hcm["httpFilters"]] == [
+        "test.authn.8080", "test.wasm_plugins.8080", "test.grpc_web.8080",
+        "envoy.filters.http.cors", "envoy.filters.http.fault", "envoy.filters.http.router"]
+
+
+def test_seam_resources_merge_and_a_name_clash_is_an_error(monkeypatch):
+    from envoy.config.cluster.v3 import cluster_pb2
+    monkeypatch.setattr(translate_pkg.authn, "resources",
+                        lambda config, node: {CLUSTER: {"jwks|issuer": cluster_pb2.Cluster(name="jwks|issuer")}})
+    assert "jwks|issuer" in snap(GATEWAY)[CLUSTER]
+    clash = "outbound|9080||ratings.shop.svc.cluster.local"
+    monkeypatch.setattr(translate_pkg.authn, "resources",
+                        lambda config, node: {CLUSTER: {clash: cluster_pb2.Cluster(name=clash)}})
+    with pytest.raises(ConfigError, match="already emits"):
+        snap(GATEWAY)

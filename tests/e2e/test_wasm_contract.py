@@ -39,6 +39,7 @@ class Jwks:
     """An RS256 key pair; serves its public JWKS over HTTP when started."""
 
     def __init__(self, kid: str):
+        self.kid = kid
         self.key = jwk.JWK.generate(kty="RSA", size=2048, kid=kid)
         self.pem = self.key.export_to_pem(private_key=True, password=None)
         self.public = json.dumps({"keys": [json.loads(self.key.export_public())]})
@@ -47,7 +48,7 @@ class Jwks:
     def token(self, issuer=ISSUER, aud=AUDIENCE, exp_in=600, **claims) -> str:
         now = int(time.time())
         body = {"iss": issuer, "aud": aud, "iat": now, "exp": now + exp_in, **claims}
-        return pyjwt.encode(body, self.pem, algorithm="RS256", headers={"kid": self.key.key_id})
+        return pyjwt.encode(body, self.pem, algorithm="RS256", headers={"kid": self.kid})
 
     def serve(self) -> "Jwks":
         jwks = self
@@ -159,7 +160,7 @@ metadata: {{name: header-contract, namespace: default}}
 spec:
   selector: {{matchLabels: {{istio: ingressgateway}}}}
   url: file://{WASM}
-  sha256: {sha}
+  sha256: "{sha}"
   phase: AUTHZ
   pluginName: mcp-header-contract
   failStrategy: FAIL_CLOSE

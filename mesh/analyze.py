@@ -145,6 +145,21 @@ def _gateway_refs(vs: Resource) -> Iterator[tuple[str, str]]:
 
 
 @analyzer
+def unique_names(index: Index) -> Iterator[Diagnostic]:
+    """Two resources of one kind with one namespace/name: which one is meant?
+
+    Kubernetes cannot hold both (a later apply replaces the first); a config
+    directory can, so the change set is rejected rather than guessed at.
+    """
+    first: dict[str, Resource] = {}
+    for res in index.config:
+        seen = first.setdefault(res.ref, res)
+        if seen is not res:
+            yield res.diagnostic("metadata.name", f"duplicate {res.kind} {res.namespace}/{res.name}: "
+                                 f"also defined at {seen.file}:{seen.line}")
+
+
+@analyzer
 def gateways_exist(index: Index) -> Iterator[Diagnostic]:
     """IST0101: a VirtualService names a gateway no Gateway resource defines."""
     for vs in index.virtual_services:

@@ -189,3 +189,11 @@ def test_analysis_waits_for_valid_resources():
     bad = vs("reviews", "[reviews]", "  - route:\n    - destination: {host: reviews, subset: v9}\n      weight: -1\n")
     diags = errors_of({"a.yaml": bad})
     assert [d.field for d in diags] == ["spec.http[0].route[0].weight"]
+
+
+def test_one_name_defined_twice_blocks_the_push():
+    route = "  - route:\n    - destination: {host: reviews}\n"
+    diags = errors_of({"a.yaml": vs("reviews", "[reviews]", route), "b.yaml": vs("reviews", "[ratings]", route)})
+    [d] = diags
+    assert (d.file, d.line, d.field, d.resource) == ("b.yaml", 4, "metadata.name", "VirtualService/bookinfo/reviews")
+    assert d.message == "duplicate VirtualService bookinfo/reviews: also defined at a.yaml:1"

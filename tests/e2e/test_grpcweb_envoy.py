@@ -6,14 +6,20 @@ any one proto: unary, server-streaming delivered incrementally, errors as
 grpc-status, a malformed frame answered with a gRPC error rather than a hang.
 """
 import base64
+import json
 import time
 from concurrent import futures
 
 import grpc
 import pytest
+from google.protobuf import json_format
+
+from mesh.config import MeshConfig
+from xds_server.translate import grpc_web
+from xds_server.types import ProxyNode
 
 from support.envoy import Envoy
-from support.grpcweb import GRPC_WEB_TEXT, GrpcWebClient
+from support.grpcweb import GRPC_WEB_TEXT, GrpcWebClient, encode_frame
 from support.ports import free_port
 
 ORIGIN = "http://127.0.0.1:9"  # a page's origin; never contacted
@@ -38,7 +44,7 @@ def _fail(request: bytes, context):
 
 @pytest.fixture(scope="module")
 def upstream():
-    server = grpc.server(futures.ThreadPoolExecutor(4))
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=[("grpc.max_receive_message_length", 8 << 20)])
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {
         "Unary": grpc.unary_unary_rpc_method_handler(_unary),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream),
@@ -60,9 +66,9 @@ def _bootstrap(listen: int, upstream_port: int) -> dict:
            "stat_prefix": "gw", "route_config": {"virtual_hosts": [{
                "name": "grpc", "domains": ["*"], "typed_per_filter_config": {"envoy.filters.http.cors": cors},
                "routes": [{"match": {"prefix": "/test.Echo/"}, "route": {"cluster": "echo", "timeout": "5s"}}]}]},
-           "http_filters": [
-               {"name": "envoy.filters.http.grpc_web", "typed_config": {
-                   "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_web.v3.GrpcWeb"}},
+           # What the control plane's grpc_web seam emits, then cors and router.
+           "http_filters": [json.loads(json_format.MessageToJson(f, preserving_proto_field_name=True))
+                            for f in grpc_web.http_filters(MeshConfig(), ProxyNode("gw"), listen)] + [
                {"name": "envoy.filters.http.cors", "typed_config": {
                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}},
                {"name": "envoy.filters.http.router", "typed_config": {
@@ -118,18 +124,34 @@ def test_error_is_a_readable_grpc_status(gateway):
     assert res.message == "model 'ghost' is not loaded (ü)"
 
 
-@pytest.mark.parametrize("body", [
-    b"\x00\x00\x00\x00\x64abc",          # header says 100 bytes, 3 follow, then end of body
-    b"\x01\x00\x00\x00\x03abc",          # compressed flag, but no grpc-encoding was negotiated
-    b"\x00\x00\x00",                      # not even a whole frame header
-], ids=["truncated", "compressed-flag", "short-header"])
-def test_malformed_frame_gets_a_grpc_error_not_a_hang(gateway, body):
+@pytest.mark.parametrize("body, why", [
+    (b"\x00\x00\x00\x00\x64abc", "frame at offset 0 says 100 bytes, 3 follow"),
+    (encode_frame(b"ok") + b"\x00\x00\x00", "body ends inside a frame header (3 of 5 bytes at offset 7)"),
+    (b"", "no message frame"),
+    (encode_frame(b"grpc-status: 0\r\n", 0x80), "has flags 0x80"),   # trailers are the server's
+    (encode_frame(b"x", 0x42), "has flags 0x42"),
+], ids=["truncated", "short-header", "empty", "trailer-frame", "reserved-flags"])
+@pytest.mark.parametrize("text", [False, True], ids=["binary", "text"])
+def test_malformed_body_is_answered_at_the_gateway_not_left_hanging(gateway, body, why, text):
+    client = GrpcWebClient("127.0.0.1", gateway, timeout=8, text=text)
     started = time.monotonic()
-    res = GrpcWebClient("127.0.0.1", gateway, timeout=8).call("/test.Echo/Unary", raw_body=body)
+    res = client.call("/test.Echo/Unary", raw_body=base64.b64encode(body) if text else body)
     assert time.monotonic() - started < 8
     assert res.http_status == 200 and res.messages == []
-    assert res.status not in (None, 0), res
-    assert res.message, res
+    assert res.status == grpc.StatusCode.INVALID_ARGUMENT.value[0], res
+    assert res.message.startswith("malformed gRPC-Web request: ") and why in res.message, res.message
+
+
+def test_well_framed_but_compressed_without_encoding_gets_the_upstreams_error(gateway):
+    res = GrpcWebClient("127.0.0.1", gateway, timeout=8).call("/test.Echo/Unary", raw_body=encode_frame(b"x", 0x01))
+    assert res.status not in (None, 0, grpc.StatusCode.INVALID_ARGUMENT.value[0]), res  # grpcio's own answer
+
+
+def test_body_over_the_check_limit_streams_through_unchecked(gateway):
+    big = bytes(range(256)) * ((grpc_web.FRAMES_CHECK_LIMIT + 4096) // 256)
+    res = GrpcWebClient("127.0.0.1", gateway, timeout=15).unary("/test.Echo/Unary", big)
+    assert res.status == 0, res.message
+    assert res.messages == [big[::-1]]
 
 
 def test_invalid_base64_text_body_gets_an_error_not_a_hang(gateway):

@@ -22,7 +22,13 @@ def register(subparsers) -> None:
     p.add_argument("--grpc-web", default="http://127.0.0.1:8080", help="the Envoy listener the page sends gRPC-Web to")
     p.add_argument("--envoy-admin", default="", help="a gateway Envoy's admin URL, for the health it observes")
     p.add_argument("--model", default="", help="model name pre-filled in the ModelInfer form")
-    p.add_argument("--latency-metric", default=None, help="histogram name in /metrics (default: the first labelled by QoS class)")
+    p.add_argument("--latency-metric", default=None,
+                   help="histogram in the backend's /metrics, labelled by qos_class or priority_level "
+                        "(default mcp_inference_request_duration_seconds)")
+    p.add_argument("--latency-window", type=float, default=10.0, metavar="SECONDS",
+                   help="each latency point is the p50/p99 of the requests in the last SECONDS (default 10)")
+    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="how often the backend's /metrics is read and the page refreshes (default 1)")
     p.set_defaults(func=_run)
 
 
@@ -35,7 +41,12 @@ def _run(args) -> int:
     except ValueError as e:
         print(f"mcpctl console: {e}", file=sys.stderr)
         return 2
-    options = ConsoleOptions(model=args.model, latency_metric=args.latency_metric, **urls)
+    if args.latency_window <= 0 or args.scrape_interval <= 0:
+        print("mcpctl console: --latency-window and --scrape-interval must be positive", file=sys.stderr)
+        return 2
+    options = ConsoleOptions(model=args.model, window_s=args.latency_window, scrape_s=args.scrape_interval, **urls)
+    if args.latency_metric:
+        options.latency_metric = args.latency_metric
     try:
         asyncio.run(run(options, args.host, args.port))
     except OSError as e:

@@ -16,8 +16,12 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from mesh.qos import PRIORITY_LEVELS, class_for_priority_level
+
 # Label names a backend may use for the class; the first present wins.
-QOS_LABELS = ("qos_class", "qos", "class")
+# The inference backend labels by priority level, which maps 1:1 to a class.
+QOS_LABELS = ("qos_class", "qos", "priority_level")
+DEFAULT_METRIC = "mcp_inference_request_duration_seconds"   # inference-backend/telemetry.py
 
 Buckets = dict[float, float]  # upper bound (le) -> cumulative count
 
@@ -39,11 +43,17 @@ def histograms_by_class(text: str, metric: str | None = None) -> tuple[str | Non
             if label is None:
                 break
             le = float(s.labels["le"])
-            per = out.setdefault(s.labels[label], {})
+            per = out.setdefault(_class_name(label, s.labels[label]), {})
             per[le] = per.get(le, 0.0) + s.value
         if out:
             return family.name, out
     return None, {}
+
+
+def _class_name(label: str, value: str) -> str:
+    if label == "priority_level" and value.isdigit() and 1 <= int(value) <= PRIORITY_LEVELS:
+        return class_for_priority_level(int(value)).header_value
+    return value
 
 
 def quantile(q: float, buckets: Buckets) -> float | None:

@@ -23,7 +23,7 @@ from aiohttp import web
 from mesh import headers as H
 from mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES
 from xds_server.console import mesh_state
-from xds_server.console.latency import LatencyWindow
+from xds_server.console.latency import DEFAULT_METRIC, LatencyWindow
 
 log = logging.getLogger("xds_server.console")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,7 +38,7 @@ class ConsoleOptions:
     grpc_web: str = "http://127.0.0.1:8080"
     envoy_admin: str = ""             # a gateway Envoy's admin, for observed endpoint health
     model: str = ""
-    latency_metric: str | None = None
+    latency_metric: str | None = DEFAULT_METRIC
     scrape_s: float = 1.0
     window_s: float = 10.0
     timeout_s: float = 2.0

@@ -18,10 +18,18 @@ A browser on another origin also needs CORS: the VirtualService's
 `corsPolicy` (translated in routes.py) must allow the request headers
 gRPC-Web clients send and expose grpc-status/grpc-message, which a
 trailers-only error carries as headers; see xds-server/console/README.md.
+
+Before grpc_web, a Lua filter (grpc_web_frames.lua) answers a gRPC-Web body
+that is not whole frames with INVALID_ARGUMENT: upstreams may wait forever
+on one (grpcio's asyncio server does), and the caller with them.
 """
 from __future__ import annotations
 
+import functools
+import os
+
 from envoy.extensions.filters.http.grpc_web.v3 import grpc_web_pb2
+from envoy.extensions.filters.http.lua.v3 import lua_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import any_pb2
 
@@ -29,19 +37,38 @@ from mesh.config import MeshConfig
 from xds_server.types import ProxyNode, Snapshot
 
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
+FRAMES_FILTER = "mcp.grpc_web.frames"          # a Lua filter; named apart from other Lua uses
+FRAMES_CHECK_LIMIT = 1 << 20                   # Envoy's default per-connection buffer limit
+_LUA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grpc_web_frames.lua")
+
+
+def _filter(name: str, config) -> hcm_pb2.HttpFilter:
+    typed = any_pb2.Any()
+    typed.Pack(config)
+    return hcm_pb2.HttpFilter(name=name, typed_config=typed)
 
 
 def grpc_web_filter() -> hcm_pb2.HttpFilter:
-    typed = any_pb2.Any()
-    typed.Pack(grpc_web_pb2.GrpcWeb())
-    return hcm_pb2.HttpFilter(name=GRPC_WEB_FILTER, typed_config=typed)
+    return _filter(GRPC_WEB_FILTER, grpc_web_pb2.GrpcWeb())
+
+
+@functools.cache
+def _frames_source() -> str:
+    with open(_LUA, encoding="utf-8") as f:
+        return f.read().replace("__LIMIT__", str(FRAMES_CHECK_LIMIT))
+
+
+def frames_filter() -> hcm_pb2.HttpFilter:
+    lua = lua_pb2.Lua()
+    lua.default_source_code.inline_string = _frames_source()
+    return _filter(FRAMES_FILTER, lua)
 
 
 def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
-    """[grpc_web] for every HTTP connection manager of an Envoy (gateway or sidecar)."""
+    """[frames check, grpc_web] for every HTTP connection manager of an Envoy (gateway or sidecar)."""
     if node.kind == "grpc":
         return []
-    return [grpc_web_filter()]
+    return [frames_filter(), grpc_web_filter()]
 
 
 def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:

@@ -1,0 +1,115 @@
+"""The local mesh the gRPC-Web tests run against, every part real:
+
+    inference backend (`mcpctl serve --model builtin:mlp`, KServe v2 gRPC)
+      ^ HTTP/2 (cluster from a ServiceEntry port of protocol GRPC)
+    gateway Envoy (config pushed over ADS: grpc_web, cors, router)
+      ^ gRPC-Web (HTTP/1.1)                  ^ xDS
+    client / browser                       control plane (`mcpctl xds serve`)
+                                              ^ /debug/syncz, /debug/config_dump
+    console (`mcpctl console`) --------------'   and the backend's /metrics
+
+The mesh config is xds-server/console/examples/grpc-web.yaml with this run's
+ports and the console's origin filled in.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from types import SimpleNamespace
+
+from support.ports import free_port, wait_port
+from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "xds-server", "console", "examples", "grpc-web.yaml")
+MODEL = "mlp"
+SERVICE = "/inference.GRPCInferenceService"
+
+
+def mesh_yaml(gateway_port: int, backend_grpc_port: int, origin: str) -> str:
+    text = open(EXAMPLE).read()
+    text = text.replace("{number: 8080, name: http, protocol: HTTP}",
+                        f"{{number: {gateway_port}, name: http, protocol: HTTP}}")
+    text = text.replace("ports: {grpc: 8001}", f"ports: {{grpc: {backend_grpc_port}}}")
+    text = re.sub(r'allowOrigins: \[\{exact: "[^"]*"\}\]', f'allowOrigins: [{{exact: "{origin}"}}]', text)
+    assert str(gateway_port) in text and str(backend_grpc_port) in text and origin in text, "example changed shape"
+    return text
+
+
+class Console:
+    """`mcpctl console` as a subprocess."""
+
+    def __init__(self, port: int | None = None, **flags: str):
+        self.port = port or free_port()
+        mcpctl = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+        self.args = [mcpctl, "console", "--port", str(self.port)]
+        for k, v in flags.items():
+            self.args += [f"--{k.replace('_', '-')}", str(v)]
+        self.log = tempfile.NamedTemporaryFile(prefix="console-", suffix=".log", delete=False)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Console":
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            wait_port(self.port, timeout=20)
+        except TimeoutError:
+            raise RuntimeError(f"console did not start:\n{self.log_tail()}")
+        return self
+
+    def api(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=5) as r:
+            return json.loads(r.read())
+
+    def log_tail(self) -> str:
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        os.unlink(self.log.name)
+
+
+@contextlib.contextmanager
+def grpcweb_mesh(with_console: bool = True, console_flags: dict | None = None):
+    """Yields a namespace: backend, cp, envoy, envoy_node, gateway_port, console (or None), origin."""
+    from inference_backend.bench.serve_process import ServeProcess
+    gateway_port = free_port()
+    console_port = free_port()
+    origin = f"http://127.0.0.1:{console_port}"   # the page's origin, which the corsPolicy allows
+    with contextlib.ExitStack() as stack:
+        backend = ServeProcess(f"builtin:{MODEL}", free_port(), free_port())
+        stack.callback(backend.stop)
+        backend.start()
+        config_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="grpcweb-mesh-"))
+        write_config(config_dir, "grpc-web.yaml", mesh_yaml(gateway_port, backend.grpc_port, origin))
+        cp = stack.enter_context(ControlPlane(config_dir))
+        envoy = stack.enter_context(mesh_envoy(cp, node_id=GATEWAY_NODE, labels={"istio": "ingressgateway"}))
+        cp.wait_synced(GATEWAY_NODE, types=("CDS", "EDS", "LDS", "RDS"))
+        wait_port(gateway_port, timeout=10)
+        console = None
+        if with_console:
+            console = Console(port=console_port, xds_admin=f"http://127.0.0.1:{cp.admin_port}",
+                              backend=f"http://127.0.0.1:{backend.http_port}",
+                              grpc_web=f"http://127.0.0.1:{gateway_port}",
+                              envoy_admin=f"http://127.0.0.1:{envoy.admin_port}", model=MODEL,
+                              **(console_flags or {}))
+            stack.callback(console.stop)
+            console.start()
+        yield SimpleNamespace(backend=backend, cp=cp, envoy=envoy, envoy_node=GATEWAY_NODE, gateway_port=gateway_port,
+                              console=console, origin=origin, config_dir=config_dir)

@@ -92,11 +92,13 @@ class Index:
         return [ep.get("labels") or {} for ep in endpoints], se.spec.get("resolution") in ("STATIC", "DNS", "DNS_ROUND_ROBIN")
 
     def rules_for(self, host: str) -> list[Resource]:
-        """DestinationRules for a host: the exact host's, else the wildcards covering it."""
+        """The DestinationRule that applies to a host, as the translator picks it:
+        the first for the exact host, else the most specific wildcard."""
         exact = self.destination_rules.get(host)
         if exact:
-            return exact
-        return [dr for pattern, dr in self.wildcard_rules if hosts.host_matches(pattern, host)]
+            return exact[:1]
+        covering = [(p, dr) for p, dr in self.wildcard_rules if hosts.host_matches(p, host)]
+        return [max(covering, key=lambda c: len(c[0]))[1]] if covering else []
 
     def service_for(self, host: str) -> Service | None:
         svc = self.services.get(host)
@@ -157,6 +159,20 @@ def unique_names(index: Index) -> Iterator[Diagnostic]:
         if seen is not res:
             yield res.diagnostic("metadata.name", f"duplicate {res.kind} {res.namespace}/{res.name}: "
                                  f"also defined at {seen.file}:{seen.line}")
+
+
+@analyzer
+def one_destination_rule_per_host(index: Index) -> Iterator[Diagnostic]:
+    """A second DestinationRule for a host does not apply: the first one wins.
+
+    (istiod merges the subsets of rules for one host; mcp-mesh's translator
+    uses the first rule, so a subset only the second defines is not found.)
+    """
+    for host, rules in index.destination_rules.items():
+        for dr in rules[1:]:
+            first = rules[0]
+            yield dr.diagnostic("spec.host", f"DestinationRule {first.namespace}/{first.name} ({first.file}:{first.line}) "
+                                f"already applies to host {host}; this one is ignored", severity="warning")
 
 
 @analyzer

@@ -197,3 +197,13 @@ def test_one_name_defined_twice_blocks_the_push():
     [d] = diags
     assert (d.file, d.line, d.field, d.resource) == ("b.yaml", 4, "metadata.name", "VirtualService/bookinfo/reviews")
     assert d.message == "duplicate VirtualService bookinfo/reviews: also defined at a.yaml:1"
+
+
+def test_only_the_first_destination_rule_for_a_host_applies():
+    texts = {"a.yaml": dr("reviews-a", "reviews", ["v1"]), "b.yaml": dr("reviews-b", "reviews.bookinfo.svc.cluster.local", ["v3"]),
+             "c.yaml": REVIEWS_SE + "---\n" + vs("reviews", "[reviews]", ROUTE_V3)}
+    diags = errors_of(texts)
+    assert [(d.code, d.file) for d in diags] == [("IST0101", "c.yaml")]   # v3 is only in the ignored rule
+    ok = load_texts(dict(texts, **{"c.yaml": REVIEWS_SE}))
+    [w] = [d for d in ok.warnings if d.field == "spec.host"]
+    assert (w.file, w.severity) == ("b.yaml", "warning") and "already applies to host reviews.bookinfo" in w.message

@@ -33,6 +33,11 @@ def is_k8s_name_label(s: str) -> bool:
     return len(s) <= 63 and bool(_K8S_NAME_LABEL.match(s))
 
 
+def is_k8s_subdomain(s: str) -> bool:
+    """A Kubernetes object name: lower-case DNS-1123 labels joined by dots, <= 253."""
+    return len(s) <= 253 and all(is_k8s_name_label(p) for p in s.split("."))
+
+
 def _dns1123_labels(domain: str) -> str | None:
     parts = domain.split(".")
     if parts[-1].isdigit():

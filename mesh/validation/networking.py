@@ -89,6 +89,13 @@ class Report:
             self.error(path, "cannot export service entry to no one (~) and someone")
 
 
+TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+def _top_level_keys(res: Resource) -> list[str]:
+    return [p for p in res.lines if p and "." not in p and "[" not in p]
+
+
 def check_kind(res: Resource) -> Report:
     """apiVersion and the CRD schema. `rep.typed` is False when a value has the
     wrong type, and then the semantic rules (which trust types) do not run."""
@@ -98,6 +105,12 @@ def check_kind(res: Resource) -> Report:
                                 f"expected one of {', '.join(NETWORKING_VERSIONS)}")
     if not hosts.is_k8s_name_label(res.namespace):
         rep.error("metadata.namespace", f"invalid namespace {res.namespace!r}: must be a DNS-1123 label")
+    if res.name and not hosts.is_k8s_subdomain(res.name):
+        rep.error("metadata.name", f"invalid name {res.name!r}: must be a lower-case DNS-1123 subdomain")
+    for key in _top_level_keys(res):
+        if key not in TOP_LEVEL_FIELDS:
+            rep.error(key, f"unknown field {key!r} at the top level of a {res.kind}"
+                           + (" (did you mean 'spec'?)" if key.lower().startswith("spec") else ""))
     errs = SchemaErrors()
     check(res.spec, SPECS[res.kind], "spec", errs)
     for path, message in errs.errors:

@@ -398,3 +398,16 @@ def test_valid_resources_of_every_kind_load_clean():
     config = load_texts({"ok.yaml": text})
     assert sorted(r.kind for r in config) == ["DestinationRule", "Gateway", "ServiceEntry", "WorkloadEntry"]
     assert [d for d in config.warnings if d.severity == "warning"] == []
+
+
+def test_a_misspelt_spec_key_is_not_silently_an_empty_spec():
+    text = doc("WorkloadEntry", "").replace("spec:  #<\n", "specs:  #<\n  address: 10.0.0.1\n")
+    rejected(text, WE, "specs", "unknown field 'specs' at the top level of a WorkloadEntry (did you mean 'spec'?)")
+
+
+def test_object_names_must_be_kubernetes_names():
+    text = doc("WorkloadEntry", "  address: 10.0.0.1\n", name="Reviews_V1  #<")
+    with pytest.raises(ConfigError) as exc:
+        load_texts({"mesh.yaml": text})
+    [d] = exc.value.diagnostics
+    assert (d.field, d.line) == ("metadata.name", marker_line(text)) and "DNS-1123 subdomain" in d.message

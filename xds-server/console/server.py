@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from mesh import headers as H
-from mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES
+from mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES, QosClass
 from xds_server.console import mesh_state
 from xds_server.console.latency import DEFAULT_METRIC, LatencyWindow
 
@@ -86,7 +86,8 @@ class Console:
     async def config(self, request):
         return _json({"grpcWebUrl": self.o.grpc_web, "model": self.o.model,
                       "priorities": list(LLM_PRIORITY_CLASSES), "priorityHeader": H.LLM_PRIORITY,
-                      "classes": list(QOS_CLASS_NAMES), "pollMs": int(self.o.scrape_s * 1000)})
+                      "classes": list(QOS_CLASS_NAMES), "pollMs": int(self.o.scrape_s * 1000),
+                      "levels": {str(c.priority_level): c.header_value for c in QosClass}})
 
     async def mesh(self, request):
         syncz, syncz_err = await self._get(self.o.xds_admin, "/debug/syncz")

@@ -8,7 +8,11 @@ import { decodeContents, decodeRaw, encodeRaw, parseShape, parseValues } from ".
 
 export type InferForm = { url: string; model: string; input: string; datatype: string; shape: string; values: string; priority: string };
 export type OutputTensor = { name: string; datatype: string; shape: number[]; values: (number | string | boolean)[] };
-export type InferResult = { model: string; outputs: OutputTensor[]; headers: Record<string, string>; ms: number };
+export type InferResult = {
+  model: string; outputs: OutputTensor[]; ms: number;
+  metadata: Record<string, string>;             // response headers and trailers
+  parameters: Record<string, string>;           // the response's KServe parameters (priority_level, ...)
+};
 
 const clients = new Map<string, Client<typeof GRPCInferenceService>>();
 
@@ -32,12 +36,14 @@ export async function modelInfer(f: InferForm, priorityHeader: string): Promise<
     inputs: [{ name: f.input.trim(), datatype: f.datatype, shape }],
     rawInputContents: [encodeRaw(f.datatype, values)],
   });
-  const headers: Record<string, string> = {};
+  const metadata: Record<string, string> = {};
+  const keep = (h: Headers) => h.forEach((v, k) => { metadata[k] = v; });
   const started = performance.now();
   const res = await client(f.url).modelInfer(request, {
     headers: f.priority ? { [priorityHeader]: f.priority } : {},
     timeoutMs: 10000,
-    onHeader: (h) => h.forEach((v, k) => { headers[k] = v; }),
+    onHeader: keep,
+    onTrailer: keep,
   });
   const ms = performance.now() - started;
   const outputs = res.outputs.map((o, i) => ({
@@ -45,7 +51,9 @@ export async function modelInfer(f: InferForm, priorityHeader: string): Promise<
     values: i < res.rawOutputContents.length ? decodeRaw(o.datatype, res.rawOutputContents[i])
       : o.contents ? decodeContents(o.contents) : [],
   }));
-  return { model: res.modelName, outputs, headers, ms };
+  const parameters: Record<string, string> = {};
+  for (const [k, p] of Object.entries(res.parameters)) parameters[k] = String(p.parameterChoice.value);
+  return { model: res.modelName, outputs, metadata, parameters, ms };
 }
 
 export async function modelMetadata(url: string, model: string) {

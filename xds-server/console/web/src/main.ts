@@ -3,8 +3,12 @@
 import { describeError, modelInfer, modelMetadata, type InferForm } from "./infer";
 import { drawLatency, type Series } from "./plot";
 
-type Config = { grpcWebUrl: string; model: string; priorities: string[]; priorityHeader: string; classes: string[]; pollMs: number };
-type Proxy = { id: string; types: { type: string; acked: string; sent: string; nack: string | null }[] };
+type Config = {
+  grpcWebUrl: string; model: string; priorities: string[]; priorityHeader: string; pollMs: number;
+  classes: string[]; levels: Record<string, string>;   // QoS classes; priority level -> class
+};
+// One row per proxy and xDS type, as /debug/syncz reports it: SYNCED, STALE, NACKED, NOT SENT.
+type Proxy = { id: string; error?: string; types: { type: string; status: string; acked: string; sent: string; resources: number; error: string }[] };
 type Route = { listener: string; routeConfig: string; virtualHost: string; domains: string[]; match: string; clusters: string[] };
 type Cluster = { name: string; endpoints: { address: string; health: string; weight?: number }[] };
 type Mesh = { sources: Record<string, { url: string; error: string | null }>; proxies: Proxy[]; routes: Route[]; clusters: Cluster[] };
@@ -34,8 +38,11 @@ function table(head: string[], rows: (string | HTMLElement)[][], empty: string):
 function renderMesh(m: Mesh): void {
   $("sources").textContent = Object.entries(m.sources)
     .map(([k, s]) => `${k}: ${s.url || "(not set)"}${s.error ? ` — ${s.error}` : ""}`).join("   ");
-  const proxyRows = m.proxies.flatMap((p) => p.types.map((t) => [p.id, t.type, t.acked || "—",
-    t.nack ? el("span", `NACK: ${t.nack}`, "nack") : el("span", t.acked && t.acked === t.sent ? "ACK" : "pending", t.acked === t.sent ? "ack" : "muted")]));
+  const state = (t: Proxy["types"][number]) =>
+    t.status === "NACKED" ? el("span", `NACK: ${t.error}`, "nack")
+      : t.status === "SYNCED" ? el("span", `ACK (${t.resources})`, "ack")
+        : el("span", t.status === "STALE" ? "sent, not yet ACKed" : t.status, "muted");
+  const proxyRows = m.proxies.flatMap((p) => p.types.map((t) => [p.id, t.type, t.acked || "—", state(t)]));
   $("proxies").replaceChildren(table(["proxy", "type", "acked version", "state"], proxyRows, "no proxy connected"));
   $("routes").replaceChildren(table(["listener / route config", "virtual host", "match", "→ clusters"],
     m.routes.map((r) => [`${r.listener} / ${r.routeConfig}`, `${r.virtualHost} (${r.domains.join(", ")})`, r.match, r.clusters.join(", ")]), "no routes"));
@@ -63,9 +70,12 @@ async function onInfer(cfg: Config, ev: Event): Promise<void> {
   err.textContent = ""; out.textContent = "calling…"; out.removeAttribute("data-outputs");
   try {
     const res = await modelInfer(formValues(), cfg.priorityHeader);
-    out.textContent = [`model ${res.model} answered in ${res.ms.toFixed(1)} ms`,
-      ...res.outputs.map((o) => `${o.name} ${o.datatype} [${o.shape.join(",")}] = ${o.values.join(", ")}`),
-      ...Object.entries(res.headers).filter(([k]) => k.startsWith("x-mcp-")).map(([k, v]) => `${k}: ${v}`)].join("\n");
+    const level = res.parameters["priority_level"];
+    const short = (v: number | string | boolean) => (typeof v === "number" ? Number(v.toPrecision(7)) : v);
+    out.textContent = [`model ${res.model} answered in ${res.ms.toFixed(1)} ms` +
+      (level ? `, queued as ${cfg.levels[level] ?? "?"} (priority level ${level})` : ""),
+      ...res.outputs.map((o) => `${o.name} ${o.datatype} [${o.shape.join(",")}] = ${o.values.map(short).join(", ")}`),
+      ...Object.entries(res.metadata).filter(([k]) => k.startsWith("x-mcp-")).map(([k, v]) => `${k}: ${v}`)].join("\n");
     out.dataset.outputs = JSON.stringify(res.outputs); // read back by the browser test
     out.dataset.state = "ok";
   } catch (e) {

@@ -11,6 +11,7 @@ export function drawLatency(canvas: HTMLCanvasElement, series: Series, classes: 
   ctx.clearRect(0, 0, W, H);
   ctx.font = "12px system-ui, sans-serif";
   const pts = classes.flatMap((c) => series[c] || []);
+  canvas.dataset.points = String(pts.filter((p) => p.p50 !== null).length); // what was drawn, for tests
   const ts = pts.map((p) => p.t);
   const vs = pts.flatMap((p) => [p.p50, p.p99]).filter((v): v is number => v !== null);
   const t1 = ts.length ? Math.max(...ts) : 0, t0 = Math.min(t1 - 60, ...ts);

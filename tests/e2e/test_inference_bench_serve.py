@@ -7,8 +7,10 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -54,9 +56,18 @@ def test_counts_match_and_server_timing_is_reported(server, grpc):
     assert row["latency_ms"]["p50"] * 1000 > row["server_compute_us"]["p50"]   # client sees at least the compute
 
 
+def served_by_level(server) -> dict[str, float]:
+    """Requests the server itself counted per priority level (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    pat = re.compile(r'^mcp_inference_request_duration_seconds_count\{[^}]*priority_level="(\d+)"[^}]*\} (\S+)$', re.M)
+    return {level: float(v) for level, v in pat.findall(text)}
+
+
 @pytest.mark.parametrize("grpc", [False, True], ids=["rest", "grpc"])
 def test_priority_rows_in_csv(server, grpc):
     url = server.grpc_url if grpc else server.rest_url
+    before = served_by_level(server)
     p = bench("-c", "4", "-n", "100", "-u", url, "--priority-mix", "high=0.2,low=0.8",
               "--output-format", "csv", *(["--grpc"] if grpc else []))
     assert p.returncode == 0, p.stderr
@@ -65,6 +76,11 @@ def test_priority_rows_in_csv(server, grpc):
     assert (int(rows["high"]["ok"]), int(rows["low"]["ok"])) == (20, 80)
     assert rows["high"]["qos_class"] == QosClass.LATENCY_CRITICAL.header_value
     assert float(rows["high"]["p99_ms"]) > 0 and rows["all"]["error_classes"] == ""
+    # and the server saw those priorities: 20 at level 1, 80 at level 4
+    after = served_by_level(server)
+    delta = {lv: after.get(lv, 0) - before.get(lv, 0) for lv in after}
+    high, low = str(QosClass.LATENCY_CRITICAL.priority_level), str(QosClass.BATCH.priority_level)
+    assert (delta.get(high), delta.get(low)) == (20, 80), delta
 
 
 def test_table_output_is_the_default(server):

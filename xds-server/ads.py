@@ -18,10 +18,13 @@ Protocol (envoyproxy.io "xDS REST and gRPC protocol"), per stream and type:
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import itertools
 import logging
 from dataclasses import dataclass, field
 
+import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
@@ -43,6 +46,36 @@ def push_order(type_urls) -> list[str]:
     return known + sorted(u for u in type_urls if u not in PUSH_ORDER)
 
 
+class ResponseBodies:
+    """Serialized responses without their nonce, shared by every stream that sends the same content.
+
+    A response is built and serialized once per content (100 gateways at one
+    version share one 5 MB EDS body); each stream appends its own nonce field,
+    which protobuf parses as a merge of the two. Bounded by total bytes, LRU.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20):
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._bodies: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple, build) -> bytes:
+        body = self._bodies.get(key)
+        if body is not None:
+            self._bodies.move_to_end(key)
+            self.hits += 1
+            return body
+        self.misses += 1
+        body = build().SerializeToString()
+        self._bodies[key] = body
+        self.size += len(body)
+        while self.size > self.max_bytes and len(self._bodies) > 1:
+            _, old = self._bodies.popitem(last=False)
+            self.size -= len(old)
+        return body
+
+
 class AdsHub:
     """What every stream shares: the snapshot cache, the sync tracker, the open streams."""
 
@@ -50,6 +83,7 @@ class AdsHub:
         self.cache = cache
         self.tracker = tracker or SyncTracker()
         self.streams: set["_Stream"] = set()
+        self.bodies = ResponseBodies()
         self._nonces = itertools.count(1)
 
     def nonce(self) -> str:
@@ -159,12 +193,12 @@ class _Stream:
     def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool):
         raise NotImplementedError
 
-    def _count(self, type_url: str, resp, n: int) -> None:
+    def _count(self, type_url: str, wire: bytes, n: int) -> None:
         m = telemetry.metrics()
         attrs = {"type": short_name(type_url), "protocol": self.protocol}
         m.pushes.add(1, attrs)
         m.push_resources.add(n, attrs)
-        m.push_bytes.add(resp.ByteSize(), attrs)
+        m.push_bytes.add(len(wire), attrs)
 
 
 class SotwStream(_Stream):
@@ -212,13 +246,14 @@ class SotwStream(_Stream):
         if version == st.sent_version and not force:
             return None
         nonce = self.hub.nonce()
-        resp = discovery_pb2.DiscoveryResponse(
-            version_info=version, type_url=type_url, nonce=nonce, control_plane=CONTROL_PLANE,
-            resources=[r.any for r in resources])
+        body = self.hub.bodies.get(("sotw", type_url, version), lambda: discovery_pb2.DiscoveryResponse(
+            version_info=version, type_url=type_url, control_plane=CONTROL_PLANE,
+            resources=[r.any for r in resources]))
+        wire = body + discovery_pb2.DiscoveryResponse(nonce=nonce).SerializeToString()
         st.sent_version, st.sent_nonce = version, nonce
         self.hub.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(resources))
-        self._count(type_url, resp, len(resources))
-        return resp
+        self._count(type_url, wire, len(resources))
+        return wire
 
 
 class DeltaStream(_Stream):
@@ -289,11 +324,15 @@ class DeltaStream(_Stream):
         if not changed and not removed and not force:
             return None
         nonce = self.hub.nonce()
-        resp = discovery_pb2.DeltaDiscoveryResponse(
-            system_version_info=version, type_url=type_url, nonce=nonce, control_plane=CONTROL_PLANE,
-            resources=[discovery_pb2.Resource(name=r.name, version=r.version, resource=r.any)
-                       for r in changed],
-            removed_resources=removed)
+        digest = hashlib.sha256("\n".join(f"{r.name}\0{r.version}" for r in changed).encode()).digest()
+        body = self.hub.bodies.get(
+            ("delta", type_url, version, digest, tuple(removed)),
+            lambda: discovery_pb2.DeltaDiscoveryResponse(
+                system_version_info=version, type_url=type_url, control_plane=CONTROL_PLANE,
+                resources=[discovery_pb2.Resource(name=r.name, version=r.version, resource=r.any)
+                           for r in changed],
+                removed_resources=removed))
+        wire = body + discovery_pb2.DeltaDiscoveryResponse(nonce=nonce).SerializeToString()
         st.pending[nonce] = (version, {n: st.client.get(n) for n in [r.name for r in changed] + removed})
         for r in changed:
             st.client[r.name] = r.version
@@ -301,11 +340,13 @@ class DeltaStream(_Stream):
             st.client.pop(n, None)
         st.sent_version, st.sent_nonce = version, nonce
         self.hub.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(desired))
-        self._count(type_url, resp, len(changed))
-        return resp
+        self._count(type_url, wire, len(changed))
+        return wire
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    """Yields serialized responses (bytes); `add_to_server` registers it with a pass-through serializer."""
+
     def __init__(self, hub: AdsHub):
         self.hub = hub
 
@@ -316,3 +357,24 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def DeltaAggregatedResources(self, request_iterator, context):
         async for resp in DeltaStream(self.hub, context.peer()).run(request_iterator):
             yield resp
+
+
+def _passthrough(wire: bytes) -> bytes:
+    return wire
+
+
+def add_to_server(hub: AdsHub, server) -> None:
+    """Register ADS on a grpc.aio server; the method names are Envoy's, the wire is protobuf."""
+    servicer = AdsServicer(hub)
+    handlers = {
+        "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+            servicer.StreamAggregatedResources,
+            request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+            response_serializer=_passthrough),
+        "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+            servicer.DeltaAggregatedResources,
+            request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+            response_serializer=_passthrough),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.discovery.v3.AggregatedDiscoveryService", handlers),))

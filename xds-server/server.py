@@ -13,11 +13,10 @@ import logging
 import time
 
 import grpc
-from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from mesh.errors import ConfigError, Diagnostic
 from xds_server import telemetry
-from xds_server.ads import AdsHub, AdsServicer
+from xds_server.ads import AdsHub, add_to_server
 from xds_server.cache import SnapshotCache
 from xds_server.source import DirectorySource
 
@@ -66,7 +65,7 @@ class XdsServer:
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ])
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(AdsServicer(self.hub), self._grpc)
+        add_to_server(self.hub, self._grpc)
         bound = self._grpc.add_insecure_port(f"{self.address}:{self.port}")
         if not bound:
             raise OSError(f"cannot bind ADS on {self.address}:{self.port}")

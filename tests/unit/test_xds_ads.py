@@ -97,6 +97,7 @@ class Harness:
         assert self.responses.empty(), f"unexpected response: {self.responses.get_nowait()}"
 
     async def change(self, config):
+        await asyncio.sleep(0.1)   # let requests sent before the change reach the server first
         self.config = config
         assert await self.server.apply()
 

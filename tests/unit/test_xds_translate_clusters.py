@@ -54,9 +54,26 @@ def test_endpoint_ports_localities_weights():
     # The second endpoint names no grpc port: it is reached on the service port.
     assert cla["endpoints"] == [
         {"locality": {"region": "r1", "zone": "z1"}, "lbEndpoints": [
-            {"endpoint": {"address": {"socketAddress": {"address": "127.0.0.1", "portValue": 9101}}}, "loadBalancingWeight": 2}]},
+            {"endpoint": {"address": {"socketAddress": {"address": "127.0.0.1", "portValue": 9101}}}, "loadBalancingWeight": 2}],
+         "loadBalancingWeight": 2},
         {"locality": {"region": "r1", "zone": "z2"}, "lbEndpoints": [
-            {"endpoint": {"address": {"socketAddress": {"address": "127.0.0.2", "portValue": 90}}}}]}]
+            {"endpoint": {"address": {"socketAddress": {"address": "127.0.0.2", "portValue": 90}}}}],
+         "loadBalancingWeight": 1}]
+
+
+def test_every_locality_is_present_and_weighted_for_grpc():
+    # gRPC NACKs an assignment without locality and ignores one of weight 0.
+    [loc] = snap(node=ProxyNode("g", kind="grpc"), extra="""---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: plain, namespace: default}
+spec:
+  hosts: [plain.mesh.local]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.9}, {address: 127.0.0.10}]
+""")[ENDPOINT]["outbound|80||plain.mesh.local"].endpoints
+    assert loc.HasField("locality") and loc.load_balancing_weight.value == 2
 
 
 def test_port_protocol_sets_upstream_http_version():

@@ -161,6 +161,8 @@ def test_proxyless_clusters_are_eds_with_a_grpc_lb_policy():
     d = json_format.MessageToDict(c)
     assert d["type"] == "EDS" and d["edsClusterConfig"]["edsConfig"] == {"ads": {}, "resourceApiVersion": "V3"}
     assert "lbPolicy" not in d                 # RANDOM is not in gRPC's set: ROUND_ROBIN
+    # Nor is Istio's default LEAST_REQUEST: grpcio NACKs it ("LB policy is not supported").
+    assert "lbPolicy" not in json_format.MessageToDict(s[CLUSTER]["outbound|9080||ratings.shop.svc.cluster.local"])
     assert "typedExtensionProtocolOptions" not in d
     [loc] = s[ENDPOINT]["outbound|9090|v2|reviews.shop.svc.cluster.local"].endpoints
     assert [(e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)

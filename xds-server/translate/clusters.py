@@ -39,8 +39,10 @@ _SIMPLE_LB = {
     "RANDOM": Cluster.RANDOM,
     "UNSPECIFIED": Cluster.LEAST_REQUEST,
 }
-# What proxyless gRPC clients implement (gRFC A27, A42, A48); others fall back.
-_GRPC_LB = {Cluster.ROUND_ROBIN, Cluster.RING_HASH, Cluster.LEAST_REQUEST}
+# What proxyless gRPC clients take in Cluster.lb_policy (gRFC A27, A42); grpc
+# C-core (grpcio) NACKs LEAST_REQUEST ("LB policy is not supported"), so
+# everything else -- Istio's default LEAST_REQUEST included -- is ROUND_ROBIN.
+_GRPC_LB = {Cluster.ROUND_ROBIN, Cluster.RING_HASH}
 
 
 @dataclass(frozen=True)
@@ -98,13 +100,16 @@ def load_assignment(name: str, service: Service, port: ServicePort,
         if loc is None:
             loc = by_locality[ep.locality] = cla.endpoints.add()
             region, zone, subzone = (ep.locality.split("/") + ["", "", ""])[:3]
-            if ep.locality:
-                loc.locality.region, loc.locality.zone, loc.locality.sub_zone = region, zone, subzone
+            loc.locality.SetInParent()       # gRPC NACKs an assignment without one
+            loc.locality.region, loc.locality.zone, loc.locality.sub_zone = region, zone, subzone
         lb = loc.lb_endpoints.add()
         lb.endpoint.address.CopyFrom(_address(host, ep.port_for(port)))
         if ep.weight:
             lb.load_balancing_weight.value = ep.weight
-    # Envoy weighs localities only when locality weights are set; keep them equal.
+    # As istiod: a locality weighs the sum of its endpoints' weights. Envoy uses
+    # it only with locality-weighted LB; gRPC drops a locality without one.
+    for loc in cla.endpoints:
+        loc.load_balancing_weight.value = sum(e.load_balancing_weight.value or 1 for e in loc.lb_endpoints)
     return cla
 
 

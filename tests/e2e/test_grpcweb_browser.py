@@ -48,6 +48,8 @@ def direct_infer(mesh, model: str = MODEL):
 
 def infer_in_page(page, model: str) -> str:
     page.fill("#model", model)
+    page.fill("#input-name", "INPUT0")
+    page.fill("#shape", "1,64")
     page.fill("#values", ", ".join(repr(v) for v in VALUES))
     page.eval("document.getElementById('infer-result').removeAttribute('data-state')")
     page.click("#infer-button")

@@ -91,6 +91,10 @@ class DynamicBatcher:
         self.completed = 0
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
+        # Timeouts fire at their deadline even while the compute thread is busy
+        # with a long batch: a refused client should hear so at once.
+        self._reaper = threading.Thread(target=self._reap, name=f"batcher-{name}-timeouts", daemon=True)
+        self._reaper.start()
 
     # -- called from request threads ------------------------------------------------
     def submit(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> concurrent.futures.Future:
@@ -117,7 +121,7 @@ class DynamicBatcher:
             self._count[p.level] += 1
             if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
                 self._next_deadline = p.deadline_ns
-            self._cond.notify()
+            self._cond.notify_all()
         return p.future
 
     def update_settings(self, settings: BatcherSettings) -> None:
@@ -125,7 +129,7 @@ class DynamicBatcher:
         their place (a level beyond the new priority_levels is served as the lowest)."""
         with self._cond:
             self.settings = settings
-            self._cond.notify()
+            self._cond.notify_all()
 
     def set_executor(self, executor: Executor) -> None:
         """Swap the model under the queue; the batch being computed finishes on the old one."""
@@ -143,10 +147,18 @@ class DynamicBatcher:
         """Serve what is queued, then end the compute thread."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(timeout)
+        self._reaper.join(timeout)
 
-    # -- the compute thread --------------------------------------------------------
+    # -- the compute thread (and the timeout reaper) --------------------------------
+    def _reap(self) -> None:
+        with self._cond:
+            while not self._stopping:
+                now = time.monotonic_ns()
+                self._expire(now)
+                wait = (self._next_deadline - now) / 1e9 if self._next_deadline else None
+                self._cond.wait(wait if wait is None else max(wait, 0.0005))
     def _ordered(self):
         for level in sorted(set(self._fresh) | set(self._delayed)):
             yield from self._fresh.get(level, ())

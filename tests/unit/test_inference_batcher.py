@@ -1,0 +1,241 @@
+"""The dynamic batcher's Triton semantics, with an executor that records each run.
+
+The executor computes a real function of its input (x * 2 + row index is not
+used: each request's rows come back doubled), so a mixed-up split would show.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mesh.scheduling import BatcherSettings, QueuePolicy
+from inference_backend.batcher import DynamicBatcher, Pending
+from inference_backend.errors import Internal, InvalidArgument, Overloaded
+
+
+class Recorder:
+    """Doubles its input; records which requests ran together; can be held shut."""
+
+    def __init__(self):
+        self.runs: list[list[str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+        self.fail_next = False
+
+    def run_batch(self, batch):
+        self.started.set()
+        self.gate.wait(10)
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("boom")
+        self.runs.append([p.context["tag"] for p in batch])
+        x = np.concatenate([p.inputs["x"] for p in batch])
+        y = x * 2
+        out, off = [], 0
+        for p in batch:
+            out.append({"y": y[off:off + p.rows]})
+            off += p.rows
+        return out, [{} for _ in batch], 0.0, 0.0
+
+
+def req(tag, rows=1, width=4, timeout_us=None):
+    x = np.full((rows, width), float(hash(tag) % 1000), np.float32)
+    return Pending(inputs={"x": x}, outputs=(), rows=rows, key=(width,), timeout_us=timeout_us,
+                   context={"tag": tag})
+
+
+@pytest.fixture
+def rec():
+    return Recorder()
+
+
+def make(rec, **kw):
+    return DynamicBatcher("m", rec, BatcherSettings(**kw))
+
+
+def hold_first(b, rec):
+    """Occupy the compute thread with one request so the next ones queue."""
+    rec.gate.clear()
+    rec.started.clear()
+    f = b.submit(req("first"))
+    assert rec.started.wait(5)
+    return f
+
+
+def test_priority_order_is_level_then_arrival(rec):
+    b = make(rec, max_batch_size=1)
+    first = hold_first(b, rec)
+    futures = [b.submit(req(tag), priority=level) for tag, level in
+               [("c3", 3), ("a1", 1), ("d4", 4), ("b1", 1), ("e2", 2), ("f3", 3)]]
+    rec.gate.set()
+    for f in [first, *futures]:
+        f.result(5)
+    b.stop()
+    assert [r[0] for r in rec.runs] == ["first", "a1", "b1", "e2", "c3", "f3", "d4"]
+
+
+def test_qos_class_header_wins_over_priority_parameter(rec):
+    b = make(rec, max_batch_size=1)
+    first = hold_first(b, rec)
+    low = b.submit(req("asked-1-but-batch"), qos_class="batch", priority=1)
+    high = b.submit(req("interactive"), qos_class="interactive")
+    rec.gate.set()
+    assert high.result(5).level == 2 and low.result(5).level == 4
+    first.result(5)
+    b.stop()
+    assert [r[0] for r in rec.runs] == ["first", "interactive", "asked-1-but-batch"]
+
+
+def test_unknown_qos_class_is_invalid_argument(rec):
+    b = make(rec)
+    with pytest.raises(InvalidArgument, match="unknown QoS class"):
+        b.submit(req("x"), qos_class="platinum")
+    b.stop()
+
+
+def test_each_request_gets_its_own_rows_back(rec):
+    b = make(rec, max_batch_size=16, max_queue_delay_us=50_000)
+    reqs = [req(f"r{i}", rows=1 + i % 3) for i in range(6)]
+    futures = [b.submit(r) for r in reqs]
+    results = [f.result(5) for f in futures]
+    b.stop()
+    assert len(rec.runs) == 1 and results[0].batch_size == sum(r.rows for r in reqs)
+    for r, res in zip(reqs, results):
+        np.testing.assert_array_equal(res.outputs["y"], r.inputs["x"] * 2)
+
+
+def test_max_queue_delay_holds_a_lone_request_then_sends_it(rec):
+    b = make(rec, max_batch_size=8, max_queue_delay_us=30_000)
+    t0 = time.monotonic()
+    res = b.submit(req("alone")).result(5)
+    waited = time.monotonic() - t0
+    b.stop()
+    assert 0.025 <= waited < 1.0 and res.batch_size == 1 and res.queue_us >= 25_000
+
+
+def test_preferred_batch_size_goes_without_waiting_for_the_delay(rec):
+    # 1 is preferred too, so the lone first request leaves at once (else it waits the 5 s)
+    b = make(rec, max_batch_size=8, preferred_batch_sizes=(1, 4), max_queue_delay_us=5_000_000)
+    first = hold_first(b, rec)
+    futures = [b.submit(req(f"p{i}")) for i in range(5)]
+    t0 = time.monotonic()
+    rec.gate.set()
+    first.result(5)
+    sizes = [f.result(10).batch_size for f in futures[:4]]
+    assert time.monotonic() - t0 < 2.0          # not the 5 s delay
+    assert sizes == [4, 4, 4, 4]                # the largest preferred size the queue reached
+    assert futures[4].result(5).batch_size == 1
+    b.stop()
+    assert rec.runs[1] == ["p0", "p1", "p2", "p3"] and rec.runs[2] == ["p4"]
+
+
+def test_max_batch_size_splits_and_oversized_request_is_refused(rec):
+    b = make(rec, max_batch_size=4, max_queue_delay_us=200_000)
+    first = hold_first(b, rec)
+    futures = [b.submit(req(f"m{i}", rows=2)) for i in range(3)]
+    rec.gate.set()
+    first.result(5)
+    assert futures[0].result(5).batch_size == 4 and futures[1].result(5).batch_size == 4
+    with pytest.raises(InvalidArgument, match="batch size 5 exceeds max_batch_size 4"):
+        b.submit(req("big", rows=5))
+    b.stop()
+
+
+def test_incompatible_shapes_never_share_a_run(rec):
+    b = make(rec, max_batch_size=8, max_queue_delay_us=20_000)
+    f1, f2 = b.submit(req("w4", width=4)), b.submit(req("w5", width=5))
+    f1.result(5), f2.result(5)
+    b.stop()
+    assert sorted(rec.runs) == [["w4"], ["w5"]]
+
+
+def test_max_queue_size_rejects_at_arrival(rec):
+    b = make(rec, max_batch_size=1, queue_policies={3: QueuePolicy(max_queue_size=2)})
+    first = hold_first(b, rec)
+    ok = [b.submit(req(f"q{i}")) for i in range(2)]
+    with pytest.raises(Overloaded, match="priority level 3 queue of model 'm' is full"):
+        b.submit(req("q2"))
+    other_level = b.submit(req("level1"), priority=1)   # other levels are not bounded
+    rec.gate.set()
+    for f in [first, *ok, other_level]:
+        f.result(5)
+    b.stop()
+
+
+def test_timeout_reject_fails_the_request_while_queued(rec):
+    b = make(rec, max_batch_size=1, queue_policies={3: QueuePolicy(default_timeout_us=20_000)})
+    first = hold_first(b, rec)
+    doomed = b.submit(req("late"))
+    time.sleep(0.2)
+    with pytest.raises(Overloaded, match="timed out after .* us in the priority level 3 queue"):
+        doomed.result(0.5)                      # failed at its timeout, compute still held
+    rec.gate.set()
+    first.result(5)
+    b.stop()
+    assert ["late"] not in rec.runs
+
+
+def test_timeout_delay_moves_behind_fresh_requests_of_its_level(rec):
+    b = make(rec, max_batch_size=1, queue_policies={3: QueuePolicy(default_timeout_us=10_000, timeout_action="DELAY")})
+    first = hold_first(b, rec)
+    delayed = b.submit(req("old"), priority=3)
+    time.sleep(0.05)                            # "old" times out -> delayed
+    fresh = b.submit(req("fresh"), priority=3)   # arrives later, has not timed out
+    lower = b.submit(req("level4"), priority=4)
+    rec.gate.set()
+    for f in (first, delayed, fresh, lower):
+        f.result(5)
+    b.stop()
+    assert [r[0] for r in rec.runs] == ["first", "fresh", "old", "level4"]
+
+
+def test_timeout_override_may_only_shorten(rec):
+    policy = QueuePolicy(default_timeout_us=50_000, allow_timeout_override=True)
+    assert policy.timeout_us(10_000) == 10_000 and policy.timeout_us(900_000) == 50_000
+    assert QueuePolicy(default_timeout_us=50_000).timeout_us(10_000) == 50_000
+    assert QueuePolicy(allow_timeout_override=True).timeout_us(7) == 7
+    b = make(rec, max_batch_size=1, queue_policies={3: policy})
+    first = hold_first(b, rec)
+    short = b.submit(req("short", timeout_us=5_000))
+    time.sleep(0.03)                            # past 5 ms, within 50 ms
+    with pytest.raises(Overloaded):
+        short.result(0.5)
+    rec.gate.set()
+    first.result(5)
+    b.stop()
+
+
+def test_model_failure_fails_its_batch_and_the_batcher_keeps_going(rec):
+    b = make(rec, max_batch_size=4)
+    rec.fail_next = True
+    with pytest.raises(Internal, match="RuntimeError: boom"):
+        b.submit(req("bad")).result(5)
+    assert b.submit(req("good")).result(5).outputs["y"].shape == (1, 4)
+    b.stop()
+
+
+def test_settings_update_applies_to_the_next_batch(rec):
+    b = make(rec, max_batch_size=1)
+    first = hold_first(b, rec)
+    futures = [b.submit(req(f"u{i}")) for i in range(4)]
+    b.update_settings(BatcherSettings(max_batch_size=4))
+    rec.gate.set()
+    first.result(5)
+    assert {f.result(5).batch_size for f in futures} == {4}
+    b.stop()
+
+
+def test_cancelled_requests_are_dropped_from_the_queue(rec):
+    b = make(rec, max_batch_size=1)
+    first = hold_first(b, rec)
+    gone = b.submit(req("gone"))
+    stay = b.submit(req("stay"))
+    assert gone.cancel()
+    rec.gate.set()
+    first.result(5), stay.result(5)
+    b.stop()
+    assert ["gone"] not in rec.runs

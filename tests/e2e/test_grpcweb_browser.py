@@ -17,7 +17,8 @@ from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
 from support import browser as browser_support
 from support.browser import Browser
-from support.grpcweb_mesh import MODEL, ROOT, grpcweb_mesh
+from mesh.qos import LLM_PRIORITY_CLASSES
+from support.grpcweb_mesh import MODEL, ROOT, WASM, grpcweb_mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(browser_support.missing() is not None,
                                                   reason=browser_support.missing() or "")]
@@ -27,7 +28,8 @@ VALUES = [i / 8 - 4 for i in range(64)]   # exact in float32, so the page's text
 
 @pytest.fixture(scope="module")
 def mesh():
-    with grpcweb_mesh(console_flags={"latency_window": "1", "scrape_interval": "0.25"}) as m:
+    with grpcweb_mesh(console_flags={"latency_window": "1", "scrape_interval": "0.25"},
+                      header_contract=os.path.exists(WASM)) as m:
         yield m
 
 
@@ -79,6 +81,17 @@ def test_model_infer_in_the_browser_returns_what_direct_grpc_returns(page, mesh)
     posts = [r for r in page.requests() if r["method"] == "POST" and "ModelInfer" in r["url"]]
     assert posts and posts[-1]["status"] == 200
     assert posts[-1]["headers"]["access-control-allow-origin"] == mesh.origin
+
+
+@pytest.mark.skipif(not os.path.exists(WASM), reason=f"{WASM} not built (make wasm)")
+def test_priority_chosen_in_the_page_is_the_class_the_backend_queued(page, mesh):
+    page.select("#priority", "high")
+    try:
+        assert infer_in_page(page, MODEL) == "ok", page.text("#infer-error")
+        cls = LLM_PRIORITY_CLASSES["high"]
+        assert f"queued as {cls.header_value} (priority level {cls.priority_level})" in page.text("#infer-result")
+    finally:
+        page.select("#priority", "")
 
 
 def test_backend_error_shows_as_a_readable_message(page, mesh):

@@ -3,6 +3,7 @@
 No browser here: tests/support/grpcweb.py speaks gRPC-Web over HTTP/1.1, and
 every answer is compared with a direct gRPC call to the same backend.
 """
+import os
 import time
 
 import grpc
@@ -12,15 +13,17 @@ import pytest
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
 from mesh import headers as H
+from mesh.qos import LLM_PRIORITY_CLASSES, QosClass
 from support.grpcweb import GrpcWebClient, encode_frame
-from support.grpcweb_mesh import MODEL, SERVICE, grpcweb_mesh
+from support.grpcweb_mesh import MODEL, SERVICE, WASM, grpcweb_mesh
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def mesh():
-    with grpcweb_mesh(console_flags={"latency_window": "1", "scrape_interval": "0.25"}) as m:
+    with grpcweb_mesh(console_flags={"latency_window": "1", "scrape_interval": "0.25"},
+                      header_contract=os.path.exists(WASM)) as m:
         yield m
 
 
@@ -81,6 +84,37 @@ def test_model_stream_infer_as_server_streaming(mesh, direct):
     by_id = {a.infer_response.id: a.infer_response for a in answers}
     for r in reqs:
         np.testing.assert_array_equal(outputs(by_id[r.id]), outputs(direct.ModelInfer(r, timeout=10)))
+
+
+needs_contract = pytest.mark.skipif(not os.path.exists(WASM), reason=f"{WASM} not built (make wasm)")
+
+
+def queued_level(res) -> int:
+    """The priority level the backend queued the request at (its response parameter)."""
+    assert res.status == 0, res.message
+    return pb.ModelInferResponse.FromString(res.messages[0]).parameters["priority_level"].uint64_param
+
+
+@needs_contract
+@pytest.mark.parametrize("priority", sorted(LLM_PRIORITY_CLASSES))
+def test_grpc_web_request_gets_its_qos_class_from_the_header_contract(mesh, priority):
+    # The Wasm filter runs before grpc_web: it maps X-LLM-Priority to the class
+    # header, which the backend's priority queues read.
+    res = web(mesh).unary(f"{SERVICE}/ModelInfer", infer_request(5).SerializeToString(),
+                          metadata={H.LLM_PRIORITY: priority})
+    assert queued_level(res) == LLM_PRIORITY_CLASSES[priority].priority_level
+
+
+@needs_contract
+def test_grpc_web_client_cannot_set_the_qos_class_itself(mesh):
+    spoofed = {H.QOS_CLASS: QosClass.LATENCY_CRITICAL.header_value, H.LLM_PRIORITY: "low"}
+    res = web(mesh).unary(f"{SERVICE}/ModelInfer", infer_request(6).SerializeToString(), metadata=spoofed)
+    assert queued_level(res) == QosClass.BATCH.priority_level
+    # ... whereas straight to the backend, past the mesh, the header is believed.
+    with grpc.insecure_channel(f"127.0.0.1:{mesh.backend.grpc_port}") as ch:
+        direct = pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(
+            infer_request(6), metadata=tuple(spoofed.items()), timeout=10)
+    assert direct.parameters["priority_level"].uint64_param == QosClass.LATENCY_CRITICAL.priority_level
 
 
 def test_backend_error_is_a_grpc_status_with_the_backends_message(mesh, direct):

@@ -13,7 +13,9 @@ ports and the console's origin filled in.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -30,6 +32,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLE = os.path.join(ROOT, "xds-server", "console", "examples", "grpc-web.yaml")
 MODEL = "mlp"
 SERVICE = "/inference.GRPCInferenceService"
+WASM = os.path.join(ROOT, "wasm-filters", "build", "header_contract.wasm")   # `make wasm`
+
+
+def header_contract_yaml() -> str:
+    """The header-contract WasmPlugin on the gateway: it turns X-LLM-Priority into the QoS class."""
+    from mesh.header_contract import PLUGIN_NAME
+    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
+    plugin = {"sessionKey": base64.b64encode(hashlib.sha256(b"grpc-web tests").digest()).decode()}
+    return f"""apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: {{name: header-contract, namespace: default}}
+spec:
+  selector: {{matchLabels: {{istio: ingressgateway}}}}
+  url: file://{WASM}
+  sha256: "{sha}"
+  phase: AUTHZ
+  pluginName: {PLUGIN_NAME}
+  failStrategy: FAIL_CLOSE
+  pluginConfig: {json.dumps(plugin)}
+"""
 
 
 def mesh_yaml(gateway_port: int, backend_grpc_port: int, origin: str) -> str:
@@ -86,8 +108,11 @@ class Console:
 
 
 @contextlib.contextmanager
-def grpcweb_mesh(with_console: bool = True, console_flags: dict | None = None):
-    """Yields a namespace: backend, cp, envoy, envoy_node, gateway_port, console (or None), origin."""
+def grpcweb_mesh(with_console: bool = True, console_flags: dict | None = None, header_contract: bool = False):
+    """Yields a namespace: backend, cp, envoy, envoy_node, gateway_port, console (or None), origin.
+
+    With header_contract, the Wasm header-contract filter is on the gateway too.
+    """
     from inference_backend.bench.serve_process import ServeProcess
     gateway_port = free_port()
     console_port = free_port()
@@ -98,9 +123,11 @@ def grpcweb_mesh(with_console: bool = True, console_flags: dict | None = None):
         backend.start()
         config_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="grpcweb-mesh-"))
         write_config(config_dir, "grpc-web.yaml", mesh_yaml(gateway_port, backend.grpc_port, origin))
+        if header_contract:
+            write_config(config_dir, "header-contract.yaml", header_contract_yaml())
         cp = stack.enter_context(ControlPlane(config_dir))
         envoy = stack.enter_context(mesh_envoy(cp, node_id=GATEWAY_NODE, labels={"istio": "ingressgateway"}))
-        cp.wait_synced(GATEWAY_NODE, types=("CDS", "EDS", "LDS", "RDS"))
+        cp.wait_synced(GATEWAY_NODE, types=("CDS", "EDS", "LDS", "RDS") + (("ECDS",) if header_contract else ()))
         wait_port(gateway_port, timeout=10)
         console = None
         if with_console:

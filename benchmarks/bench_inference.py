@@ -86,7 +86,8 @@ def run(*cfgs: Config) -> list[dict]:
 
 
 def closed(url: str, c: int, duration: float = STEP_S, **kw) -> dict:
-    return run(Config(url=url, concurrency=c, duration=duration, warmup=2 * c, **kw))[0]
+    grpc = not url.startswith("http://")
+    return run(Config(url=url, concurrency=c, duration=duration, warmup=2 * c, grpc=grpc, **kw))[0]
 
 
 def point(res: dict) -> dict:
@@ -276,30 +277,64 @@ def peer(onnx_path: str, meta: dict) -> dict:
 
 # -- 4. mesh hop -------------------------------------------------------------
 
-def proxy_bootstrap(listen: int, upstream: int) -> dict:
-    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-           "stat_prefix": "mesh_hop",
-           "route_config": {"virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [
-               {"match": {"prefix": "/"}, "route": {"cluster": "inference", "timeout": "30s"}}]}]},
-           "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-               "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
-    cluster = {"name": "inference", "type": "STATIC", "connect_timeout": "1s",
-               "circuit_breakers": {"thresholds": [{"max_connections": 1024, "max_pending_requests": 1024,
-                                                    "max_requests": 1024}]},
-               "load_assignment": {"cluster_name": "inference", "endpoints": [{"lb_endpoints": [
-                   {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream}}}}]}]}}
-    return {"static_resources": {"listeners": [_listener("mesh_hop", listen, hcm)], "clusters": [cluster]}}
+def _route_hcm(prefix: str, cluster: str) -> dict:
+    return {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": prefix, "codec_type": "AUTO",
+            "route_config": {"virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [
+                {"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "30s"}}]}]},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+
+
+def _cluster(name: str, port: int, http2: bool) -> dict:
+    c = {"name": name, "type": "STATIC", "connect_timeout": "1s",
+         "circuit_breakers": {"thresholds": [{"max_connections": 1024, "max_pending_requests": 1024,
+                                              "max_requests": 1024}]},
+         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+             {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
+    if http2:  # gRPC upstream
+        c["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}}
+    return c
+
+
+def proxy_bootstrap(listen: int, upstream: int, grpc_listen: int | None = None,
+                    grpc_upstream: int | None = None) -> dict:
+    """A sidecar-like static Envoy: REST listener -> HTTP/1.1 pool, and
+    (optionally) a gRPC listener -> HTTP/2 upstream. One worker thread."""
+    listeners = [_listener("mesh_hop", listen, _route_hcm("mesh_hop", "inference"))]
+    clusters = [_cluster("inference", upstream, http2=False)]
+    if grpc_listen:
+        listeners.append(_listener("mesh_hop_grpc", grpc_listen, _route_hcm("mesh_hop_grpc", "inference_grpc")))
+        clusters.append(_cluster("inference_grpc", grpc_upstream, http2=True))
+    return {"static_resources": {"listeners": listeners, "clusters": clusters}}
+
+
+def alternating(direct: str, via: str, c: int, rounds: int, seconds: float) -> tuple[dict, dict]:
+    """Short runs, direct and through Envoy in turn; the median of each side's
+    rounds, so a burst of other work on the machine lands in one round only."""
+    import statistics
+    d, e = [], []
+    for _ in range(rounds):
+        d.append(point(closed(direct, c, seconds)))
+        e.append(point(closed(via, c, seconds)))
+    med = lambda pts: {k: (statistics.median(p[k] for p in pts) if k != "error_classes" else {})  # noqa: E731
+                       for k in ("concurrency", "rps", "p50_ms", "p99_ms", "errors")}
+    return med(d), med(e)
 
 
 def mesh_hop(saturating_c: int) -> dict:
-    listen = free_port()
-    with ServeProcess(MODEL, free_port(), free_port(), "--max-batch", str(MAX_BATCH),
-                      "--max-queue-delay-us", str(QUEUE_DELAY_US)) as s, \
-            Envoy(proxy_bootstrap(listen, s.http_port)):
-        via = s.rest_url.replace(f":{s.http_port}/", f":{listen}/")
+    listen, grpc_listen = free_port(), free_port()
+    with serve(MAX_BATCH) as s, Envoy(proxy_bootstrap(listen, s.http_port, grpc_listen, s.grpc_port)):
+        def via(url: str) -> str:
+            return url.replace(f":{s.http_port}/", f":{listen}/").replace(f":{s.grpc_port}/", f":{grpc_listen}/")
+        ready = f"http://127.0.0.1:{s.http_port}/v2/health/ready"
         out = {}
-        for label, c in (("c1", 1), ("saturated", saturating_c)):
-            d, e = point(closed(s.rest_url, c)), point(closed(via, c))
+        for label, url, c, rounds, secs in (("ready_c1", ready, 1, 5, 0.4), ("infer_c1", s.rest_url, 1, 5, 0.6),
+                                            ("grpc_infer_c1", s.grpc_url, 1, 5, 0.6),
+                                            ("infer_saturated", s.rest_url, saturating_c, 3, 1.0)):
+            d, e = alternating(url, via(url), c, rounds, secs)
             out[label] = {"direct": d, "envoy": e, "p50_added_ms": round(e["p50_ms"] - d["p50_ms"], 3),
                           "rps_ratio": round(e["rps"] / d["rps"], 3) if d["rps"] else None}
     return out
@@ -352,10 +387,12 @@ def table(r: dict) -> str:
                          "goal < 1x " + ("ahead" if pt["p99_ratio"] < 1 else "BEHIND")))
     m = r.get("mesh_hop")
     if m:
-        c1, sat = m["c1"], m["saturated"]
-        rows.append(("mesh hop, c=1: p50", f"Envoy {c1['envoy']['p50_ms']:.2f} ms", f"direct {c1['direct']['p50_ms']:.2f} ms",
-                     f"+{c1['p50_added_ms'] * 1000:.0f} us", "-"))
-        rows.append((f"mesh hop, c={sat['direct']['concurrency']}: rps", f"Envoy {sat['envoy']['rps']:.0f}/s",
+        for key, what in (("ready_c1", "/v2/health/ready"), ("infer_c1", "REST infer"), ("grpc_infer_c1", "gRPC infer")):
+            x = m[key]
+            rows.append((f"mesh hop, {what}, c=1: p50", f"Envoy {x['envoy']['p50_ms']:.3f} ms",
+                         f"direct {x['direct']['p50_ms']:.3f} ms", f"{x['p50_added_ms'] * 1000:+.0f} us", "-"))
+        sat = m["infer_saturated"]
+        rows.append((f"mesh hop, infer, c={sat['direct']['concurrency']}: rps", f"Envoy {sat['envoy']['rps']:.0f}/s",
                      f"direct {sat['direct']['rps']:.0f}/s", f"{sat['rps_ratio']:.2f}x", "-"))
     head = ("measure", "this", "against", "ratio", "floor / goal")
     widths = [max(len(str(x[k])) for x in [head, *rows]) for k in range(5)]
@@ -366,6 +403,7 @@ def table(r: dict) -> str:
 def main() -> int:
     from inference_backend.builtin_models import builtin_path
     t0 = time.monotonic()
+    RESULTS["load_average_start"] = os.getloadavg()   # this machine is shared: say how busy it was
     sections = os.environ.get("BENCH_SECTIONS", "generator,batching,isolation,peer,mesh_hop").split(",")
     if "generator" in sections:
         print("0/4 generator ceiling ...", flush=True)
@@ -389,6 +427,7 @@ def main() -> int:
         print("4/4 mesh hop ...", flush=True)
         RESULTS["mesh_hop"] = mesh_hop(sat_c)
     RESULTS["wall_s"] = round(time.monotonic() - t0, 1)
+    RESULTS["load_average_end"] = os.getloadavg()
     print()
     print(table(RESULTS))
     out = os.path.join(ROOT, "artifacts", "bench", "inference.json")

@@ -1,0 +1,158 @@
+"""`mcpctl serve --replicas 2` behind the real Envoy: REST and gRPC (tritonclient)
+reach both replicas, balanced by client-side weighted round robin on the ORCA
+reports the replicas send; timing and ORCA headers come through Envoy."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+
+from inference_backend.builtin_models import builtin_path
+from inference_backend.load_report import parse_text_report
+from mesh import headers as H
+from support.envoy import Envoy
+from support.ports import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_block(n: int) -> int:
+    """A base port with n consecutive free ports after it."""
+    for _ in range(50):
+        base = free_port()
+        if base + n >= 65535:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no block of free ports")
+
+
+CSWRR = {"policies": [{"typed_extension_config": {
+    "name": "envoy.load_balancing_policies.client_side_weighted_round_robin",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies."
+                 "client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin",
+        "blackout_period": "0.5s", "weight_update_period": "0.5s", "weight_expiration_period": "60s"}}}]}
+
+
+def _cluster(name: str, ports: list[int], http2: bool) -> dict:
+    c = {"name": name, "type": "STATIC", "connect_timeout": "2s", "load_balancing_policy": CSWRR,
+         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+             {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+             for p in ports]}]}}
+    if http2:
+        c["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}}
+    return c
+
+
+def bootstrap(listen: int, http_ports: list[int], grpc_ports: list[int]) -> dict:
+    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+           "stat_prefix": "ingress", "codec_type": "AUTO",
+           "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [
+               {"match": {"prefix": "/inference.GRPCInferenceService/"}, "route": {"cluster": "pool-grpc", "timeout": "30s"}},
+               {"match": {"prefix": "/v2/"}, "route": {"cluster": "pool-http", "timeout": "30s"}}]}]},
+           "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+               "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+    return {"static_resources": {
+        "listeners": [{"name": "ingress", "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+                       "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                                       "typed_config": hcm}]}]}],
+        "clusters": [_cluster("pool-http", http_ports, False), _cluster("pool-grpc", grpc_ports, True)]}}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    base = _free_block(4)
+    proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
+                             "--http-port", str(base), "--grpc-port", str(base + 1)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        ready = []
+        deadline = time.monotonic() + 90
+        while len(ready) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                raise RuntimeError(f"replicas exited with {proc.returncode}")
+            if line.startswith("{") and json.loads(line).get("event") == "ready":
+                ready.append(json.loads(line))
+        assert len(ready) == 2
+        http_ports = sorted(r["http_port"] for r in ready)
+        grpc_ports = sorted(r["grpc_port"] for r in ready)
+        # replica i on base + 2i (documented port layout)
+        assert http_ports == [base, base + 2] and grpc_ports == [base + 1, base + 3]
+        listen = free_port()
+        with Envoy(bootstrap(listen, http_ports, grpc_ports)) as envoy:
+            yield {"envoy": envoy, "listen": listen, "http_ports": http_ports, "grpc_ports": grpc_ports}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def _served_by(http_port: int, protocol: str) -> float:
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for m in re.finditer(r'^mcp_inference_requests_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
+        if f'protocol="{protocol}"' in m.group(1) and 'code="OK"' in m.group(1):
+            total += float(m.group(2))
+    return total
+
+
+def test_rest_and_grpc_through_envoy_reach_both_replicas(pool):
+    local = ort.InferenceSession(builtin_path("mlp"), providers=["CPUExecutionProvider"])
+    addr = f"127.0.0.1:{pool['listen']}"
+    http = thttp.InferenceServerClient(addr)
+    grpc_client = tgrpc.InferenceServerClient(addr)
+    for i in range(40):
+        x = np.random.default_rng(i).standard_normal((1, 64)).astype(np.float32)
+        hin = thttp.InferInput("INPUT0", [1, 64], "FP32")
+        hin.set_data_from_numpy(x)
+        np.testing.assert_allclose(http.infer("mlp", [hin]).as_numpy("OUTPUT0"),
+                                   local.run(None, {"INPUT0": x})[0], rtol=1e-5, atol=1e-6)
+        gin = tgrpc.InferInput("INPUT0", [1, 64], "FP32")
+        gin.set_data_from_numpy(x)
+        np.testing.assert_allclose(grpc_client.infer("mlp", [gin]).as_numpy("OUTPUT0"),
+                                   local.run(None, {"INPUT0": x})[0], rtol=1e-5, atol=1e-6)
+    for protocol in ("http", "grpc"):
+        counts = [_served_by(p, protocol) for p in pool["http_ports"]]
+        assert all(c >= 5 for c in counts), (protocol, counts)
+    stats = pool["envoy"].stats("upstream_rq_2xx")
+    assert stats.get("cluster.pool-http.upstream_rq_2xx", 0) >= 40
+    assert stats.get("cluster.pool-grpc.upstream_rq_2xx", 0) >= 40
+
+
+def test_timing_and_orca_headers_pass_through_envoy(pool):
+    import urllib.request
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64}]})
+    req = urllib.request.Request(f"http://127.0.0.1:{pool['listen']}/v2/models/mlp/infer", data=body.encode(),
+                                 method="POST", headers={H.QOS_CLASS: "interactive"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        headers = {k.lower(): v for k, v in r.headers.items()}
+        doc = json.loads(r.read())
+    assert int(headers[H.QUEUE_TIME_US]) == doc["parameters"]["queue_time_us"]
+    assert doc["parameters"]["priority_level"] == 2
+    assert "application_utilization" in parse_text_report(headers[H.ORCA_LOAD_REPORT])
+    # Envoy took the ORCA-driven balancer as configured
+    dump = json.dumps(pool["envoy"].config_dump())
+    assert "client_side_weighted_round_robin" in dump

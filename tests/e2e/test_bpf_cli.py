@@ -140,3 +140,41 @@ def test_detach_after_the_interface_is_gone_removes_the_pins(pair):
         assert st["interface_present"] is False
         assert attach.detach(pair.client_if) is True
         assert not os.path.exists(attach.pin_dir(pair.client_if))
+
+
+def test_latency_command_reads_the_pinned_sampler(pair):
+    import socket
+    import threading
+
+    ns = pair.server_ns
+    with in_netns(ns):
+        srv = socket.socket()
+        srv.bind((pair.V4[1], 8090))
+        srv.listen(4)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            while conn.recv(4096):
+                conn.sendall(b"ok")
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        r = mcpctl("attach", "-i", pair.server_if, "--sample-port", "8090", netns=ns)
+        assert r.returncode == 0, r.stderr
+        with in_netns(pair.client_ns):
+            c = socket.create_connection((pair.V4[1], 8090), timeout=5)
+        with c:
+            for _ in range(10):
+                c.sendall(b"req")
+                assert c.recv(16) == b"ok"
+        # The ring buffer holds the samples until a reader drains them.
+        r = mcpctl("latency", "-i", pair.server_if, "--seconds", "0.5", "--json", netns=ns)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["8090"]["samples"] == 10
+        assert 0 < out["8090"]["p50_us"] <= out["8090"]["p99_us"]
+    finally:
+        mcpctl("detach", "-i", pair.server_if, netns=ns)
+        srv.close()
+    r = mcpctl("latency", "-i", pair.server_if, "--seconds", "0.1", netns=ns)
+    assert r.returncode == 1 and "no latency sampler attached" in r.stderr

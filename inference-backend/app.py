@@ -67,7 +67,8 @@ def load_policy_file(path: str, labels: dict | None = None) -> BatcherSettings:
     if not resources:
         raise ConfigError([Diagnostic(f"no {KIND} in this file", file=path)])
     check(MeshConfig(resources))
-    chosen = [r for r in resources if selector_matches(r.spec, labels or {})]
+    # A replica started without --label takes the file's policies as its own.
+    chosen = [r for r in resources if selector_matches(r.spec, labels)] if labels else resources
     if not chosen:
         raise ConfigError([resources[0].diagnostic("spec.selector", "no policy in this file selects this workload")])
     res = chosen[0]

@@ -86,14 +86,6 @@ def run(args) -> int:
         return 2
 
 
-def replica_ports(args, i: int) -> dict:
-    base = {"http": args.http_port, "grpc": args.grpc_port}
-    if args.admin_port:
-        base["admin"] = args.admin_port
-    stride = max(base.values()) - min(base.values()) + 1
-    return {k: v + i * stride for k, v in base.items()}
-
-
 def run_replicas(args) -> int:
     """N child `mcpctl serve` processes; stop them all when one dies or on a signal."""
     argv, skip = [], False
@@ -111,14 +103,12 @@ def run_replicas(args) -> int:
     if args.intra_op_threads is None:  # replicas share the cores
         argv += ["--intra-op-threads", str(max(1, (os.cpu_count() or 1) // args.replicas))]
     children = []
-    for i in range(args.replicas):
-        ports = replica_ports(args, i)
+    from inference_backend.pool import replica_ports
+    for i, ports in enumerate(replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port)):
         cmd = [sys.executable, "-m", "mesh.cli", *argv, "--http-port", str(ports["http"]),
                "--grpc-port", str(ports["grpc"])]
         if "admin" in ports:
             cmd += ["--admin-port", str(ports["admin"])]
-        if not any(a.startswith("--label") for a in argv):
-            cmd += ["--label", f"replica={i}"]
         children.append(subprocess.Popen(cmd))
         logging.getLogger("inference_backend").info("replica %d: pid %d, ports %s", i, children[-1].pid, ports)
     stopping = False

@@ -18,6 +18,7 @@ import tritonclient.http as thttp
 
 from inference_backend.builtin_models import builtin_path
 from inference_backend.load_report import parse_text_report
+from inference_backend.pool import envoy_bootstrap, replica_ports
 from mesh import headers as H
 from support.envoy import Envoy
 from support.ports import free_port
@@ -41,41 +42,6 @@ def _free_block(n: int) -> int:
     raise RuntimeError("no block of free ports")
 
 
-CSWRR = {"policies": [{"typed_extension_config": {
-    "name": "envoy.load_balancing_policies.client_side_weighted_round_robin",
-    "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies."
-                 "client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin",
-        "blackout_period": "0.5s", "weight_update_period": "0.5s", "weight_expiration_period": "60s"}}}]}
-
-
-def _cluster(name: str, ports: list[int], http2: bool) -> dict:
-    c = {"name": name, "type": "STATIC", "connect_timeout": "2s", "load_balancing_policy": CSWRR,
-         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-             {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
-             for p in ports]}]}}
-    if http2:
-        c["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}}}}
-    return c
-
-
-def bootstrap(listen: int, http_ports: list[int], grpc_ports: list[int]) -> dict:
-    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-           "stat_prefix": "ingress", "codec_type": "AUTO",
-           "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [
-               {"match": {"prefix": "/inference.GRPCInferenceService/"}, "route": {"cluster": "pool-grpc", "timeout": "30s"}},
-               {"match": {"prefix": "/v2/"}, "route": {"cluster": "pool-http", "timeout": "30s"}}]}]},
-           "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-               "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
-    return {"static_resources": {
-        "listeners": [{"name": "ingress", "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-                       "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                                       "typed_config": hcm}]}]}],
-        "clusters": [_cluster("pool-http", http_ports, False), _cluster("pool-grpc", grpc_ports, True)]}}
-
-
 @pytest.fixture(scope="module")
 def pool():
     base = _free_block(4)
@@ -95,9 +61,10 @@ def pool():
         http_ports = sorted(r["http_port"] for r in ready)
         grpc_ports = sorted(r["grpc_port"] for r in ready)
         # replica i on base + 2i (documented port layout)
-        assert http_ports == [base, base + 2] and grpc_ports == [base + 1, base + 3]
+        assert [{"http": h, "grpc": g} for h, g in zip(http_ports, grpc_ports)] == replica_ports(base, base + 1, 2) \
+            == [{"http": base, "grpc": base + 1}, {"http": base + 2, "grpc": base + 3}]
         listen = free_port()
-        with Envoy(bootstrap(listen, http_ports, grpc_ports)) as envoy:
+        with Envoy(envoy_bootstrap(listen, http_ports, grpc_ports)) as envoy:
             yield {"envoy": envoy, "listen": listen, "http_ports": http_ports, "grpc_ports": grpc_ports}
     finally:
         proc.terminate()
@@ -138,8 +105,8 @@ def test_rest_and_grpc_through_envoy_reach_both_replicas(pool):
         counts = [_served_by(p, protocol) for p in pool["http_ports"]]
         assert all(c >= 5 for c in counts), (protocol, counts)
     stats = pool["envoy"].stats("upstream_rq_2xx")
-    assert stats.get("cluster.pool-http.upstream_rq_2xx", 0) >= 40
-    assert stats.get("cluster.pool-grpc.upstream_rq_2xx", 0) >= 40
+    assert stats.get("cluster.inference-pool-http.upstream_rq_2xx", 0) >= 40
+    assert stats.get("cluster.inference-pool-grpc.upstream_rq_2xx", 0) >= 40
 
 
 def test_timing_and_orca_headers_pass_through_envoy(pool):

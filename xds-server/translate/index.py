@@ -69,6 +69,7 @@ class MeshIndex:
     gateways: list[Resource] = field(default_factory=list)
     virtual_services: list[Resource] = field(default_factory=list)
     uses_source_labels: bool = False
+    memo: dict = field(default_factory=dict)      # per-config memo of derived values
     # VirtualServices for `mesh` by resolved host, and the wildcard ones.
     mesh_vs_exact: dict[str, list[Resource]] = field(default_factory=dict)
     mesh_vs_wildcard: list[tuple[str, Resource]] = field(default_factory=list)

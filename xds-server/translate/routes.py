@@ -59,10 +59,12 @@ def _pack(msg) -> any_pb2.Any:
     return out
 
 
-def _istio_metadata(route: rc.Route, vs: Resource) -> None:
+def _istio_metadata(vs: Resource):
     # As istiod: lets tooling (and operators) find the VirtualService of a route.
-    route.metadata.filter_metadata["istio"].update(
+    md = rc.Route().metadata
+    md.filter_metadata["istio"].update(
         {"config": f"/apis/networking.istio.io/v1/namespaces/{vs.namespace}/virtual-service/{vs.name}"})
+    return md
 
 
 # -- match ---------------------------------------------------------------
@@ -162,6 +164,14 @@ def destination(ctx: RouteContext, vs: Resource, dest: dict) -> tuple[str, str, 
 
 
 def _hash_policy(ctx: RouteContext, host: str, port: int, subset: str) -> tuple | None:
+    key = (host, port, subset)
+    cache = ctx.idx.memo.setdefault("hash_policy", {})
+    if key not in cache:
+        cache[key] = _hash_policy_of(ctx, host, port, subset)
+    return cache[key]
+
+
+def _hash_policy_of(ctx: RouteContext, host: str, port: int, subset: str) -> tuple | None:
     dr = ctx.idx.destination_rule(host)
     if dr is None:
         return None
@@ -262,9 +272,15 @@ def _route_action(ctx: RouteContext, vs: Resource, http: dict, path: str, route:
 
 
 def _retry_policy(vs: Resource, retries: dict | None, path: str, action: rc.RouteAction) -> None:
-    if retries is not None and int(retries.get("attempts") or 0) == 0:
+    if retries is None:
+        action.retry_policy.CopyFrom(_DEFAULT_RETRY)
+        return
+    if int(retries.get("attempts") or 0) == 0:
         return                                   # attempts: 0 turns retries off
-    rp = action.retry_policy
+    _fill_retry_policy(vs, retries, path, action.retry_policy)
+
+
+def _fill_retry_policy(vs: Resource | None, retries: dict | None, path: str, rp: rc.RetryPolicy) -> None:
     retry_on = DEFAULT_RETRY_ON
     rp.num_retries.value = DEFAULT_RETRIES
     if retries:
@@ -289,6 +305,10 @@ def _retry_policy(vs: Resource, retries: dict | None, path: str, action: rc.Rout
     pred = rp.retry_host_predicate.add(name="envoy.retry_host_predicates.previous_hosts")
     pred.typed_config.CopyFrom(_pack(previous_hosts_pb2.PreviousHostsPredicate()))
     rp.host_selection_retry_max_attempts = 5
+
+
+_DEFAULT_RETRY = rc.RetryPolicy()
+_fill_retry_policy(None, None, "", _DEFAULT_RETRY)
 
 
 def _redirect(http: dict, route: rc.Route) -> None:
@@ -361,6 +381,7 @@ def _cors(spec: dict, vs: Resource, path: str) -> cors_pb2.CorsPolicy:
 def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
     """The Envoy routes of one VirtualService for this context (port, gateways)."""
     out = []
+    metadata = _istio_metadata(vs)
     for i, http in enumerate(vs.spec.get("http") or []):
         if not isinstance(http, dict) or http.get("delegate"):
             continue                           # delegation: not translated (see README)
@@ -393,7 +414,7 @@ def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
             if http.get("corsPolicy") and not ctx.grpc:
                 route.typed_per_filter_config[CORS_FILTER].CopyFrom(
                     _pack(_cors(http["corsPolicy"], vs, f"{path}.corsPolicy")))
-            _istio_metadata(route, vs)
+            route.metadata.CopyFrom(metadata)
             out.append(route)
     return out
 

@@ -25,8 +25,14 @@ MAX_BODY = 1_000_000
 
 
 @pytest.fixture(scope="module")
-def server():
-    with InferenceServer("builtin:mlp", "--max-body-bytes", str(MAX_BODY), "--max-queue-delay-us", "3000") as s:
+def trace_file(tmp_path_factory):
+    return tmp_path_factory.mktemp("trace") / "spans.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(trace_file):
+    with InferenceServer("builtin:mlp", "--max-body-bytes", str(MAX_BODY), "--max-queue-delay-us", "3000",
+                         "--trace-file", str(trace_file)) as s:
         yield s
 
 
@@ -239,3 +245,29 @@ def test_server_survives_garbage_and_keeps_serving(server, local):
     assert status == 200
     np.testing.assert_allclose(np.array(doc["outputs"][0]["data"], np.float32).reshape(1, 16),
                                expected(local, x), rtol=1e-5, atol=1e-6)
+
+
+def test_spans_for_queue_wait_batch_assembly_and_compute(server, trace_file):
+    import time
+    client = tgrpc.InferenceServerClient(server.grpc)
+    inp = tgrpc.InferInput("INPUT0", [2, 64], "FP32")
+    inp.set_data_from_numpy(rng_input(9, rows=2))
+    result = client.infer("mlp", [inp], request_id="traced-1")
+    params = result.get_response().parameters
+    deadline = time.monotonic() + 10
+    spans = []
+    while time.monotonic() < deadline:
+        if trace_file.exists():
+            spans = [json.loads(line) for line in trace_file.read_text().splitlines() if line]
+            roots = [s for s in spans if s["name"] == "infer" and s["attributes"].get("request_id") == "traced-1"]
+            if roots:
+                break
+        time.sleep(0.1)
+    assert roots, "no infer span for the request"
+    root = roots[0]
+    children = {s["name"]: s for s in spans if s["parent_id"] == root["span_id"]}
+    assert set(children) == {"queue_wait", "batch_assembly", "compute"}
+    queued = children["queue_wait"]
+    assert (queued["end_ns"] - queued["start_ns"]) // 1000 == params["queue_time_us"].uint64_param
+    assert children["compute"]["start_ns"] >= queued["end_ns"]
+    assert root["attributes"]["batch_size"] >= 2 and root["attributes"]["protocol"] == "grpc"

@@ -10,7 +10,8 @@ import string
 
 import pytest
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.config import MeshConfig
+from mesh.load import load_texts
 from support.envoy import Envoy
 from support.ports import free_port
 from xds_server.translate import translate
@@ -25,7 +26,7 @@ PORTS = ["GW_PORT", "GW_PORT2", "SVC_PORT", "SVC_PORT_GRPC", "UP1", "UP2", "UP3"
 def all_features() -> MeshConfig:
     with open(DATA) as f:
         text = string.Template(f.read()).substitute({k: free_port() for k in PORTS})
-    return MeshConfig(parse_documents(text, DATA))
+    return load_texts({DATA: text})       # parsed, validated and analysed as the control plane does
 
 
 def dumped(envoy: Envoy) -> tuple[set, dict, set]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.load import load_texts
 from support.envoy import Envoy
 from support.ports import free_port
 from support.upstreams import EchoUpstream
@@ -85,7 +85,7 @@ def gateway():
     gw_port = free_port()
     try:
         text = CONFIG.format(gw=gw_port, delay=DELAY_S, **{v: u.port for v, u in ups.items()})
-        snap = translate(MeshConfig(parse_documents(text, "routing.yaml")),
+        snap = translate(load_texts({"routing.yaml": text}),
                          ProxyNode("router~127.0.0.1~ingress.shop~shop.svc.cluster.local",
                                    namespace="shop", labels={"istio": "ingressgateway"}))
         with Envoy(static_bootstrap(snap)):

@@ -46,8 +46,8 @@ def errors_of(texts):
 
 def test_bookinfo_example_is_clean():
     config = load_config(EXAMPLES)
-    kinds = sorted({r.kind for r in config})
-    assert kinds == ["DestinationRule", "Gateway", "ServiceEntry", "VirtualService", "WorkloadEntry"]
+    kinds = {r.kind for r in config}
+    assert {"DestinationRule", "Gateway", "ServiceEntry", "VirtualService", "WorkloadEntry"} <= kinds
     assert [str(d) for d in config.warnings] == []
     # end-user: jason -> v2 is what the reviews VirtualService says.
     reviews = next(r for r in config if r.kind == "VirtualService" and r.name == "reviews")

@@ -2,6 +2,7 @@
 validate; the CRD schema and the CEL admission rules (run by cel-python, as the
 API server would run them) agree with the mesh code they mirror."""
 import copy
+import json
 import os
 
 import pytest
@@ -109,6 +110,7 @@ def crd_rules(node, value):
 
 
 def cluster_accepts(spec):
+    spec = json.loads(json.dumps(spec))   # kubectl sends JSON: YAML's `3:` key arrives as "3"
     obj = {"apiVersion": scheduling.API_VERSION, "kind": scheduling.KIND, "metadata": {"name": "p"}, "spec": spec}
     try:
         jsonschema.Draft4Validator(strict_json_schema(SCHEMA)).validate({"spec": spec})

@@ -127,5 +127,6 @@ def test_nack_shows_on_the_page(page, mesh):
     try:
         shown = page.wait_text("#proxies", "NACK", timeout=15000)
         assert "not-an-ip" in shown
+        page.screenshot(os.path.join(ARTIFACTS, "console-nack.png"))
     finally:
         mesh.cp.inject([])

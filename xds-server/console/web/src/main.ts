@@ -42,7 +42,8 @@ function renderMesh(m: Mesh): void {
     t.status === "NACKED" ? el("span", `NACK: ${t.error}`, "nack")
       : t.status === "SYNCED" ? el("span", `ACK (${t.resources})`, "ack")
         : el("span", t.status === "STALE" ? "sent, not yet ACKed" : t.status, "muted");
-  const proxyRows = m.proxies.flatMap((p) => p.types.map((t) => [p.id, t.type, t.acked || "—", state(t)]));
+  // The proxy's id once, on its first row: ids are long, types are few.
+  const proxyRows = m.proxies.flatMap((p) => p.types.map((t, i) => [i ? "" : p.id, t.type, t.acked || "—", state(t)]));
   $("proxies").replaceChildren(table(["proxy", "type", "acked version", "state"], proxyRows, "no proxy connected"));
   $("routes").replaceChildren(table(["listener / route config", "virtual host", "match", "→ clusters"],
     m.routes.map((r) => [`${r.listener} / ${r.routeConfig}`, `${r.virtualHost} (${r.domains.join(", ")})`, r.match, r.clusters.join(", ")]), "no routes"));

@@ -7,7 +7,14 @@ const COLORS = ["#c62828", "#2f5bd3", "#1a7f37", "#8a6d00", "#6a1b9a"];
 export function drawLatency(canvas: HTMLCanvasElement, series: Series, classes: string[]): void {
   const ctx = canvas.getContext("2d");
   if (!ctx) return;
-  const W = canvas.width, H = canvas.height, L = 56, R = 150, T = 10, B = 28;
+  // Draw at the size it is shown (CSS pixels x device ratio), so text is not stretched.
+  const dpr = window.devicePixelRatio || 1;
+  const W = canvas.clientWidth || canvas.width, H = canvas.clientHeight || canvas.height;
+  if (canvas.width !== Math.round(W * dpr) || canvas.height !== Math.round(H * dpr)) {
+    canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
+  }
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  const L = 56, R = 190, T = 10, B = 28;
   ctx.clearRect(0, 0, W, H);
   ctx.font = "12px system-ui, sans-serif";
   const pts = classes.flatMap((c) => series[c] || []);
@@ -44,6 +51,8 @@ export function drawLatency(canvas: HTMLCanvasElement, series: Series, classes: 
       }
       ctx.stroke();
     }
+    ctx.fillStyle = color; // a dot per p50 point, so a lone point shows too
+    for (const p of data) if (p.p50 !== null) { ctx.beginPath(); ctx.arc(x(p.t), y(p.p50), 2, 0, 2 * Math.PI); ctx.fill(); }
     const last = [...data].reverse().find((p) => p.p50 !== null);
     ctx.setLineDash([]); ctx.fillStyle = color;
     ctx.fillRect(W - R + 10, T + 6 + i * 18, 10, 10);

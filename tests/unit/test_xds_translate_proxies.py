@@ -191,3 +191,66 @@ def test_seam_resources_merge_and_a_name_clash_is_an_error(monkeypatch):
                         lambda config, node: {CLUSTER: {clash: cluster_pb2.Cluster(name=clash)}})
     with pytest.raises(ConfigError, match="already emits"):
         snap(GATEWAY)
+
+
+# -- HTTPS gateway servers ----------------------------------------------------
+TLS_GATEWAY = """
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: tls, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 443, name: https-a, protocol: HTTPS}
+    hosts: [a.example.com]
+    tls: {mode: SIMPLE, serverCertificate: /certs/a.pem, privateKey: /certs/a.key}
+  - port: {number: 443, name: https-b, protocol: HTTPS}
+    hosts: ["*.b.example.com"]
+    tls: {mode: MUTUAL, serverCertificate: /certs/b.pem, privateKey: /certs/b.key, caCertificates: /certs/ca.pem,
+          minProtocolVersion: TLSV1_3}
+  - port: {number: 8443, name: https-sds, protocol: HTTPS}
+    hosts: [c.example.com]
+    tls: {mode: SIMPLE, credentialName: c-cert}
+  - port: {number: 80, name: http, protocol: HTTP}
+    hosts: [a.example.com]
+    tls: {httpsRedirect: true}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: tls, namespace: edge}
+spec:
+  hosts: [a.example.com, x.b.example.com]
+  gateways: [tls]
+  http: [{route: [{destination: {host: reviews.shop.svc.cluster.local, port: {number: 9080}}}]}]
+"""
+
+
+def test_https_servers_get_a_tls_chain_and_route_config_each():
+    s = snap(GATEWAY, MESH + "---" + TLS_GATEWAY)
+    assert {"127.0.0.1_443", "127.0.0.1_80"} <= set(s[LISTENER])
+    assert "127.0.0.1_8443" not in s[LISTENER]             # credentialName (SDS): not translated
+    assert {"https.443.https-a.tls.edge", "https.443.https-b.tls.edge"} <= set(s[ROUTE])
+    lis = json_format.MessageToDict(s[LISTENER]["127.0.0.1_443"])
+    assert [f["name"] for f in lis["listenerFilters"]] == ["envoy.filters.listener.tls_inspector"]
+    a, b = lis["filterChains"]
+    assert a["filterChainMatch"] == {"serverNames": ["a.example.com"]}
+    assert b["filterChainMatch"] == {"serverNames": ["*.b.example.com"]}
+    tls_a = a["transportSocket"]["typedConfig"]
+    assert tls_a["commonTlsContext"]["tlsCertificates"] == [
+        {"certificateChain": {"filename": "/certs/a.pem"}, "privateKey": {"filename": "/certs/a.key"}}]
+    assert tls_a["commonTlsContext"]["alpnProtocols"] == ["h2", "http/1.1"]
+    assert "requireClientCertificate" not in tls_a
+    tls_b = b["transportSocket"]["typedConfig"]
+    assert tls_b["requireClientCertificate"] is True
+    assert tls_b["commonTlsContext"]["validationContext"] == {"trustedCa": {"filename": "/certs/ca.pem"}}
+    assert tls_b["commonTlsContext"]["tlsParams"]["tlsMinimumProtocolVersion"] == "TLSv1_3"
+    assert [f["typedConfig"]["rds"]["routeConfigName"] for f in (a["filters"][0], b["filters"][0])] == [
+        "https.443.https-a.tls.edge", "https.443.https-b.tls.edge"]
+    # Each HTTPS route configuration holds only its server's hosts.
+    assert [vh.name for vh in s[ROUTE]["https.443.https-b.tls.edge"].virtual_hosts] == ["x.b.example.com:443"]
+
+
+def test_https_redirect_requires_tls_on_the_plain_servers_hosts():
+    s = snap(GATEWAY, MESH + "---" + TLS_GATEWAY)
+    [vh] = s[ROUTE]["http.80"].virtual_hosts
+    assert vh.name == "a.example.com:80" and json_format.MessageToDict(vh)["requireTls"] == "ALL"

@@ -38,8 +38,8 @@ from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snap
 from xds_server.translate import authn, grpc_web, wasm_plugins
 from xds_server.translate.clusters import ClusterOptions, build_clusters
 from xds_server.translate.index import HTTP_PROTOCOLS, MeshIndex, build_index
-from xds_server.translate.listeners import api_listener, bound_listener, filter_chain_tail
-from xds_server.translate.names import gateway_route_name, sidecar_route_name
+from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_tail
+from xds_server.translate.names import gateway_https_route_name, sidecar_route_name
 from xds_server.translate.route_configs import gateway_route_config, grpc_route_config, sidecar_route_config
 from xds_server.translate.routes import RouteContext
 
@@ -100,19 +100,30 @@ def _shape(idx: MeshIndex, node: ProxyNode) -> tuple:
 
 
 def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
-    """Route configurations and the listeners to build: [(port, route name, gateway?)]
+    """Route configurations and the listeners to build: [(port, [Chain], gateway?)]
     for bound listeners, [(host, port)] for proxyless API listeners."""
     base = RouteContext(idx, 0, set(), dict(node.labels), node.namespace, node.kind == "grpc")
     routes, plan = {}, []
     if node.kind == "router":
         by_port: dict[int, list] = {}
         for srv in idx.servers(idx.selected_gateways(node.labels)):
-            if srv.protocol in ("HTTP", "HTTP2", "GRPC") and srv.port:
+            if srv.port and (srv.protocol in ("HTTP", "HTTP2", "GRPC") or srv.terminates_tls):
                 by_port.setdefault(srv.port, []).append(srv)
         for port in sorted(by_port):
-            rc = gateway_route_config(idx, port, by_port[port], base)
-            routes[rc.name] = rc
-            plan.append((port, gateway_route_name(port), True))
+            tls_servers = [s for s in by_port[port] if s.terminates_tls]
+            chains = []
+            # A port serves either HTTPS (a chain and a route config per
+            # server, as istiod) or plain HTTP (one route config): not both.
+            for srv in tls_servers:
+                name = gateway_https_route_name(port, srv.port_name, srv.gateway.name, srv.gateway.namespace)
+                routes[name] = gateway_route_config(idx, port, [srv], base, name=name)
+                sni = tuple(h for _, h in srv.hosts if h != "*") if all(h != "*" for _, h in srv.hosts) else ()
+                chains.append(Chain(name, tuple(sorted((k, str(v)) for k, v in srv.tls.items())), sni))
+            if not tls_servers:
+                rc = gateway_route_config(idx, port, by_port[port], base)
+                routes[rc.name] = rc
+                chains.append(Chain(rc.name))
+            plan.append((port, chains, True))
     elif node.kind == "grpc":
         for svc in idx.services.values():
             for p in svc.ports:
@@ -124,7 +135,7 @@ def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
         for port in ports:
             rc = sidecar_route_config(idx, port, base)
             routes[rc.name] = rc
-            plan.append((port, sidecar_route_name(port), False))
+            plan.append((port, [Chain(sidecar_route_name(port))], False))
     return routes, plan
 
 
@@ -202,8 +213,8 @@ def _listeners(cache: _ConfigCache, shape: tuple, plan: list, config: MeshConfig
             out[lis.name] = lis
     else:
         tail = filter_chain_tail(grpc=False)
-        for port, route_name, gateway in plan:
-            lis = bound_listener(options.bind_address, port, route_name, seam_filters[port] + tail, gateway)
+        for port, chains, gateway in plan:
+            lis = bound_listener(options.bind_address, port, chains, seam_filters[port] + tail, gateway)
             out[lis.name] = lis
     with cache.lock:
         cache.listeners[key] = out

@@ -59,6 +59,16 @@ class GatewayServer:
     port: int
     protocol: str
     hosts: list[tuple[str, str]]   # (namespace or "*", host)
+    port_name: str = ""
+    tls: dict = field(default_factory=dict)
+
+    @property
+    def terminates_tls(self) -> bool:
+        """HTTPS whose certificate comes from files (SIMPLE or MUTUAL).
+        credentialName (SDS, Kubernetes secrets) is not translated."""
+        mode = str(self.tls.get("mode") or "SIMPLE").upper()
+        return (self.protocol == "HTTPS" and mode in ("SIMPLE", "MUTUAL")
+                and bool(self.tls.get("serverCertificate")) and bool(self.tls.get("privateKey")))
 
 
 @dataclass
@@ -120,7 +130,8 @@ class MeshIndex:
                     ns = gw.namespace if ns == "." else (ns or "*")
                     hosts.append((ns, host))
                 out.append(GatewayServer(gw, i, int(port.get("number") or 0),
-                                         str(port.get("protocol") or "").upper(), hosts))
+                                         str(port.get("protocol") or "").upper(), hosts,
+                                         str(port.get("name") or ""), dict(srv.get("tls") or {})))
         return out
 
     def vs_gateways(self, vs: Resource) -> set[str]:

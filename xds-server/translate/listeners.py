@@ -1,18 +1,23 @@
 """LDS: listeners with an HTTP connection manager reading routes over RDS.
 
-Gateways and sidecars get bound listeners (ADDRESS_PORT); proxyless gRPC
+Gateways and sidecars get bound listeners (ADDRESS_PORT), HTTPS gateway
+servers a TLS filter chain each (matched by SNI); proxyless gRPC
 clients get API listeners named HOST:PORT (gRFC A27), no socket at all.
 The HTTP filter chain is: the seams (authn, wasm_plugins, grpc_web), then
 cors, fault, router -- the router last, as Envoy and gRPC require.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from google.protobuf import any_pb2
 
 from xds_server.translate.clusters import ads_config_source
@@ -60,16 +65,64 @@ def http_connection_manager(stat_prefix: str, route_name: str, filters: list[Htt
     return hcm
 
 
-def bound_listener(bind: str, port: int, route_name: str, filters: list[HttpFilter],
+@dataclass(frozen=True)
+class Chain:
+    """One filter chain: its route configuration and, for HTTPS, TLS from files."""
+    route_name: str
+    tls: tuple = ()                 # sorted (key, value) items of the server's `tls`
+    server_names: tuple = ()        # SNI to match (none: any)
+
+
+_TLS_VERSIONS = {"TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
+                 "TLSV1_1": common_pb2.TlsParameters.TLSv1_1, "TLSV1_2": common_pb2.TlsParameters.TLSv1_2,
+                 "TLSV1_3": common_pb2.TlsParameters.TLSv1_3}
+
+
+def downstream_tls(tls: dict) -> tls_pb2.DownstreamTlsContext:
+    """A Gateway server's `tls` (SIMPLE or MUTUAL, certificates as files)."""
+    ctx = tls_pb2.DownstreamTlsContext()
+    common = ctx.common_tls_context
+    cert = common.tls_certificates.add()
+    cert.certificate_chain.filename = str(tls["serverCertificate"])
+    cert.private_key.filename = str(tls["privateKey"])
+    common.alpn_protocols.extend(["h2", "http/1.1"])
+    params = common.tls_params
+    params.tls_minimum_protocol_version = _TLS_VERSIONS.get(str(tls.get("minProtocolVersion") or "TLSV1_2").upper(),
+                                                            common_pb2.TlsParameters.TLSv1_2)
+    if tls.get("maxProtocolVersion"):
+        params.tls_maximum_protocol_version = _TLS_VERSIONS.get(str(tls["maxProtocolVersion"]).upper(),
+                                                                common_pb2.TlsParameters.TLS_AUTO)
+    params.cipher_suites.extend(str(c) for c in tls.get("cipherSuites") or [])
+    if str(tls.get("mode") or "SIMPLE").upper() == "MUTUAL":
+        ctx.require_client_certificate.value = True
+        if tls.get("caCertificates"):
+            common.validation_context.trusted_ca.filename = str(tls["caCertificates"])
+    return ctx
+
+
+def bound_listener(bind: str, port: int, chains: list[Chain], filters: list[HttpFilter],
                    gateway: bool) -> Listener:
     name = listener_name(bind, port)
     lis = Listener(name=name)
     lis.address.socket_address.address = bind
     lis.address.socket_address.port_value = port
     lis.traffic_direction = base_pb2.OUTBOUND
-    chain = lis.filter_chains.add()
-    hcm = http_connection_manager(f"outbound_{name}", route_name, filters, gateway)
-    chain.filters.add(name=HCM_FILTER, typed_config=_pack(hcm))
+    seen = set()
+    for spec in chains:
+        if spec.server_names in seen:
+            continue                 # Envoy refuses two chains with one match; the first wins
+        seen.add(spec.server_names)
+        chain = lis.filter_chains.add()
+        hcm = http_connection_manager(f"outbound_{name}", spec.route_name, filters, gateway)
+        chain.filters.add(name=HCM_FILTER, typed_config=_pack(hcm))
+        if spec.tls:
+            chain.filter_chain_match.server_names.extend(spec.server_names)
+            chain.transport_socket.name = "envoy.transport_sockets.tls"
+            chain.transport_socket.typed_config.CopyFrom(_pack(downstream_tls(dict(spec.tls))))
+    if any(c.tls for c in chains):
+        # SNI is read by the TLS inspector before a filter chain is chosen.
+        lis.listener_filters.add(name="envoy.filters.listener.tls_inspector",
+                                 typed_config=_pack(tls_inspector_pb2.TlsInspector()))
     return lis
 
 

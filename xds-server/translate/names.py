@@ -12,6 +12,11 @@ def gateway_route_name(port: int) -> str:
     return f"http.{port}"
 
 
+def gateway_https_route_name(port: int, port_name: str, gateway: str, namespace: str) -> str:
+    """A gateway HTTPS server's own route configuration: https.443.https.gw.ns."""
+    return f"https.{port}.{port_name}.{gateway}.{namespace}"
+
+
 def sidecar_route_name(port: int) -> str:
     """A sidecar's outbound route configuration for one port: 8080."""
     return str(port)

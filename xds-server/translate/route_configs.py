@@ -8,7 +8,7 @@ configuration per `HOST:PORT`, named like its API listener.
 """
 from __future__ import annotations
 
-from envoy.config.route.v3 import route_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
 
 from mesh.config import Resource
 from xds_server.translate.index import MESH_GATEWAY, GatewayServer, MeshIndex, host_intersection, host_matches
@@ -22,19 +22,22 @@ def _domains(host: str, port: int) -> list[str]:
     return ["*"] if host == "*" else [host, f"{host}:{port}"]
 
 
-def _route_config(name: str, vhosts: dict[str, list], port: int) -> RouteConfiguration:
+def _route_config(name: str, vhosts: dict[str, list], port: int, tls_only: set = frozenset()) -> RouteConfiguration:
     rc = RouteConfiguration(name=name)
     rc.validate_clusters.value = False     # as istiod: a missing cluster is a 503, not a NACK
     for host in sorted(vhosts):
         vh = rc.virtual_hosts.add(name=virtual_host_name(host, port))
         vh.domains.extend(_domains(host, port))
         vh.routes.extend(vhosts[host])
+        if host in tls_only:
+            vh.require_tls = route_components_pb2.VirtualHost.ALL    # tls.httpsRedirect: 301 to https
     return rc
 
 
 def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer],
-                         ctx_base: RouteContext) -> RouteConfiguration:
+                         ctx_base: RouteContext, name: str = "") -> RouteConfiguration:
     vhosts: dict[str, list] = {}
+    tls_only: set = set()
     for vs in idx.virtual_services:
         bound = idx.vs_gateways(vs)
         mine = [s for s in servers if f"{s.gateway.namespace}/{s.gateway.name}" in bound]
@@ -49,6 +52,8 @@ def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer]
                     h = host_intersection(str(vs_host), server_host)
                     if h and h not in hosts:
                         hosts.append(h)
+                    if h and s.tls.get("httpsRedirect"):
+                        tls_only.add(h)
         if not hosts:
             continue
         ctx = RouteContext(idx, port, {f"{s.gateway.namespace}/{s.gateway.name}" for s in mine},
@@ -57,7 +62,7 @@ def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer]
         for h in hosts:
             # Several VirtualServices for one host merge, in config order.
             vhosts.setdefault(h, []).extend(routes)
-    return _route_config(gateway_route_name(port), vhosts, port)
+    return _route_config(name or gateway_route_name(port), vhosts, port, tls_only)
 
 
 def _mesh_vs_for(idx: MeshIndex, host: str) -> list[Resource]:

@@ -1,0 +1,135 @@
+"""HTTPS Gateway servers (certificates from files) and tls.httpsRedirect in real Envoy."""
+import datetime
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import tempfile
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from mesh.load import load_texts
+from support.envoy import Envoy
+from support.ports import free_port
+from support.upstreams import EchoUpstream
+from xds_server.translate import translate
+from xds_server.translate.static import static_bootstrap
+from xds_server.types import LISTENER, ROUTE, ProxyNode
+
+pytestmark = pytest.mark.e2e
+HOST = "secure.example.com"
+
+CONFIG = """
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: default}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: {https}, name: https, protocol: HTTPS}}
+    hosts: [{host}]
+    tls: {{mode: SIMPLE, serverCertificate: {cert}, privateKey: {key}, minProtocolVersion: TLSV1_2}}
+  - port: {{number: {http}, name: http, protocol: HTTP}}
+    hosts: [{host}]
+    tls: {{httpsRedirect: true}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: app, namespace: default}}
+spec:
+  hosts: [app.mesh.local]
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints: [{{address: 127.0.0.1, ports: {{http: {up}}}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: app, namespace: default}}
+spec:
+  hosts: [{host}]
+  gateways: [edge]
+  http: [{{route: [{{destination: {{host: app.mesh.local}}}}]}}]
+"""
+
+
+def self_signed(directory: str) -> tuple[str, str]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    certs = tempfile.mkdtemp(prefix="certs-")
+    up = EchoUpstream("app").start()
+    try:
+        cert, key = self_signed(certs)
+        ports = {"https": free_port(), "http": free_port()}
+        text = CONFIG.format(host=HOST, cert=cert, key=key, up=up.port, **ports)
+        snap = translate(load_texts({"https.yaml": text}),
+                         ProxyNode("router~127.0.0.1~edge.default~default.svc.cluster.local",
+                                   labels={"istio": "ingressgateway"}))
+        assert f"https.{ports['https']}.https.edge.default" in snap[ROUTE]
+        with Envoy(static_bootstrap(snap)):
+            yield ports, cert, snap
+    finally:
+        up.stop()
+        shutil.rmtree(certs, ignore_errors=True)
+
+
+def test_https_server_terminates_tls_and_routes(gateway):
+    ports, cert, _ = gateway
+    ctx = ssl.create_default_context(cafile=cert)
+    conn = http.client.HTTPSConnection("127.0.0.1", ports["https"], context=ctx, timeout=10)
+    # SNI and certificate check against the gateway host, not the loopback address.
+    conn.sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", ports["https"]), timeout=10),
+                                server_hostname=HOST)
+    conn.request("GET", "/hello", headers={"host": HOST})
+    r = conn.getresponse()
+    seen = json.loads(r.read())
+    conn.close()
+    assert r.status == 200 and seen["upstream"] == "app"
+    assert seen["headers"]["x-forwarded-proto"] == "https"
+
+
+def test_unknown_sni_gets_no_filter_chain(gateway):
+    ports, cert, _ = gateway
+    ctx = ssl.create_default_context(cafile=cert)
+    ctx.check_hostname = False
+    with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", ports["https"]), timeout=10),
+                             server_hostname="other.example.com") as s:
+            s.sendall(b"GET / HTTP/1.1\r\nhost: other.example.com\r\n\r\n")
+            if not s.recv(1):
+                raise ConnectionResetError("closed")
+
+
+def test_https_redirect_on_the_plain_server(gateway):
+    ports, _, snap = gateway
+    conn = http.client.HTTPConnection("127.0.0.1", ports["http"], timeout=10)
+    conn.request("GET", "/page", headers={"host": HOST})
+    r = conn.getresponse()
+    r.read()
+    conn.close()
+    assert r.status == 301
+    assert r.getheader("location") == f"https://{HOST}/page"
+    assert set(snap[LISTENER]) == {f"127.0.0.1_{ports['https']}", f"127.0.0.1_{ports['http']}"}

@@ -130,3 +130,19 @@ def test_translation_is_shared_between_nodes_of_one_shape():
                                  labels={"istio": "ingressgateway"}))
     assert a[ROUTE]["http.8080"] is b[ROUTE]["http.8080"]
     assert a[CLUSTER] == b[CLUSTER] and a is not b
+
+
+def test_spans_for_each_translation_with_cache_and_resource_counts():
+    from xds_server import telemetry
+    cfg = config(BASIC)
+    translate(cfg, GATEWAY)
+    translate(cfg, ProxyNode("router~10.0.0.3~gw-3.default~default.svc.cluster.local",
+                             labels={"istio": "ingressgateway"}))
+    spans = [s for s in telemetry.recent_spans("xds.translate.node")
+             if s["attributes"]["xds.node.id"] in (GATEWAY.id, "router~10.0.0.3~gw-3.default~default.svc.cluster.local")]
+    first, second = spans[-2:]
+    assert first["attributes"]["xds.translate.shape_cached"] is False
+    assert second["attributes"]["xds.translate.shape_cached"] is True
+    assert second["attributes"]["xds.resources.Cluster"] == 3
+    assert second["attributes"]["xds.resources.Listener"] == 1
+    assert telemetry.recent_spans("xds.translate.routes")        # the cold build is its own span

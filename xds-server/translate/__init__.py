@@ -30,10 +30,9 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from opentelemetry import trace
-
 from mesh.config import MeshConfig
 from mesh.errors import ConfigError, Diagnostic
+from xds_server import telemetry
 from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snapshot
 from xds_server.translate import authn, grpc_web, wasm_plugins
 from xds_server.translate.clusters import ClusterOptions, build_clusters
@@ -46,7 +45,6 @@ from xds_server.translate.routes import RouteContext
 __all__ = ["translate", "TranslateOptions", "SEAMS"]
 
 SEAMS = (authn, wasm_plugins, grpc_web)      # HCM order: authn, wasm_plugins, grpc_web
-_tracer = trace.get_tracer("xds_server.translate")
 
 
 @dataclass(frozen=True)
@@ -156,7 +154,10 @@ def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | N
     calls for the same config object: treat them as read-only.
     """
     options = options or TranslateOptions()
-    with _tracer.start_as_current_span("xds.translate") as span:
+    # Spans go to the control plane's tracer (xds_server.telemetry, /debug/tracez),
+    # nested under its per-change-set "xds.translate" span when there is one.
+    tracer = telemetry.tracer()
+    with tracer.start_as_current_span("xds.translate.node") as span:
         span.set_attribute("xds.node.id", node.id)
         span.set_attribute("xds.node.kind", node.kind)
         cache, config_hit = _cache_for(config)
@@ -167,12 +168,12 @@ def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | N
         with cache.lock:
             clusters = cache.clusters.get(copts)
             if clusters is None:
-                with _tracer.start_as_current_span("xds.translate.clusters"):
+                with tracer.start_as_current_span("xds.translate.clusters"):
                     clusters = cache.clusters[copts] = build_clusters(idx, copts)
             shaped = cache.shapes.get(shape)
             shape_hit = shaped is not None
             if shaped is None:
-                with _tracer.start_as_current_span("xds.translate.routes"):
+                with tracer.start_as_current_span("xds.translate.routes"):
                     shaped = cache.shapes[shape] = _routes_for_shape(idx, node)
         routes, plan = shaped
         listeners = _listeners(cache, shape, plan, config, node, options, grpc)

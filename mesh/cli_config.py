@@ -18,7 +18,7 @@ from mesh import analyze as analyzers
 from mesh import validation
 from mesh.config import MeshConfig, parse_documents
 from mesh.errors import ConfigError, Diagnostic
-from mesh.load import expand_paths, is_foreign, ordered
+from mesh.load import expand_paths, is_foreign, is_unmodelled_istio_kind, ordered
 
 
 def register(subparsers) -> None:
@@ -50,9 +50,14 @@ def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Dia
             found.append(Diagnostic(f"cannot read: {e}", file=path))
     kept = []
     for res in resources:
-        if is_foreign(res) and not strict:
+        if strict:
+            kept.append(res)
+        elif is_foreign(res):
             found.append(res.diagnostic("kind", f"skipping {res.api_version} {res.kind}: not a kind mesh validates",
                                         severity="info"))
+        elif is_unmodelled_istio_kind(res):
+            found.append(res.diagnostic("kind", f"{res.kind} is an Istio kind mcp-mesh does not model: not validated "
+                                        "here, and the mcp-mesh control plane rejects it", severity="warning"))
         else:
             kept.append(res)
     diags = validation.validate(MeshConfig(kept))

@@ -29,7 +29,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from xds_server import telemetry
-from xds_server.cache import WILDCARD_TYPES, PreparedSnapshot, SnapshotCache
+from xds_server.cache import (WILDCARD_TYPES, PreparedSnapshot, Selection, SnapshotCache, node_shape,
+                              subscription_key)
 from xds_server.sync import SyncTracker, short_name
 from xds_server.types import PUSH_ORDER, ProxyNode
 
@@ -85,9 +86,30 @@ class AdsHub:
         self.streams: set["_Stream"] = set()
         self.bodies = ResponseBodies()
         self._nonces = itertools.count(1)
+        self._translating: dict[tuple, asyncio.Future] = {}
 
     def nonce(self) -> str:
         return str(next(self._nonces))
+
+    async def snapshot(self, node: ProxyNode) -> PreparedSnapshot | None:
+        """The node's snapshot; a new shape is translated in a worker thread, once,
+        however many of its proxies connect meanwhile (the loop keeps serving)."""
+        snap = self.cache.peek(node)
+        if snap is not None or not self.cache.ready:
+            return snap
+        key = (node_shape(node), self.cache.generation)
+        task = self._translating.get(key)
+        if task is None:
+            task = self._translating[key] = asyncio.ensure_future(
+                asyncio.to_thread(self.cache.prepare_current, node))
+            task.add_done_callback(lambda _: self._translating.pop(key, None))
+        try:
+            generation, snap = await asyncio.shield(task)
+        except Exception:  # this shape fails to translate: its proxies get nothing new
+            log.exception("translating for %s failed", node.id)
+            return None
+        self.cache.offer(node, generation, snap)
+        return self.cache.peek(node) or snap
 
     def nodes(self) -> list[ProxyNode]:
         return [s.node for s in self.streams if s.node is not None]
@@ -101,12 +123,25 @@ class AdsHub:
 class _TypeState:
     names: set[str] = field(default_factory=set)
     wildcard: bool = False
+    sub_key: tuple = ()
     sent_version: str = ""
     sent_nonce: str = ""
     # Delta only: what the client holds (name -> version) and, per nonce in
-    # flight, what it held before, to restore on NACK.
+    # flight, what it held before, to restore on NACK. After a push the client
+    # holds exactly a Selection (`held`), whose read-only dict `client` then
+    # is; anything that changes the client's holdings otherwise copies it
+    # first and drops `held`, so the next diff is computed the long way.
     client: dict[str, str] = field(default_factory=dict)
+    held: Selection | None = None
     pending: dict[str, tuple[str, dict[str, str | None]]] = field(default_factory=dict)
+
+    def subscription_changed(self) -> None:
+        self.sub_key = subscription_key(self.wildcard, self.names)
+
+    def own_client(self) -> dict[str, str]:
+        if self.held is not None:
+            self.client, self.held = dict(self.client), None
+        return self.client
 
 
 class _Stream:
@@ -131,9 +166,12 @@ class _Stream:
                 if isinstance(event, BaseException):
                     raise event
                 if event is _PUSH:
-                    responses = self._push_all()
+                    if self.node is None:
+                        continue
+                    responses = self._push_all(await self.hub.snapshot(self.node))
                 else:
-                    responses = self._on_request(event)
+                    self._hello(event)
+                    responses = self._on_request(event, await self.hub.snapshot(self.node))
                 for resp in responses:
                     yield resp
         finally:
@@ -164,15 +202,7 @@ class _Stream:
             telemetry.metrics().connected.add(1, {"protocol": self.protocol})
             log.info("%s stream from %s (%s, %s)", self.protocol, self.node.id, self.node.kind, self.peer)
 
-    def snapshot(self) -> PreparedSnapshot | None:
-        try:
-            return self.hub.cache.snapshot_for(self.node)
-        except Exception:  # this node's shape fails to translate: it gets nothing new
-            log.exception("translating for %s failed", self.node.id)
-            return None
-
-    def _push_all(self) -> list:
-        snap = self.snapshot()
+    def _push_all(self, snap: PreparedSnapshot | None) -> list:
         if snap is None:
             return []
         out = []
@@ -187,7 +217,7 @@ class _Stream:
         return out
 
     # Implemented by each protocol.
-    def _on_request(self, req) -> list:
+    def _on_request(self, req, snap: PreparedSnapshot | None) -> list:
         raise NotImplementedError
 
     def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool):
@@ -204,8 +234,7 @@ class _Stream:
 class SotwStream(_Stream):
     protocol = "sotw"
 
-    def _on_request(self, req: discovery_pb2.DiscoveryRequest) -> list:
-        self._hello(req)
+    def _on_request(self, req: discovery_pb2.DiscoveryRequest, snap: PreparedSnapshot | None) -> list:
         type_url = req.type_url
         names = set(req.resource_names)
         wildcard = "*" in names or (type_url in WILDCARD_TYPES and not names)
@@ -214,6 +243,7 @@ class SotwStream(_Stream):
         tracker = self.hub.tracker
         if st is None:
             st = self.types[type_url] = _TypeState(names=names, wildcard=wildcard)
+            st.subscription_changed()
             if req.version_info:   # a reconnecting proxy says what it already runs
                 tracker.ack(self.node.id, self.sync_id, type_url, req.version_info, "")
         else:
@@ -231,7 +261,7 @@ class SotwStream(_Stream):
             if names == st.names and wildcard == st.wildcard:
                 return []          # a plain ACK/NACK: nothing new to send
             st.names, st.wildcard = names, wildcard
-        snap = self.snapshot()
+            st.subscription_changed()
         if snap is None:
             return []
         resp = self._respond(type_url, snap, force=True)
@@ -241,8 +271,8 @@ class SotwStream(_Stream):
         st = self.types[type_url]
         if not st.wildcard and not st.names:
             return None            # subscribed to nothing (e.g. EDS before any cluster)
-        resources = snap.select(type_url, None if st.wildcard else st.names)
-        version = snap.version_of(resources)
+        sel = snap.selection(type_url, st.wildcard, st.names, st.sub_key)
+        resources, version = sel.resources, sel.version
         if version == st.sent_version and not force:
             return None
         nonce = self.hub.nonce()
@@ -259,8 +289,7 @@ class SotwStream(_Stream):
 class DeltaStream(_Stream):
     protocol = "delta"
 
-    def _on_request(self, req: discovery_pb2.DeltaDiscoveryRequest) -> list:
-        self._hello(req)
+    def _on_request(self, req: discovery_pb2.DeltaDiscoveryRequest, snap: PreparedSnapshot | None) -> list:
         type_url = req.type_url
         tracker = self.hub.tracker
         st = self.types.get(type_url)
@@ -273,11 +302,12 @@ class DeltaStream(_Stream):
         if req.response_nonce:
             version_sent, before = st.pending.pop(req.response_nonce, ("", None))
             if before is not None and req.HasField("error_detail"):
+                client = st.own_client()
                 for name, version in before.items():   # the client kept what it had
                     if version is None:
-                        st.client.pop(name, None)
+                        client.pop(name, None)
                     else:
-                        st.client[name] = version
+                        client[name] = version
                 tracker.nack(self.node.id, self.sync_id, type_url, version_sent,
                              req.response_nonce, req.error_detail.message)
                 telemetry.metrics().nacks.add(1, {"type": short_name(type_url), "protocol": self.protocol})
@@ -297,32 +327,33 @@ class DeltaStream(_Stream):
                 st.wildcard = False
             else:
                 st.names.discard(name)
-                st.client.pop(name, None)   # the client dropped it; nothing to remove
+                st.own_client().pop(name, None)   # the client dropped it; nothing to remove
         if not (first or new_names or req.resource_names_unsubscribe):
             return []
-        snap = self.snapshot()
+        st.subscription_changed()
         if snap is None:
             return []
         resp = self._respond(type_url, snap, force=first, absent=new_names)
         return [resp] if resp is not None else []
 
-    def _desired(self, type_url: str, snap: PreparedSnapshot) -> dict:
-        have = snap.of_type(type_url)
-        if self.types[type_url].wildcard:
-            return dict(have)
-        return {n: have[n] for n in self.types[type_url].names if n in have}
-
     def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool, absent=()):
         st = self.types[type_url]
-        desired = self._desired(type_url, snap)
-        changed = [r for n, r in sorted(desired.items()) if st.client.get(n) != r.version]
-        removed = sorted(n for n in st.client if n not in desired)
+        want = snap.selection(type_url, st.wildcard, st.names, st.sub_key)
+        version = want.version
+        if st.held is not None:
+            if st.held is want and not force:
+                return None                       # already holds exactly this
+            changed, removed = snap.diff(st.held, want)
+        else:                                     # after a reconnect, NACK or unsubscribe
+            changed = [r for r in want.resources if st.client.get(r.name) != r.version]
+            removed = sorted(n for n in st.client if n not in want.items)
         # A newly asked-for name that does not exist is said to be absent, so
         # the client need not wait out its initial fetch timeout.
-        removed += sorted(n for n in absent if n not in desired and n not in st.client)
-        version = snap.version_of(desired.values())
-        if not changed and not removed and not force:
+        absent = sorted(n for n in absent if n not in want.items and n not in st.client)
+        if not changed and not removed and not absent and not force:
+            st.client, st.held = want.items, want
             return None
+        removed = list(removed) + absent
         nonce = self.hub.nonce()
         digest = hashlib.sha256("\n".join(f"{r.name}\0{r.version}" for r in changed).encode()).digest()
         body = self.hub.bodies.get(
@@ -334,12 +365,9 @@ class DeltaStream(_Stream):
                 removed_resources=removed))
         wire = body + discovery_pb2.DeltaDiscoveryResponse(nonce=nonce).SerializeToString()
         st.pending[nonce] = (version, {n: st.client.get(n) for n in [r.name for r in changed] + removed})
-        for r in changed:
-            st.client[r.name] = r.version
-        for n in removed:
-            st.client.pop(n, None)
+        st.client, st.held = want.items, want     # the client now holds exactly `want`
         st.sent_version, st.sent_nonce = version, nonce
-        self.hub.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(desired))
+        self.hub.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(want.resources))
         self._count(type_url, wire, len(changed))
         return wire
 

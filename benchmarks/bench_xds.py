@@ -1,0 +1,289 @@
+"""xDS control plane benchmark: 1,000 services x 10 routes, 100 ADS clients in a separate process.
+
+    python benchmarks/bench_xds.py [--services 1000] [--routes 10] [--clients 100] [--samples 20]
+
+Measures, side by side in one run (SotW and Delta against the same server):
+- full translate: load+validate the directory, translate for one gateway, pack;
+- full push: 100 clients open their streams until every one has received
+  (and ACKed) CDS, EDS, LDS and RDS;
+- one endpoint change: from the new snapshot being installed until every
+  client has it, and the bytes that took (Delta vs SotW);
+- control-plane RSS with the clients connected;
+- file change -> a real Envoy serving the new route, p50 over --samples.
+Prints a table with ratios and floors, writes artifacts/bench/xds.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from support.ports import free_port  # noqa: E402
+from support.upstreams import EchoUpstream  # noqa: E402
+from support.xds import ControlPlane, mesh_envoy, write_config  # noqa: E402
+from support.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service  # noqa: E402
+from xds_config import service_yaml, write_mesh  # noqa: E402
+
+FLOORS = {"full_push_s": 2.0, "endpoint_change_delta_s": 0.1, "endpoint_change_bytes_ratio": 0.01,
+          "file_to_envoy_p50_s": 0.3}
+TYPES = ("CDS", "EDS", "LDS", "RDS")
+
+
+def rss_mb(pid: int) -> dict:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS", "VmHWM")):
+                key, value = line.split(":")
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def measure_translate(directory: str) -> dict:
+    from mesh.load import load_config
+    from xds_server.cache import PreparedSnapshot
+    from xds_server.translate import translate
+    from xds_server.types import ProxyNode
+    t0 = time.perf_counter()
+    config = load_config(directory)
+    t1 = time.perf_counter()
+    node = ProxyNode("router~127.0.0.1~bench-gw-0.default~default.svc.cluster.local", labels=GATEWAY_LABELS)
+    snap = translate(config, node)
+    t2 = time.perf_counter()
+    prepared = PreparedSnapshot.from_snapshot(snap)
+    t3 = time.perf_counter()
+    return {"load_validate_s": t1 - t0, "translate_s": t2 - t1, "pack_s": t3 - t2,
+            "resources": {k.rsplit(".", 1)[-1]: len(v) for k, v in snap.items()},
+            "snapshot_bytes": sum(r.size for by in prepared.resources.values() for r in by.values())}
+
+
+class LoadClients:
+    """The clients process and the events it prints."""
+
+    def __init__(self, address: str, clients: int, mode: str):
+        self.n, self.mode = clients, mode
+        self.events: list[dict] = []
+        self.lock = threading.Lock()
+        self.ready_at = 0.0
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "benchmarks", "xds_load_clients.py"), "--address", address,
+             "--clients", str(clients), "--mode", mode, "--prefix", "bench-gw"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.started_at = time.time()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            ev = json.loads(line)
+            with self.lock:
+                if ev.get("event") == "ready":
+                    self.ready_at = ev["t"]
+                elif "error" in ev:
+                    print(f"client {ev['c']}: {ev['error']}", file=sys.stderr)
+                else:
+                    self.events.append(ev)
+
+    def wait(self, predicate, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                events = list(self.events)
+            result = predicate(events)
+            if result is not None:
+                return result
+            time.sleep(0.005)
+        raise TimeoutError(f"{self.mode}: {what} not reached in {timeout}s")
+
+    def full_push(self, timeout: float = 120) -> dict:
+        def done(events):
+            have: dict[int, dict] = {}
+            for ev in events:
+                have.setdefault(ev["c"], {}).setdefault(ev["ty"], ev)
+            if len(have) == self.n and all(all(t in h for t in TYPES) for h in have.values()):
+                last = max(max(h[t]["t"] for t in TYPES) for h in have.values())
+                return {"full_push_s": last - self.ready_at,
+                        "full_push_bytes": sum(ev["b"] for ev in events),
+                        "eds_resources_per_client": max(h["EDS"]["n"] for h in have.values())}
+            return None
+        return self.wait(done, timeout, "every client synced")
+
+    def after(self, since: float, type_short: str, timeout: float = 30) -> dict:
+        def done(events):
+            got = [ev for ev in events if ev["t"] >= since]
+            clients = {ev["c"] for ev in got if ev["ty"] == type_short}
+            if len(clients) == self.n:
+                return {"last_t": max(ev["t"] for ev in got if ev["ty"] == type_short),
+                        "bytes": sum(ev["b"] for ev in got), "responses": len(got),
+                        "types": sorted({ev["ty"] for ev in got})}
+            return None
+        return self.wait(done, timeout, f"every client received {type_short}")
+
+    def stop(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(10)
+        except (subprocess.TimeoutExpired, OSError):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def endpoint_change(cp: ControlPlane, directory: str, clients: LoadClients, port: int) -> dict:
+    generation = cp.configz()["generation"]
+    written = time.time()
+    write_config(directory, "svc-0000.yaml", service_yaml(0, ports=(port, 20001)))
+    status = cp.wait_generation_change(generation, timeout=60)
+    applied = status["applied_at"]
+    got = clients.after(applied, "EDS")
+    time.sleep(0.3)     # anything else this change sent would have arrived by now
+    with clients.lock:
+        late = [ev for ev in clients.events if ev["t"] >= applied]
+    return {"file_to_applied_s": applied - written, "push_to_all_s": got["last_t"] - applied,
+            "bytes": sum(ev["b"] for ev in late), "responses": len(late),
+            "types": sorted({ev["ty"] for ev in late})}
+
+
+def measure_fleet(directory: str, services: int, clients: int) -> dict:
+    cp = ControlPlane(directory, test_hooks=False, log_level="warning")
+    out = {}
+    try:
+        cp.start(timeout=120)
+        deadline = time.monotonic() + 120
+        while not json.loads(cp.get("/healthz")[1])["config_loaded"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(cp.log_tail())
+            time.sleep(0.1)
+        out["rss_idle_mb"] = rss_mb(cp.proc.pid)["VmRSS"]
+        # One client first: the gateway shape's one-time translation (measured
+        # above) is then done, and the push below measures serving 100 clients.
+        warm = LoadClients(cp.address, 1, "sotw")
+        out["first_client_sync_s"] = warm.full_push()["full_push_s"]
+        warm.stop()
+        for i, mode in enumerate(("sotw", "delta")):
+            load = LoadClients(cp.address, clients, mode)
+            try:
+                push = load.full_push()
+                change = endpoint_change(cp, directory, load, 30000 + i)
+                mem = rss_mb(cp.proc.pid)
+                out[mode] = {**push, "endpoint_change": change, "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"]}
+            finally:
+                load.stop()
+            time.sleep(0.5)
+    finally:
+        cp.close()
+    return out
+
+
+def measure_file_to_envoy(samples: int, big_dir: str | None = None) -> dict:
+    """Write a VirtualService change; time until the real Envoy answers from the new route."""
+    with tempfile.TemporaryDirectory() as d:
+        ups = {v: EchoUpstream(v).start() for v in ("v1", "v2", "v3")}
+        port = free_port()
+        for name, text in base_config(port, {v: u.port for v, u in ups.items()}).items():
+            write_config(d, name, text)
+        cp = ControlPlane(d, test_hooks=False, log_level="warning")
+        envoy = None
+        client = Client(port)
+        try:
+            cp.start()
+            node = "router~127.0.0.1~bench-envoy.default~default.svc.cluster.local"
+            envoy = mesh_envoy(cp, node_id=node, labels=GATEWAY_LABELS).start()
+            cp.wait_synced(node, types=TYPES)
+            client.wait_for(lambda u: u == "v1")
+            times = []
+            for i in range(samples):
+                target = "v3" if i % 2 == 0 else "v1"
+                started = time.monotonic()
+                write_config(d, "virtualservice.yaml", virtual_service(default=[(target, None)]))
+                client.wait_for(lambda u: u == target, timeout=10)
+                times.append(time.monotonic() - started)
+                time.sleep(0.05)
+            return {"samples": len(times), "p50_s": statistics.median(times), "min_s": min(times),
+                    "max_s": max(times)}
+        finally:
+            client.close()
+            if envoy:
+                envoy.stop()
+            cp.close()
+            for u in ups.values():
+                u.stop()
+
+
+def verdict(value: float, floor: float) -> str:
+    return "ok" if value <= floor else "OVER"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--services", type=int, default=1000)
+    p.add_argument("--routes", type=int, default=10)
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--samples", type=int, default=20)
+    args = p.parse_args()
+    started = time.time()
+    with tempfile.TemporaryDirectory() as d:
+        write_mesh(d, args.services, args.routes, free_port())
+        translate = measure_translate(d)
+        fleet = measure_fleet(d, args.services, args.clients)
+    envoy = measure_file_to_envoy(args.samples)
+    sotw, delta = fleet["sotw"], fleet["delta"]
+    bytes_ratio = delta["endpoint_change"]["bytes"] / max(1, sotw["endpoint_change"]["bytes"])
+    result = {"config": vars(args), "translate": translate, "fleet": fleet, "file_to_envoy": envoy,
+              "ratios": {"endpoint_change_bytes_delta_over_sotw": bytes_ratio,
+                         "endpoint_change_time_delta_over_sotw":
+                             delta["endpoint_change"]["push_to_all_s"] / max(1e-9, sotw["endpoint_change"]["push_to_all_s"]),
+                         "full_push_delta_over_sotw": delta["full_push_s"] / max(1e-9, sotw["full_push_s"])},
+              "floors": FLOORS, "wall_s": time.time() - started}
+
+    n = args.clients
+    rows = [
+        ("config", f"{args.services} services x {args.routes} routes", "", "", "", ""),
+        ("resources", ", ".join(f"{k} {v}" for k, v in translate["resources"].items()), "", "", "", ""),
+        ("load + validate dir", f"{translate['load_validate_s']:.3f} s", "", "", "", ""),
+        ("translate (1 gateway)", f"{translate['translate_s']:.3f} s", "", "", "", ""),
+        ("pack (Any, hashes)", f"{translate['pack_s']:.3f} s  ({translate['snapshot_bytes'] / 1e6:.1f} MB)", "", "", "", ""),
+        ("first client synced (cold translate)", f"{fleet['first_client_sync_s']:.3f} s", "", "", "", ""),
+        (f"full push, {n} clients ACKed", f"{sotw['full_push_s']:.3f} s", f"{delta['full_push_s']:.3f} s",
+         f"{result['ratios']['full_push_delta_over_sotw']:.2f}", "<= 2 s",
+         verdict(max(sotw["full_push_s"], delta["full_push_s"]), FLOORS["full_push_s"])),
+        ("  bytes pushed", f"{sotw['full_push_bytes'] / 1e6:.1f} MB", f"{delta['full_push_bytes'] / 1e6:.1f} MB",
+         f"{delta['full_push_bytes'] / max(1, sotw['full_push_bytes']):.2f}", "", ""),
+        ("1 endpoint change: file -> installed", f"{sotw['endpoint_change']['file_to_applied_s']:.3f} s",
+         f"{delta['endpoint_change']['file_to_applied_s']:.3f} s", "", "(full reload)", ""),
+        (f"1 endpoint change: installed -> all {n}", f"{sotw['endpoint_change']['push_to_all_s'] * 1e3:.1f} ms",
+         f"{delta['endpoint_change']['push_to_all_s'] * 1e3:.1f} ms",
+         f"{result['ratios']['endpoint_change_time_delta_over_sotw']:.3f}", "Delta <= 100 ms",
+         verdict(delta["endpoint_change"]["push_to_all_s"], FLOORS["endpoint_change_delta_s"])),
+        ("1 endpoint change: bytes to all", f"{sotw['endpoint_change']['bytes'] / 1e3:.1f} kB",
+         f"{delta['endpoint_change']['bytes'] / 1e3:.1f} kB", f"{bytes_ratio:.4%}", "Delta <= 1 % SotW",
+         verdict(bytes_ratio, FLOORS["endpoint_change_bytes_ratio"])),
+        ("control-plane RSS", f"{sotw['rss_mb']:.0f} MB", f"{delta['rss_mb']:.0f} MB", "",
+         f"idle {fleet['rss_idle_mb']:.0f} MB", ""),
+        (f"file change -> Envoy route, p50 of {envoy['samples']}", f"{envoy['p50_s'] * 1e3:.0f} ms",
+         f"(min {envoy['min_s'] * 1e3:.0f}, max {envoy['max_s'] * 1e3:.0f})", "", "<= 300 ms",
+         verdict(envoy["p50_s"], FLOORS["file_to_envoy_p50_s"])),
+    ]
+    header = ("measure", "SotW", "Delta", "Delta/SotW", "floor", "")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    os.makedirs(os.path.join(ROOT, "artifacts", "bench"), exist_ok=True)
+    path = os.path.join(ROOT, "artifacts", "bench", "xds.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwrote {os.path.relpath(path, ROOT)} ({result['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

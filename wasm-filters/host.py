@@ -39,9 +39,12 @@ class HostError(RuntimeError):
     """The module broke the ABI (bad pointer, unknown map, ...)."""
 
 
-def serialize_pairs(pairs: list[tuple[str, str]]) -> bytes:
-    """The ABI's header-map encoding: count, (key len, value len)*, then NUL-terminated bytes."""
-    enc = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
+def serialize_pairs(pairs) -> bytes:
+    """The ABI's header-map encoding: count, (key len, value len)*, then NUL-terminated bytes.
+
+    Envoy serialises a map-valued property (jwt_authn's payload) the same way."""
+    enc = [(k if isinstance(k, bytes) else k.encode("latin-1"), v if isinstance(v, bytes) else v.encode("latin-1"))
+           for k, v in pairs]
     head = struct.pack("<I", len(enc)) + b"".join(struct.pack("<II", len(k), len(v)) for k, v in enc)
     return head + b"".join(k + b"\0" + v + b"\0" for k, v in enc)
 
@@ -202,6 +205,22 @@ class ProxyWasmHost:
             m[:] = [(k, v) for k, v in m if k != key]
             return OK
 
+        def set_pairs(kind, ptr, size):
+            raw = h._read(ptr, size)
+            (n,) = struct.unpack_from("<I", raw)
+            if 4 + 8 * n > size:
+                raise HostError("proxy_set_header_map_pairs: truncated")
+            sizes = [struct.unpack_from("<II", raw, 4 + 8 * i) for i in range(n)]
+            off, pairs = 4 + 8 * n, []
+            for kl, vl in sizes:
+                if off + kl + vl + 2 > size:
+                    raise HostError("proxy_set_header_map_pairs: truncated")
+                pairs.append((raw[off:off + kl].decode("latin-1").lower(), raw[off + kl + 1:off + kl + 1 + vl].decode("latin-1")))
+                off += kl + vl + 2
+            m = map_of(kind)
+            m[:] = pairs
+            return OK
+
         def get_property(pp, ps, ret_ptr, ret_size):
             path = tuple(s.decode("latin-1") for s in h._read(pp, ps).split(b"\0"))
             if path not in h.properties:
@@ -269,6 +288,7 @@ class ProxyWasmHost:
             (env, "proxy_get_header_map_value"): ([I32] * 5, [I32], counted(get_value)),
             (env, "proxy_add_header_map_value"): ([I32] * 5, [I32], counted(add_value)),
             (env, "proxy_replace_header_map_value"): ([I32] * 5, [I32], counted(replace_value)),
+            (env, "proxy_set_header_map_pairs"): ([I32] * 3, [I32], counted(set_pairs)),
             (env, "proxy_remove_header_map_value"): ([I32] * 3, [I32], counted(remove_value)),
             (env, "proxy_get_property"): ([I32] * 4, [I32], counted(get_property)),
             (env, "proxy_send_local_response"): ([I32] * 8, [I32], counted(send_local_response)),
@@ -305,8 +325,9 @@ class ProxyWasmHost:
         ctx = self._next_ctx
         self._next_ctx += 1
         self.properties = dict(properties or {})
-        for claim, value in (metadata or {}).items():
-            self.properties[PAYLOAD_PROPERTY + (claim,)] = value.encode() if isinstance(value, str) else value
+        if metadata is not None:   # jwt_authn's payload struct, as Envoy serialises a map
+            self.properties[PAYLOAD_PROPERTY] = serialize_pairs(
+                [(k, v.encode("latin-1") if isinstance(v, str) else v) for k, v in metadata.items()])
         self.maps = {REQUEST_HEADERS: [(k.lower(), v) for k, v in headers]}
         self.local_response = None
         start_logs = len(self.logs)

@@ -59,6 +59,7 @@ typedef struct {
     str_t sig_header;
     str_t signed_hdrs[MAX_SIGNED]; int n_signed;
     uint8_t key[64]; int key_len;
+    hmac_sha256_ctx hmac;                   /* the keyed state, computed once */
     /* QoS */
     str_t qos_header, priority_header, tier_claim;
     qos_class classes[MAX_CLASSES]; int n_classes;
@@ -272,6 +273,7 @@ static int parse_config_in(config_t *c, cfg_parse *cp) {
         c->key[i / 2] = (uint8_t)(hi << 4 | lo);
     }
     c->key_len = (int)key.n / 2;
+    hmac_sha256_init(&c->hmac, c->key, (size_t)c->key_len);
 
     sec = json_get(nodes, root, "qos");
     NEED(sec && sec->type == J_OBJ, "qos: expected an object");
@@ -538,33 +540,73 @@ static int tenant_allows(const tenant_t *t, const config_t *c, const char *k, si
 
 #define MAX_HEADERS 256
 
+/* The request's new header map, serialised once for proxy_set_header_map_pairs:
+ * one host call (and one route-cache clear) instead of one per header. */
+typedef struct { const char *k; size_t kn; const char *v; size_t vn; } out_pair;
+
+static char *serialize(const out_pair *ps, int n, size_t *size) {
+    size_t total = 4 + (size_t)n * 8;
+    for (int i = 0; i < n; i++) total += ps[i].kn + ps[i].vn + 2;
+    char *buf = malloc(total), *d;
+    if (!buf) return NULL;
+    uint32_t u = (uint32_t)n;
+    memcpy(buf, &u, 4);
+    d = buf + 4 + (size_t)n * 8;
+    for (int i = 0; i < n; i++) {
+        uint32_t kl = (uint32_t)ps[i].kn, vl = (uint32_t)ps[i].vn;
+        memcpy(buf + 4 + 8 * i, &kl, 4);
+        memcpy(buf + 8 + 8 * i, &vl, 4);
+        memcpy(d, ps[i].k, kl); d += kl; *d++ = 0;
+        memcpy(d, ps[i].v, vl); d += vl; *d++ = 0;
+    }
+    *size = total;
+    return buf;
+}
+
+/* A top-level string claim of the payload map (Envoy serialises a map
+ * property as header-map pairs; non-string values come as binary). */
+static int find_claim(const pair_t *claims, int n, str_t name, const char **v, size_t *vn) {
+    for (int i = 0; i < n; i++)
+        if (str_eq(name, claims[i].k, claims[i].kn)) {
+            if (!claims[i].vn || !is_header_value(claims[i].v, claims[i].vn)) return 0;
+            *v = claims[i].v; *vn = claims[i].vn;
+            return 1;
+        }
+    return 0;
+}
+
+#define MAX_CLAIM_PAIRS 64
+
 EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, uint32_t num_headers, int32_t eos) {
     (void)num_headers; (void)eos;
     config_t *c = config_for(ctx);
     if (!c) { local_reply(500, "mcp_header_contract_unconfigured", "header contract not configured\n"); return ACTION_PAUSE; }
 
-    char *raw = NULL;
-    size_t raw_n = 0;
-    static pair_t hs[MAX_HEADERS];
-    int n = -1;
+    static pair_t hs[MAX_HEADERS], cp[MAX_CLAIM_PAIRS];
+    static out_pair out[MAX_HEADERS + MAX_CLAIMS + 4];
+    char *raw = NULL, *payload = NULL, *proto = NULL, *id = NULL, *ser = NULL;
+    size_t raw_n = 0, payload_n = 0, pn = 0, idn = 0, ser_n = 0;
+    int n = -1, ncp = 0, no = 0;
+    int32_t action = ACTION_CONTINUE;
     if (proxy_get_header_map_pairs(MAP_REQUEST_HEADERS, &raw, &raw_n) == WASM_OK && raw)
         n = parse_pairs(raw, raw_n, hs, MAX_HEADERS);
     if (n < 0) {
-        free(raw);
         local_reply(431, "mcp_header_contract_headers", "too many or malformed request headers\n");
-        return ACTION_PAUSE;
+        action = ACTION_PAUSE;
+        goto done;
     }
 
-    /* 1. The claims jwt_authn verified (absent when there was no token). */
-    char *claim_val[MAX_CLAIMS] = {0};
+    /* 1. The claims jwt_authn verified, in one call (absent: no token). */
+    if (get_property(c->payload, c->n_payload, NULL, &payload, &payload_n) == 0) {
+        ncp = parse_pairs(payload, payload_n, cp, MAX_CLAIM_PAIRS);
+        if (ncp < 0) ncp = 0;   /* not a map: no claims */
+    }
+    const char *claim_val[MAX_CLAIMS] = {0};
     size_t claim_n[MAX_CLAIMS] = {0};
     const char *tenant = NULL;
     size_t tenant_n = 0;
     for (int i = 0; i < c->n_claims; i++) {
-        if (get_property(c->payload, c->n_payload, &c->claims[i].claim, &claim_val[i], &claim_n[i]) < 0) continue;
-        if (!claim_n[i] || !is_header_value(claim_val[i], claim_n[i])) {   /* not a string claim: drop it */
-            free(claim_val[i]); claim_val[i] = NULL; continue;
-        }
+        if (!find_claim(cp, ncp, c->claims[i].claim, &claim_val[i], &claim_n[i])) continue;
         if (str_eq(c->claims[i].header, c->tenant_header.p, c->tenant_header.n)) { tenant = claim_val[i]; tenant_n = claim_n[i]; }
     }
     const tenant_t *t = NULL;
@@ -572,83 +614,66 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
         for (int i = 0; i < c->n_tenants; i++)
             if (str_eq(c->tenants[i].name, tenant, tenant_n)) { t = &c->tenants[i]; break; }
 
-    /* 2. Decide each client header's fate; remember the priority asked for. */
-    int bad_name = 0, requested = -1;
-    static int drop[MAX_HEADERS];
+    /* 2. Keep or drop each client header; remember the priority asked for. */
+    int requested = -1;
     for (int i = 0; i < n; i++) {
         const char *k = hs[i].k;
         size_t kn = hs[i].kn;
-        drop[i] = 0;
-        if (kn && k[0] == ':') continue;                 /* pseudo-headers: the codec's */
-        if (!is_token(k, kn)) { bad_name = 1; break; }
-        if (in_list(c->strip, c->n_strip, k, kn)) drop[i] = 1;
-        else if (in_list(c->prefixes, c->n_prefixes, k, kn)) drop[i] = !(t && in_list(t->allowed, t->n_allowed, k, kn));
-        else if (t && t->strict) drop[i] = !tenant_allows(t, c, k, kn) && !str_eq(c->priority_header, k, kn);
-        if (requested < 0 && str_eq(c->priority_header, k, kn)) {
-            for (int j = 0; j < c->n_priority; j++)
-                if (str_ieq(c->priority[j].key, hs[i].v, hs[i].vn)) { requested = c->priority[j].cls; break; }
+        int drop = 0;
+        if (!(kn && k[0] == ':')) {                      /* pseudo-headers are the codec's */
+            if (!is_token(k, kn)) {
+                local_reply(400, "mcp_header_contract_bad_header_name", "header name is not an RFC 7230 token\n");
+                action = ACTION_PAUSE;
+                goto done;
+            }
+            if (in_list(c->strip, c->n_strip, k, kn)) drop = 1;
+            else if (in_list(c->prefixes, c->n_prefixes, k, kn)) drop = !(t && in_list(t->allowed, t->n_allowed, k, kn));
+            else if (t && t->strict) drop = !tenant_allows(t, c, k, kn) && !str_eq(c->priority_header, k, kn);
+            if (requested < 0 && str_eq(c->priority_header, k, kn))
+                for (int j = 0; j < c->n_priority; j++)
+                    if (str_ieq(c->priority[j].key, hs[i].v, hs[i].vn)) { requested = c->priority[j].cls; break; }
         }
-    }
-    if (bad_name) {
-        free(raw);
-        for (int i = 0; i < c->n_claims; i++) free(claim_val[i]);
-        local_reply(400, "mcp_header_contract_bad_header_name", "header name is not an RFC 7230 token\n");
-        return ACTION_PAUSE;
-    }
-    /* Remove by name: one call removes every value of that name. */
-    for (int i = 0; i < n; i++) {
-        if (!drop[i]) continue;
-        int dup = 0;
-        for (int j = 0; j < i; j++) if (drop[j] && hs[j].kn == hs[i].kn && memcmp(hs[j].k, hs[i].k, hs[i].kn) == 0) { dup = 1; break; }
-        if (!dup) proxy_remove_header_map_value(MAP_REQUEST_HEADERS, hs[i].k, hs[i].kn);
+        if (!drop) { out[no].k = k; out[no].kn = kn; out[no].v = hs[i].v; out[no].vn = hs[i].vn; no++; }
     }
 
     /* 3. QoS: asked (priority header, else protocol) capped by the tier's ceiling. */
-    if (requested < 0 && c->n_protocol_path) {
-        char *proto = NULL;
-        size_t pn = 0;
-        if (get_property(c->protocol_path, c->n_protocol_path, NULL, &proto, &pn) == 0) {
-            for (int j = 0; j < c->n_protocol; j++)
-                if (str_eq(c->protocol_map[j].key, proto, pn)) { requested = c->protocol_map[j].cls; break; }
-        }
-        free(proto);
-    }
+    if (requested < 0 && c->n_protocol_path &&
+        get_property(c->protocol_path, c->n_protocol_path, NULL, &proto, &pn) == 0)
+        for (int j = 0; j < c->n_protocol; j++)
+            if (str_eq(c->protocol_map[j].key, proto, pn)) { requested = c->protocol_map[j].cls; break; }
     if (requested < 0) requested = c->default_class;
     int ceiling = c->ceiling_class;
-    if (c->tier_claim.n) {
-        char *tier = NULL;
-        size_t tn = 0;
-        if (get_property(c->payload, c->n_payload, &c->tier_claim, &tier, &tn) == 0)
-            for (int j = 0; j < c->n_tiers; j++)
-                if (str_eq(c->tiers[j].key, tier, tn)) { ceiling = c->tiers[j].cls; break; }
-        free(tier);
-    }
+    const char *tier;
+    size_t tn;
+    if (c->tier_claim.n && find_claim(cp, ncp, c->tier_claim, &tier, &tn))
+        for (int j = 0; j < c->n_tiers; j++)
+            if (str_eq(c->tiers[j].key, tier, tn)) { ceiling = c->tiers[j].cls; break; }
     /* a larger level is a lower priority: take the lower of asked and allowed */
     int cls = c->classes[requested].level >= c->classes[ceiling].level ? requested : ceiling;
     str_t qos = c->classes[cls].name;
 
-    /* 4. Set the session headers and the class. */
-    for (int i = 0; i < c->n_claims; i++)
-        if (claim_val[i])
-            proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->claims[i].header.p, c->claims[i].header.n,
-                                           claim_val[i], claim_n[i]);
-    proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->qos_header.p, c->qos_header.n, qos.p, qos.n);
-    if (c->identity_header.n) {
-        char *id = NULL;
-        size_t idn = 0;
-        if (get_property(c->identity_path, c->n_identity_path, NULL, &id, &idn) == 0 && idn && is_header_value(id, idn))
-            proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->identity_header.p, c->identity_header.n, id, idn);
-        free(id);
+    /* 4. The session headers, the class and the verified identity. */
+    for (int i = 0; i < c->n_claims; i++) {
+        if (!claim_val[i]) continue;
+        int dup = 0;   /* two claims mapped to one header: the first wins */
+        for (int j = 0; j < i; j++) if (claim_val[j] && str_eq(c->claims[j].header, c->claims[i].header.p, c->claims[i].header.n)) dup = 1;
+        if (dup) { claim_val[i] = NULL; continue; }
+        out[no].k = c->claims[i].header.p; out[no].kn = c->claims[i].header.n;
+        out[no].v = claim_val[i]; out[no].vn = claim_n[i]; no++;
+    }
+    out[no].k = c->qos_header.p; out[no].kn = c->qos_header.n; out[no].v = qos.p; out[no].vn = qos.n; no++;
+    if (c->identity_header.n && get_property(c->identity_path, c->n_identity_path, NULL, &id, &idn) == 0 &&
+        idn && is_header_value(id, idn)) {
+        out[no].k = c->identity_header.p; out[no].kn = c->identity_header.n; out[no].v = id; out[no].vn = idn; no++;
     }
 
     /* 5. Sign what was set (mesh.session's canonical form); always, so that
      * even an anonymous request's QoS class cannot be upgraded by L7. */
-    hmac_sha256_ctx m;
-    hmac_sha256_init(&m, c->key, (size_t)c->key_len);
+    hmac_sha256_ctx m = c->hmac;   /* key pads hashed once, at configure */
     hmac_sha256_update(&m, "mcp-session-v1\n", 15);
     char sig[16 + MAX_SIGNED * 64 + 72];
-    size_t sn = 0;
-    memcpy(sig, "v1;h=", 5); sn = 5;
+    size_t sn = 5;
+    memcpy(sig, "v1;h=", 5);
     for (int s = 0; s < c->n_signed; s++) {
         const str_t *h = &c->signed_hdrs[s];
         const char *val = NULL;
@@ -657,7 +682,6 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
         else for (int i = 0; i < c->n_claims; i++)
             if (claim_val[i] && str_eq(c->claims[i].header, h->p, h->n)) { val = claim_val[i]; vn = claim_n[i]; break; }
         if (!val) continue;
-        if (sn + h->n + 1 > sizeof sig - 72) break;
         if (sig[sn - 1] != '=') sig[sn++] = ',';
         memcpy(sig + sn, h->p, h->n); sn += h->n;
         hmac_sha256_update(&m, h->p, h->n);
@@ -669,11 +693,16 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
     hmac_sha256_final(&m, mac);
     memcpy(sig + sn, ";s=", 3); sn += 3;
     for (int i = 0; i < 32; i++) { sig[sn++] = "0123456789abcdef"[mac[i] >> 4]; sig[sn++] = "0123456789abcdef"[mac[i] & 15]; }
-    proxy_replace_header_map_value(MAP_REQUEST_HEADERS, c->sig_header.p, c->sig_header.n, sig, sn);
+    out[no].k = c->sig_header.p; out[no].kn = c->sig_header.n; out[no].v = sig; out[no].vn = sn; no++;
 
-    for (int i = 0; i < c->n_claims; i++) free(claim_val[i]);
-    free(raw);
-    return ACTION_CONTINUE;
+    ser = serialize(out, no, &ser_n);
+    if (!ser || proxy_set_header_map_pairs(MAP_REQUEST_HEADERS, ser, ser_n) != WASM_OK) {
+        local_reply(500, "mcp_header_contract_internal", "header contract could not set headers\n");   /* fail closed */
+        action = ACTION_PAUSE;
+    }
+done:
+    free(ser); free(id); free(proto); free(payload); free(raw);
+    return action;
 }
 
 /* ----------------------------------------------------- response path */
@@ -696,34 +725,34 @@ static int map_value(int32_t map, const str_t *name, char **out, size_t *n) {
     return 0;
 }
 
-static const str_t GRPC_STATUS = {"grpc-status", 11}, STATUS = {":status", 7}, CONTENT_TYPE = {"content-type", 12};
+static const str_t GRPC_STATUS = {"grpc-status", 11};
 
 EXPORT(proxy_on_response_headers) int32_t proxy_on_response_headers(uint32_t ctx, uint32_t num_headers, int32_t eos) {
     (void)num_headers;
     config_t *c = config_for(ctx);
     if (!c) return ACTION_CONTINUE;
-    char *v = NULL;
-    size_t vn = 0;
-    int code;
-    str_t cls = {0, 0};
-    if (map_value(MAP_RESPONSE_HEADERS, &GRPC_STATUS, &v, &vn) == 0) {   /* trailers-only gRPC response */
-        cls = parse_status(v, vn, &code) == 0 ? grpc_error_class(c, code) : c->grpc_default;
-    } else {
-        free(v);
-        int grpc = 0;
-        if (map_value(MAP_RESPONSE_HEADERS, &CONTENT_TYPE, &v, &vn) == 0)
-            grpc = vn >= 16 && memcmp(v, "application/grpc", 16) == 0;
-        free(v);
-        if (grpc && !eos) {   /* the class comes with the trailers */
-            proxy_remove_header_map_value(MAP_RESPONSE_HEADERS, c->error_header.p, c->error_header.n);
-            return ACTION_CONTINUE;
-        }
-        if (map_value(MAP_RESPONSE_HEADERS, &STATUS, &v, &vn) == 0 && parse_status(v, vn, &code) == 0) {
-            cls = code < 400 ? c->http_ok : code < 500 ? c->http_4xx : c->http_5xx;
-            for (int i = 0; i < c->n_http; i++) if (c->http_code[i] == code) { cls = c->http_class[i]; break; }
-        }
+    static pair_t hs[MAX_HEADERS];
+    char *raw = NULL;
+    size_t raw_n = 0;
+    int n = -1, code, status = -1, grpc = -1, is_grpc = 0;
+    if (proxy_get_header_map_pairs(MAP_RESPONSE_HEADERS, &raw, &raw_n) == WASM_OK && raw)
+        n = parse_pairs(raw, raw_n, hs, MAX_HEADERS);
+    for (int i = 0; i < n; i++) {
+        str_t k = {hs[i].k, (uint32_t)hs[i].kn};
+        if (str_eq(k, ":status", 7)) { if (parse_status(hs[i].v, hs[i].vn, &code) == 0) status = code; }
+        else if (str_eq(k, "grpc-status", 11)) grpc = parse_status(hs[i].v, hs[i].vn, &code) == 0 ? code : 99;
+        else if (str_eq(k, "content-type", 12)) is_grpc = hs[i].vn >= 16 && memcmp(hs[i].v, "application/grpc", 16) == 0;
     }
-    free(v);
+    free(raw);
+    str_t cls = {0, 0};
+    if (grpc >= 0) {                          /* trailers-only gRPC response */
+        cls = grpc_error_class(c, grpc);
+    } else if (is_grpc && !eos) {
+        /* the class comes with the trailers; an upstream's own copy never passes */
+    } else if (status >= 0) {
+        cls = status < 400 ? c->http_ok : status < 500 ? c->http_4xx : c->http_5xx;
+        for (int i = 0; i < c->n_http; i++) if (c->http_code[i] == status) { cls = c->http_class[i]; break; }
+    }
     if (cls.n) proxy_replace_header_map_value(MAP_RESPONSE_HEADERS, c->error_header.p, c->error_header.n, cls.p, cls.n);
     else proxy_remove_header_map_value(MAP_RESPONSE_HEADERS, c->error_header.p, c->error_header.n);
     return ACTION_CONTINUE;

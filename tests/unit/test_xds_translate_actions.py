@@ -218,3 +218,23 @@ def test_unreadable_duration_is_a_config_error_naming_file_resource_field():
     d = e.value.diagnostics[0]
     assert (d.file, d.resource, d.field) == ("a.yaml", "VirtualService/default/vs", "spec.http[1].timeout")
     assert d.line == HEAD.count("\n") + 3
+
+
+def test_odd_but_valid_routes_never_give_envoy_an_action_less_route():
+    r = routes("""
+  - match: [{uri: {prefix: /nothing}}]
+    route: []
+  - route:
+    - {destination: {host: svc.mesh.local, subset: v1, port: {number: 80}}}
+    - {destination: {host: svc.mesh.local, subset: v2, port: {number: 80}}}
+""")
+    # The action-less route is left out; unweighted destinations go to the first.
+    assert [x["match"] for x in r] == [{"prefix": "/"}]
+    assert r[0]["route"]["cluster"] == "outbound|80|v1|svc.mesh.local"
+
+
+def test_hosts_differing_only_in_case_make_one_virtual_host():
+    cfg = MeshConfig(parse_documents(HEAD.replace("hosts: [a.example.com]", "hosts: [a.example.com, A.Example.com]")
+                                     + f"  - route: [{DEST}]\n", "a.yaml"))
+    rc = translate(cfg, GATEWAY)[ROUTE]["http.8080"]
+    assert [vh.name for vh in rc.virtual_hosts] == ["a.example.com:8080"]

@@ -49,7 +49,8 @@ def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer]
                 for ns, server_host in s.hosts:
                     if ns not in ("*", vs.namespace):
                         continue
-                    h = host_intersection(str(vs_host), server_host)
+                    # DNS names are case-insensitive; Envoy rejects domains equal but for case.
+                    h = host_intersection(str(vs_host).lower(), server_host.lower())
                     if h and h not in hosts:
                         hosts.append(h)
                     if h and s.tls.get("httpsRedirect"):

@@ -210,7 +210,7 @@ def _apply_hash_policy(vs: Resource, action: rc.RouteAction, key: tuple) -> None
 def _route_action(ctx: RouteContext, vs: Resource, http: dict, path: str, route: rc.Route) -> None:
     action = route.route
     dests = [d for d in http.get("route") or [] if isinstance(d, dict)]
-    weighted = [d for d in dests if len(dests) == 1 or int(d.get("weight") or 0) > 0]
+    weighted = [d for d in dests if len(dests) == 1 or int(d.get("weight") or 0) > 0] or dests[:1]
     hashes = set()
     host_rewrite = None
     if len(weighted) == 1:
@@ -400,8 +400,10 @@ def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
                 _redirect(http, route)
             elif http.get("directResponse"):
                 _direct_response(http, route)
-            else:
+            elif any(isinstance(d, dict) for d in http.get("route") or []):
                 _route_action(ctx, vs, http, path, route)
+            else:
+                continue                       # nothing to do: Envoy needs an action
             host = _header_ops((http.get("headers") or {}).get("request"),
                                route.request_headers_to_add, route.request_headers_to_remove)
             if host and route.HasField("route"):

@@ -114,15 +114,15 @@ async def _open_loop(load: Load, slots: list[Slot]) -> None:
     state = {"outstanding": 0}
     finished = loop.create_future()
 
-    def send(slot: Slot, intended: float, prio: int) -> None:
+    def send(slot: Slot, intended: float, prio: int, waited: bool = False) -> None:
         sent = now()
         state["outstanding"] += 1
 
         def done(label, queue_us, compute_us) -> None:
             state["outstanding"] -= 1
-            rec.add(intended, sent, now(), prio, label, queue_us, compute_us)
+            rec.add(intended, sent, now(), prio, label, queue_us, compute_us, waited)
             if due:
-                send(slot, *due.popleft())
+                send(slot, *due.popleft(), True)
             else:
                 idle.append(slot)
                 if state["outstanding"] == 0 and next_i >= n and not finished.done():

@@ -51,7 +51,9 @@ def table(result: dict) -> str:
     if run["mode"] == "open-loop":
         lag = result["schedule_lag"]
         head += (f"\noffered {run['rate_rps']:g}/s, sent {run['sent_rate_rps']:.1f}/s; behind schedule: "
-                 f"p50 {_cell(lag['p50_ms'])} ms, p99 {_cell(lag['p99_ms'])} ms, max {_cell(lag['max_ms'])} ms")
+                 f"p50 {_cell(lag['p50_ms'])} ms, p99 {_cell(lag['p99_ms'])} ms, max {_cell(lag['max_ms'])} ms"
+                 f" ({lag['waited_for_slot']} waited for a free slot; the generator's own lateness: "
+                 f"p99 {_cell(lag['generator_p99_ms'])} ms, max {_cell(lag['generator_max_ms'])} ms)")
     errs = result["rows"][0]["error_classes"]
     tail = "errors: " + (", ".join(f"{k}={v}" for k, v in errs.items()) if errs else "none")
     return "\n".join([head, *lines, tail])

@@ -34,9 +34,11 @@ class Recorder:
     error: list[str | None] = field(default_factory=list)
     queue_us: list[float] = field(default_factory=list)   # NaN where the server did not say
     compute_us: list[float] = field(default_factory=list)
+    waited: list[bool] = field(default_factory=list)       # open loop: queued for a free slot
 
     def add(self, intended: float, sent: float, done: float, prio: int,
-            error: str | None, queue_us: float | None, compute_us: float | None) -> None:
+            error: str | None, queue_us: float | None, compute_us: float | None,
+            waited: bool = False) -> None:
         self.intended.append(intended)
         self.sent.append(sent)
         self.done.append(done)
@@ -44,6 +46,7 @@ class Recorder:
         self.error.append(error)
         self.queue_us.append(math.nan if queue_us is None else queue_us)
         self.compute_us.append(math.nan if compute_us is None else compute_us)
+        self.waited.append(waited)
 
     def __len__(self) -> int:
         return len(self.done)
@@ -105,9 +108,17 @@ def summarize_rows(rec: Recorder, labels: list[str], t_start: float, t_end: floa
 
 
 def schedule_lag(rec: Recorder) -> dict:
-    """How far behind its schedule the generator put requests on the wire."""
-    lag = np.sort(np.asarray(rec.sent) - np.asarray(rec.intended))
-    if len(lag) == 0:
-        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
-    return {"p50_ms": _ms(percentile(lag, 50)), "p99_ms": _ms(percentile(lag, 99)),
-            "max_ms": _ms(float(lag[-1]))}
+    """How far behind its schedule each request went on the wire: in all, and
+    for those that found a slot free (the generator's own lateness, apart
+    from waiting behind a server that had all `-c` slots busy)."""
+    lag = np.asarray(rec.sent) - np.asarray(rec.intended)
+    waited = np.asarray(rec.waited, dtype=bool)
+    out = {"p50_ms": None, "p99_ms": None, "max_ms": None, "generator_p99_ms": None,
+           "generator_max_ms": None, "waited_for_slot": int(waited.sum())}
+    if len(lag):
+        s = np.sort(lag)
+        out.update(p50_ms=_ms(percentile(s, 50)), p99_ms=_ms(percentile(s, 99)), max_ms=_ms(float(s[-1])))
+    own = np.sort(lag[~waited])
+    if len(own):
+        out.update(generator_p99_ms=_ms(percentile(own, 99)), generator_max_ms=_ms(float(own[-1])))
+    return out

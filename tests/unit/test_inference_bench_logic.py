@@ -51,14 +51,15 @@ def test_summary_rows_split_by_priority_and_count_errors():
     rec = Recorder()
     for i in range(10):
         err = "overload/http-429" if i == 9 else None
-        rec.add(0.0, 0.001 * i, 0.010 * (i + 1), i % 2, err, 100.0 if i % 2 else None, 50.0)
+        rec.add(0.0, 0.001 * i, 0.010 * (i + 1), i % 2, err, 100.0 if i % 2 else None, 50.0, i >= 8)
     rows = summarize_rows(rec, ["high", "low"], 0.0, 1.0)
     assert [r["priority"] for r in rows] == ["all", "high", "low"]
     assert rows[0]["ok"] == 9 and rows[0]["error_classes"] == {"overload/http-429": 1}
     assert rows[1]["requests"] == 5 and rows[1]["server_queue_us"] is None
     assert rows[2]["server_queue_us"]["p50"] == 100 and rows[2]["errors"] == 1
     assert rows[0]["latency_ms"]["max"] == 90.0      # the failed 100 ms one is not a latency sample
-    assert schedule_lag(rec)["max_ms"] == 9.0
+    lag = schedule_lag(rec)
+    assert lag["max_ms"] == 9.0 and lag["waited_for_slot"] == 2 and lag["generator_max_ms"] == 7.0
 
 
 def test_url_forms():

@@ -183,3 +183,19 @@ def test_streams_do_not_leak_memory(host):
         host.request(BASE + [("x-tenant-acme-a", "1")] * 10, metadata={"sub": "jane", "tenant": "acme"},
                      response=[(":status", "200")])
     assert host.memory_size() == size
+
+
+def test_identity_header_comes_from_the_verified_peer_certificate_only(host):
+    spiffe = "spiffe://cluster.local/ns/default/sa/frontend"
+    r = host.request(BASE + [(H.DOWNSTREAM_SERVICE_CLUSTER, "billing")],
+                     properties={("connection", "uri_san_peer_certificate"): spiffe.encode()})
+    assert r.all(H.DOWNSTREAM_SERVICE_CLUSTER) == [spiffe]
+    r = host.request(BASE + [(H.DOWNSTREAM_SERVICE_CLUSTER, "billing")])   # plaintext: no identity at all
+    assert r.all(H.DOWNSTREAM_SERVICE_CLUSTER) == []
+
+
+def test_one_host_call_sets_the_whole_request_header_map(host):
+    before = host.host_calls
+    host.request(BASE + [(H.END_USER, "admin"), ("x-tenant-globex-a", "1")], metadata={"sub": "jane", "tenant": "acme"})
+    # header pairs, payload, identity, set pairs -- not one call per header
+    assert host.host_calls - before <= 5

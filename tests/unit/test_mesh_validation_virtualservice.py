@@ -90,6 +90,13 @@ CASES = {
     route:
     - destination: {host: reviews}
 """ % ("a" * 1025), "spec.http[0].match[0].authority.regex", "regex is too large, max length allowed is 1024"),
+    "regex over Envoy's program size": ("""  hosts: [reviews]
+  http:
+  - match:
+    - uri: {regex: "^/(a|b){60}$"}  #<
+    route:
+    - destination: {host: reviews}
+""", "spec.http[0].match[0].uri.regex", "over the 100 Envoy accepts (re2.max_program_size.error_level)"),
     "two string match kinds": ("""  hosts: [reviews]
   http:
   - match:

@@ -4,10 +4,12 @@ With `--replicas N`, N server processes run, replica i on every base port
 plus i*stride, where stride is the span of the base ports plus one: the
 defaults (http 8080, grpc 8081) give 8080/8081, 8082/8083, ... Each replica
 is one endpoint of the pool (istio-manifests/examples/inference-pool.yaml).
+`--envoy-port P` also runs Envoy on P in front of them (inference_backend.pool):
+gRPC and REST balanced over the replicas by their ORCA load reports.
 """
 from __future__ import annotations
 
-import argparse
+import json
 import logging
 import os
 import signal
@@ -45,6 +47,8 @@ def register(subparsers) -> None:
                    help="workload labels for the policy's selector.matchLabels")
     p.add_argument("--watch-model", action="store_true", help="reload the model when its file changes")
     p.add_argument("--replicas", type=int, default=1, help="run N server processes (ports as above)")
+    p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
+    p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
     p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
@@ -66,7 +70,7 @@ def run(args) -> int:
     if args.replicas < 1:
         print("mcpctl serve: --replicas must be at least 1", file=sys.stderr)
         return 2
-    if args.replicas > 1:
+    if args.replicas > 1 or args.envoy_port:
         return run_replicas(args)
     from inference_backend.app import ServeOptions, serve
     from inference_backend.model_server import resolve_model
@@ -86,31 +90,63 @@ def run(args) -> int:
         return 2
 
 
+# Flags passed to every replica as given (the port flags are set per replica).
+_SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
+                 "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "max_body_bytes",
+                 "session_key_file", "trace_file", "log_level")
+_SWITCHES = ("watch_model", "enable_profiler")
+
+
+def _child_argv(args) -> list[str]:
+    out = ["serve"]
+    for name in _SHARED_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            out += ["--" + name.replace("_", "-"), str(value)]
+    for name in _SWITCHES:
+        if getattr(args, name):
+            out.append("--" + name.replace("_", "-"))
+    for label in args.label:
+        out += ["--label", label]
+    return out
+
+
 def run_replicas(args) -> int:
-    """N child `mcpctl serve` processes; stop them all when one dies or on a signal."""
-    argv, skip = [], False
-    raw = sys.argv[1:] if sys.argv[1:2] == ["serve"] else ["serve"] + sys.argv[1:]
-    for a in raw:  # drop the port and replica flags; each child gets its own
-        if skip:
-            skip = False
-            continue
-        if a in ("--replicas", "--http-port", "--grpc-port", "--admin-port"):
-            skip = True
-            continue
-        if a.split("=", 1)[0] in ("--replicas", "--http-port", "--grpc-port", "--admin-port"):
-            continue
-        argv.append(a)
+    """N child `mcpctl serve` processes (and Envoy in front with --envoy-port);
+    stop them all when one dies or on a signal."""
+    from inference_backend.pool import envoy_bootstrap, replica_ports
+    log = logging.getLogger("inference_backend")
     if args.intra_op_threads is None:  # replicas share the cores
-        argv += ["--intra-op-threads", str(max(1, (os.cpu_count() or 1) // args.replicas))]
+        args.intra_op_threads = max(1, (os.cpu_count() or 1) // args.replicas)
+    argv = _child_argv(args)
     children = []
-    from inference_backend.pool import replica_ports
-    for i, ports in enumerate(replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port)):
+    layout = replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port)
+    for i, ports in enumerate(layout):
         cmd = [sys.executable, "-m", "mesh.cli", *argv, "--http-port", str(ports["http"]),
                "--grpc-port", str(ports["grpc"])]
         if "admin" in ports:
             cmd += ["--admin-port", str(ports["admin"])]
         children.append(subprocess.Popen(cmd))
-        logging.getLogger("inference_backend").info("replica %d: pid %d, ports %s", i, children[-1].pid, ports)
+        log.info("replica %d: pid %d, ports %s", i, children[-1].pid, ports)
+    envoy = None
+    if args.envoy_port:
+        import tempfile
+        import yaml
+        bootstrap = envoy_bootstrap(args.envoy_port, [p["http"] for p in layout], [p["grpc"] for p in layout],
+                                    admin_port=args.envoy_admin_port, host=args.host)
+        if not args.envoy_admin_port:
+            bootstrap.pop("admin", None)
+        fd, path = tempfile.mkstemp(prefix="mcp-pool-envoy-", suffix=".yaml")
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(bootstrap, fh)
+        binary = os.path.join(os.path.dirname(sys.executable), "envoy")
+        envoy = subprocess.Popen([binary if os.path.exists(binary) else "envoy", "-c", path,
+                                  "--disable-hot-restart", "-l", "warning", "--concurrency", "1"])
+        children.append(envoy)
+        log.info("envoy: pid %d, listener %s:%d -> %d replicas (bootstrap %s)", envoy.pid, args.host,
+                 args.envoy_port, args.replicas, path)
+        print(json.dumps({"event": "envoy", "port": args.envoy_port, "admin_port": args.envoy_admin_port,
+                          "replicas": layout}), flush=True)
     stopping = False
 
     def stop(*_):

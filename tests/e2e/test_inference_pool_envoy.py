@@ -1,4 +1,4 @@
-"""`mcpctl serve --replicas 2` behind the real Envoy: REST and gRPC (tritonclient)
+"""`mcpctl serve --replicas 2 --envoy-port P`: the real Envoy in front of two replicas; REST and gRPC (tritonclient)
 reach both replicas, balanced by client-side weighted round robin on the ORCA
 reports the replicas send; timing and ORCA headers come through Envoy."""
 from __future__ import annotations
@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import onnxruntime as ort
@@ -18,9 +20,8 @@ import tritonclient.http as thttp
 
 from inference_backend.builtin_models import builtin_path
 from inference_backend.load_report import parse_text_report
-from inference_backend.pool import envoy_bootstrap, replica_ports
+from inference_backend.pool import replica_ports
 from mesh import headers as H
-from support.envoy import Envoy
 from support.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -42,34 +43,59 @@ def _free_block(n: int) -> int:
     raise RuntimeError("no block of free ports")
 
 
+class PoolEnvoy:
+    """The Envoy `mcpctl serve --envoy-port` started, seen through its admin port."""
+
+    def __init__(self, admin_port: int):
+        self.admin_port = admin_port
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+
+    def stats(self, pattern: str) -> dict:
+        doc = json.loads(self.get(f"/stats?format=json&filter={pattern}")[1])
+        return {s["name"]: s["value"] for s in doc.get("stats", []) if "value" in s}
+
+
 @pytest.fixture(scope="module")
 def pool():
-    base = _free_block(4)
+    base, listen, envoy_admin = _free_block(4), free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
-                             "--http-port", str(base), "--grpc-port", str(base + 1)],
+                             "--http-port", str(base), "--grpc-port", str(base + 1),
+                             "--envoy-port", str(listen), "--envoy-admin-port", str(envoy_admin)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        ready = []
+        ready, envoy_event = [], None
         deadline = time.monotonic() + 90
-        while len(ready) < 2 and time.monotonic() < deadline:
+        while (len(ready) < 2 or envoy_event is None) and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line and proc.poll() is not None:
                 raise RuntimeError(f"replicas exited with {proc.returncode}")
-            if line.startswith("{") and json.loads(line).get("event") == "ready":
-                ready.append(json.loads(line))
-        assert len(ready) == 2
+            if line.startswith("{"):
+                doc = json.loads(line)
+                if doc.get("event") == "ready":
+                    ready.append(doc)
+                elif doc.get("event") == "envoy":
+                    envoy_event = doc
+        assert len(ready) == 2 and envoy_event["port"] == listen
         http_ports = sorted(r["http_port"] for r in ready)
         grpc_ports = sorted(r["grpc_port"] for r in ready)
-        # replica i on base + 2i (documented port layout)
+        # replica i on base + 2i (the documented port layout)
         assert [{"http": h, "grpc": g} for h, g in zip(http_ports, grpc_ports)] == replica_ports(base, base + 1, 2) \
-            == [{"http": base, "grpc": base + 1}, {"http": base + 2, "grpc": base + 3}]
-        listen = free_port()
-        with Envoy(envoy_bootstrap(listen, http_ports, grpc_ports)) as envoy:
-            yield {"envoy": envoy, "listen": listen, "http_ports": http_ports, "grpc_ports": grpc_ports}
+            == envoy_event["replicas"] == [{"http": base, "grpc": base + 1}, {"http": base + 2, "grpc": base + 3}]
+        envoy = PoolEnvoy(envoy_admin)
+        while envoy.get("/ready")[0] != 200:
+            assert time.monotonic() < deadline, "envoy not ready"
+            time.sleep(0.1)
+        yield {"envoy": envoy, "listen": listen, "http_ports": http_ports, "grpc_ports": grpc_ports}
     finally:
         proc.terminate()
         try:
-            proc.wait(20)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -77,7 +103,6 @@ def pool():
 
 
 def _served_by(http_port: int, protocol: str) -> float:
-    import urllib.request
     text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
     total = 0.0
     for m in re.finditer(r'^mcp_inference_requests_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
@@ -110,7 +135,6 @@ def test_rest_and_grpc_through_envoy_reach_both_replicas(pool):
 
 
 def test_timing_and_orca_headers_pass_through_envoy(pool):
-    import urllib.request
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64}]})
     req = urllib.request.Request(f"http://127.0.0.1:{pool['listen']}/v2/models/mlp/infer", data=body.encode(),
                                  method="POST", headers={H.QOS_CLASS: "interactive"})
@@ -121,5 +145,5 @@ def test_timing_and_orca_headers_pass_through_envoy(pool):
     assert doc["parameters"]["priority_level"] == 2
     assert "application_utilization" in parse_text_report(headers[H.ORCA_LOAD_REPORT])
     # Envoy took the ORCA-driven balancer as configured
-    dump = json.dumps(pool["envoy"].config_dump())
+    dump = pool["envoy"].get("/config_dump")[1]
     assert "client_side_weighted_round_robin" in dump

@@ -49,12 +49,32 @@ spec:
   endpoints: [{{address: 127.0.0.1, ports: {{http: {up}}}}}]
 ---
 apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: tls-app, namespace: default}}
+spec:
+  hosts: [tls-app.mesh.local]
+  ports: [{{number: 443, name: https, protocol: HTTPS}}]
+  resolution: STATIC
+  endpoints: [{{address: 127.0.0.1, ports: {{https: {tls_up}}}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: tls-app, namespace: default}}
+spec:
+  host: tls-app.mesh.local
+  trafficPolicy:
+    tls: {{mode: SIMPLE, sni: {host}, caCertificates: {cert}, subjectAltNames: [{host}]}}
+---
+apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {{name: app, namespace: default}}
 spec:
   hosts: [{host}]
   gateways: [edge]
-  http: [{{route: [{{destination: {{host: app.mesh.local}}}}]}}]
+  http:
+  - match: [{{uri: {{prefix: /tls-upstream}}}}]
+    route: [{{destination: {{host: tls-app.mesh.local}}}}]
+  - route: [{{destination: {{host: app.mesh.local}}}}]
 """
 
 
@@ -81,10 +101,16 @@ def self_signed(directory: str) -> tuple[str, str]:
 def gateway():
     certs = tempfile.mkdtemp(prefix="certs-")
     up = EchoUpstream("app").start()
+    cert, key = self_signed(certs)
+    # An upstream that speaks only TLS: reaching it proves the cluster originates TLS.
+    tls_up = EchoUpstream("tls-app")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    tls_up.server.socket = server_ctx.wrap_socket(tls_up.server.socket, server_side=True)
+    tls_up.start()
     try:
-        cert, key = self_signed(certs)
         ports = {"https": free_port(), "http": free_port()}
-        text = CONFIG.format(host=HOST, cert=cert, key=key, up=up.port, **ports)
+        text = CONFIG.format(host=HOST, cert=cert, key=key, up=up.port, tls_up=tls_up.port, **ports)
         snap = translate(load_texts({"https.yaml": text}),
                          ProxyNode("router~127.0.0.1~edge.default~default.svc.cluster.local",
                                    labels={"istio": "ingressgateway"}))
@@ -93,21 +119,27 @@ def gateway():
             yield ports, cert, snap
     finally:
         up.stop()
+        tls_up.stop()
         shutil.rmtree(certs, ignore_errors=True)
+
+
+def https_get(port: int, cafile: str, path: str) -> tuple[int, dict]:
+    ctx = ssl.create_default_context(cafile=cafile)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    # SNI and certificate check against the gateway host, not the loopback address.
+    conn.sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname=HOST)
+    try:
+        conn.request("GET", path, headers={"host": HOST})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
 
 
 def test_https_server_terminates_tls_and_routes(gateway):
     ports, cert, _ = gateway
-    ctx = ssl.create_default_context(cafile=cert)
-    conn = http.client.HTTPSConnection("127.0.0.1", ports["https"], context=ctx, timeout=10)
-    # SNI and certificate check against the gateway host, not the loopback address.
-    conn.sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", ports["https"]), timeout=10),
-                                server_hostname=HOST)
-    conn.request("GET", "/hello", headers={"host": HOST})
-    r = conn.getresponse()
-    seen = json.loads(r.read())
-    conn.close()
-    assert r.status == 200 and seen["upstream"] == "app"
+    status, seen = https_get(ports["https"], cert, "/hello")
+    assert status == 200 and seen["upstream"] == "app"
     assert seen["headers"]["x-forwarded-proto"] == "https"
 
 
@@ -133,3 +165,9 @@ def test_https_redirect_on_the_plain_server(gateway):
     assert r.status == 301
     assert r.getheader("location") == f"https://{HOST}/page"
     assert set(snap[LISTENER]) == {f"127.0.0.1_{ports['https']}", f"127.0.0.1_{ports['http']}"}
+
+
+def test_destination_rule_tls_originates_tls_to_the_upstream(gateway):
+    ports, cert, _ = gateway
+    status, seen = https_get(ports["https"], cert, "/tls-upstream/x")
+    assert status == 200 and seen["upstream"] == "tls-app" and seen["path"] == "/tls-upstream/x"

@@ -293,3 +293,27 @@ def test_unknown_qos_class_is_a_config_error_naming_the_rule():
     d = e.value.diagnostics[0]
     assert d.resource == "DestinationRule/default/svc" and d.field == "metadata.annotations"
     assert "platinum" in d.message
+
+
+def test_destination_rule_tls_simple_and_mutual_from_files():
+    s = snap(dr("""  trafficPolicy:
+    tls: {mode: SIMPLE, sni: svc.example.com, caCertificates: /ca.pem, subjectAltNames: [svc.example.com]}
+    portLevelSettings:
+    - port: {number: 90}
+      tls: {mode: MUTUAL, clientCertificate: /c.pem, privateKey: /c.key, caCertificates: /ca.pem}
+  subsets:
+  - {name: plain, labels: {version: v1}, trafficPolicy: {tls: {mode: DISABLE}}}
+  - {name: mesh, labels: {version: v2}, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}}
+"""))
+    simple = cluster(s, "outbound|80||svc.mesh.local")["transportSocket"]
+    assert simple["name"] == "envoy.transport_sockets.tls"
+    ctx = simple["typedConfig"]
+    assert ctx["sni"] == "svc.example.com"
+    assert ctx["commonTlsContext"]["validationContext"] == {
+        "trustedCa": {"filename": "/ca.pem"},
+        "matchTypedSubjectAltNames": [{"sanType": "DNS", "matcher": {"exact": "svc.example.com"}}]}
+    mutual = cluster(s, "outbound|90||svc.mesh.local")["transportSocket"]["typedConfig"]["commonTlsContext"]
+    assert mutual["tlsCertificates"] == [{"certificateChain": {"filename": "/c.pem"}, "privateKey": {"filename": "/c.key"}}]
+    assert mutual["alpnProtocols"] == ["h2"]                       # a GRPC port
+    assert "transportSocket" not in cluster(s, "outbound|80|plain|svc.mesh.local")   # DISABLE
+    assert "transportSocket" not in cluster(s, "outbound|80|mesh|svc.mesh.local")    # ISTIO_MUTUAL: not translated

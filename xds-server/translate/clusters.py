@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, protocol_pb2, socket_option_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import any_pb2
@@ -220,6 +221,33 @@ def _qos_bind(cluster: Cluster, qos: QosClass, opts: ClusterOptions) -> None:
     so.state = socket_option_pb2.SocketOption.STATE_PREBIND
 
 
+def _upstream_tls(cluster: Cluster, tls: dict, port: ServicePort, h2: bool) -> None:
+    """DestinationRule `tls` SIMPLE/MUTUAL with certificate files: originate TLS.
+    ISTIO_MUTUAL and credentialName (SDS) are not translated; DISABLE is plain."""
+    mode = str(tls.get("mode") or "").upper()
+    if mode not in ("SIMPLE", "MUTUAL"):
+        return
+    ctx = tls_pb2.UpstreamTlsContext()
+    if tls.get("sni"):
+        ctx.sni = str(tls["sni"])
+    common = ctx.common_tls_context
+    if h2:
+        common.alpn_protocols.append("h2")
+    if tls.get("caCertificates") and not tls.get("insecureSkipVerify"):
+        vc = common.validation_context
+        vc.trusted_ca.filename = str(tls["caCertificates"])
+        for san in tls.get("subjectAltNames") or []:
+            m = vc.match_typed_subject_alt_names.add()
+            m.san_type = common_pb2.SubjectAltNameMatcher.DNS
+            m.matcher.exact = str(san)
+    if mode == "MUTUAL" and tls.get("clientCertificate") and tls.get("privateKey"):
+        cert = common.tls_certificates.add()
+        cert.certificate_chain.filename = str(tls["clientCertificate"])
+        cert.private_key.filename = str(tls["privateKey"])
+    cluster.transport_socket.name = "envoy.transport_sockets.tls"
+    cluster.transport_socket.typed_config.Pack(ctx)
+
+
 def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: dict | None,
                   opts: ClusterOptions) -> tuple[Cluster, endpoint_pb2.ClusterLoadAssignment | None]:
     subset_name = str(subset.get("name")) if subset else ""
@@ -262,6 +290,9 @@ def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: d
         cla = load_assignment(name, service, port, endpoints)
     if not opts.grpc:
         _http_options(cluster, dr, pool, port, f"{base}.connectionPool")
+        if policy.get("tls"):
+            upgrade = str((pool.get("http") or {}).get("h2UpgradePolicy") or "").upper() == "UPGRADE"
+            _upstream_tls(cluster, policy["tls"], port, port.protocol in H2_PROTOCOLS or upgrade)
         qos = None
         if dr is not None:
             try:

@@ -110,19 +110,15 @@ class SyncTracker:
 def format_proxy_status(syncz: list[dict]) -> str:
     """The syncz table as `istioctl proxy-status` prints it."""
     cols = ["CDS", "EDS", "LDS", "RDS", "ECDS"]
-    rows = [["NAME", "CLUSTER", "PROTOCOL", *cols, "VERSION"]]
+    rows = [["NAME", "CLUSTER", "PROTOCOL", *cols]]
     errors = []
     for n in syncz:
         row = [n["node"], n["cluster"] or "-", n["protocol"].upper()]
-        versions = set()
         for c in cols:
             s = n["types"].get(c)
             row.append(s["status"] if s else "NOT SENT")
             if s and s["status"] == "NACKED":
-                errors.append(f"{n['node']} {c}: {s['error']}")
-            if s and s["acked_version"]:
-                versions.add(s["acked_version"])
-        row.append(",".join(sorted(versions))[:40] or "-")
+                errors.append(f"{n['node']} {c} (keeps {s['acked_version'] or 'nothing'}): {s['error']}")
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]

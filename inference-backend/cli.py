@@ -166,5 +166,7 @@ def run_replicas(args) -> int:
                 c.wait(10)
             except subprocess.TimeoutExpired:
                 c.kill()
+        if envoy is not None:
+            os.unlink(path)
     codes = [c.returncode for c in children]
     return 0 if stopping else max(abs(x or 0) for x in codes) or 1

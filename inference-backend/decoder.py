@@ -6,7 +6,9 @@ same form). A request that carries the `sequence_id` parameter (Triton's name;
 with `sequence_start` / `sequence_end`) and no past tensors gets its past from
 the cache. The cache is bounded (LRU by bytes): a continuing sequence whose
 entry was evicted is a miss, and the server rebuilds the entry by running the
-sequence's full token history - slower, never wrong. Hits, misses and tokens
+sequence's full token history - slower, never wrong. Entries are tagged with
+the model version that computed them, so after a hot reload a sequence
+continues (as a miss, recomputed) on the new weights. Hits, misses and tokens
 per second are therefore real measurements of the cache.
 """
 from __future__ import annotations
@@ -50,13 +52,15 @@ class KVCache:
             self._history.move_to_end(sid)
         return h
 
-    def lookup(self, sid):
-        kv = self._kv.get(sid)
-        if kv is not None:
-            self._kv.move_to_end(sid)
-        return kv
+    def lookup(self, sid, version: str = ""):
+        """(key, value) computed by model `version`; another version's past is useless."""
+        entry = self._kv.get(sid)
+        if entry is None or entry[2] != version:
+            return None
+        self._kv.move_to_end(sid)
+        return entry[0], entry[1]
 
-    def store(self, sid, history: list[int], key: np.ndarray, value: np.ndarray) -> None:
+    def store(self, sid, history: list[int], key: np.ndarray, value: np.ndarray, version: str = "") -> None:
         with self._lock:
             self._drop_kv(sid)
             self._history[sid] = history
@@ -67,10 +71,10 @@ class KVCache:
             size = key.nbytes + value.nbytes
             if size > self.capacity_bytes:
                 return
-            self._kv[sid] = (key, value)
+            self._kv[sid] = (key, value, version)
             self.bytes += size
             while self.bytes > self.capacity_bytes:
-                _, (k, v) = self._kv.popitem(last=False)
+                _, (k, v, _) = self._kv.popitem(last=False)
                 self.bytes -= k.nbytes + v.nbytes
                 self.evictions += 1
 
@@ -177,7 +181,7 @@ class DecoderExecutor(BatchExecutor):
             if history is None:
                 history, ids, past = [], new_ids, (self.empty_past(), self.empty_past())
             else:
-                kv = self.cache.lookup(sid)
+                kv = self.cache.lookup(sid, self.model.version)
                 if kv is not None:
                     hit, ids, past = True, new_ids, kv
                     self.cache.hits += 1
@@ -207,7 +211,8 @@ class DecoderExecutor(BatchExecutor):
                 if ctx.get("end"):
                     self.cache.end(sid)
                 else:
-                    self.cache.store(sid, history + new_tokens, np.ascontiguousarray(key), np.ascontiguousarray(value))
+                    self.cache.store(sid, history + new_tokens, np.ascontiguousarray(key), np.ascontiguousarray(value),
+                                     self.model.version)
                 asked = p.outputs or SEQUENCE_OUTPUTS_DEFAULT
                 outputs[i] = {n: values[n][row:row + 1] for n in asked}
                 params[i] = {"sequence_id": sid, "past_length": int(past[0].shape[2]),

@@ -80,3 +80,16 @@ def test_decoder_cache_hits_misses_and_exactness():
             tok, par = _step(ex, 5, [tok])
             assert tok == full(tokens)
         assert (cache.hits, cache.misses) == ((4, 0) if capacity > 1 else (0, 4))
+
+
+def test_decoder_cache_of_an_old_model_version_is_not_reused():
+    path = B.builtin_path("tiny-decoder")
+    v1 = OnnxModel.load("tiny-decoder", "1", path, "cpu", intra_op_threads=1)
+    v2 = OnnxModel.load("tiny-decoder", "2", path, "cpu", intra_op_threads=1)
+    cache = KVCache(1 << 20)
+    tok, _ = _step(DecoderExecutor(v1, cache, TokenMeter()), 8, [4, 5], start=True)
+    after_reload = DecoderExecutor(v2, cache, TokenMeter())
+    _, par = _step(after_reload, 8, [tok])
+    assert (par["kv_cache_hit"], cache.misses) == (False, 1)     # v1's past is not v2's
+    _, par = _step(after_reload, 8, [1])
+    assert par["kv_cache_hit"] and cache.hits == 1

@@ -289,7 +289,8 @@ def step_control_plane(demo: Demo) -> list[Check]:
 def step_gateway(demo: Demo) -> list[Check]:
     demo.start("envoy", [str(demo.bin / "mcpctl"), "envoy", "run", "--node-id", GATEWAY_NODE,
                          "--cluster", "demo-gateway", "--xds-address", f"127.0.0.1:{demo.xds_port}",
-                         "--admin-port", str(demo.envoy_admin_port), "--label", "istio=ingressgateway"]
+                         "--admin-port", str(demo.envoy_admin_port), "--label", "istio=ingressgateway",
+                         "--bootstrap-path", str(demo.workdir / "envoy-bootstrap.yaml")]
                + (["--delta"] if demo.args.delta else []))
 
     def ready():

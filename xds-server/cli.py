@@ -50,6 +50,7 @@ def register(subparsers) -> None:
         p.add_argument("--namespace", default="")
         if name == "run":
             p.add_argument("--log-level", default="warning")
+            p.add_argument("--bootstrap-path", help="where to write the bootstrap (default: a temp file)")
             p.add_argument("envoy_args", nargs=argparse.REMAINDER, help="passed to envoy after --")
         p.set_defaults(func=func)
 
@@ -102,9 +103,14 @@ def _run_envoy(args) -> int:
     except ValueError as e:
         print(f"mcpctl envoy run: {e}", file=sys.stderr)
         return 2
-    fd, path = tempfile.mkstemp(prefix="envoy-bootstrap-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    if args.bootstrap_path:
+        path = args.bootstrap_path
+        with open(path, "w") as f:
+            f.write(text)
+    else:
+        fd, path = tempfile.mkstemp(prefix="envoy-bootstrap-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
     extra = [a for a in (args.envoy_args or []) if a != "--"]
     argv = [envoy_binary(), "-c", path, "--disable-hot-restart", "-l", args.log_level, *extra]
     sys.stdout.flush()

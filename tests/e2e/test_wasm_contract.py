@@ -76,7 +76,7 @@ class Jwks:
         self.server.server_close()
 
 
-def mesh_yaml(gw_port, v1, v2, backend, remote_jwks, local_jwks, tenants=None) -> dict[str, str]:
+def mesh_yaml(gw_port, v1, v2, backend, remote_jwks, local_jwks, tenants=None, backend_grpc=0) -> dict[str, str]:
     sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
     tenants = tenants or {"acme": {"allowedHeaders": ["x-tenant-acme-*"]}, "globex": {"allowedHeaders": ["x-tenant-globex-*"]}}
     plugin = {"sessionKey": base64.b64encode(KEY).decode(), "tenants": tenants,
@@ -115,6 +115,17 @@ spec:
   - {{address: 127.0.0.1, ports: {{http: {backend}}}}}
 ---
 apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: models-grpc, namespace: default}}
+spec:
+  hosts: [models-grpc.mesh.local]
+  location: MESH_INTERNAL
+  ports: [{{number: 81, name: grpc, protocol: GRPC}}]
+  resolution: STATIC
+  endpoints:
+  - {{address: 127.0.0.1, ports: {{grpc: {backend_grpc}}}}}
+---
+apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {{name: reviews, namespace: default}}
 spec:
@@ -132,6 +143,8 @@ spec:
   http:
   - match: [{{uri: {{prefix: /v2/}}}}]
     route: [{{destination: {{host: models.mesh.local}}}}]
+  - match: [{{uri: {{prefix: /inference.GRPCInferenceService/}}}}]
+    route: [{{destination: {{host: models-grpc.mesh.local}}}}]
   - match:
     - headers:
         end-user: {{exact: jane}}
@@ -186,7 +199,8 @@ def stack():
     s.gw_port = free_port()
     s.v1, s.v2 = EchoUpstream("v1").start(), EchoUpstream("v2").start()
     s.backend = InferenceServer("builtin:mlp", "--session-key-file", key_file, admin=False).start()
-    s.texts = mesh_yaml(s.gw_port, s.v1.port, s.v2.port, s.backend.http_port, s.remote, s.local)
+    s.texts = mesh_yaml(s.gw_port, s.v1.port, s.v2.port, s.backend.http_port, s.remote, s.local,
+                        backend_grpc=s.backend.grpc_port)
     for name, text in s.texts.items():
         write_config(s.dir, name, text)
     s.cp = ControlPlane(s.dir).start()
@@ -345,7 +359,7 @@ def test_a_plugin_config_change_arrives_over_ecds_without_draining_the_listener(
     before = stack.envoy.stats("listener_manager")
     gen = stack.cp.configz()["generation"]
     texts = mesh_yaml(stack.gw_port, stack.v1.port, stack.v2.port, stack.backend.http_port, stack.remote, stack.local,
-                      tenants={"acme": {"allowedHeaders": ["x-tenant-acme-plan"]}})
+                      tenants={"acme": {"allowedHeaders": ["x-tenant-acme-plan"]}}, backend_grpc=stack.backend.grpc_port)
     try:
         write_config(stack.dir, "wasm.yaml", texts["wasm.yaml"])
         stack.cp.wait_generation_change(gen)
@@ -383,3 +397,21 @@ def test_session_headers_changed_on_the_wire_fail_verify_session(stack):
     h = dict(seen["headers"], **{H.TENANT: "globex"})
     with pytest.raises(SessionError):
         verify_session(h, KEY)
+
+
+def test_grpc_status_becomes_the_error_class_in_trailers(stack):
+    """A real gRPC call through the gateway to the backend (raw KServe v2 methods)."""
+    import grpc
+    ident = lambda b: b   # noqa: E731  (raw protobuf bytes both ways)
+    with grpc.insecure_channel(f"127.0.0.1:{stack.gw_port}") as ch:
+        live = ch.unary_unary("/inference.GRPCInferenceService/ServerLive", request_serializer=ident,
+                              response_deserializer=ident)
+        _, call = live.with_call(b"", timeout=10, metadata=[("end-user", "admin")])
+        assert dict(call.trailing_metadata())[H.ERROR_CLASS] == "ok"
+        meta = ch.unary_unary("/inference.GRPCInferenceService/ModelMetadata", request_serializer=ident,
+                              response_deserializer=ident)
+        with pytest.raises(grpc.RpcError) as e:
+            meta(b"\x0a\x07missing", timeout=10)          # ModelMetadataRequest{name: "missing"}
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        md = dict(e.value.trailing_metadata() or ()) | dict(e.value.initial_metadata() or ())
+        assert md[H.ERROR_CLASS] == "client"                 # mesh.error_classes: NOT_FOUND -> client

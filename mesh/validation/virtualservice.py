@@ -6,7 +6,6 @@ Plus one mesh rule: L7 routing may match on the session and QoS headers
 from __future__ import annotations
 
 import json
-import re
 from typing import Iterator
 
 from mesh import hosts
@@ -15,6 +14,7 @@ from mesh.errors import Diagnostic
 from mesh.headers import L7_READ_ONLY_HEADERS
 from mesh.validation import validator
 from mesh.validation.networking import Report, check_kind, hosts_header_ok, semantic
+from mesh.validation.envoy_format import header_value_error
 from mesh.validation.regex import regex_error
 
 # Envoy's x-envoy-retry-on and x-envoy-retry-grpc-on policies (Istio's list).
@@ -32,8 +32,6 @@ GRPC_STATUS = {
 }
 _READ_ONLY = {h.lower() for h in L7_READ_ONLY_HEADERS}
 _JWT_CLAIM = "@request.auth.claims."
-_HEADER_VALUE_CTL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_FORMAT_VAR = re.compile(r"^[A-Z_][A-Z0-9_]*(\(.*\))?(:\d+)?$")
 _KB, _MB = 1024, 1024 * 1024
 
 
@@ -252,27 +250,6 @@ def _op_name_error(name: str, allow_authority: bool) -> str | None:
         return f'invalid header "{name}": cannot set Host header'
     if name.startswith(":"):
         return f'invalid header "{name}": header cannot have ":" prefix'
-    return None
-
-
-def header_value_error(value: str) -> str | None:
-    """Istio's ValidateHTTPHeaderValue: no control characters; `%` only in %VAR% or %%."""
-    if _HEADER_VALUE_CTL.search(value):
-        return f"header value configuration {value} is invalid"
-    i = 0
-    while i < len(value):
-        if value[i] != "%":
-            i += 1
-            continue
-        if value.startswith("%%", i):
-            i += 2
-            continue
-        end = value.find("%", i + 1)
-        if end < 0:
-            return f"header value configuration: unterminated variable expression in {value!r}"
-        if not _FORMAT_VAR.match(value[i + 1:end]):
-            return f"header value configuration: invalid variable name {value[i + 1:end]!r} in {value!r}"
-        i = end + 1
     return None
 
 

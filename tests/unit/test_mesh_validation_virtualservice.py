@@ -323,7 +323,25 @@ CASES = {
         request:
           set:
             x-share: "50%"  #<
-""", "spec.http[0].route[0].headers.request.set.x-share", "unterminated variable expression"),
+""", "spec.http[0].route[0].headers.request.set.x-share", "has a '%' that starts no %COMMAND%"),
+    "header value unknown envoy command": ("""  hosts: [reviews]
+  http:
+  - headers:
+      response:
+        set:
+          x-served: "%SERVED_BY%"  #<
+    route:
+    - destination: {host: reviews}
+""", "spec.http[0].headers.response.set.x-served", "Envoy has no command %SERVED_BY%"),
+    "header value command without its argument": ("""  hosts: [reviews]
+  http:
+  - headers:
+      request:
+        add:
+          x-user: "%REQ%"  #<
+    route:
+    - destination: {host: reviews}
+""", "spec.http[0].headers.request.add.x-user", "%REQ% needs an argument"),
     "authority set twice": ("""  hosts: [reviews]
   http:
   - rewrite: {authority: a.example.com}
@@ -565,7 +583,7 @@ def test_a_valid_virtual_service_with_every_feature_loads():
       allowHeaders: ["*"]
       maxAge: 24h
     headers:
-      request: {add: {x-start: "%START_TIME%", x-pct: "100%%"}, remove: [x-internal]}
+      request: {add: {x-start: "%START_TIME(%s)%", x-pct: "100%%", x-peer: "%REQ(x-user):10%"}, remove: [x-internal]}
       response: {set: {x-served-by: reviews}}
   - name: old
     match: [{uri: {prefix: /old}}]

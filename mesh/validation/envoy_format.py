@@ -1,0 +1,76 @@
+"""Header values as Envoy parses them: text with %COMMAND% substitutions.
+
+Istio only checks for control characters and a stray `%`; Envoy also rejects
+a command it does not know (`%FOO%`) or one missing its argument (`%REQ%`),
+which would NACK a pushed route. The command list below is Envoy 1.40's
+(tests/e2e/test_mesh_validation_format_envoy.py has the real Envoy accept
+every one of them, and reject what this module rejects).
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+# Commands that take no argument (some, like START_TIME, may take one).
+COMMANDS = frozenset("""
+BYTES_RECEIVED BYTES_SENT CONNECTION_ID CONNECTION_TERMINATION_DETAILS
+DOWNSTREAM_DIRECT_REMOTE_ADDRESS DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT DOWNSTREAM_DIRECT_REMOTE_PORT
+DOWNSTREAM_HANDSHAKE_DURATION DOWNSTREAM_HEADER_BYTES_RECEIVED DOWNSTREAM_HEADER_BYTES_SENT
+DOWNSTREAM_LOCAL_ADDRESS DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT DOWNSTREAM_LOCAL_PORT DOWNSTREAM_LOCAL_SUBJECT
+DOWNSTREAM_LOCAL_URI_SAN DOWNSTREAM_PEER_CERT DOWNSTREAM_PEER_CERT_V_END DOWNSTREAM_PEER_CERT_V_START
+DOWNSTREAM_PEER_CHAIN_FINGERPRINTS_256 DOWNSTREAM_PEER_FINGERPRINT_1 DOWNSTREAM_PEER_FINGERPRINT_256
+DOWNSTREAM_PEER_ISSUER DOWNSTREAM_PEER_SERIAL DOWNSTREAM_PEER_SUBJECT DOWNSTREAM_PEER_URI_SAN
+DOWNSTREAM_REMOTE_ADDRESS DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT DOWNSTREAM_REMOTE_PORT DOWNSTREAM_TLS_CIPHER
+DOWNSTREAM_TLS_SESSION_ID DOWNSTREAM_TLS_VERSION DOWNSTREAM_TRANSPORT_FAILURE_REASON
+DOWNSTREAM_WIRE_BYTES_RECEIVED DOWNSTREAM_WIRE_BYTES_SENT DURATION EMIT_TIME EMIT_TIME_LOCAL FILTER_CHAIN_NAME
+GRPC_STATUS GRPC_STATUS_NUMBER HOSTNAME LOCAL_REPLY_BODY PATH PROTOCOL REQUESTED_SERVER_NAME
+REQUEST_DURATION REQUEST_HEADERS_BYTES REQUEST_TX_DURATION RESPONSE_CODE RESPONSE_CODE_DETAILS
+RESPONSE_DURATION RESPONSE_FLAGS RESPONSE_FLAGS_LONG RESPONSE_HEADERS_BYTES RESPONSE_TRAILERS_BYTES
+RESPONSE_TX_DURATION ROUNDTRIP_DURATION ROUTE_NAME START_TIME START_TIME_LOCAL STREAM_ID TRACE_ID UNIQUE_ID
+CUSTOM_FLAGS UPSTREAM_CLUSTER UPSTREAM_CLUSTER_RAW UPSTREAM_CONNECTION_ID UPSTREAM_CONNECTION_POOL_READY_DURATION
+UPSTREAM_HEADER_BYTES_RECEIVED UPSTREAM_HEADER_BYTES_SENT UPSTREAM_HOST UPSTREAM_HOST_NAME
+UPSTREAM_HOST_NAME_WITHOUT_PORT UPSTREAM_LOCAL_ADDRESS UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT UPSTREAM_LOCAL_PORT
+UPSTREAM_PEER_CERT UPSTREAM_PEER_CERT_V_END UPSTREAM_PEER_CERT_V_START UPSTREAM_PEER_ISSUER
+UPSTREAM_PEER_SUBJECT UPSTREAM_PEER_URI_SAN UPSTREAM_PROTOCOL UPSTREAM_REMOTE_ADDRESS
+UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT UPSTREAM_REMOTE_PORT UPSTREAM_REQUEST_ATTEMPT_COUNT UPSTREAM_TLS_CIPHER
+UPSTREAM_TLS_SESSION_ID UPSTREAM_TLS_VERSION UPSTREAM_TRANSPORT_FAILURE_REASON UPSTREAM_WIRE_BYTES_RECEIVED
+UPSTREAM_WIRE_BYTES_SENT VIRTUAL_CLUSTER_NAME
+""".split())
+
+# Commands that need an argument: %REQ(x-user)%, %ENVIRONMENT(HOME)% ...
+COMMANDS_WITH_ARGUMENT = frozenset("""
+REQ RESP TRAILER REQUEST_HEADER RESPONSE_HEADER ENVIRONMENT DYNAMIC_METADATA CLUSTER_METADATA
+UPSTREAM_METADATA FILTER_STATE UPSTREAM_FILTER_STATE PER_REQUEST_STATE METADATA CEL QUERY_PARAM
+COMMON_DURATION
+""".split())
+
+# %NAME%, %NAME(args)%, %NAME(args):LEN% -- args run to the first ')'.
+_COMMAND = re.compile(r"%([A-Z0-9_]+)(\([^)]*\))?(:[0-9]+)?%")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+@lru_cache(maxsize=4096)
+def header_value_error(value: str) -> str | None:
+    """None when Envoy accepts `value` as a header value, else why not."""
+    if _CONTROL.search(value):
+        return f"header value configuration {value} is invalid"   # Istio's words
+    i = 0
+    while i < len(value):
+        if value[i] != "%":
+            i += 1
+            continue
+        if value.startswith("%%", i):     # a literal percent sign
+            i += 2
+            continue
+        m = _COMMAND.match(value, i)
+        if not m:
+            return (f"header value configuration: {value!r} has a '%' that starts no %COMMAND%; "
+                    "write %% for a literal percent sign")
+        name, args = m.group(1), m.group(2)
+        if name in COMMANDS_WITH_ARGUMENT:
+            if not args or args == "()":
+                return f"header value configuration: %{name}% needs an argument, e.g. %{name}(...)%"
+        elif name not in COMMANDS:
+            return f"header value configuration: Envoy has no command %{name}% (in {value!r})"
+        i = m.end()
+    return None

@@ -163,6 +163,44 @@ def generator_ceiling() -> dict:
     return out
 
 
+def h2load_grpc_rps(authority: str, payload: bytes, connections: int, streams: int, n: int) -> float | None:
+    """h2load posting one framed gRPC message (what a gRPC client sends)."""
+    exe = shutil.which("h2load")
+    if not exe:
+        return None
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".grpc") as f:
+        f.write(b"\0" + len(payload).to_bytes(4, "big") + payload)
+        f.flush()
+        out = subprocess.run([exe, "-c", str(connections), "-m", str(streams), "-n", str(n), "-d", f.name,
+                              "-H", "content-type: application/grpc", "-H", "te: trailers",
+                              f"http://{authority}/inference.GRPCInferenceService/ModelInfer"],
+                             capture_output=True, text=True, timeout=120).stdout
+    m = re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", out)
+    ok = re.search(r"(\d+) succeeded", out)
+    return float(m.group(1)) if m and ok and int(ok.group(1)) == n else None
+
+
+def grpc_generator_check() -> dict:
+    """gRPC has no cheap target to calibrate on, so both clients drive the
+    batched server itself, c=32 over 4 connections: if mcp-bench --grpc gets
+    what h2load gets, the server is the limit and not the Python client."""
+    from inference_backend.bench import grpc_slots
+    from inference_backend.bench.target import build_tensors, parse_url
+    with serve(MAX_BATCH) as s:
+        t = parse_url(s.grpc_url, grpc=True)
+        meta = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]}]}
+        payload = grpc_slots.infer_request(t, build_tensors(meta), None)
+        run(Config(url=s.grpc_url, grpc=True, concurrency=32, requests=500, connections=4))    # warm-up
+        mcp, h2 = [], []
+        for _ in range(2):                                   # alternate: the machine is shared
+            mcp.append(run(Config(url=s.grpc_url, grpc=True, concurrency=32, requests=3000,
+                                  connections=4))[0]["rows"][0]["throughput_rps"])
+            h2.append(h2load_grpc_rps(t.authority, payload, 4, 8, 3000))
+    h2 = [x for x in h2 if x]
+    return {"mcp_bench_grpc_rps": statistics.median(mcp), "h2load_grpc_rps": statistics.median(h2) if h2 else None}
+
+
 # -- 1. batching -------------------------------------------------------------
 
 def interleaved(urls: list[str], levels, rounds: int = ROUNDS) -> list[list[dict]]:
@@ -363,6 +401,11 @@ def table(r: dict) -> str:
                      f"{g['mcp_bench_rps'] / h2:.2f}x" if h2 else "-", "-"))
         rows.append(("  aiohttp client, same target", f"{g['aiohttp_rps']:.0f}/s", f"mcp-bench {g['mcp_bench_rps']:.0f}/s",
                      f"{g['aiohttp_rps'] / g['mcp_bench_rps']:.2f}x", "-"))
+        gg = g.get("grpc_on_server") or {}
+        if gg:
+            h2g = gg["h2load_grpc_rps"]
+            rows.append(("  gRPC on mcpctl serve (server-bound), c=32", f"mcp-bench {gg['mcp_bench_grpc_rps']:.0f}/s",
+                         f"h2load {h2g:.0f}/s" if h2g else "h2load: failed", f"{gg['mcp_bench_grpc_rps'] / h2g:.2f}x" if h2g else "-", "-"))
     b = r.get("batching")
     if b:
         for key, label in (("common_bound", "batching: rps at p99 <="), ("tight_bound", "  tighter bound: p99 <=")):
@@ -419,6 +462,7 @@ def main() -> int:
     if "generator" in sections:
         print("0/4 generator ceiling ...", flush=True)
         RESULTS["generator"] = generator_ceiling()
+        RESULTS["generator"]["grpc_on_server"] = grpc_generator_check()
     sat_c = 32
     if "batching" in sections:
         print("1/4 batching sweep ...", flush=True)

@@ -133,6 +133,6 @@ def test_open_loop_overload_shows_in_latency_not_in_a_lower_rate(unbatched):
 
 
 def test_open_loop_within_capacity_keeps_the_schedule(server):
-    res = bench_json("-c", "8", "--rate", "100", "--duration", "1.5", "-u", server.rest_url)
+    res = bench_json("-c", "32", "--rate", "100", "--duration", "1.5", "-u", server.rest_url)
     assert res["rows"][0]["ok"] == 150
     assert res["run"]["sent_rate_rps"] == pytest.approx(100, rel=0.15)

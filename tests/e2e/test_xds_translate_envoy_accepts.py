@@ -20,7 +20,7 @@ from xds_server.types import CLUSTER, LISTENER, ROUTE, ProxyNode
 
 pytestmark = pytest.mark.e2e
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "xds_translate_all_features.yaml")
-PORTS = ["GW_PORT", "GW_PORT2", "SVC_PORT", "SVC_PORT_GRPC", "UP1", "UP2", "UP3"]
+PORTS = ["GW_PORT", "GW_PORT2", "GW_TCP", "GW_TLS", "DB_PORT", "SVC_PORT", "SVC_PORT_GRPC", "UP1", "UP2", "UP3"]
 
 
 def all_features() -> MeshConfig:
@@ -35,8 +35,10 @@ def dumped(envoy: Envoy) -> tuple[set, dict, set]:
     listeners = {s["listener"]["name"]: s["listener"] for s in by_type["ListenersConfigDump"].get("static_listeners", [])}
     routes = {}
     for lis in listeners.values():
-        hcm = lis["filter_chains"][0]["filters"][0]["typed_config"]
-        routes[hcm["route_config"]["name"]] = hcm["route_config"]
+        for chain in lis["filter_chains"]:
+            typed = chain["filters"][0]["typed_config"]
+            if "route_config" in typed:           # HTTP (tcp_proxy chains have none)
+                routes[typed["route_config"]["name"]] = typed["route_config"]
     clusters = {c["cluster"]["name"] for c in by_type["ClustersConfigDump"].get("static_clusters", [])}
     return set(listeners), routes, clusters
 
@@ -54,4 +56,6 @@ def test_envoy_boots_every_translated_feature(kind):
             assert sum(len(vh.routes) for vh in rc.virtual_hosts) == \
                 sum(len(vh.get("routes", [])) for vh in routes[name].get("virtual_hosts", []))
         assert clusters == set(snap[CLUSTER])
+        # L4 too: the gateway's TCP and TLS-passthrough servers, the sidecar's TCP port.
+        assert '"envoy.filters.network.tcp_proxy"' in envoy.admin("/config_dump?resource=static_listeners")[1]
         assert envoy.proc.poll() is None

@@ -254,3 +254,94 @@ def test_https_redirect_requires_tls_on_the_plain_servers_hosts():
     s = snap(GATEWAY, MESH + "---" + TLS_GATEWAY)
     [vh] = s[ROUTE]["http.80"].virtual_hosts
     assert vh.name == "a.example.com:80" and json_format.MessageToDict(vh)["requireTls"] == "ALL"
+
+
+# -- TCP and TLS passthrough --------------------------------------------------
+L4 = """
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: l4, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 5432, name: tcp, protocol: TCP}
+    hosts: ["*"]
+  - port: {number: 9443, name: tls, protocol: TLS}
+    hosts: ["*.example.com"]
+    tls: {mode: PASSTHROUGH}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: shop}
+spec:
+  hosts: [db.shop.svc.cluster.local]
+  ports: [{number: 5432, name: tcp, protocol: TCP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.4, labels: {role: primary}}, {address: 127.0.0.5, labels: {role: replica}}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: db, namespace: shop}
+spec:
+  host: db
+  subsets: [{name: primary, labels: {role: primary}}, {name: replica, labels: {role: replica}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: l4, namespace: shop}
+spec:
+  hosts: ["*"]
+  gateways: [edge/l4]
+  tcp:
+  - match: [{port: 1111}]
+    route: [{destination: {host: ratings}}]
+  - route:
+    - {destination: {host: db, subset: primary}, weight: 80}
+    - {destination: {host: db, subset: replica}, weight: 20}
+  tls:
+  - match: [{sniHosts: [a.example.com]}]
+    route: [{destination: {host: reviews, port: {number: 9080}}}]
+  - match: [{sniHosts: [b.example.com, c.example.com]}]
+    route: [{destination: {host: ratings, port: {number: 9080}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: db, namespace: shop}
+spec:
+  hosts: [db]
+  tcp: [{route: [{destination: {host: db, subset: replica}}]}]
+"""
+
+
+def network_filters(listener) -> list[tuple[list, dict]]:
+    d = json_format.MessageToDict(listener)
+    return [(c.get("filterChainMatch", {}).get("serverNames", []), c["filters"][0]) for c in d["filterChains"]]
+
+
+def test_gateway_tcp_server_gets_the_first_applicable_tcp_route():
+    s = snap(GATEWAY, MESH + "---" + L4)
+    [(sni, f)] = network_filters(s[LISTENER]["127.0.0.1_5432"])
+    assert sni == [] and f["name"] == "envoy.filters.network.tcp_proxy"
+    assert f["typedConfig"]["weightedClusters"]["clusters"] == [
+        {"name": "outbound|5432|primary|db.shop.svc.cluster.local", "weight": 80},
+        {"name": "outbound|5432|replica|db.shop.svc.cluster.local", "weight": 20}]
+
+
+def test_gateway_tls_passthrough_routes_by_sni():
+    s = snap(GATEWAY, MESH + "---" + L4)
+    lis = s[LISTENER]["127.0.0.1_9443"]
+    assert [f.name for f in lis.listener_filters] == ["envoy.filters.listener.tls_inspector"]
+    chains = network_filters(lis)
+    assert [(sni, f["typedConfig"]["cluster"]) for sni, f in chains] == [
+        (["a.example.com"], "outbound|9080||reviews.shop.svc.cluster.local"),
+        (["b.example.com", "c.example.com"], "outbound|9080||ratings.shop.svc.cluster.local")]
+    assert all("transportSocket" not in c for c in json_format.MessageToDict(lis)["filterChains"])  # not terminated
+
+
+def test_sidecar_tcp_port_follows_the_mesh_tcp_route():
+    s = snap(SIDECAR, MESH + "---" + L4)
+    [(_, f)] = network_filters(s[LISTENER]["127.0.0.1_5432"])
+    assert f["typedConfig"]["cluster"] == "outbound|5432|replica|db.shop.svc.cluster.local"
+    assert "5432" not in s[ROUTE]
+    c = json_format.MessageToDict(s[CLUSTER]["outbound|5432||db.shop.svc.cluster.local"])
+    assert "typedExtensionProtocolOptions" not in c      # bytes, not HTTP

@@ -36,11 +36,13 @@ from xds_server import telemetry
 from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snapshot
 from xds_server.translate import authn, grpc_web, wasm_plugins
 from xds_server.translate.clusters import ClusterOptions, build_clusters
-from xds_server.translate.index import HTTP_PROTOCOLS, MeshIndex, build_index
+from xds_server.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex, build_index
 from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_tail
-from xds_server.translate.names import gateway_https_route_name, sidecar_route_name
-from xds_server.translate.route_configs import gateway_route_config, grpc_route_config, sidecar_route_config
+from xds_server.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
+from xds_server.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
+                                                sidecar_route_config)
 from xds_server.translate.routes import RouteContext
+from xds_server.translate.tcp import TCP_PROTOCOLS, cluster_proxy, first_tcp_route, tls_routes
 
 __all__ = ["translate", "TranslateOptions", "SEAMS"]
 
@@ -105,23 +107,12 @@ def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
     if node.kind == "router":
         by_port: dict[int, list] = {}
         for srv in idx.servers(idx.selected_gateways(node.labels)):
-            if srv.port and (srv.protocol in ("HTTP", "HTTP2", "GRPC") or srv.terminates_tls):
+            if srv.port:
                 by_port.setdefault(srv.port, []).append(srv)
         for port in sorted(by_port):
-            tls_servers = [s for s in by_port[port] if s.terminates_tls]
-            chains = []
-            # A port serves either HTTPS (a chain and a route config per
-            # server, as istiod) or plain HTTP (one route config): not both.
-            for srv in tls_servers:
-                name = gateway_https_route_name(port, srv.port_name, srv.gateway.name, srv.gateway.namespace)
-                routes[name] = gateway_route_config(idx, port, [srv], base, name=name)
-                sni = tuple(h for _, h in srv.hosts if h != "*") if all(h != "*" for _, h in srv.hosts) else ()
-                chains.append(Chain(name, tuple(sorted((k, str(v)) for k, v in srv.tls.items())), sni))
-            if not tls_servers:
-                rc = gateway_route_config(idx, port, by_port[port], base)
-                routes[rc.name] = rc
-                chains.append(Chain(rc.name))
-            plan.append((port, chains, True))
+            chains = _gateway_chains(idx, port, by_port[port], base, routes)
+            if chains:
+                plan.append((port, chains, True))
     elif node.kind == "grpc":
         for svc in idx.services.values():
             for p in svc.ports:
@@ -134,7 +125,49 @@ def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
             rc = sidecar_route_config(idx, port, base)
             routes[rc.name] = rc
             plan.append((port, [Chain(sidecar_route_name(port))], False))
+        tcp_ports = {p.number for s in idx.services.values() for p in s.ports if p.protocol in TCP_PROTOCOLS}
+        for port in sorted(tcp_ports - set(ports)):
+            owners = [s for s in idx.services.values() if s.port(port)]
+            if len(owners) != 1:
+                continue             # no VIPs: a TCP port shared by services cannot be told apart
+            host = owners[0].host
+            ctx = RouteContext(idx, port, {MESH_GATEWAY}, dict(node.labels), node.namespace)
+            tp = first_tcp_route(ctx, mesh_virtual_services(idx, host), [host]) or cluster_proxy(cluster_name(host, port))
+            plan.append((port, [Chain(tcp_proxy=tp)], False))
     return routes, plan
+
+
+def _gateway_chains(idx: MeshIndex, port: int, servers: list, base: RouteContext, routes: dict) -> list:
+    """A port serves one kind of server (istiod refuses mixes): HTTPS
+    terminated here (a chain and route config per server), TLS passthrough
+    (a chain per SNI), TCP (one tcp_proxy), or plain HTTP (one route config)."""
+    chains = []
+    terminated = [s for s in servers if s.terminates_tls]
+    passthrough = [s for s in servers if s.protocol == "TLS" and str(s.tls.get("mode") or "").upper() == "PASSTHROUGH"]
+    tcp = [s for s in servers if s.protocol in TCP_PROTOCOLS - {"TLS"}]
+    http = [s for s in servers if s.protocol in ("HTTP", "HTTP2", "GRPC")]
+    if terminated:
+        for srv in terminated:
+            name = gateway_https_route_name(port, srv.port_name, srv.gateway.name, srv.gateway.namespace)
+            routes[name] = gateway_route_config(idx, port, [srv], base, name=name)
+            sni = tuple(h for _, h in srv.hosts if h != "*") if all(h != "*" for _, h in srv.hosts) else ()
+            chains.append(Chain(name, tuple(sorted((k, str(v)) for k, v in srv.tls.items())), sni))
+    elif passthrough or tcp:
+        group = passthrough or tcp
+        refs = {f"{s.gateway.namespace}/{s.gateway.name}" for s in group}
+        ctx = RouteContext(idx, port, refs, base.labels, base.namespace)
+        bound = [vs for vs in idx.virtual_services if refs & idx.vs_gateways(vs)]
+        hosts = [h for s in group for _, h in s.hosts]
+        if passthrough:
+            chains = [Chain(server_names=sni, tcp_proxy=tp) for sni, tp in tls_routes(ctx, bound, hosts)]
+        else:
+            tp = first_tcp_route(ctx, bound, hosts)
+            chains = [Chain(tcp_proxy=tp)] if tp is not None else []
+    elif http:
+        rc = gateway_route_config(idx, port, http, base)
+        routes[rc.name] = rc
+        chains.append(Chain(rc.name))
+    return chains
 
 
 def _merge(snapshot: Snapshot, extra: Snapshot, owner: str) -> None:

@@ -22,7 +22,7 @@ from google.protobuf import any_pb2
 from mesh.config import Resource
 from mesh.qos import QosClass, qos_class_for
 from xds_server.translate import values
-from xds_server.translate.index import H2_PROTOCOLS, Endpoint, MeshIndex, Service, ServicePort, labels_match
+from xds_server.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS, Endpoint, MeshIndex, Service, ServicePort, labels_match
 from xds_server.translate.names import cluster_name
 
 Cluster = cluster_pb2.Cluster
@@ -289,7 +289,8 @@ def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: d
         cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
         cla = load_assignment(name, service, port, endpoints)
     if not opts.grpc:
-        _http_options(cluster, dr, pool, port, f"{base}.connectionPool")
+        if port.protocol not in TCP_PROTOCOLS:
+            _http_options(cluster, dr, pool, port, f"{base}.connectionPool")
         if policy.get("tls"):
             upgrade = str((pool.get("http") or {}).get("h2UpgradePolicy") or "").upper() == "UPGRADE"
             _upstream_tls(cluster, policy["tls"], port, port.protocol in H2_PROTOCOLS or upgrade)

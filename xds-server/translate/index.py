@@ -17,6 +17,7 @@ MESH_GATEWAY = "mesh"          # the reserved gateway name: sidecars and proxyle
 # Istio port protocols Envoy speaks HTTP to (the others are TCP-level).
 HTTP_PROTOCOLS = {"HTTP", "HTTP2", "GRPC", "GRPC-WEB", ""}
 H2_PROTOCOLS = {"HTTP2", "GRPC", "GRPC-WEB"}
+TCP_PROTOCOLS = {"TCP", "TLS", "MONGO", "MYSQL", "REDIS"}    # Envoy proxies these as bytes
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ cors, fault, router -- the router last, as Envoy and gRPC require.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
@@ -23,6 +23,7 @@ from google.protobuf import any_pb2
 from xds_server.translate.clusters import ads_config_source
 from xds_server.translate.names import grpc_listener_name, listener_name
 from xds_server.translate.routes import CORS_FILTER, FAULT_FILTER
+from xds_server.translate.tcp import TCP_PROXY_FILTER
 
 Listener = listener_pb2.Listener
 HCM = hcm_pb2.HttpConnectionManager
@@ -67,10 +68,12 @@ def http_connection_manager(stat_prefix: str, route_name: str, filters: list[Htt
 
 @dataclass(frozen=True)
 class Chain:
-    """One filter chain: its route configuration and, for HTTPS, TLS from files."""
-    route_name: str
+    """One filter chain: an HCM on a route configuration (HTTPS: TLS from
+    files), or a tcp_proxy (TCP, TLS passthrough)."""
+    route_name: str = ""
     tls: tuple = ()                 # sorted (key, value) items of the server's `tls`
     server_names: tuple = ()        # SNI to match (none: any)
+    tcp_proxy: object = field(default=None, compare=False)
 
 
 _TLS_VERSIONS = {"TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
@@ -113,13 +116,16 @@ def bound_listener(bind: str, port: int, chains: list[Chain], filters: list[Http
             continue                 # Envoy refuses two chains with one match; the first wins
         seen.add(spec.server_names)
         chain = lis.filter_chains.add()
+        chain.filter_chain_match.server_names.extend(spec.server_names)
+        if spec.tcp_proxy is not None:
+            chain.filters.add(name=TCP_PROXY_FILTER, typed_config=_pack(spec.tcp_proxy))
+            continue
         hcm = http_connection_manager(f"outbound_{name}", spec.route_name, filters, gateway)
         chain.filters.add(name=HCM_FILTER, typed_config=_pack(hcm))
         if spec.tls:
-            chain.filter_chain_match.server_names.extend(spec.server_names)
             chain.transport_socket.name = "envoy.transport_sockets.tls"
             chain.transport_socket.typed_config.CopyFrom(_pack(downstream_tls(dict(spec.tls))))
-    if any(c.tls for c in chains):
+    if any(c.server_names for c in chains):
         # SNI is read by the TLS inspector before a filter chain is chosen.
         lis.listener_filters.add(name="envoy.filters.listener.tls_inspector",
                                  typed_config=_pack(tls_inspector_pb2.TlsInspector()))

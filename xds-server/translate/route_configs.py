@@ -66,7 +66,7 @@ def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer]
     return _route_config(name or gateway_route_name(port), vhosts, port, tls_only)
 
 
-def _mesh_vs_for(idx: MeshIndex, host: str) -> list[Resource]:
+def mesh_virtual_services(idx: MeshIndex, host: str) -> list[Resource]:
     """VirtualServices for `mesh` naming `host`: exact hosts, else the first wildcard."""
     exact = idx.mesh_vs_exact.get(host)
     if exact:
@@ -77,7 +77,7 @@ def _mesh_vs_for(idx: MeshIndex, host: str) -> list[Resource]:
 def mesh_virtual_host_routes(idx: MeshIndex, host: str, port: int, ctx_base: RouteContext) -> list:
     ctx = RouteContext(idx, port, {MESH_GATEWAY}, ctx_base.labels, ctx_base.namespace, ctx_base.grpc)
     routes = []
-    for vs in _mesh_vs_for(idx, host):
+    for vs in mesh_virtual_services(idx, host):
         routes.extend(http_routes(ctx, vs))
     if not routes:
         routes = [default_route(cluster_name(host, port))]

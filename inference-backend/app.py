@@ -101,21 +101,9 @@ class Server:
         return base.with_overrides(o.max_batch, o.max_queue_delay_us)
 
     async def start(self) -> None:
+        """Listen first (live, not ready: health checks see the model loading), then
+        load and warm the model, then report ready."""
         o = self.opts
-        name, path = resolve_model(o.model)
-        self._model_path = path
-        self._model_mtime = os.stat(path).st_mtime
-        self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
-        t0 = time.perf_counter()
-        served = await asyncio.to_thread(self.models.add, o.name or name, path, self.settings, o.device,
-                                         o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
-                                         profile=o.enable_profiler)
-        m = served.model
-        log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
-                 served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
-                 time.perf_counter() - t0, json.dumps(self.settings.describe()))
-        if o.enable_profiler:
-            log.info("ONNX Runtime profiler on: a chrome-trace JSON is written at shutdown (ort_profile_*.json)")
         app = build_app(self.models, o.max_body_bytes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -129,6 +117,20 @@ class Server:
         if self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}") == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
         await self._grpc.start()
+        t0 = time.perf_counter()
+        name, path = await asyncio.to_thread(resolve_model, o.model)   # a built-in is generated on first use
+        self._model_path = path
+        self._model_mtime = os.stat(path).st_mtime
+        self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
+        served = await asyncio.to_thread(self.models.add, o.name or name, path, self.settings, o.device,
+                                         o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
+                                         profile=o.enable_profiler)
+        m = served.model
+        log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
+                 served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
+                 time.perf_counter() - t0, json.dumps(self.settings.describe()))
+        if o.enable_profiler:
+            log.info("ONNX Runtime profiler on: a chrome-trace JSON is written at shutdown (ort_profile_*.json)")
         if o.admin_port:
             admin = self._admin_app()
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)

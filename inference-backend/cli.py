@@ -71,11 +71,14 @@ def run(args) -> int:
         print("mcpctl serve: --replicas must be at least 1", file=sys.stderr)
         return 2
     if args.replicas > 1 or args.envoy_port:
+        from inference_backend.builtin_models import BUILDERS, builtin_path
+        if args.model.startswith("builtin:") and args.model[8:] in BUILDERS:
+            builtin_path(args.model[8:])       # generate once, not in every replica at the same time
         return run_replicas(args)
     from inference_backend.app import ServeOptions, serve
-    from inference_backend.model_server import resolve_model
+    from inference_backend.model_server import check_model_spec
     try:
-        resolve_model(args.model)
+        check_model_spec(args.model)
         intra = args.intra_op_threads or max(1, os.cpu_count() or 1)
         opts = ServeOptions(
             model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,

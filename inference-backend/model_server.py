@@ -30,13 +30,22 @@ from inference_backend.telemetry import Telemetry
 log = logging.getLogger("inference_backend")
 
 
+def check_model_spec(spec: str) -> None:
+    """Fail fast on a bad --model, without generating anything."""
+    if spec.startswith("builtin:"):
+        if spec.split(":", 1)[1] not in builtin_models.BUILDERS:
+            raise ValueError(f"--model {spec!r}: no such built-in; expected one of "
+                             f"{', '.join('builtin:' + b for b in builtin_models.BUILDERS)}")
+    elif not os.path.isfile(spec):
+        raise ValueError(f"--model {spec!r}: no such file (or use builtin:mlp / builtin:tiny-decoder)")
+
+
 def resolve_model(spec: str) -> tuple[str, str]:
-    """`builtin:NAME` or a path -> (default served name, file path)."""
+    """`builtin:NAME` or a path -> (default served name, file path); generates a built-in on first use."""
+    check_model_spec(spec)
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         return name, builtin_models.builtin_path(name)
-    if not os.path.isfile(spec):
-        raise ValueError(f"--model {spec!r}: no such file (or use builtin:mlp / builtin:tiny-decoder)")
     return os.path.splitext(os.path.basename(spec))[0], spec
 
 
@@ -225,6 +234,8 @@ class ModelServer:
 
     def get(self, name: str, version: str = "") -> ServedModel:
         served = self.models.get(name)
+        if served is None and not self.ready:
+            raise Unavailable(f"server is not ready (loading models); model {name!r} not served yet")
         if served is None:
             raise NotFound(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}")
         served.check_version(version)

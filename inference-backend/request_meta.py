@@ -8,9 +8,6 @@ from mesh.session import SessionError, verify_session
 from inference_backend.batcher import Result
 from inference_backend.errors import InvalidArgument, PermissionDenied
 
-RESERVED_PARAMETERS = ("priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output")
-
-
 def check_session(headers: Mapping[str, str] | Iterable[tuple[str, str]], key: bytes | None) -> None:
     """With --session-key-file: the L6 session headers must match x-mcp-session-sig."""
     if key is None:

@@ -71,11 +71,22 @@ spec:
     route: [{{destination: {{host: reviews, subset: v3}}}}]
   - match: [{{uri: {{prefix: /moved}}}}]
     redirect: {{uri: /here, authority: elsewhere.example.com}}
+  - match: [{{uri: {{prefix: /team/}}}}]
+    delegate: {{name: team-routes}}
   - match: [{{headers: {{end-user: {{exact: jason}}}}}}]
     route: [{{destination: {{host: reviews, subset: v2}}}}]
   - route:
     - {{destination: {{host: reviews, subset: v1}}, weight: 80}}
     - {{destination: {{host: reviews, subset: v3}}, weight: 20}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: team-routes, namespace: shop}}
+spec:
+  http:
+  - match: [{{headers: {{x-pick: {{exact: three}}}}}}]
+    route: [{{destination: {{host: reviews, subset: v3}}}}]
+  - route: [{{destination: {{host: reviews, subset: v2}}}}]
 """
 
 
@@ -157,3 +168,11 @@ def test_redirect_answers_with_location(gateway):
     status, headers, _ = request(gateway, "/moved")
     assert status == 301
     assert headers["location"] == "http://elsewhere.example.com/here"
+
+
+def test_delegated_routes_answer_under_the_roots_prefix(gateway):
+    picked = [request(gateway, "/team/a", {"x-pick": "three"})[1]["x-upstream"] for _ in range(5)]
+    default = [request(gateway, "/team/a")[1]["x-upstream"] for _ in range(5)]
+    outside = request(gateway, "/elsewhere", {"x-pick": "three", "end-user": "jason"})[1]["x-upstream"]
+    assert picked == ["v3"] * 5 and default == ["v2"] * 5
+    assert outside == "v2"            # the delegate's x-pick match holds only under /team/

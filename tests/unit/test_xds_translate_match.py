@@ -110,3 +110,39 @@ def test_match_gateways_and_source_labels_filter_per_proxy():
     assert matches(http) == [{"prefix": "/edge"}]
     other = ProxyNode("router~2~gw~default", labels={"istio": "ingressgateway", "app": "other"})
     assert matches(http, node=other) == []
+
+
+DELEGATE = """
+  - match: [{uri: {prefix: /reviews}, headers: {x-team: {exact: a}}}]
+    delegate: {name: reviews-routes, namespace: team}
+  - match: [{uri: {prefix: /missing}}]
+    delegate: {name: nobody}
+  - route: [{destination: {host: svc.mesh.local}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews-routes, namespace: team}
+spec:
+  http:
+  - match: [{uri: {prefix: /reviews/v2}, headers: {end-user: {exact: jason}}}, {uri: {prefix: /other}}]
+    route: [{destination: {host: svc.mesh.local}}]
+    timeout: 7s
+  - match: [{uri: {exact: /reviews}, headers: {x-team: {exact: b}}}]
+    route: [{destination: {host: svc.mesh.local}}]
+  - route: [{destination: {host: svc.mesh.local}}]
+"""
+
+
+def test_delegate_routes_merge_their_matches_into_the_roots():
+    cfg = MeshConfig(parse_documents(HEAD + DELEGATE, "d.yaml"))
+    rc = translate(cfg, GATEWAY)[ROUTE]["http.8080"]
+    routes = [json_format.MessageToDict(r) for vh in rc.virtual_hosts for r in vh.routes]
+    assert [r["match"] for r in routes] == [
+        # /reviews/v2 within /reviews: both headers; /other conflicts with /reviews: dropped.
+        {"prefix": "/reviews/v2", "headers": [{"name": "end-user", "stringMatch": {"exact": "jason"}},
+                                              {"name": "x-team", "stringMatch": {"exact": "a"}}]},
+        # x-team: b against the root's x-team: a is a conflict; the catch-all takes the root's match.
+        {"prefix": "/reviews", "headers": [{"name": "x-team", "stringMatch": {"exact": "a"}}]},
+        {"prefix": "/"}]
+    assert routes[0]["route"]["timeout"] == "7s"          # the delegate's own action
+    assert routes[0]["metadata"]["filterMetadata"]["istio"]["config"].endswith("/namespaces/team/virtual-service/reviews-routes")

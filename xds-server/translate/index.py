@@ -81,6 +81,7 @@ class MeshIndex:
     virtual_services: list[Resource] = field(default_factory=list)
     uses_source_labels: bool = False
     memo: dict = field(default_factory=dict)      # per-config memo of derived values
+    vs_by_ref: dict[str, Resource] = field(default_factory=dict)   # 'ns/name' -> VirtualService
     # VirtualServices for `mesh` by resolved host, and the wildcard ones.
     mesh_vs_exact: dict[str, list[Resource]] = field(default_factory=dict)
     mesh_vs_wildcard: list[tuple[str, Resource]] = field(default_factory=list)
@@ -104,6 +105,9 @@ class MeshIndex:
                 if best is None or len(pattern) > len(best[0]):
                     best = (pattern, res)
         return best[1] if best else None
+
+    def virtual_service(self, namespace: str, name: str) -> Resource | None:
+        return self.vs_by_ref.get(f"{namespace}/{name}")
 
     # -- gateways --------------------------------------------------------
     def gateway_ref(self, name: str, namespace: str) -> str:
@@ -208,6 +212,7 @@ def build_index(config: MeshConfig) -> MeshIndex:
         idx.destination_rules.setdefault(host, dr)   # the first one wins, as in istiod
     idx.gateways = config.of_kind("Gateway")
     idx.virtual_services = config.of_kind("VirtualService")
+    idx.vs_by_ref = {f"{vs.namespace}/{vs.name}": vs for vs in idx.virtual_services}
     for vs in idx.virtual_services:
         if MESH_GATEWAY not in idx.vs_gateways(vs):
             continue

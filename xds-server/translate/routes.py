@@ -21,6 +21,7 @@ from google.protobuf import any_pb2
 from mesh.config import Resource
 from xds_server.translate import values
 from xds_server.translate.clusters import traffic_policy
+from xds_server.translate.delegate import http_entries
 from xds_server.translate.index import MeshIndex, labels_match
 from xds_server.translate.names import cluster_name
 
@@ -381,15 +382,14 @@ def _cors(spec: dict, vs: Resource, path: str) -> cors_pb2.CorsPolicy:
 def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
     """The Envoy routes of one VirtualService for this context (port, gateways)."""
     out = []
-    metadata = _istio_metadata(vs)
-    for i, http in enumerate(vs.spec.get("http") or []):
-        if not isinstance(http, dict) or http.get("delegate"):
-            continue                           # delegation: not translated (see README)
-        path = f"spec.http[{i}]"
-        matches = [m for m in http.get("match") or [] if isinstance(m, dict)]
+    metadata = {}
+    for source, http, path, matches in http_entries(ctx.idx, vs):
+        # `gateways` in a match name the root's gateways; everything else is the source's.
         applicable = [m for m in matches if match_applies(ctx, vs, m)] if matches else [None]
         if not applicable:
             continue
+        if source.ref not in metadata:
+            metadata[source.ref] = _istio_metadata(source)
         for m in applicable:
             route = rc.Route()
             name = ".".join(str(n) for n in (http.get("name"), (m or {}).get("name")) if n)
@@ -401,7 +401,7 @@ def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
             elif http.get("directResponse"):
                 _direct_response(http, route)
             elif any(isinstance(d, dict) for d in http.get("route") or []):
-                _route_action(ctx, vs, http, path, route)
+                _route_action(ctx, source, http, path, route)
             else:
                 continue                       # nothing to do: Envoy needs an action
             host = _header_ops((http.get("headers") or {}).get("request"),
@@ -412,11 +412,11 @@ def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
                         route.response_headers_to_add, route.response_headers_to_remove)
             if http.get("fault"):
                 route.typed_per_filter_config[FAULT_FILTER].CopyFrom(
-                    _pack(_fault(vs, http["fault"], f"{path}.fault")))
+                    _pack(_fault(source, http["fault"], f"{path}.fault")))
             if http.get("corsPolicy") and not ctx.grpc:
                 route.typed_per_filter_config[CORS_FILTER].CopyFrom(
-                    _pack(_cors(http["corsPolicy"], vs, f"{path}.corsPolicy")))
-            route.metadata.CopyFrom(metadata)
+                    _pack(_cors(http["corsPolicy"], source, f"{path}.corsPolicy")))
+            route.metadata.CopyFrom(metadata[source.ref])
             out.append(route)
     return out
 

@@ -71,6 +71,18 @@ spec:
     route: [{{destination: {{host: reviews, subset: v3}}}}]
   - match: [{{uri: {{prefix: /moved}}}}]
     redirect: {{uri: /here, authority: elsewhere.example.com}}
+  - match: [{{uri: {{prefix: /cors}}}}]
+    corsPolicy:
+      allowOrigins: [{{exact: "https://app.example.com"}}]
+      allowMethods: [POST]
+      allowHeaders: [x-model]
+      maxAge: 1h
+    headers: {{response: {{set: {{x-served-by: mesh}}, remove: [x-upstream]}}}}
+    route: [{{destination: {{host: reviews, subset: v1}}}}]
+  - match: [{{uri: {{prefix: /mirror}}}}]
+    mirror: {{host: reviews, subset: v3}}
+    mirrorPercentage: {{value: 100}}
+    route: [{{destination: {{host: reviews, subset: v1}}}}]
   - match: [{{uri: {{prefix: /team/}}}}]
     delegate: {{name: team-routes}}
   - match: [{{headers: {{end-user: {{exact: jason}}}}}}]
@@ -90,9 +102,13 @@ spec:
 """
 
 
+UPSTREAMS = {}
+
+
 @pytest.fixture(scope="module")
 def gateway():
     ups = {v: EchoUpstream(v).start() for v in ("v1", "v2", "v3")}
+    UPSTREAMS.update(ups)
     gw_port = free_port()
     try:
         text = CONFIG.format(gw=gw_port, delay=DELAY_S, **{v: u.port for v, u in ups.items()})
@@ -176,3 +192,37 @@ def test_delegated_routes_answer_under_the_roots_prefix(gateway):
     outside = request(gateway, "/elsewhere", {"x-pick": "three", "end-user": "jason"})[1]["x-upstream"]
     assert picked == ["v3"] * 5 and default == ["v2"] * 5
     assert outside == "v2"            # the delegate's x-pick match holds only under /team/
+
+
+def test_cors_preflight_and_response_headers(gateway):
+    c = http.client.HTTPConnection("127.0.0.1", gateway, timeout=10)
+    c.request("OPTIONS", "/cors", headers={"host": "reviews.example.com", "origin": "https://app.example.com",
+                                           "access-control-request-method": "POST"})
+    r = c.getresponse()
+    r.read()
+    allowed = {k.lower(): v for k, v in r.getheaders()}
+    c.request("OPTIONS", "/cors", headers={"host": "reviews.example.com", "origin": "https://evil.example.com",
+                                           "access-control-request-method": "POST"})
+    r2 = c.getresponse()
+    r2.read()
+    denied = {k.lower(): v for k, v in r2.getheaders()}
+    c.close()
+    assert r.status == 200 and allowed["access-control-allow-origin"] == "https://app.example.com"
+    assert allowed["access-control-allow-methods"] == "POST" and allowed["access-control-max-age"] == "3600"
+    assert "access-control-allow-origin" not in denied
+    status, headers, body = request(gateway, "/cors/thing", {"origin": "https://app.example.com"})
+    assert status == 200 and json.loads(body)["upstream"] == "v1"
+    assert headers["x-served-by"] == "mesh" and "x-upstream" not in headers
+    assert headers["access-control-allow-origin"] == "https://app.example.com"
+
+
+def test_mirror_sends_a_copy_to_the_mirror_subset(gateway):
+    before = len(UPSTREAMS["v3"].requests)
+    status, headers, _ = request(gateway, "/mirror/item?n=7")
+    assert status == 200 and headers["x-upstream"] == "v1"
+    deadline = time.monotonic() + 5
+    while len(UPSTREAMS["v3"].requests) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    copy = UPSTREAMS["v3"].requests[-1]
+    assert copy["path"] == "/mirror/item?n=7"
+    assert copy["headers"]["host"] == "reviews.example.com-shadow"   # Envoy marks the shadow copy

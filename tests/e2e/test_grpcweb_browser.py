@@ -45,7 +45,7 @@ def direct_infer(mesh, model: str = MODEL):
     req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
     req.raw_input_contents.append(np.array(VALUES, dtype="<f4").tobytes())
     with grpc.insecure_channel(f"127.0.0.1:{mesh.backend.grpc_port}") as ch:
-        return pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=10)
+        return pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=10, metadata=mesh.direct_metadata())
 
 
 def infer_in_page(page, model: str) -> str:

@@ -54,7 +54,7 @@ def test_model_infer_through_envoy_returns_what_direct_grpc_returns(mesh, direct
     res = web(mesh).unary(f"{SERVICE}/ModelInfer", req.SerializeToString())
     assert res.status == 0, (res.status, res.message)
     got = pb.ModelInferResponse.FromString(res.messages[0])
-    want = direct.ModelInfer(req, timeout=10)
+    want = direct.ModelInfer(req, timeout=10, metadata=mesh.direct_metadata())
     assert got.model_name == want.model_name == MODEL
     assert list(got.outputs[0].shape) == list(want.outputs[0].shape) == [3, 16]
     np.testing.assert_array_equal(outputs(got), outputs(want))
@@ -68,7 +68,7 @@ def test_text_encoding_gives_the_same_numbers(mesh, direct):
     res = web(mesh, text=True).unary(f"{SERVICE}/ModelInfer", req.SerializeToString())
     assert res.status == 0, res.message
     np.testing.assert_array_equal(outputs(pb.ModelInferResponse.FromString(res.messages[0])),
-                                  outputs(direct.ModelInfer(req, timeout=10)))
+                                  outputs(direct.ModelInfer(req, timeout=10, metadata=mesh.direct_metadata())))
 
 
 def test_model_stream_infer_as_server_streaming(mesh, direct):
@@ -83,7 +83,7 @@ def test_model_stream_infer_as_server_streaming(mesh, direct):
     assert all(not a.error_message for a in answers)
     by_id = {a.infer_response.id: a.infer_response for a in answers}
     for r in reqs:
-        np.testing.assert_array_equal(outputs(by_id[r.id]), outputs(direct.ModelInfer(r, timeout=10)))
+        np.testing.assert_array_equal(outputs(by_id[r.id]), outputs(direct.ModelInfer(r, timeout=10, metadata=mesh.direct_metadata())))
 
 
 needs_contract = pytest.mark.skipif(not os.path.exists(WASM), reason=f"{WASM} not built (make wasm)")
@@ -110,11 +110,26 @@ def test_grpc_web_client_cannot_set_the_qos_class_itself(mesh):
     spoofed = {H.QOS_CLASS: QosClass.LATENCY_CRITICAL.header_value, H.LLM_PRIORITY: "low"}
     res = web(mesh).unary(f"{SERVICE}/ModelInfer", infer_request(6).SerializeToString(), metadata=spoofed)
     assert queued_level(res) == QosClass.BATCH.priority_level
-    # ... whereas straight to the backend, past the mesh, the header is believed.
+    # ... whereas a class the mesh signed is what the backend queues at.
     with grpc.insecure_channel(f"127.0.0.1:{mesh.backend.grpc_port}") as ch:
         direct = pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(
-            infer_request(6), metadata=tuple(spoofed.items()), timeout=10)
+            infer_request(6), metadata=mesh.direct_metadata(QosClass.LATENCY_CRITICAL.header_value), timeout=10)
     assert direct.parameters["priority_level"].uint64_param == QosClass.LATENCY_CRITICAL.priority_level
+
+
+@needs_contract
+def test_session_headers_a_grpc_web_client_forges_never_reach_the_backend(mesh, direct):
+    # The backend runs with --session-key-file: an unsigned session header is refused ...
+    req = infer_request(9)
+    spoof = {H.END_USER: "mallory", H.TENANT: "acme"}
+    with pytest.raises(grpc.RpcError) as unsigned:
+        direct.ModelInfer(req, timeout=10, metadata=tuple(spoof.items()))
+    assert unsigned.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # ... and through the mesh the filter strips them (no token: no identity) and
+    # replaces the forged signature with its own, which the backend accepts.
+    forged = {**spoof, H.SESSION_SIG: "v1;h=end-user,x-mcp-tenant;s=" + "0" * 64}
+    res = web(mesh).unary(f"{SERVICE}/ModelInfer", req.SerializeToString(), metadata=forged)
+    assert queued_level(res) == QosClass.STANDARD.priority_level
 
 
 @needs_contract
@@ -140,7 +155,7 @@ def test_backend_error_is_a_grpc_status_with_the_backends_message(mesh, direct):
     req = infer_request(3, model="no-such-model")
     res = web(mesh).unary(f"{SERVICE}/ModelInfer", req.SerializeToString())
     with pytest.raises(grpc.RpcError) as direct_err:
-        direct.ModelInfer(req, timeout=10)
+        direct.ModelInfer(req, timeout=10, metadata=mesh.direct_metadata())
     assert res.status == direct_err.value.code().value[0] != 0
     assert res.message == direct_err.value.details()
     assert "no-such-model" in res.message

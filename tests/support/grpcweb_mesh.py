@@ -25,6 +25,8 @@ import tempfile
 import urllib.request
 from types import SimpleNamespace
 
+from mesh import headers as H
+from mesh.session import sign_headers
 from support.ports import free_port, wait_port
 from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
@@ -33,13 +35,14 @@ EXAMPLE = os.path.join(ROOT, "xds-server", "console", "examples", "grpc-web.yaml
 MODEL = "mlp"
 SERVICE = "/inference.GRPCInferenceService"
 WASM = os.path.join(ROOT, "wasm-filters", "build", "header_contract.wasm")   # `make wasm`
+SESSION_KEY = hashlib.sha256(b"grpc-web tests").digest()   # the filter signs, the backend verifies
 
 
 def header_contract_yaml() -> str:
     """The header-contract WasmPlugin on the gateway: it turns X-LLM-Priority into the QoS class."""
     from mesh.header_contract import PLUGIN_NAME
     sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
-    plugin = {"sessionKey": base64.b64encode(hashlib.sha256(b"grpc-web tests").digest()).decode()}
+    plugin = {"sessionKey": base64.b64encode(SESSION_KEY).decode()}
     return f"""apiVersion: extensions.istio.io/v1alpha1
 kind: WasmPlugin
 metadata: {{name: header-contract, namespace: default}}
@@ -111,14 +114,22 @@ class Console:
 def grpcweb_mesh(with_console: bool = True, console_flags: dict | None = None, header_contract: bool = False):
     """Yields a namespace: backend, cp, envoy, envoy_node, gateway_port, console (or None), origin.
 
-    With header_contract, the Wasm header-contract filter is on the gateway too.
+    With header_contract, the Wasm header-contract filter is on the gateway too,
+    and the backend verifies the session signature it adds (403 without it):
+    `direct_metadata(qos_class)` signs a direct call the way the filter would.
     """
     from inference_backend.bench.serve_process import ServeProcess
     gateway_port = free_port()
     console_port = free_port()
     origin = f"http://127.0.0.1:{console_port}"   # the page's origin, which the corsPolicy allows
     with contextlib.ExitStack() as stack:
-        backend = ServeProcess(f"builtin:{MODEL}", free_port(), free_port())
+        extra = []
+        if header_contract:
+            key_file = stack.enter_context(tempfile.NamedTemporaryFile(prefix="session-", suffix=".key"))
+            key_file.write(SESSION_KEY)
+            key_file.flush()
+            extra = ["--session-key-file", key_file.name]
+        backend = ServeProcess(f"builtin:{MODEL}", free_port(), free_port(), *extra)
         stack.callback(backend.stop)
         backend.start()
         config_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="grpcweb-mesh-"))
@@ -138,5 +149,12 @@ def grpcweb_mesh(with_console: bool = True, console_flags: dict | None = None, h
                               **(console_flags or {}))
             stack.callback(console.stop)
             console.start()
+        def direct_metadata(qos_class: str = "standard") -> tuple:
+            if not header_contract:
+                return ()
+            signed = {H.QOS_CLASS: qos_class}
+            return ((H.QOS_CLASS, qos_class), (H.SESSION_SIG, sign_headers(signed, SESSION_KEY)))
+
         yield SimpleNamespace(backend=backend, cp=cp, envoy=envoy, envoy_node=GATEWAY_NODE, gateway_port=gateway_port,
-                              console=console, origin=origin, config_dir=config_dir)
+                              console=console, origin=origin, config_dir=config_dir,
+                              header_contract=header_contract, direct_metadata=direct_metadata)

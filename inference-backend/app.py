@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 
 import grpc
 from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from mesh.config import MeshConfig, parse_documents
 from mesh.validation import check
@@ -27,6 +29,7 @@ from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, set
 from inference_backend.errors import InferenceError, InvalidArgument
 from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
+from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.rest import build_app
 from inference_backend.telemetry import Telemetry
 
@@ -114,6 +117,14 @@ class Server:
             ("grpc.so_reuseport", 0),
         ])
         add_to_server(self.models, self._grpc)
+        # grpc.health.v1 for Envoy's gRPC health checks (NOT_SERVING until the model is warm),
+        # reflection for grpcurl.
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        await _set_health(self._health, "", health_pb2.HealthCheckResponse.NOT_SERVING)
+        reflection.enable_server_reflection(
+            (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name, reflection.SERVICE_NAME),
+            self._grpc, pool=pb.DESCRIPTOR.pool)   # the protocol's messages live in a private pool
         if self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}") == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
         await self._grpc.start()
@@ -137,6 +148,8 @@ class Server:
             await self._admin_runner.setup()
             await web.TCPSite(self._admin_runner, o.host, o.admin_port, reuse_address=True).start()
         self.models.ready = True
+        await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
+        await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)
         self._watch_task = asyncio.create_task(self._watch())
         log.info("ready: http %s:%d grpc %s:%d%s", o.host, o.http_port, o.host, o.grpc_port,
                  f" admin {o.host}:{o.admin_port}" if o.admin_port else "")
@@ -251,6 +264,8 @@ class Server:
     async def stop(self) -> None:
         """Stop taking requests, answer the queued ones, then close."""
         self.models.ready = False
+        if getattr(self, "_health", None):
+            await _set_health(self._health, "", health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._watch_task:
             self._watch_task.cancel()
         if self._grpc:
@@ -273,6 +288,12 @@ class Server:
         await self._stop.wait()
         log.info("shutting down")
         await self.stop()
+
+
+async def _set_health(servicer, service: str, status) -> None:
+    result = servicer.set(service, status)
+    if asyncio.iscoroutine(result):
+        await result
 
 
 def serve(opts: ServeOptions) -> int:

@@ -271,3 +271,19 @@ def test_spans_for_queue_wait_batch_assembly_and_compute(server, trace_file):
     assert (queued["end_ns"] - queued["start_ns"]) // 1000 == params["queue_time_us"].uint64_param
     assert children["compute"]["start_ns"] >= queued["end_ns"]
     assert root["attributes"]["batch_size"] >= 2 and root["attributes"]["protocol"] == "grpc"
+
+
+def test_grpc_health_and_reflection(server):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+    channel = grpc.insecure_channel(server.grpc)
+    check = health_pb2_grpc.HealthStub(channel).Check
+    for service in ("", "inference.GRPCInferenceService"):
+        assert check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    reply = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    assert "inference.GRPCInferenceService" in [s.name for s in reply.list_services_response.service]
+    reply = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+        file_containing_symbol="inference.ModelInferRequest")])))
+    assert reply.WhichOneof("message_response") == "file_descriptor_response"
+    channel.close()

@@ -345,3 +345,42 @@ def test_sidecar_tcp_port_follows_the_mesh_tcp_route():
     assert "5432" not in s[ROUTE]
     c = json_format.MessageToDict(s[CLUSTER]["outbound|5432||db.shop.svc.cluster.local"])
     assert "typedExtensionProtocolOptions" not in c      # bytes, not HTTP
+
+
+def test_sidecar_tcp_services_sharing_a_port_listen_on_their_vips():
+    shared = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: redis-a, namespace: shop}
+spec:
+  hosts: [redis-a.shop.svc.cluster.local]
+  addresses: [127.10.0.1]
+  ports: [{number: 6379, name: redis, protocol: REDIS}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.8}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: redis-b, namespace: shop}
+spec:
+  hosts: [redis-b.shop.svc.cluster.local]
+  addresses: [127.10.0.2/32]
+  ports: [{number: 6379, name: redis, protocol: REDIS}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.9}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: redis-c, namespace: shop}
+spec:
+  hosts: [redis-c.shop.svc.cluster.local]
+  ports: [{number: 6379, name: redis, protocol: REDIS}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.10}]
+"""
+    s = snap(SIDECAR, shared)
+    assert set(s[LISTENER]) == {"127.10.0.1_6379", "127.10.0.2_6379"}    # redis-c has no VIP: no listener
+    lis = s[LISTENER]["127.10.0.2_6379"]
+    assert lis.address.socket_address.address == "127.10.0.2"
+    [(_, f)] = network_filters(lis)
+    assert f["typedConfig"]["cluster"] == "outbound|6379||redis-b.shop.svc.cluster.local"

@@ -100,8 +100,9 @@ def _shape(idx: MeshIndex, node: ProxyNode) -> tuple:
 
 
 def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
-    """Route configurations and the listeners to build: [(port, [Chain], gateway?)]
-    for bound listeners, [(host, port)] for proxyless API listeners."""
+    """Route configurations and the listeners to build: [(port, [Chain], gateway?[, address])]
+    for bound listeners (address: a service VIP, else the bind address),
+    [(host, port)] for proxyless API listeners."""
     base = RouteContext(idx, 0, set(), dict(node.labels), node.namespace, node.kind == "grpc")
     routes, plan = {}, []
     if node.kind == "router":
@@ -128,12 +129,16 @@ def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
         tcp_ports = {p.number for s in idx.services.values() for p in s.ports if p.protocol in TCP_PROTOCOLS}
         for port in sorted(tcp_ports - set(ports)):
             owners = [s for s in idx.services.values() if s.port(port)]
-            if len(owners) != 1:
-                continue             # no VIPs: a TCP port shared by services cannot be told apart
-            host = owners[0].host
             ctx = RouteContext(idx, port, {MESH_GATEWAY}, dict(node.labels), node.namespace)
-            tp = first_tcp_route(ctx, mesh_virtual_services(idx, host), [host]) or cluster_proxy(cluster_name(host, port))
-            plan.append((port, [Chain(tcp_proxy=tp)], False))
+            # As istiod: a TCP service with VIPs listens on VIP_PORT; one
+            # without has the port to itself, or (shared) no listener at all.
+            for svc in owners:
+                tp = first_tcp_route(ctx, mesh_virtual_services(idx, svc.host), [svc.host]) \
+                    or cluster_proxy(cluster_name(svc.host, port))
+                if svc.addresses:
+                    plan.extend((port, [Chain(tcp_proxy=tp)], False, vip) for vip in svc.addresses)
+                elif len(owners) == 1:
+                    plan.append((port, [Chain(tcp_proxy=tp)], False))
     return routes, plan
 
 
@@ -232,8 +237,8 @@ def _listeners(cache: _ConfigCache, shape: tuple, plan: list, config: MeshConfig
         tail = filter_chain_tail(grpc=True)
         seam_filters = {}
     else:
-        seam_filters = {port: [f for seam in SEAMS for f in seam.http_filters(config, node, port)]
-                        for port, _, _ in plan}
+        seam_filters = {entry[0]: [f for seam in SEAMS for f in seam.http_filters(config, node, entry[0])]
+                        for entry in plan}
         key = (shape, options.bind_address,
                tuple((p, tuple(f.SerializeToString(deterministic=True) for f in fs)) for p, fs in seam_filters.items()))
     with cache.lock:
@@ -247,8 +252,9 @@ def _listeners(cache: _ConfigCache, shape: tuple, plan: list, config: MeshConfig
             out[lis.name] = lis
     else:
         tail = filter_chain_tail(grpc=False)
-        for port, chains, gateway in plan:
-            lis = bound_listener(options.bind_address, port, chains, seam_filters[port] + tail, gateway)
+        for port, chains, gateway, *vip in plan:
+            lis = bound_listener(vip[0] if vip else options.bind_address, port, chains,
+                                 seam_filters[port] + tail, gateway)
             out[lis.name] = lis
     with cache.lock:
         cache.listeners[key] = out

@@ -48,6 +48,7 @@ class Service:
     resolution: str         # STATIC | DNS | DNS_ROUND_ROBIN | NONE
     endpoints: list[Endpoint]
     source: Resource
+    addresses: list[str] = field(default_factory=list)   # VIPs (single addresses, not CIDRs)
 
     def port(self, number: int) -> ServicePort | None:
         return next((p for p in self.ports if p.number == number), None)
@@ -206,7 +207,9 @@ def build_index(config: MeshConfig) -> MeshIndex:
                 # ports and resolution, endpoints add up.
                 idx.services[host].endpoints.extend(endpoints)
                 continue
-            idx.services[host] = Service(host, se.namespace, _ports(spec), resolution, list(endpoints), se)
+            vips = [str(a).removesuffix("/32") for a in spec.get("addresses") or []
+                    if "/" not in str(a).removesuffix("/32")]
+            idx.services[host] = Service(host, se.namespace, _ports(spec), resolution, list(endpoints), se, vips)
     for dr in config.of_kind("DestinationRule"):
         host = idx.resolve(str(dr.spec.get("host") or ""), dr.namespace)
         idx.destination_rules.setdefault(host, dr)   # the first one wins, as in istiod

@@ -7,6 +7,7 @@ semantic rules; VirtualService rules live in `virtualservice.py`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from mesh import hosts
@@ -111,12 +112,25 @@ def check_kind(res: Resource) -> Report:
         if key not in TOP_LEVEL_FIELDS:
             rep.error(key, f"unknown field {key!r} at the top level of a {res.kind}"
                            + (" (did you mean 'spec'?)" if key.lower().startswith("spec") else ""))
+    if not isinstance(res.spec, dict):
+        rep.error("spec", f"spec must be a mapping, got {type(res.spec).__name__}")
+        rep.typed = False
+        return rep
     errs = SchemaErrors()
     check(res.spec, SPECS[res.kind], "spec", errs)
     for path, message in errs.errors:
         rep.error(path, message)
     rep.typed = not errs.wrong_type
     return rep
+
+
+def _without_nulls(value: Any) -> Any:
+    """An explicit null is the field unset (protobuf JSON), so rules see it absent."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def semantic(rule: Callable[[Report, Resource], None], rep: Report, res: Resource) -> list[Diagnostic]:
@@ -127,7 +141,7 @@ def semantic(rule: Callable[[Report, Resource], None], rep: Report, res: Resourc
     """
     if rep.typed:
         try:
-            rule(rep, res)
+            rule(rep, replace(res, spec=_without_nulls(res.spec)))
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # pragma: no cover - a rule bug
             rep.error("spec", f"cannot validate this {res.kind}: {type(e).__name__}: {e}")
     return rep.out

@@ -36,6 +36,7 @@ from typing import Callable
 
 import yaml
 
+from mesh.demo_grpcweb import step_grpc_web_console
 from mesh.headers import END_USER
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "istio-manifests" / "demo"
@@ -357,6 +358,7 @@ STEPS: list[Step] = [
     Step("header routing", step_header_routing),
     Step("80/20 split", step_split),
     Step("fault delay", step_fault_delay),
+    Step("gRPC-Web to the inference backend, console", step_grpc_web_console),
     Step("proxy-status", step_proxy_status),
 ]
 

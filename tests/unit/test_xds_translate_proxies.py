@@ -384,3 +384,25 @@ spec:
     assert lis.address.socket_address.address == "127.10.0.2"
     [(_, f)] = network_filters(lis)
     assert f["typedConfig"]["cluster"] == "outbound|6379||redis-b.shop.svc.cluster.local"
+
+
+def test_sidecar_gets_virtual_hosts_for_mesh_hosts_that_are_no_service():
+    extra = MESH + """---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: external, namespace: shop}
+spec:
+  hosts: [api.partner.com, "*.internal.example"]
+  http:
+  - match: [{port: 9090}]
+    route: [{destination: {host: reviews, port: {number: 9090}}}]
+  - route: [{destination: {host: ratings}}]
+"""
+    s = snap(SIDECAR, extra)
+    vh = {v.name: v for v in s[ROUTE]["9080"].virtual_hosts}
+    assert {"api.partner.com:9080", "*.internal.example:9080"} <= set(vh)
+    assert list(vh["*.internal.example:9080"].domains) == ["*.internal.example", "*.internal.example:9080"]
+    assert [r.route.cluster for r in vh["api.partner.com:9080"].routes] == ["outbound|9080||ratings.shop.svc.cluster.local"]
+    on_9090 = {v.name: v for v in s[ROUTE]["9090"].virtual_hosts}["api.partner.com:9090"]
+    assert [r.route.cluster for r in on_9090.routes] == [
+        "outbound|9090||reviews.shop.svc.cluster.local", "outbound|9080||ratings.shop.svc.cluster.local"]

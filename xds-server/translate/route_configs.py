@@ -89,6 +89,19 @@ def sidecar_route_config(idx: MeshIndex, port: int, ctx_base: RouteContext) -> R
     for svc in idx.services.values():
         if svc.port(port):
             vhosts[svc.host] = mesh_virtual_host_routes(idx, svc.host, port, ctx_base)
+    # As istiod: a `mesh` VirtualService host that is no service (an external
+    # name, a wildcard) gets a virtual host on every HTTP port's route config.
+    ctx = RouteContext(idx, port, {MESH_GATEWAY}, ctx_base.labels, ctx_base.namespace)
+    for vs in idx.virtual_services:
+        if MESH_GATEWAY not in idx.vs_gateways(vs):
+            continue
+        extra = [h for h in (idx.resolve(str(h), vs.namespace).lower() for h in vs.spec.get("hosts") or [])
+                 if h not in idx.services and h not in vhosts]
+        if extra:
+            routes = http_routes(ctx, vs)
+            for h in extra:
+                if routes:
+                    vhosts[h] = routes
     return _route_config(sidecar_route_name(port), vhosts, port)
 
 

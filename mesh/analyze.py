@@ -186,6 +186,22 @@ def gateways_exist(index: Index) -> Iterator[Diagnostic]:
 
 
 @analyzer
+def delegates_exist(index: Index) -> Iterator[Diagnostic]:
+    """IST0101: a root route delegates to a VirtualService that does not exist
+    (istiod, and the translator, drop the route: requests would match nothing)."""
+    names = {(vs.namespace, vs.name) for vs in index.virtual_services}
+    for vs in index.virtual_services:
+        for i, route in enumerate(vs.spec.get("http") or []):
+            ref = route.get("delegate")
+            if not ref:
+                continue
+            target = (ref.get("namespace") or vs.namespace, ref.get("name") or "")
+            if target not in names:
+                yield vs.diagnostic(f"spec.http[{i}].delegate", "Referenced virtualservice not found: "
+                                    f'"{target[0]}/{target[1]}"', code=REFERENCED_RESOURCE_NOT_FOUND)
+
+
+@analyzer
 def destination_subsets(index: Index) -> Iterator[Diagnostic]:
     """IST0101: a destination subset that no DestinationRule for its host defines."""
     for vs in index.virtual_services:

@@ -207,3 +207,14 @@ def test_only_the_first_destination_rule_for_a_host_applies():
     ok = load_texts(dict(texts, **{"c.yaml": REVIEWS_SE}))
     [w] = [d for d in ok.warnings if d.field == "spec.host"]
     assert (w.file, w.severity) == ("b.yaml", "warning") and "already applies to host reviews.bookinfo" in w.message
+
+
+def test_delegate_to_a_missing_virtual_service_blocks_the_push():
+    root = vs("root", "[reviews]", "  - match: [{uri: {prefix: /r}}]\n    delegate: {name: reviews-routes}\n")
+    child = ("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-routes, namespace: bookinfo}\n"
+             "spec:\n  http:\n  - route: [{destination: {host: reviews, subset: v1}}]\n")
+    texts = {"root.yaml": root, "dr.yaml": dr("reviews", "reviews", ["v1"]) + "---\n" + REVIEWS_SE}
+    diags = errors_of(texts)
+    assert [(d.code, d.field, d.message) for d in diags] == [
+        ("IST0101", "spec.http[0].delegate", 'Referenced virtualservice not found: "bookinfo/reviews-routes"')]
+    assert load_texts(dict(texts, **{"child.yaml": child}))

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -96,7 +97,7 @@ class Console:
             dump, envoy_err = await self._get(self.o.envoy_admin, "/clusters?format=json")
             observed = mesh_state.observed_health(dump) if isinstance(dump, dict) else {}
         proxies = mesh_state.proxies(syncz if isinstance(syncz, list) else [])
-        dumps = await asyncio.gather(*(self._get(self.o.xds_admin, f"/debug/config_dump?node={p['id']}")
+        dumps = await asyncio.gather(*(self._get(self.o.xds_admin, f"/debug/config_dump?node={quote(p['id'], safe='')}")
                                        for p in proxies))
         routes, clusters, seen = [], [], set()
         for p, (dump, err) in zip(proxies, dumps):

@@ -142,3 +142,13 @@ def test_mutated_configs_are_accepted_or_rejected_never_trap(mutations):
 def test_random_bytes_as_config_never_trap(raw):
     h = ProxyWasmHost()
     assert not h.configure(raw) or raw.strip().startswith(b"{")
+
+
+@FUZZ
+@given(payload=st.binary(max_size=300), header_blob=st.binary(max_size=64))
+def test_malformed_payload_metadata_never_traps_or_leaks(host, payload, header_blob):
+    from mesh.header_contract import PAYLOAD_PROPERTY
+    r = host.request([(":path", "/"), (H.END_USER, "admin")], properties={PAYLOAD_PROPERTY: payload})
+    if r.local_response is None:
+        assert "admin" not in r.all(H.END_USER)
+        verify_session(r.headers, KEY, required=[h for _, h in CONTRACT.claims])

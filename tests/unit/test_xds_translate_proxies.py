@@ -406,3 +406,43 @@ spec:
     on_9090 = {v.name: v for v in s[ROUTE]["9090"].virtual_hosts}["api.partner.com:9090"]
     assert [r.route.cluster for r in on_9090.routes] == [
         "outbound|9090||reviews.shop.svc.cluster.local", "outbound|9080||ratings.shop.svc.cluster.local"]
+
+
+def test_export_to_limits_what_each_namespace_sees():
+    text = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: private, namespace: shop}
+spec:
+  hosts: [private.shop.svc.cluster.local]
+  exportTo: ["."]
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.11}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shared, namespace: shop}
+spec:
+  hosts: [shared.shop.svc.cluster.local]
+  exportTo: [shop, billing]
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.12}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: public, namespace: shop}
+spec:
+  hosts: [public.shop.svc.cluster.local]
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.13}]
+"""
+    def seen(namespace):
+        s = snap(ProxyNode(f"sidecar~1~a.{namespace}~{namespace}.svc.cluster.local", namespace=namespace,
+                           kind="sidecar"), text)
+        return {c.split("|")[3].split(".")[0] for c in s[CLUSTER]}, {vh.name.split(".")[0] for vh in s[ROUTE]["9080"].virtual_hosts}
+    assert seen("shop") == ({"private", "shared", "public"},) * 2
+    assert seen("billing") == ({"shared", "public"},) * 2
+    assert seen("web") == ({"public"},) * 2

@@ -26,7 +26,6 @@ functions of (config, node, port): their output is cached with the rest.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -36,7 +35,7 @@ from xds_server import telemetry
 from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snapshot
 from xds_server.translate import authn, grpc_web, wasm_plugins
 from xds_server.translate.clusters import ClusterOptions, build_clusters
-from xds_server.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex, build_index
+from xds_server.translate.index import EXPORTABLE, HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex, build_index, exported_to
 from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_tail
 from xds_server.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
 from xds_server.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
@@ -63,12 +62,27 @@ class _ConfigCache:
     """Everything derived from one MeshConfig, shared by all its proxies."""
 
     def __init__(self, config: MeshConfig):
-        self.config_ref = weakref.ref(config)
+        self.config = config           # held while cached: its id() cannot be reused meanwhile
         self.index: MeshIndex = build_index(config)
-        self.clusters: dict = {}       # ClusterOptions -> (clusters, assignments)
+        # exportTo makes what a proxy sees depend on its namespace; without it
+        # (the usual case) every namespace shares the one full view.
+        self.uses_export_to = any(r.spec.get("exportTo") is not None for r in config.of_kind(*EXPORTABLE))
+        self.views: dict = {}          # namespace -> MeshIndex of what it sees
+        self.clusters: dict = {}       # (ClusterOptions, view) -> (clusters, assignments)
         self.shapes: dict = {}         # node shape -> (route configs, listener plan)
         self.listeners: dict = {}      # (shape, bind, seam filters) -> listeners
         self.lock = threading.Lock()
+
+
+    def view(self, namespace: str) -> tuple[MeshIndex, str | None]:
+        """The index of what a proxy in `namespace` sees, and its cache key."""
+        if not self.uses_export_to:
+            return self.index, None
+        idx = self.views.get(namespace)
+        if idx is None:
+            visible = [r for r in self.config if exported_to(r, namespace)]
+            idx = self.views[namespace] = build_index(MeshConfig(visible))
+        return idx, namespace
 
 
 _CACHE: "OrderedDict[int, _ConfigCache]" = OrderedDict()
@@ -79,7 +93,7 @@ _CACHE_SIZE = 4                         # the configs being served and the ones 
 def _cache_for(config: MeshConfig) -> tuple[_ConfigCache, bool]:
     with _CACHE_LOCK:
         entry = _CACHE.get(id(config))
-        if entry is not None and entry.config_ref() is config:
+        if entry is not None and entry.config is config:
             _CACHE.move_to_end(id(config))
             return entry, True
     entry = _ConfigCache(config)
@@ -199,15 +213,15 @@ def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | N
         span.set_attribute("xds.node.id", node.id)
         span.set_attribute("xds.node.kind", node.kind)
         cache, config_hit = _cache_for(config)
-        idx = cache.index
         grpc = node.kind == "grpc"
         copts = ClusterOptions(grpc=grpc, upstream_bind_address=options.upstream_bind_address)
-        shape = _shape(idx, node)
         with cache.lock:
-            clusters = cache.clusters.get(copts)
+            idx, view = cache.view(node.namespace)
+            shape = _shape(idx, node)
+            clusters = cache.clusters.get((copts, view))
             if clusters is None:
                 with tracer.start_as_current_span("xds.translate.clusters"):
-                    clusters = cache.clusters[copts] = build_clusters(idx, copts)
+                    clusters = cache.clusters[(copts, view)] = build_clusters(idx, copts)
             shaped = cache.shapes.get(shape)
             shape_hit = shaped is not None
             if shaped is None:

@@ -163,6 +163,19 @@ def host_intersection(a: str, b: str) -> str | None:
     return None
 
 
+EXPORTABLE = ("ServiceEntry", "VirtualService", "DestinationRule")
+
+
+def exported_to(res: Resource, namespace: str) -> bool:
+    """Istio's exportTo: '*' every namespace (the default), '.' the resource's
+    own, a name that namespace, '~' none."""
+    export = res.spec.get("exportTo") if res.kind in EXPORTABLE else None
+    if export is None:
+        return True
+    return any(str(e) == "*" or str(e) == namespace or (str(e) == "." and res.namespace == namespace)
+               for e in export)
+
+
 def labels_match(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == str(v) for k, v in (selector or {}).items())
 

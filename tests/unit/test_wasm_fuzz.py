@@ -145,8 +145,8 @@ def test_random_bytes_as_config_never_trap(raw):
 
 
 @FUZZ
-@given(payload=st.binary(max_size=300), header_blob=st.binary(max_size=64))
-def test_malformed_payload_metadata_never_traps_or_leaks(host, payload, header_blob):
+@given(payload=st.binary(max_size=300))
+def test_malformed_payload_metadata_never_traps_or_leaks(host, payload):
     from mesh.header_contract import PAYLOAD_PROPERTY
     r = host.request([(":path", "/"), (H.END_USER, "admin")], properties={PAYLOAD_PROPERTY: payload})
     if r.local_response is None:

@@ -28,6 +28,7 @@ ANALYZERS: list[Analyzer] = []
 
 # istioctl's message codes used here.
 REFERENCED_RESOURCE_NOT_FOUND = "IST0101"
+VS_DESTINATION_PORT_SELECTOR_REQUIRED = "IST0112"
 CONFLICTING_MESH_GATEWAY_VS_HOSTS = "IST0109"
 VS_HOST_NOT_FOUND_IN_GATEWAY = "IST0132"
 CONFLICTING_GATEWAYS = "IST0145"
@@ -41,9 +42,10 @@ def analyzer(fn: Analyzer) -> Analyzer:
 
 @dataclass
 class Service:
-    """One host of the registry: the ServiceEntries declaring it, its endpoints' labels."""
+    """One host of the registry: the ServiceEntries declaring it, its ports, its endpoints' labels."""
     host: str
     entries: list = field(default_factory=list)
+    ports: set = field(default_factory=set)
     endpoint_labels: list = field(default_factory=list)
     # True when every endpoint is known (STATIC endpoints / workloadSelector):
     # only then can "a subset selects no endpoint" be said.
@@ -74,6 +76,7 @@ class Index:
                 host = hosts.resolve_short_name(h, se.namespace)
                 svc = self.services.setdefault(host, Service(host))
                 svc.entries.append(se)
+                svc.ports.update(p.get("number") for p in se.spec.get("ports") or [])
                 svc.endpoint_labels.extend(labels)
                 svc.endpoints_known = svc.endpoints_known or known
                 if host.startswith("*"):
@@ -231,6 +234,25 @@ def destination_hosts(index: Index) -> Iterator[Diagnostic]:
             if index.service_for(host) is None:
                 yield vs.diagnostic(f"{path}.host", f'Referenced host not found: "{d.get("host")}"',
                                     code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
+
+
+@analyzer
+def destination_ports(index: Index) -> Iterator[Diagnostic]:
+    """IST0101 host:port not found (error); IST0112 a gateway route to a
+    service with several ports names none (error, as istioctl says)."""
+    for vs in index.virtual_services:
+        on_gateway = bool(vs.spec.get("gateways")) and hosts.MESH_GATEWAY not in vs.spec["gateways"]
+        for path, d in _destinations(vs):
+            svc = index.service_for(hosts.resolve_short_name(str(d.get("host", "")), vs.namespace))
+            if svc is None or not svc.ports:
+                continue
+            port = (d.get("port") or {}).get("number")
+            if port is not None and port not in svc.ports:
+                yield vs.diagnostic(f"{path}.port.number", f'Referenced host:port not found: "{d.get("host")}:{port}"',
+                                    code=REFERENCED_RESOURCE_NOT_FOUND)
+            elif port is None and on_gateway and len(svc.ports) > 1:
+                yield vs.diagnostic(path, "This VirtualService routes to a service with more than one port exposed, "
+                                    "but does not specify which to use.", code=VS_DESTINATION_PORT_SELECTOR_REQUIRED)
 
 
 def _bound_gateways(vs: Resource) -> list[str]:

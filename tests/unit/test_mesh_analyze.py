@@ -218,3 +218,22 @@ def test_delegate_to_a_missing_virtual_service_blocks_the_push():
     assert [(d.code, d.field, d.message) for d in diags] == [
         ("IST0101", "spec.http[0].delegate", 'Referenced virtualservice not found: "bookinfo/reviews-routes"')]
     assert load_texts(dict(texts, **{"child.yaml": child}))
+
+
+def test_destination_port_the_service_does_not_expose_blocks_the_push():
+    route = "  - route:\n    - destination: {host: reviews, port: {number: 9999}}\n"
+    diags = errors_of({"a.yaml": vs("reviews", "[reviews]", route) + "---\n" + REVIEWS_SE})
+    assert [(d.code, d.field, d.message) for d in diags] == [
+        ("IST0101", "spec.http[0].route[0].destination.port.number", 'Referenced host:port not found: "reviews:9999"')]
+
+
+def test_gateway_route_to_a_multi_port_service_must_name_the_port():
+    two_ports = REVIEWS_SE.replace("ports: [{number: 9080, name: http, protocol: HTTP}]",
+                                   "ports: [{number: 9080, name: http, protocol: HTTP}, {number: 9090, name: grpc, protocol: GRPC}]")
+    route = "  - route:\n    - destination: {host: reviews}\n"
+    texts = {"a.yaml": vs("front", "[shop.example.com]", route, gateways="[gw]") + "---\n"
+             + gateway("gw", '["shop.example.com"]') + "---\n" + two_ports}
+    assert [d.code for d in errors_of(texts)] == ["IST0112"]
+    # Naming the port, or routing inside the mesh (each listener port has its own routes), is fine.
+    assert load_texts({"a.yaml": texts["a.yaml"].replace("{host: reviews}", "{host: reviews, port: {number: 9090}}")})
+    assert load_texts({"a.yaml": vs("reviews", "[reviews]", route) + "---\n" + two_ports})

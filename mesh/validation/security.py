@@ -71,6 +71,13 @@ def _shape(res: Resource, versions: tuple, schema) -> tuple[Report, bool]:
     return rep, not errs.errors
 
 
+def _target_refs(rep: Report, spec: dict) -> None:
+    for ref in ("targetRef", "targetRefs"):
+        if spec.get(ref):
+            rep.warn(f"spec.{ref}", f"{ref} is not translated by this control plane: the resource applies "
+                                    "to no proxy (use selector.matchLabels)")
+
+
 def _header_name(rep: Report, path: str, name) -> None:
     if not is_token(name):
         rep.error(path, f"invalid header name {name!r}: must be an RFC 7230 token")
@@ -81,6 +88,7 @@ def validate_request_authentication(res: Resource, config: MeshConfig) -> Iterat
     rep, ok = _shape(res, SECURITY_VERSIONS, REQUEST_AUTHENTICATION)
     if ok:
         rep.workload_selector("spec.selector.matchLabels", (res.spec.get("selector") or {}).get("matchLabels"))
+        _target_refs(rep, res.spec)
         for i, rule in enumerate(res.spec.get("jwtRules") or []):
             _jwt_rule(rep, f"spec.jwtRules[{i}]", rule)
     yield from rep.out
@@ -152,6 +160,7 @@ def validate_wasm_plugin(res: Resource, config: MeshConfig) -> Iterator[Diagnost
 def _wasm_plugin(rep: Report, res: Resource) -> None:
     spec = res.spec
     rep.workload_selector("spec.selector.matchLabels", (spec.get("selector") or {}).get("matchLabels"))
+    _target_refs(rep, spec)
     url = spec.get("url") or ""
     sha = spec.get("sha256")
     if sha is not None and not _SHA256.match(sha):

@@ -163,3 +163,16 @@ def test_a_module_whose_sha256_does_not_match_is_not_translated():
     c = cfg(plugin(sha="0" * 64))
     with pytest.raises(ConfigError, match="sha256"):
         wasm_plugins.resources(c, GW)
+
+
+@needs_wasm
+def test_target_ref_resources_apply_to_no_proxy_and_vm_env_is_passed():
+    ra = RA.replace("  selector: {matchLabels: {istio: ingressgateway}}\n", "  targetRef: {kind: Gateway, name: gw}\n")
+    assert authn.http_filters(cfg(ra), GW, 80) == []
+    wp = plugin(plugin_name="other", extra="  vmConfig:\n    env:\n    - {name: MODE, value: strict}\n    - {name: HOME, valueFrom: HOST}\n")
+    w = http_wasm.Wasm()
+    wasm_plugins.resources(cfg(wp), GW)[types.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
+    env = w.config.vm_config.environment_variables
+    assert dict(env.key_values) == {"MODE": "strict"} and list(env.host_env_keys) == ["HOME"]
+    tr = plugin(plugin_name="other").replace("  selector: {matchLabels: {istio: ingressgateway}}\n", "  targetRefs: [{kind: Gateway, name: gw}]\n")
+    assert wasm_plugins.http_filters(cfg(tr), GW, 80) == []

@@ -43,6 +43,8 @@ def applies(res: Resource, node: ProxyNode) -> bool:
     """Namespace (or root namespace) and selector.matchLabels, as Istio selects workloads."""
     if res.namespace not in (node.namespace, ROOT_NAMESPACE):
         return False
+    if res.spec.get("targetRef") or res.spec.get("targetRefs"):
+        return False   # not translated (validation warns); never widen to the whole namespace
     want = ((res.spec.get("selector") or {}).get("matchLabels")) or {}
     return all(node.labels.get(k) == v for k, v in want.items())
 

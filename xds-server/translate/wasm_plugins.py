@@ -77,6 +77,8 @@ def applies(res: Resource, node: ProxyNode, port: int | None = None) -> bool:
         return False
     if (res.spec.get("type") or "HTTP") != "HTTP":
         return False
+    if res.spec.get("targetRef") or res.spec.get("targetRefs"):
+        return False   # not translated (validation warns); never widen to the whole namespace
     want = ((res.spec.get("selector") or {}).get("matchLabels")) or {}
     if not all(node.labels.get(k) == v for k, v in want.items()):
         return False
@@ -123,6 +125,11 @@ def wasm_filter_config(res: Resource, config: MeshConfig, node: ProxyNode) -> ht
     plugin.vm_config.vm_id = f"{name}@{hashlib.sha256(code).hexdigest()[:12]}"
     plugin.vm_config.runtime = RUNTIME
     plugin.vm_config.code.local.inline_bytes = code
+    for env in (spec.get("vmConfig") or {}).get("env") or []:
+        if env.get("valueFrom") == "HOST":
+            plugin.vm_config.environment_variables.host_env_keys.append(env["name"])
+        else:
+            plugin.vm_config.environment_variables.key_values[env["name"]] = str(env.get("value", ""))
     plugin.configuration.Pack(wrappers_pb2.StringValue(value=plugin_configuration(res, config, node)))
     return http_wasm.Wasm(config=plugin)
 

@@ -1,11 +1,12 @@
 """Samples and their summary: exact percentiles from every recorded sample.
 
-Every request is kept (a few floats each; a million requests is tens of MB),
+Every request is kept (typed arrays, ~60 bytes each: a million is ~60 MB),
 so p99.9 is a real order statistic, not an interpolation between buckets.
 """
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -27,14 +28,14 @@ def percentile(sorted_values: np.ndarray, p: float) -> float | None:
 @dataclass
 class Recorder:
     """One row per completed request; appended from the event loop."""
-    intended: list[float] = field(default_factory=list)   # intended send time (s, perf_counter)
-    sent: list[float] = field(default_factory=list)       # when it actually went out
-    done: list[float] = field(default_factory=list)
-    priority: list[int] = field(default_factory=list)     # index into the mix
+    intended: array = field(default_factory=lambda: array("d"))   # intended send time (s, perf_counter)
+    sent: array = field(default_factory=lambda: array("d"))       # when it actually went out
+    done: array = field(default_factory=lambda: array("d"))
+    priority: array = field(default_factory=lambda: array("b"))   # index into the mix
     error: list[str | None] = field(default_factory=list)
-    queue_us: list[float] = field(default_factory=list)   # NaN where the server did not say
-    compute_us: list[float] = field(default_factory=list)
-    waited: list[bool] = field(default_factory=list)       # open loop: queued for a free slot
+    queue_us: array = field(default_factory=lambda: array("d"))   # NaN where the server did not say
+    compute_us: array = field(default_factory=lambda: array("d"))
+    waited: array = field(default_factory=lambda: array("b"))     # open loop: queued for a free slot
 
     def add(self, intended: float, sent: float, done: float, prio: int,
             error: str | None, queue_us: float | None, compute_us: float | None,

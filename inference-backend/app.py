@@ -59,6 +59,7 @@ class ServeOptions:
     enable_profiler: bool = False
     labels: dict | None = None
     watch_model: bool = False
+    drain_seconds: float = 1.0
 
 
 def load_policy_file(path: str, labels: dict | None = None) -> BatcherSettings:
@@ -262,16 +263,22 @@ class Server:
         return app
 
     async def stop(self) -> None:
-        """Stop taking requests, answer the queued ones, then close."""
-        self.models.ready = False
+        """Drain: report not ready (health, /v2/health/ready, ServerReady) but keep
+        serving for --drain-seconds, so balancers move away and requests already on
+        the wire are taken; then stop the listeners, answer what is queued, close."""
+        self.models.draining = True
         if getattr(self, "_health", None):
             await _set_health(self._health, "", health_pb2.HealthCheckResponse.NOT_SERVING)
+            await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._watch_task:
             self._watch_task.cancel()
-        if self._grpc:
-            await self._grpc.stop(grace=5)
-        if self._runner:
-            await self._runner.cleanup()
+        if self.opts.drain_seconds > 0 and self.models.ready:
+            log.info("draining for %.1fs", self.opts.drain_seconds)
+            await asyncio.sleep(self.opts.drain_seconds)
+        # Both front ends stop taking requests at once and let in-flight ones finish
+        # (the batcher still runs), then the queues are drained and closed.
+        await asyncio.gather(*([self._grpc.stop(grace=5)] if self._grpc else []),
+                             *([self._runner.cleanup()] if self._runner else []))
         if self._admin_runner:
             await self._admin_runner.cleanup()
         await asyncio.to_thread(self.models.stop)

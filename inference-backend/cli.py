@@ -46,6 +46,8 @@ def register(subparsers) -> None:
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="workload labels for the policy's selector.matchLabels")
     p.add_argument("--watch-model", action="store_true", help="reload the model when its file changes")
+    p.add_argument("--drain-seconds", type=float, default=1.0,
+                   help="on SIGTERM, keep serving this long while reporting not ready (default 1)")
     p.add_argument("--replicas", type=int, default=1, help="run N server processes (ports as above)")
     p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
     p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
@@ -86,7 +88,7 @@ def run(args) -> int:
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
             kv_cache_mb=args.kv_cache_mb, max_body_bytes=args.max_body_bytes, session_key_file=args.session_key_file,
             trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
-            watch_model=args.watch_model)
+            watch_model=args.watch_model, drain_seconds=args.drain_seconds)
         return serve(opts)
     except (ValueError, OSError) as e:
         print(f"mcpctl serve: {e}", file=sys.stderr)
@@ -96,7 +98,7 @@ def run(args) -> int:
 # Flags passed to every replica as given (the port flags are set per replica).
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
                  "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "max_body_bytes",
-                 "session_key_file", "trace_file", "log_level")
+                 "session_key_file", "trace_file", "log_level", "drain_seconds")
 _SWITCHES = ("watch_model", "enable_profiler")
 
 

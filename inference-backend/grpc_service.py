@@ -67,7 +67,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=self.server.live)
 
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.server.ready)
+        return pb.ServerReadyResponse(ready=self.server.reports_ready)
 
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)

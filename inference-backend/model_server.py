@@ -218,7 +218,8 @@ class ModelServer:
         self.models: dict[str, ServedModel] = {}
         self.session_key = session_key
         self.live = True
-        self.ready = False
+        self.ready = False          # models loaded and warm
+        self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
@@ -242,6 +243,11 @@ class ModelServer:
         if not self.ready:
             raise Unavailable(f"model {name!r} is not ready")
         return served
+
+    @property
+    def reports_ready(self) -> bool:
+        """What health checks see: ready, and not draining (so balancers move away first)."""
+        return self.ready and not self.draining
 
     def record(self, rec: ReloadRecord) -> ReloadRecord:
         self.reloads.append(rec)

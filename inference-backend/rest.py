@@ -92,7 +92,7 @@ def build_app(server: ModelServer, max_body_bytes: int) -> web.Application:
 
     @routes.get("/v2/health/ready")
     async def ready(_):
-        return web.Response(status=200 if server.ready else 503)
+        return web.Response(status=200 if server.reports_ready else 503)
 
     @routes.get("/v2")
     async def server_metadata(_):

@@ -122,3 +122,24 @@ def test_bad_new_version_is_refused_and_old_keeps_serving(tmp_path):
         assert client.infer("mlp", [inp]).get_response().model_version == "1"
         status, reply = server.admin("/admin/policy", {"maxBatchSize": 0})
         assert status == 400 and "spec.maxBatchSize" in reply["error"]
+
+
+def test_sigterm_drains_every_request_already_sent():
+    """SIGTERM: not ready at once, but everything already on the wire is answered."""
+    import queue as q
+    import urllib.error
+    with InferenceServer("builtin:mlp", "--max-batch", "1", "--drain-seconds", "1") as server:
+        client = tgrpc.InferenceServerClient(server.grpc)
+        done: q.Queue = q.Queue()
+        for i in range(60):
+            inp = tgrpc.InferInput("INPUT0", [1, 64], "FP32")
+            inp.set_data_from_numpy(np.full((1, 64), i, np.float32))
+            client.async_infer("mlp", [inp], callback=lambda result, error: done.put(error))
+        server.proc.terminate()
+        time.sleep(0.3)
+        with pytest.raises(urllib.error.HTTPError) as e:   # draining: readiness fails first
+            urllib.request.urlopen(f"http://{server.http}/v2/health/ready", timeout=5)
+        assert e.value.code == 503
+        errors = [done.get(timeout=30) for _ in range(60)]
+        assert server.proc.wait(30) == 0
+    assert [str(e) for e in errors if e is not None] == []

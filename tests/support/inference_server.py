@@ -28,6 +28,8 @@ class InferenceServer:
                      "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *args]
         if self.admin_port:
             self.args += ["--admin-port", str(self.admin_port)]
+        if "--drain-seconds" not in args:   # tests stop at once unless they test the drain
+            self.args += ["--drain-seconds", "0"]
         self.env = dict(os.environ, **(env or {}))
         self.log = tempfile.NamedTemporaryFile(prefix="mcp-serve-", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None

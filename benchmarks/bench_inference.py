@@ -465,43 +465,49 @@ def table(r: dict) -> str:
     return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
 
 
+def section(name: str, title: str, fn) -> None:
+    """Run one section; a failure is recorded and printed, the others still run."""
+    print(f"{title} ...", flush=True)
+    try:
+        RESULTS[name] = fn()
+    except Exception as e:  # noqa: BLE001 - the reason goes into the table and the JSON
+        RESULTS.setdefault("failed", {})[name] = f"{type(e).__name__}: {e}"[:2000]
+        print(f"  {name} failed: {RESULTS['failed'][name][:300]}", flush=True)
+
+
 def main() -> int:
     from inference_backend.builtin_models import builtin_path
     t0 = time.monotonic()
     RESULTS["load_average_start"] = os.getloadavg()   # this machine is shared: say how busy it was
     sections = os.environ.get("BENCH_SECTIONS", "generator,batching,isolation,peer,mesh_hop").split(",")
     if "generator" in sections:
-        print("0/4 generator ceiling ...", flush=True)
-        RESULTS["generator"] = generator_ceiling()
-        RESULTS["generator"]["grpc_on_server"] = grpc_generator_check()
-    sat_c = 32
+        section("generator", "0/4 generator ceiling",
+                lambda: {**generator_ceiling(), "grpc_on_server": grpc_generator_check()})
     if "batching" in sections:
-        print("1/4 batching sweep ...", flush=True)
-        RESULTS["batching"] = batching()
-        if RESULTS["batching"]["common_bound"]["batched"]:
-            sat_c = RESULTS["batching"]["common_bound"]["batched"]["concurrency"]
+        section("batching", "1/4 batching sweep", batching)
     if "isolation" in sections:
-        print("2/4 priority isolation ...", flush=True)
-        RESULTS["isolation"] = [isolation("latency-critical"), isolation("latency-critical", grpc=True),
-                                isolation("balanced", rounds=2)]
+        section("isolation", "2/4 priority isolation",
+                lambda: [isolation("latency-critical"), isolation("latency-critical", grpc=True),
+                         isolation("balanced", rounds=2)])
     if "peer" in sections:
-        print("3/4 peer (MLServer) ...", flush=True)
         meta = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]}],
                 "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16]}]}
-        RESULTS["peer"] = peer(builtin_path("mlp"), meta)
+        section("peer", "3/4 peer (MLServer)", lambda: peer(builtin_path("mlp"), meta))
     if "mesh_hop" in sections:
-        print("4/4 mesh hop ...", flush=True)
-        RESULTS["mesh_hop"] = mesh_hop(sat_c)
+        best = (RESULTS.get("batching") or {}).get("common_bound", {}).get("batched")
+        section("mesh_hop", "4/4 mesh hop", lambda: mesh_hop(best["concurrency"] if best else 32))
     RESULTS["wall_s"] = round(time.monotonic() - t0, 1)
     RESULTS["load_average_end"] = os.getloadavg()
     print()
     print(table(RESULTS))
+    for name, why in RESULTS.get("failed", {}).items():
+        print(f"FAILED section {name}: {why[:500]}")
     out = os.path.join(ROOT, "artifacts", "bench", "inference.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(RESULTS, f, indent=2)
     print(f"\n{RESULTS['wall_s']} s; wrote {os.path.relpath(out, ROOT)}")
-    return 0
+    return 1 if RESULTS.get("failed") else 0
 
 
 if __name__ == "__main__":

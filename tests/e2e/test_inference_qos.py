@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import queue
+import re
 import threading
 import time
 import urllib.error
@@ -149,6 +150,9 @@ def test_queue_full_is_resource_exhausted_and_429(overload_server):
     for _ in range(40):
         done.get(timeout=60)
     assert 429 in statuses and set(statuses) <= {200, 429}, statuses
+    rejected = re.search(r'^mcp_inference_rejections_total\{[^}]*reason="queue_full"[^}]*\} ([0-9.]+)$',
+                         overload_server.metrics(), re.M)
+    assert rejected and float(rejected.group(1)) >= len(errors) + statuses.count(429)
     client.close()
 
 

@@ -90,7 +90,11 @@ def _to_python(node: yaml.Node, path: str, lines: dict) -> Any:
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(v, f"{path}[{i}]", lines) for i, v in enumerate(node.value)]
     # Scalars: the safe constructor resolves ints, bools, nulls and floats.
-    return _SCALARS.construct_object(node, deep=True)
+    value = _SCALARS.construct_object(node, deep=True)
+    # The constructor memoizes every node it builds (constructed_objects):
+    # without this, a long-running control plane keeps every scalar it ever parsed.
+    _SCALARS.constructed_objects.clear()
+    return value
 
 
 def parse_documents(text: str, file: str = "<input>") -> list[Resource]:

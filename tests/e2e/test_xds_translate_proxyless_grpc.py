@@ -43,6 +43,24 @@ spec:
   subsets: [{{name: v1, labels: {{version: v1}}}}, {{name: v2, labels: {{version: v2}}}}]
 ---
 apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: sticky, namespace: default}}
+spec:
+  hosts: [sticky.grpc.local]
+  ports: [{{number: 7070, name: grpc, protocol: GRPC}}]
+  resolution: STATIC
+  endpoints:
+  - {{address: 127.0.0.1, ports: {{grpc: {v1}}}}}
+  - {{address: 127.0.0.1, ports: {{grpc: {v2}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: sticky, namespace: default}}
+spec:
+  host: sticky.grpc.local
+  trafficPolicy: {{loadBalancer: {{consistentHash: {{httpHeaderName: x-user}}}}}}
+---
+apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {{name: reviews, namespace: default}}
 spec:
@@ -60,9 +78,9 @@ spec:
 
 CLIENT = r"""
 import json, sys, grpc
-calls = json.loads(sys.argv[1])
+target, calls = sys.argv[1], json.loads(sys.argv[2])
 out = []
-with grpc.insecure_channel("xds:///%s") as ch:
+with grpc.insecure_channel("xds:///" + target) as ch:
     who = ch.unary_unary("%s", request_serializer=None, response_deserializer=None)
     for i, headers in enumerate(calls):
         try:
@@ -74,7 +92,7 @@ with grpc.insecure_channel("xds:///%s") as ch:
             if i == 0:
                 sys.exit("first call failed: " + str(e.code()) + " " + str(e.details()))
 print(json.dumps(out))
-""" % (TARGET, METHOD)
+""" % (METHOD,)
 
 
 def echo_server(name: str):
@@ -100,7 +118,7 @@ def mesh():
             server.stop(0)
 
 
-def run_client(cp: ControlPlane, calls: list[dict]) -> list[str]:
+def run_client(cp: ControlPlane, calls: list[dict], target: str = TARGET) -> list[str]:
     bootstrap = {"xds_servers": [{"server_uri": cp.address, "channel_creds": [{"type": "insecure"}],
                                   "server_features": ["xds_v3"]}],
                  "node": {"id": "proxyless-1", "cluster": "clients",
@@ -109,7 +127,7 @@ def run_client(cp: ControlPlane, calls: list[dict]) -> list[str]:
         json.dump(bootstrap, f)
     env = {**os.environ, "GRPC_XDS_BOOTSTRAP": f.name}
     try:
-        done = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(calls)], env=env,
+        done = subprocess.run([sys.executable, "-c", CLIENT, target, json.dumps(calls)], env=env,
                               capture_output=True, text=True, timeout=60)
     finally:
         os.remove(f.name)
@@ -125,3 +143,11 @@ def test_proxyless_client_follows_header_routes_weights_and_faults(mesh):
     # Binomial(200, 0.5): sd 7.1; 5 sd either side.
     assert set(split) == {"v1", "v2"} and 65 <= split.count("v1") <= 135, split
     assert answers[210:] == ["error:RESOURCE_EXHAUSTED"] * 3
+
+
+def test_proxyless_ring_hash_keeps_each_user_on_one_backend(mesh):
+    users = [f"user-{i}" for i in range(24)]
+    answers = run_client(mesh, [{"x-user": u} for u in users for _ in range(3)], target="sticky.grpc.local:7070")
+    by_user = {u: set(answers[3 * i:3 * i + 3]) for i, u in enumerate(users)}
+    assert all(len(seen) == 1 for seen in by_user.values()), by_user        # RING_HASH on x-user
+    assert set().union(*by_user.values()) == {"v1", "v2"}                   # and users spread (p fail 2^-23)

@@ -317,3 +317,12 @@ def test_destination_rule_tls_simple_and_mutual_from_files():
     assert mutual["alpnProtocols"] == ["h2"]                       # a GRPC port
     assert "transportSocket" not in cluster(s, "outbound|80|plain|svc.mesh.local")   # DISABLE
     assert "transportSocket" not in cluster(s, "outbound|80|mesh|svc.mesh.local")    # ISTIO_MUTUAL: not translated
+
+
+def test_default_routes_hash_as_the_destination_rule_says():
+    s = snap(dr("  trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: sticky, path: /, ttl: 90s}}}}"),
+             node=ProxyNode("sidecar~1~a.default~default.svc.cluster.local", kind="sidecar"))
+    [vh] = s[ROUTE]["80"].virtual_hosts
+    [route] = vh.routes
+    assert route.name == "default"
+    assert json_format.MessageToDict(route)["route"]["hashPolicy"] == [{"cookie": {"name": "sticky", "path": "/", "ttl": "90s"}}]

@@ -80,7 +80,7 @@ def mesh_virtual_host_routes(idx: MeshIndex, host: str, port: int, ctx_base: Rou
     for vs in mesh_virtual_services(idx, host):
         routes.extend(http_routes(ctx, vs))
     if not routes:
-        routes = [default_route(cluster_name(host, port))]
+        routes = [default_route(ctx, host, port)]
     return routes
 
 

@@ -184,7 +184,9 @@ def _hash_policy_of(ctx: RouteContext, host: str, port: int, subset: str) -> tup
         return ("header", str(ch["httpHeaderName"]))
     if ch.get("httpCookie"):
         c = ch["httpCookie"]
-        return ("cookie", str(c.get("name") or ""), str(c.get("path") or ""), str(c.get("ttl") or ""))
+        ttl = values.seconds(dr, "spec.trafficPolicy.loadBalancer.consistentHash.httpCookie.ttl",
+                             c["ttl"]) if c.get("ttl") else None
+        return ("cookie", str(c.get("name") or ""), str(c.get("path") or ""), ttl)
     if ch.get("useSourceIp"):
         return ("source_ip",)
     if ch.get("httpQueryParameterName"):
@@ -192,7 +194,7 @@ def _hash_policy_of(ctx: RouteContext, host: str, port: int, subset: str) -> tup
     return None
 
 
-def _apply_hash_policy(vs: Resource, action: rc.RouteAction, key: tuple) -> None:
+def _apply_hash_policy(action: rc.RouteAction, key: tuple) -> None:
     hp = action.hash_policy.add()
     if key[0] == "header":
         hp.header.header_name = key[1]
@@ -200,8 +202,8 @@ def _apply_hash_policy(vs: Resource, action: rc.RouteAction, key: tuple) -> None
         hp.cookie.name = key[1]
         if key[2]:
             hp.cookie.path = key[2]
-        if key[3]:
-            hp.cookie.ttl.CopyFrom(values.duration(vs, "spec.http.route.destination", key[3]))
+        if key[3] is not None:
+            hp.cookie.ttl.FromNanoseconds(int(key[3] * 1e9))
     elif key[0] == "source_ip":
         hp.connection_properties.source_ip = True
     else:
@@ -235,7 +237,7 @@ def _route_action(ctx: RouteContext, vs: Resource, http: dict, path: str, route:
             hashes.add(_hash_policy(ctx, host, port, str((d.get("destination") or {}).get("subset") or "")))
     # A hash policy only makes sense when every destination hashes the same way.
     if len(hashes) == 1 and None not in hashes:
-        _apply_hash_policy(vs, action, hashes.pop())
+        _apply_hash_policy(action, hashes.pop())
     rewrite = http.get("rewrite") or {}
     if rewrite.get("authority"):
         host_rewrite = str(rewrite["authority"])
@@ -421,11 +423,15 @@ def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
     return out
 
 
-def default_route(cluster: str) -> rc.Route:
-    """The route istiod gives a service no VirtualService routes: all to its cluster."""
+def default_route(ctx: RouteContext, host: str, port: int) -> rc.Route:
+    """The route istiod gives a service no VirtualService routes: all to its
+    cluster, hashed as its DestinationRule's consistentHash says."""
     route = rc.Route(name="default")
     route.match.prefix = "/"
-    route.route.cluster = cluster
+    route.route.cluster = cluster_name(host, port)
+    key = _hash_policy(ctx, host, port, "")
+    if key is not None:
+        _apply_hash_policy(route.route, key)
     route.route.timeout.SetInParent()
     _retry_policy(None, None, "", route.route)
     return route

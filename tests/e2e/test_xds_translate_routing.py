@@ -48,6 +48,7 @@ kind: DestinationRule
 metadata: {{name: reviews, namespace: shop}}
 spec:
   host: reviews
+  trafficPolicy: {{loadBalancer: {{consistentHash: {{httpHeaderName: x-user}}}}}}
   subsets:
   - {{name: v1, labels: {{version: v1}}}}
   - {{name: v2, labels: {{version: v2}}}}
@@ -83,6 +84,8 @@ spec:
     mirror: {{host: reviews, subset: v3}}
     mirrorPercentage: {{value: 100}}
     route: [{{destination: {{host: reviews, subset: v1}}}}]
+  - match: [{{uri: {{prefix: /sticky}}}}]
+    route: [{{destination: {{host: reviews}}}}]
   - match: [{{uri: {{prefix: /team/}}}}]
     delegate: {{name: team-routes}}
   - match: [{{headers: {{end-user: {{exact: jason}}}}}}]
@@ -226,3 +229,14 @@ def test_mirror_sends_a_copy_to_the_mirror_subset(gateway):
     copy = UPSTREAMS["v3"].requests[-1]
     assert copy["path"] == "/mirror/item?n=7"
     assert copy["headers"]["host"] == "reviews.example.com-shadow"   # Envoy marks the shadow copy
+
+
+def test_consistent_hash_keeps_each_user_on_one_endpoint(gateway):
+    conn = http.client.HTTPConnection("127.0.0.1", gateway, timeout=10)
+    try:
+        by_user = {u: {request(gateway, "/sticky", {"x-user": u}, conn=conn)[1]["x-upstream"] for _ in range(3)}
+                   for u in (f"user-{i}" for i in range(24))}
+    finally:
+        conn.close()
+    assert all(len(seen) == 1 for seen in by_user.values()), by_user
+    assert len(set().union(*by_user.values())) >= 2          # users spread over the ring

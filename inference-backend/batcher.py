@@ -262,18 +262,24 @@ class DynamicBatcher:
         start = time.monotonic_ns()
         try:
             outputs, params, assemble_s, compute_s = executor.run_batch(batch)
-        except InferenceError as e:
-            for p in batch:
-                _fail(p, e)
-            return
         except Exception as e:  # the model failed; the server does not
-            log.exception("model %s failed on a batch of %d", self.name, len(batch))
+            self.busy_ns += time.monotonic_ns() - start
+            if len(batch) > 1 and batch[0].key[0] != "sequence":
+                # One request's input can fail a whole batch (a shape only the model
+                # checks): run each alone, so only the culprit gets the error.
+                # (Not for decode steps: those already advanced their KV caches.)
+                for p in batch:
+                    self._run(executor, [p])
+                return
+            error = _classify(e, self.name)
+            if isinstance(error, Internal):
+                log.error("model %s failed on a batch of %d: %s", self.name, len(batch), e)
             for p in batch:
-                _fail(p, Internal(f"model {self.name!r} failed: {type(e).__name__}: {e}"))
+                _fail(p, error)
             return
         finally:
-            self.busy_ns += time.monotonic_ns() - start
             self.in_flight = 0
+        self.busy_ns += time.monotonic_ns() - start
         rows = sum(p.rows for p in batch)
         version = getattr(getattr(executor, "model", None), "version", "")
         assemble_us, compute_us = int(assemble_s * 1e6), int(compute_s * 1e6)
@@ -287,6 +293,15 @@ class DynamicBatcher:
         self.completed += len(batch)
         if self.observer:
             self.observer.on_batch(batch, (start, assemble_us, compute_us), rows)
+
+
+def _classify(e: Exception, model: str) -> InferenceError:
+    if isinstance(e, InferenceError):
+        return e
+    # onnxruntime raises its InvalidArgument for inputs the graph rejects at run time.
+    if type(e).__name__ in ("InvalidArgument", "InvalidShape"):
+        return InvalidArgument(f"model {model!r} rejected the input: {e}")
+    return Internal(f"model {model!r} failed: {type(e).__name__}: {e}")
 
 
 def _fail(p: Pending, error: Exception) -> None:

@@ -70,3 +70,44 @@ def test_unbatched_onnx_file_and_watched_reload(tmp_path):
         r = _infer(client, x, n)
         np.testing.assert_array_equal(r.as_numpy("y"), x * 10.0 + n)
         assert r.get_response()["model_version"] == "2"
+
+
+def embedding_model() -> bytes:
+    """vec = table[ids]: ids INT64 [-1, 1] -> vec FP32 [-1, 1, 4]; an id >= 10 is out of range
+    only at run time (the declared shape is fine)."""
+    from onnx import numpy_helper
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["vec"])], "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 1])],
+        [helper.make_tensor_value_info("vec", TensorProto.FLOAT, ["batch", 1, 4])],
+        [numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_one_bad_request_fails_alone_not_its_whole_batch(tmp_path):
+    import queue
+    path = tmp_path / "embedding.onnx"
+    path.write_bytes(embedding_model())
+    with InferenceServer(str(path), "--max-queue-delay-us", "50000", admin=False) as server:
+        client = tgrpc.InferenceServerClient(server.grpc)
+        done: queue.Queue = queue.Queue()
+        ids = [3, 7, 50, 1, 9, 0]                      # 50 is out of range
+        for i, token in enumerate(ids):
+            inp = tgrpc.InferInput("ids", [1, 1], "INT64")
+            inp.set_data_from_numpy(np.array([[token]], np.int64))
+            client.async_infer("embedding", [inp], request_id=str(i),
+                               callback=lambda result, error, i=i: done.put((i, result, error)))
+        answers = {}
+        for _ in ids:
+            i, result, error = done.get(timeout=30)
+            answers[i] = (result, error)
+        client.close()
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    for i, token in enumerate(ids):
+        result, error = answers[i]
+        if token == 50:
+            assert error is not None and error.status() == "StatusCode.INVALID_ARGUMENT"
+            assert "rejected the input" in error.message() and "out of data bounds" in error.message()
+        else:
+            assert error is None, error
+            np.testing.assert_array_equal(result.as_numpy("vec"), table[[token]][None, ...].reshape(1, 1, 4))

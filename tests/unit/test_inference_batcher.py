@@ -239,3 +239,19 @@ def test_cancelled_requests_are_dropped_from_the_queue(rec):
     first.result(5), stay.result(5)
     b.stop()
     assert ["gone"] not in rec.runs
+
+
+def test_a_poisoned_batch_is_rerun_one_by_one(rec):
+    class Poisoned(Recorder):
+        def run_batch(self, batch):
+            if any(p.context["tag"] == "poison" for p in batch):
+                raise type("InvalidArgument", (Exception,), {})("index out of range")
+            return super().run_batch(batch)
+    ex = Poisoned()
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=8, max_queue_delay_us=50_000))
+    futures = {t: b.submit(req(t)) for t in ("a", "poison", "b")}
+    with pytest.raises(InvalidArgument, match="rejected the input: index out of range"):
+        futures["poison"].result(5)
+    assert futures["a"].result(5).batch_size == 1 and futures["b"].result(5).batch_size == 1
+    b.stop()
+    assert sorted(ex.runs) == [["a"], ["b"]]

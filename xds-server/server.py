@@ -8,6 +8,7 @@ step, then every stream is woken to push what changed for it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import time
@@ -115,6 +116,11 @@ class XdsServer:
                 span.set_attribute("xds.node_shapes", len(snapshots))
             m.translate_seconds.record(time.perf_counter() - started)
             self.cache.install(config, generation, snapshots)
+            # The config and snapshots are a million long-lived objects: move them
+            # out of the cyclic collector's sight, or every full collection (during
+            # the next load, or mid-push) walks them all, for seconds on this box.
+            # Applies leave no cyclic garbage (measured), so nothing frozen leaks.
+            gc.freeze()
             m.config_applied.add(1)
             self.status.update(generation=generation, applied_at=time.time(), resources=len(config),
                                warnings=[diagnostic_dict(d) for d in getattr(config, "warnings", [])],

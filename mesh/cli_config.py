@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     for name, helptext in (("validate", "check resources against Istio's validation rules"),
                            ("analyze", "validate, then check references across resources (istioctl analyze codes)")):
         p = subparsers.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("paths", nargs="+", metavar="PATH", help="YAML files or directories (recursive)")
+        p.add_argument("paths", nargs="+", metavar="PATH",
+                       help="YAML files or directories (recursive); - reads standard input")
         p.add_argument("-o", "--output", choices=("text", "json"), default="text")
         p.add_argument("--strict", action="store_true",
                        help="reject kinds mesh does not model, as the control plane does")
@@ -37,10 +38,15 @@ def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Dia
     is reported and the others are still checked, as istioctl does."""
     found: list[Diagnostic] = []
     resources = []
+    if "-" in paths:   # `kubectl get vs -o yaml | mcpctl validate -`
+        try:
+            resources.extend(parse_documents(sys.stdin.read(), file="<stdin>"))
+        except ConfigError as e:
+            found.extend(e.diagnostics)
     for p in paths:
-        if not os.path.exists(p):
+        if p != "-" and not os.path.exists(p):
             found.append(Diagnostic(f"no such file or directory: {p}", file=p))
-    for path in expand_paths(p for p in paths if os.path.exists(p)):
+    for path in expand_paths(p for p in paths if p != "-" and os.path.exists(p)):
         try:
             with open(path, encoding="utf-8") as fh:
                 resources.extend(parse_documents(fh.read(), file=path))

@@ -32,10 +32,10 @@ spec: {group: example.com}
 """
 
 
-def mcpctl(*args):
+def mcpctl(*args, stdin=None):
     if not os.path.exists(MCPCTL):
         pytest.skip(f"{MCPCTL} not installed (make install)")
-    return subprocess.run([MCPCTL, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run([MCPCTL, *args], capture_output=True, text=True, timeout=60, cwd=ROOT, input=stdin)
 
 
 def lines(out, marker):
@@ -123,3 +123,10 @@ def test_istio_kinds_mesh_does_not_model_warn_and_typos_fail(tmp_path):
     (tmp_path / "typo.yaml").write_text(GOOD_VS.replace("kind: VirtualService", "kind: VirtualServce"))
     r = mcpctl("validate", str(tmp_path))
     assert r.returncode == 1 and lines(r.stderr, "unknown kind 'VirtualServce'")
+
+
+def test_standard_input():
+    r = mcpctl("validate", "-", stdin=GOOD_VS.replace("subset: v1}", "subset: v1}\n      weight: -3"))
+    assert r.returncode == 1
+    assert lines(r.stderr, "<stdin>:9: error: VirtualService/bookinfo/reviews: spec.http[0].route[0].weight")
+    assert mcpctl("analyze", "-", stdin=GOOD_VS).returncode == 0

@@ -158,6 +158,23 @@ def test_cluster_and_mesh_agree_on_l7schedulingpolicy(spec):
     assert cluster_accepts(spec) == (not problems), problems
 
 
+def test_crd_schema_is_structural():
+    """The API server's rules for a structural schema (apiextensions.k8s.io/v1)."""
+    def walk(node, path):
+        assert node.get("type") or node.get("x-kubernetes-preserve-unknown-fields") \
+            or node.get("x-kubernetes-int-or-string"), f"{path}: no type"
+        assert not ("properties" in node and "additionalProperties" in node), f"{path}: properties and additionalProperties"
+        for k, sub in (node.get("properties") or {}).items():
+            walk(sub, f"{path}.{k}")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}.*")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+        if node.get("type") == "object" and "x-kubernetes-validations" in node and "additionalProperties" in node:
+            assert "maxProperties" in node, f"{path}: a CEL rule over an unbounded map"
+    walk(SCHEMA, "")
+
+
 def test_crd_names_and_limits_are_mesh_schedulings():
     group, version = scheduling.API_VERSION.split("/")
     assert CRD["spec"]["group"] == group and CRD["spec"]["names"]["kind"] == scheduling.KIND

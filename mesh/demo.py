@@ -37,6 +37,7 @@ from typing import Callable
 import yaml
 
 from mesh.demo_grpcweb import step_grpc_web_console
+from mesh.demo_inference import step_inference_pool
 from mesh.headers import END_USER
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "istio-manifests" / "demo"
@@ -359,6 +360,7 @@ STEPS: list[Step] = [
     Step("80/20 split", step_split),
     Step("fault delay", step_fault_delay),
     Step("gRPC-Web to the inference backend, console", step_grpc_web_console),
+    Step("inference pool: two replicas through the gateway", step_inference_pool),
     Step("proxy-status", step_proxy_status),
 ]
 

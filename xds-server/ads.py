@@ -114,6 +114,22 @@ class AdsHub:
     def nodes(self) -> list[ProxyNode]:
         return [s.node for s in self.streams if s.node is not None]
 
+    def subscriptions(self) -> list[tuple]:
+        """One (shape, type URL, wildcard, names, key, held) per distinct subscription
+        (names copied: they are read in a worker thread while streams run)."""
+        out, seen = [], set()
+        for s in self.streams:
+            if s.node is None:
+                continue
+            shape = node_shape(s.node)
+            for type_url, st in s.types.items():
+                held = st.held
+                k = (shape, type_url, st.sub_key, held.version if held is not None else None)
+                if k not in seen:
+                    seen.add(k)
+                    out.append((shape, type_url, st.wildcard, frozenset(st.names), st.sub_key, held))
+        return out
+
     def notify_all(self) -> None:
         for s in list(self.streams):
             s.queue.put_nowait(_PUSH)

@@ -104,7 +104,8 @@ class XdsServer:
                 span.set_attribute("xds.generation", generation)
                 span.set_attribute("xds.config_resources", len(config))
                 try:
-                    snapshots = await asyncio.to_thread(self.cache.build, config, generation, nodes)
+                    subscriptions = self.hub.subscriptions()
+                    snapshots = await asyncio.to_thread(self._build, config, generation, nodes, subscriptions)
                 except ConfigError as e:
                     self._reject(e.diagnostics)
                     return False
@@ -128,6 +129,18 @@ class XdsServer:
             log.info("applied %s: %d resources, %d node shapes", generation, len(config), len(snapshots))
             self.hub.notify_all()
             return True
+
+    def _build(self, config, generation: str, nodes, subscriptions) -> dict:
+        """Translate for every shape, then the selections and Delta diffs the streams will
+        ask for, so the push itself (on the loop) only looks them up."""
+        snapshots = self.cache.build(config, generation, nodes)
+        for shape, type_url, wildcard, names, key, held in subscriptions:
+            snap = snapshots.get(shape)
+            if snap is not None:
+                want = snap.selection(type_url, wildcard, names, key)
+                if held is not None:
+                    snap.diff(held, want)
+        return snapshots
 
     def _reject(self, diagnostics: list[Diagnostic]) -> None:
         telemetry.metrics().config_rejected.add(1)

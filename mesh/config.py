@@ -77,6 +77,15 @@ class MeshConfig:
         return len(self.resources)
 
 
+class _DuplicateKey(Exception):
+    """A key given twice in one mapping: PyYAML keeps the last silently, the
+    Kubernetes API server rejects it, so a config must not mean either."""
+
+    def __init__(self, key: str, field: str, line: int, first_line: int):
+        super().__init__(field)
+        self.key, self.field, self.line, self.first_line = key, field, line, first_line
+
+
 def _to_python(node: yaml.Node, path: str, lines: dict) -> Any:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -84,6 +93,8 @@ def _to_python(node: yaml.Node, path: str, lines: dict) -> Any:
         for key_node, value_node in node.value:
             key = str(key_node.value)
             child = f"{path}.{key}" if path else str(key)
+            if key in out:
+                raise _DuplicateKey(key, child, key_node.start_mark.line + 1, lines[child])
             out[key] = _to_python(value_node, child, lines)
             lines[child] = key_node.start_mark.line + 1
         return out
@@ -124,8 +135,13 @@ def _parse_documents(text: str, file: str) -> list[Resource]:
         if node is None:
             continue
         lines: dict = {}
-        doc = _to_python(node, "", lines)
         line = node.start_mark.line + 1
+        try:
+            doc = _to_python(node, "", lines)
+        except _DuplicateKey as dup:
+            errors.append(Diagnostic(f"malformed YAML: key {dup.key!r} already set in this "
+                                     f"mapping (line {dup.first_line})", file=file, line=dup.line, field=dup.field))
+            continue
         if doc is None:
             continue
         if not isinstance(doc, dict):

@@ -101,3 +101,12 @@ def test_load_texts_reports_every_file():
 def test_empty_documents_and_comments_are_fine():
     config = load_texts({"a.yaml": "# nothing yet\n---\n---\n" + GOOD + "---\n"})
     assert len(config) == 1
+
+
+def test_a_key_given_twice_is_an_error_not_the_last_one_silently():
+    text = GOOD.replace("  resolution: DNS\n", "  resolution: DNS\n  resolution: STATIC\n")
+    with pytest.raises(ConfigError) as exc:
+        load_texts({"a.yaml": text})
+    [d] = exc.value.diagnostics
+    assert (d.file, d.line, d.field) == ("a.yaml", 7, "spec.resolution")
+    assert d.message == "malformed YAML: key 'resolution' already set in this mapping (line 6)"

@@ -62,12 +62,35 @@ spec:
     connectionPool: {{tcp: {{maxConnections: 1}}, http: {{http1MaxPendingRequests: 1, maxRequestsPerConnection: 1}}}}
 ---
 apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: retried, namespace: default}}
+spec:
+  hosts: [retried.mesh.local]
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints: [{{address: 127.0.0.1, ports: {{http: {bad}}}}}, {{address: 127.0.0.1, ports: {{http: {good}}}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: retried, namespace: default}}
+spec:
+  host: retried.mesh.local
+  trafficPolicy: {{loadBalancer: {{simple: ROUND_ROBIN}}}}
+---
+apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {{name: vs, namespace: default}}
 spec:
   hosts: ["*"]
   gateways: [gw]
   http:
+  - match: [{{uri: {{prefix: /timeout}}}}]
+    timeout: 200ms
+    retries: {{attempts: 0}}
+    route: [{{destination: {{host: slow.mesh.local}}}}]
+  - match: [{{uri: {{prefix: /retried}}}}]
+    retries: {{attempts: 3, retryOn: "5xx"}}
+    route: [{{destination: {{host: retried.mesh.local}}}}]
   - match: [{{uri: {{prefix: /slow}}}}]
     retries: {{attempts: 0}}
     route: [{{destination: {{host: slow.mesh.local}}}}]
@@ -103,9 +126,13 @@ class SlowUpstream:
         self.server.server_close()
 
 
+UPSTREAMS = {}
+
+
 @pytest.fixture(scope="module")
 def gateway():
     bad, good, slow = EchoUpstream("bad", status=500).start(), EchoUpstream("good").start(), SlowUpstream(1.0)
+    UPSTREAMS.update(bad=bad, good=good)
     try:
         gw = free_port()
         text = CONFIG.format(gw=gw, bad=bad.port, good=good.port, slow=slow.port)
@@ -153,3 +180,19 @@ def test_connection_pool_limits_overflow_with_503(gateway):
     assert all(h.get("x-envoy-overloaded") == "true" for s, h in results if s == 503)
     overflow = envoy.stats(r"upstream_rq_pending_overflow")
     assert overflow["cluster.outbound|80||slow.mesh.local.upstream_rq_pending_overflow"] == statuses.count(503)
+
+
+def test_route_timeout_answers_504_before_the_upstream_does(gateway):
+    port, _ = gateway
+    t0 = time.monotonic()
+    status, _ = get(port, "/timeout")
+    took = time.monotonic() - t0
+    assert status == 504 and took < 1.0, took        # the upstream needs 1 s
+
+
+def test_retries_on_5xx_hide_the_failing_endpoint(gateway):
+    port, _ = gateway
+    bad_before = len(UPSTREAMS["bad"].requests)
+    statuses = [get(port, f"/retried/{i}")[0] for i in range(10)]
+    assert statuses == [200] * 10
+    assert len(UPSTREAMS["bad"].requests) > bad_before     # the 500s happened, and were retried

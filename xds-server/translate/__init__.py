@@ -73,7 +73,6 @@ class _ConfigCache:
         self.listeners: dict = {}      # (shape, bind, seam filters) -> listeners
         self.lock = threading.Lock()
 
-
     def view(self, namespace: str) -> tuple[MeshIndex, str | None]:
         """The index of what a proxy in `namespace` sees, and its cache key."""
         if not self.uses_export_to:

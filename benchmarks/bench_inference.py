@@ -11,6 +11,8 @@ generator bottleneck would show up as such.
    against one target that answers at once (Envoy direct_response): the
    highest rate each can drive here. mcp-bench's must sit well above any
    rate the model servers reach below, or those numbers measure the client.
+   For gRPC, with no cheap target, mcp-bench --grpc and h2load (posting the
+   same framed message) both drive the batched server: equal is good.
 
 1. Dynamic batching vs --max-batch 1: throughput at the same p99. Both
    servers get the same closed-loop concurrency sweep, which traces each
@@ -44,9 +46,10 @@ generator bottleneck would show up as such.
    is printed and the rest still runs.
 
 4. Mesh hop. The batched server direct vs through an Envoy (static
-   bootstrap, HTTP/1.1 in, HTTP/1.1 keep-alive pool out, one worker): p50
-   added at concurrency 1 (the per-request cost of the hop) and throughput
-   at the sweep's saturating concurrency.
+   bootstrap, one worker; REST -> HTTP/1.1 keep-alive pool, gRPC -> HTTP/2):
+   p50 added at concurrency 1 on /v2/health/ready (the hop alone, no model
+   work to hide it), on REST and on gRPC inference, and throughput at the
+   batched server's peak concurrency; medians of alternating short runs.
 """
 from __future__ import annotations
 
@@ -59,7 +62,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))          # support.envoy, support.ports

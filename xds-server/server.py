@@ -24,9 +24,10 @@ from xds_server.source import DirectorySource
 log = logging.getLogger("xds_server")
 
 
-def default_load(directory: str):
-    from mesh.load import load_config
-    return load_config(directory)
+def default_load():
+    """mesh.load.load_config, re-parsing only changed files (see loader.py)."""
+    from xds_server.loader import IncrementalLoader
+    return IncrementalLoader()
 
 
 def default_translate(config, node):
@@ -41,11 +42,11 @@ def diagnostic_dict(d: Diagnostic) -> dict:
 
 class XdsServer:
     def __init__(self, config_dir: str, port: int = 18000, admin_port: int = 18001,
-                 address: str = "127.0.0.1", load=default_load, translate=default_translate,
+                 address: str = "127.0.0.1", load=None, translate=default_translate,
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False):
         self.config_dir = config_dir
         self.port, self.admin_port, self.address = port, admin_port, address
-        self.load = load
+        self.load = load or default_load()
         self.cache = SnapshotCache(translate)
         self.hub = AdsHub(self.cache)
         self.test_hooks = test_hooks

@@ -118,3 +118,28 @@ def test_translation_failure_rejects_change_set(tmp_path):
             await server.stop(0)
 
     asyncio.run(body())
+
+
+def test_incremental_loader_reparses_only_changed_files_and_equals_load_config(tmp_path):
+    from mesh.load import load_config
+    from xds_server.loader import IncrementalLoader
+    d = str(tmp_path)
+    for name in "abc":
+        write_config(d, f"{name}.yaml", DOC.format(name=name))
+    load = IncrementalLoader()
+    first = load(d)
+    assert load.parsed == 3
+    write_config(d, "b.yaml", DOC.format(name="b2"))
+    os.remove(os.path.join(d, "c.yaml"))
+    second = load(d)
+    assert load.parsed == 1
+    assert [(r.name, r.file, r.line) for r in second] == [(r.name, r.file, r.line) for r in load_config(d)]
+    assert second.resources[0] is first.resources[0]           # a.yaml's resource, not re-parsed
+    write_config(d, "b.yaml", "kind: [\n")
+    try:
+        load(d)
+        raise AssertionError("a broken file must fail the whole load")
+    except Exception as e:
+        assert "b.yaml" in str(e)
+    write_config(d, "b.yaml", DOC.format(name="b3"))
+    assert sorted(r.name for r in load(d)) == ["a", "b3"]

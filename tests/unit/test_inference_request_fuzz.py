@@ -1,0 +1,96 @@
+"""Whatever JSON a client sends, request decoding ends in a tensor or in
+InvalidArgument (a 400 with its reason) - never another exception."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from mesh.scheduling import BatcherSettings
+from inference_backend.builtin_models import builtin_path
+from inference_backend.errors import InferenceError
+from inference_backend.model_server import ServedModel
+from inference_backend.rest import _decode_inputs, _requested_outputs
+from inference_backend.runtime import OnnxModel
+from inference_backend.telemetry import Telemetry
+
+
+@pytest.fixture(scope="module")
+def served():
+    model = OnnxModel.load("tiny-decoder", "1", builtin_path("tiny-decoder"), "cpu", intra_op_threads=1)
+    model.extra["vocab"] = 256
+    s = ServedModel("tiny-decoder", model, BatcherSettings(), Telemetry.get())
+    yield s
+    s.batcher.stop()
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                    st.text(max_size=5))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                      max_leaves=12)
+tensor = st.fixed_dictionaries({}, optional={
+    "name": st.sampled_from(["input_ids", "past_key", "past_value", "x"]) | values,
+    "datatype": st.sampled_from(["INT64", "FP32", "BYTES", "BOOL", "FP16", "nope"]) | values,
+    "shape": st.lists(st.integers(-2, 3), max_size=5) | values,
+    "data": values,
+    "parameters": st.fixed_dictionaries({}, optional={"binary_data_size": st.integers(-2, 40) | values}) | values,
+})
+docs = st.fixed_dictionaries({}, optional={
+    "inputs": st.lists(tensor, max_size=4) | values,
+    "outputs": st.lists(st.fixed_dictionaries({}, optional={"name": values, "parameters": values}), max_size=3) | values,
+    "parameters": st.fixed_dictionaries({}, optional={
+        "sequence_id": values, "sequence_start": values, "timeout": values, "priority": values}) | values,
+})
+
+
+@st.composite
+def near_valid(draw):
+    """A valid decoder request with one thing (or none) changed: most reach prepare()."""
+    t = draw(st.integers(1, 4))
+    ids = {"name": "input_ids", "datatype": "INT64", "shape": [1, t],
+           "data": draw(st.lists(st.integers(-3, 300), min_size=t, max_size=t))}
+    params = {"sequence_id": draw(st.integers(-2, 5) | st.text(max_size=3) | st.booleans()),
+              "sequence_start": draw(st.booleans())}
+    doc = {"inputs": [ids], "parameters": params}
+    field = draw(st.sampled_from(["none", "shape", "data", "datatype", "timeout", "priority", "outputs",
+                                  "past", "sequence_id", "parameters"]))
+    if field == "shape":
+        ids["shape"] = draw(st.lists(st.integers(-1, 3), max_size=3))
+    elif field == "data":
+        ids["data"] = draw(values)
+    elif field == "datatype":
+        ids["datatype"] = draw(st.sampled_from(["INT32", "FP32", "BYTES", "UINT64"]))
+    elif field in ("timeout", "priority"):
+        params[field] = draw(values)
+    elif field == "outputs":
+        doc["outputs"] = [{"name": draw(st.sampled_from(["logits", "next_token", "present_key", "nope"]) | values)}]
+    elif field == "past":
+        p = draw(st.integers(0, 2))
+        doc["inputs"].append({"name": "past_key", "datatype": "FP32", "shape": [1, 2, p, 32], "data": [0.0] * (64 * p)})
+    elif field == "sequence_id":
+        params.pop("sequence_id")
+    elif field == "parameters":
+        doc["parameters"] = draw(values)
+    return doc
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=near_valid())
+def test_near_valid_requests_are_prepared_or_refused_with_a_reason(served, doc):
+    test_decoding_never_raises_anything_but_an_inference_error.hypothesis.inner_test(served, doc, b"")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=docs, binary=st.binary(max_size=48))
+def test_decoding_never_raises_anything_but_an_inference_error(served, doc, binary):
+    doc = json.loads(json.dumps(doc, allow_nan=True))      # only what JSON can carry
+    try:
+        arrays = _decode_inputs(served, doc, binary)
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            return
+        names, _ = _requested_outputs(doc, params)
+        served.prepare(arrays, names, params)
+    except InferenceError as e:
+        assert e.http_status == 400 and e.message

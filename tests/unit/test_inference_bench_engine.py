@@ -176,7 +176,7 @@ def test_open_loop_holds_the_rate_when_the_target_keeps_up():
     with ToyTarget() as t:
         res = run_sync(Config(url=t.url(), concurrency=4, requests=100, rate=200))
     assert res["rows"][0]["ok"] == 100
-    assert 0.4 < res["run"]["duration_s"] < 0.9     # 100 requests at 200/s take ~0.5 s
+    assert res["run"]["duration_s"] >= 0.99 * 99 / 200   # paced by the schedule, not sent as fast as possible
     assert res["run"]["sent_rate_rps"] == pytest.approx(200, rel=0.2)
     assert res["schedule_lag"]["waited_for_slot"] == 0
 

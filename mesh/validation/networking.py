@@ -401,7 +401,9 @@ def _load_balancer(rep: Report, p: str, lb: dict | None, outlier: dict | None) -
             elif not _is_prime(size):
                 rep.error(f"{p}.consistentHash.maglev.tableSize", "tableSize must be a prime number for maglev")
         if not any(ch.get(k) is not None for k in ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName")):
-            rep.error(f"{p}.consistentHash", "consistentHash needs one of httpHeaderName, httpCookie, useSourceIp, httpQueryParameterName")
+            # Istio accepts it; Envoy then has a hash ring and nothing to hash, which balances at random.
+            rep.warn(f"{p}.consistentHash", "consistentHash names no hash key (httpHeaderName, httpCookie, useSourceIp, "
+                                            "httpQueryParameterName): requests are spread at random")
     _locality_lb(rep, f"{p}.localityLbSetting", lb.get("localityLbSetting"), outlier)
     rep.duration(f"{p}.warmupDurationSecs", lb.get("warmupDurationSecs"))
 

@@ -25,7 +25,8 @@ PORTS = ["GW_PORT", "GW_PORT2", "GW_TCP", "GW_TLS", "DB_PORT", "SVC_PORT", "SVC_
 
 def all_features() -> MeshConfig:
     with open(DATA) as f:
-        text = string.Template(f.read()).substitute({k: free_port() for k in PORTS})
+        # A direct response over Envoy's default 4 KiB body limit.
+        text = string.Template(f.read()).substitute({**{k: free_port() for k in PORTS}, "BIG_BODY": "x" * 6000})
     return load_texts({DATA: text})       # parsed, validated and analysed as the control plane does
 
 

@@ -238,3 +238,11 @@ def test_hosts_differing_only_in_case_make_one_virtual_host():
                                      + f"  - route: [{DEST}]\n", "a.yaml"))
     rc = translate(cfg, GATEWAY)[ROUTE]["http.8080"]
     assert [vh.name for vh in rc.virtual_hosts] == ["a.example.com:8080"]
+
+
+def test_route_config_raises_envoys_direct_response_limit_only_when_needed():
+    def rc_for(size):
+        cfg = MeshConfig(parse_documents(HEAD + f'  - directResponse: {{status: 200, body: {{string: "{"x" * size}"}}}}\n', "a.yaml"))
+        return translate(cfg, GATEWAY)[ROUTE]["http.8080"]
+    assert not rc_for(4096).HasField("max_direct_response_body_size_bytes")
+    assert rc_for(5000).max_direct_response_body_size_bytes.value == 5000

@@ -16,6 +16,7 @@ from xds_server.translate.names import cluster_name, gateway_route_name, grpc_li
 from xds_server.translate.routes import RouteContext, default_route, http_routes
 
 RouteConfiguration = route_pb2.RouteConfiguration
+DIRECT_RESPONSE_BODY_LIMIT = 4096       # Envoy's default max_direct_response_body_size_bytes
 
 
 def _domains(host: str, port: int) -> list[str]:
@@ -31,7 +32,17 @@ def _route_config(name: str, vhosts: dict[str, list], port: int, tls_only: set =
         vh.routes.extend(vhosts[host])
         if host in tls_only:
             vh.require_tls = route_components_pb2.VirtualHost.ALL    # tls.httpsRedirect: 301 to https
+    _fit_direct_responses(rc, [r for routes in vhosts.values() for r in routes])
     return rc
+
+
+def _fit_direct_responses(rc: RouteConfiguration, routes: list) -> None:
+    """Envoy refuses a direct response body over 4 KiB unless the route
+    configuration raises the limit; raise it to the largest body it holds."""
+    largest = max((len(r.direct_response.body.inline_string.encode()) or len(r.direct_response.body.inline_bytes)
+                   for r in routes if r.HasField("direct_response")), default=0)
+    if largest > DIRECT_RESPONSE_BODY_LIMIT:
+        rc.max_direct_response_body_size_bytes.value = largest
 
 
 def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer],
@@ -110,5 +121,7 @@ def grpc_route_config(idx: MeshIndex, host: str, port: int, ctx_base: RouteConte
     rc = RouteConfiguration(name=name)
     vh = rc.virtual_hosts.add(name=virtual_host_name(host, port))
     vh.domains.extend([name, host])
-    vh.routes.extend(mesh_virtual_host_routes(idx, host, port, ctx_base))
+    routes = mesh_virtual_host_routes(idx, host, port, ctx_base)
+    vh.routes.extend(routes)
+    _fit_direct_responses(rc, routes)
     return rc

@@ -59,6 +59,31 @@ def _typed_contents(name: str, datatype: str, shape, contents: pb.InferTensorCon
     return np.array(values, dtype=dtype).reshape(shape)
 
 
+def decode_request(served, request: pb.ModelInferRequest) -> tuple[dict, dict, list[str]]:
+    """Tensors, parameters and requested outputs of a ModelInferRequest (InvalidArgument on any fault)."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    if not request.inputs:
+        raise InvalidArgument("request has no inputs")
+    arrays = {}
+    for i, t in enumerate(request.inputs):
+        if t.name in arrays:
+            raise InvalidArgument(f"input {t.name!r} is given twice")
+        if t.datatype not in datatypes.DTYPES:
+            raise InvalidArgument(f"input {t.name!r}: unknown datatype {t.datatype!r}")
+        shape = datatypes.check_shape(t.name, t.shape)
+        served.model.check_input(t.name, t.datatype, shape)
+        if raw:
+            if t.HasField("contents"):
+                raise InvalidArgument(f"input {t.name!r}: contents and raw_input_contents are exclusive")
+            arrays[t.name] = datatypes.from_raw(t.name, t.datatype, shape, raw[i])
+        else:
+            arrays[t.name] = _typed_contents(t.name, t.datatype, shape, t.contents)
+    params = {k: param_value(v) for k, v in request.parameters.items()}
+    return arrays, params, [o.name for o in request.outputs]
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: ModelServer):
         self.server = server
@@ -100,27 +125,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest, metadata) -> tuple[pb.ModelInferResponse, list]:
         served = self.server.get(request.model_name, request.model_version)
         check_session(metadata, self.server.session_key)
-        raw = request.raw_input_contents
-        if raw and len(raw) != len(request.inputs):
-            raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
-        if not request.inputs:
-            raise InvalidArgument("request has no inputs")
-        arrays = {}
-        for i, t in enumerate(request.inputs):
-            if t.name in arrays:
-                raise InvalidArgument(f"input {t.name!r} is given twice")
-            if t.datatype not in datatypes.DTYPES:
-                raise InvalidArgument(f"input {t.name!r}: unknown datatype {t.datatype!r}")
-            shape = datatypes.check_shape(t.name, t.shape)
-            served.model.check_input(t.name, t.datatype, shape)
-            if raw:
-                if t.HasField("contents"):
-                    raise InvalidArgument(f"input {t.name!r}: contents and raw_input_contents are exclusive")
-                arrays[t.name] = datatypes.from_raw(t.name, t.datatype, shape, raw[i])
-            else:
-                arrays[t.name] = _typed_contents(t.name, t.datatype, shape, t.contents)
-        params = {k: param_value(v) for k, v in request.parameters.items()}
-        outputs = [o.name for o in request.outputs]
+        arrays, params, outputs = decode_request(served, request)
         pending = served.prepare(arrays, outputs, params)
         qos = next((v for k, v in metadata if k.lower() == H.QOS_CLASS), None)
         result = await served.infer(pending, qos, priority_param(params))

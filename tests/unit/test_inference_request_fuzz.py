@@ -11,6 +11,7 @@ from mesh.scheduling import BatcherSettings
 from inference_backend.builtin_models import builtin_path
 from inference_backend.errors import InferenceError
 from inference_backend.model_server import ServedModel
+from inference_backend.request_meta import priority_param
 from inference_backend.rest import _decode_inputs, _requested_outputs
 from inference_backend.runtime import OnnxModel
 from inference_backend.telemetry import Telemetry
@@ -92,5 +93,44 @@ def test_decoding_never_raises_anything_but_an_inference_error(served, doc, bina
             return
         names, _ = _requested_outputs(doc, params)
         served.prepare(arrays, names, params)
+        priority_param(params)
+    except InferenceError as e:
+        assert e.http_status == 400 and e.message
+
+
+@st.composite
+def grpc_requests(draw):
+    from inference_backend.protos import grpc_service_pb2 as pb
+    req = pb.ModelInferRequest(model_name="tiny-decoder")
+    for _ in range(draw(st.integers(0, 3))):
+        t = req.inputs.add(name=draw(st.sampled_from(["input_ids", "past_key", "past_value", "x"])),
+                           datatype=draw(st.sampled_from(["INT64", "FP32", "BYTES", "INT8", "?"])),
+                           shape=draw(st.lists(st.integers(-1, 4), max_size=4)))
+        if draw(st.booleans()):
+            t.contents.int64_contents.extend(draw(st.lists(st.integers(-5, 400), max_size=6)))
+            t.contents.fp32_contents.extend(draw(st.lists(st.floats(width=32), max_size=4)))
+    if draw(st.booleans()):
+        for _ in range(draw(st.integers(0, 4))):
+            req.raw_input_contents.append(draw(st.binary(max_size=40)))
+    for key in draw(st.lists(st.sampled_from(["sequence_id", "sequence_start", "timeout", "priority"]), max_size=3)):
+        kind = draw(st.sampled_from(["bool_param", "int64_param", "string_param", "double_param", "uint64_param"]))
+        value = {"bool_param": draw(st.booleans()), "int64_param": draw(st.integers(-2**63, 2**63 - 1)),
+                 "string_param": draw(st.text(max_size=4)), "double_param": draw(st.floats()),
+                 "uint64_param": draw(st.integers(0, 2**64 - 1))}[kind]
+        setattr(req.parameters[key], kind, value)
+    for name in draw(st.lists(st.sampled_from(["logits", "next_token", "nope"]), max_size=2)):
+        req.outputs.add(name=name)
+    return req
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=grpc_requests())
+def test_grpc_decoding_never_raises_anything_but_an_inference_error(served, request):
+    from inference_backend.grpc_service import decode_request
+    from inference_backend.request_meta import priority_param
+    try:
+        arrays, params, outputs = decode_request(served, request)
+        served.prepare(arrays, outputs, params)
+        priority_param(params)
     except InferenceError as e:
         assert e.http_status == 400 and e.message

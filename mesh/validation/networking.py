@@ -281,6 +281,9 @@ def _destination_rule(rep: Report, res: Resource) -> None:
         names.add(name)
         if not hosts.is_dns1123_label(name):
             rep.error(f"{p}.name", f"subset name is invalid: {name}")
+        if not subset.get("labels"):
+            # Istio allows it; it is almost always a mistake: the subset is the whole service.
+            rep.warn(f"{p}.labels", f"subset {name} has no labels: it selects every endpoint of {spec.get('host')}")
         rep.labels(f"{p}.labels", subset.get("labels"))
         traffic_policy(rep, f"{p}.trafficPolicy", subset.get("trafficPolicy"))
     selector = spec.get("workloadSelector")

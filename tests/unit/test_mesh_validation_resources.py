@@ -411,3 +411,9 @@ def test_object_names_must_be_kubernetes_names():
         load_texts({"mesh.yaml": text})
     [d] = exc.value.diagnostics
     assert (d.field, d.line) == ("metadata.name", marker_line(text)) and "DNS-1123 subdomain" in d.message
+
+
+def test_subset_without_labels_warns():
+    config = load_texts({"dr.yaml": doc("DestinationRule", "  host: reviews\n  subsets:\n  - name: all\n")})
+    [w] = [d for d in config.warnings if d.field == "spec.subsets[0].labels"]
+    assert w.severity == "warning" and "selects every endpoint of reviews" in w.message

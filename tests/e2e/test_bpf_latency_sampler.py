@@ -5,7 +5,6 @@ read from the pinned ring buffer and exported through OpenTelemetry.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import pytest
@@ -15,27 +14,22 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from bpf import attach
 from bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, open_pinned
 from bpf.policy import build_policy
-from support.bpf_env import VethPair, in_netns, remove_stale_namespaces, require_bpf
+from support.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
+
+pytestmark = pytest.mark.e2e
 
 SLOW_PORT, FAST_PORT, UNSAMPLED_PORT = 8080, 8081, 8082
 DELAY_S = {SLOW_PORT: 0.03, FAST_PORT: 0.0, UNSAMPLED_PORT: 0.0}
 REQUESTS = 15
 
 
-def serve(sock: socket.socket, delay: float) -> None:
-    """Answers each request after `delay`: a server whose time is known."""
-    while True:
-        try:
-            conn, _ = sock.accept()
-        except OSError:
-            return
-
-        def answer(c=conn):
-            with c:
-                while c.recv(4096):
-                    time.sleep(delay)
-                    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-        threading.Thread(target=answer, daemon=True).start()
+def answer_after(delay: float):
+    """A handler answering each request after `delay`: a server whose time is known."""
+    def handle(c: socket.socket) -> None:
+        while c.recv(4096):
+            time.sleep(delay)
+            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    return handle
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +37,23 @@ def sampled():
     require_bpf()
     remove_stale_namespaces()
     pair = VethPair().create()
-    socks = []
+    servers = []
     try:
+        for port, delay in DELAY_S.items():
+            s = netns_socket(pair.server_ns)
+            s.bind((pair.V4[1], port))
+            s.listen(8)
+            servers.append(TcpServer(s, answer_after(delay)))
         with in_netns(pair.server_ns):
-            for port, delay in DELAY_S.items():
-                s = socket.socket()
-                s.bind((pair.V4[1], port))
-                s.listen(8)
-                socks.append(s)
-                threading.Thread(target=serve, args=(s, delay), daemon=True).start()
             attach.attach(pair.server_if, build_policy(sample_ports=[SLOW_PORT, FAST_PORT]))
         stats = LatencyStats()
         with in_netns(pair.server_ns):
             reader = open_pinned(pair.server_if, stats)
         try:
             for port in DELAY_S:
-                with in_netns(pair.client_ns):
-                    c = socket.create_connection((pair.V4[1], port), timeout=5)
+                c = netns_socket(pair.client_ns)
+                c.settimeout(5)
+                c.connect((pair.V4[1], port))
                 with c:
                     for _ in range(REQUESTS):
                         c.sendall(b"GET / HTTP/1.1\r\nhost: backend\r\n\r\n")
@@ -74,8 +68,8 @@ def sampled():
     finally:
         with in_netns(pair.server_ns):
             attach.detach(pair.server_if)
-        for s in socks:
-            s.close()
+        for srv in servers:
+            srv.close()
         pair.remove()
 
 

@@ -16,6 +16,8 @@ from bpf.syscall import prog_test_run
 from mesh.qos import ALPN_DSCP, DSCP_AF41, DSCP_EF, QosClass
 from support.bpf_env import load_datapath
 
+pytestmark = pytest.mark.e2e
+
 C4, S4 = "10.231.0.1", "10.231.0.2"
 C6, S6 = "fd00:231::1", "fd00:231::2"
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-import threading
 
 import pytest
 
 from bpf import attach, tc
 from bpf.policy import build_policy
 from mesh.qos import ALPN_DSCP, QosClass
-from support.bpf_env import (Capture, VethPair, in_netns, remove_stale_namespaces, require_bpf,
-                             self_signed_cert, tcp_segments)
+from support.bpf_env import (Capture, TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces,
+                             require_bpf, self_signed_cert, tcp_segments)
+
+pytestmark = pytest.mark.e2e
 
 TLS_PORT, MARKED_PORT, PLAIN_PORT = 8443, 9100, 9200
 
@@ -29,39 +30,32 @@ class Servers:
         self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.tls.load_cert_chain(cert, key)
         self.tls.set_alpn_protocols(["h2", "http/1.1"])
-        self.socks = []
-        with in_netns(pair.server_ns):
-            for addr, family in ((pair.V4[1], socket.AF_INET), (pair.V6[1], socket.AF_INET6)):
-                for port in (TLS_PORT, MARKED_PORT, PLAIN_PORT):
-                    s = socket.socket(family, socket.SOCK_STREAM)
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    s.bind((addr, port))
-                    s.listen(16)
-                    self.socks.append(s)
-                    threading.Thread(target=self._serve, args=(s, port == TLS_PORT), daemon=True).start()
-
-    def _serve(self, s: socket.socket, tls: bool) -> None:
-        while True:
-            try:
-                conn, _ = s.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn, tls), daemon=True).start()
+        self.servers = []
+        self.log: list[str] = []           # what the servers saw, for failure messages
+        for addr, family in ((pair.V4[1], socket.AF_INET), (pair.V6[1], socket.AF_INET6)):
+            for port in (TLS_PORT, MARKED_PORT, PLAIN_PORT):
+                s = netns_socket(pair.server_ns, family)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((addr, port))
+                s.listen(16)
+                tls = port == TLS_PORT
+                self.servers.append(TcpServer(s, lambda conn, tls=tls: self._answer(conn, tls)))
 
     def _answer(self, conn: socket.socket, tls: bool) -> None:
+        self.log.append(f"accepted {conn.getpeername()} on {conn.getsockname()} tls={tls}")
         try:
             if tls:
                 conn = self.tls.wrap_socket(conn, server_side=True)
             while conn.recv(4096):
                 conn.sendall(b"ok")
-        except (OSError, ssl.SSLError):
-            pass
+        except (OSError, ssl.SSLError) as e:
+            self.log.append(f"{conn.getsockname()}: {e!r}")
         finally:
             conn.close()
 
     def close(self) -> None:
-        for s in self.socks:
-            s.close()
+        for srv in self.servers:
+            srv.close()
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +69,7 @@ def wire(tmp_path_factory):
         with in_netns(pair.client_ns):
             state = attach.attach(pair.client_if, build_policy(ports=[f"{MARKED_PORT}=interactive"], alpn=True))
         assert state["filters"]["egress"], "the egress filter is not on the interface"
+        pair.servers = servers
         yield pair
     finally:
         with in_netns(pair.client_ns):
@@ -90,8 +85,7 @@ def wire(tmp_path_factory):
 def exchange(pair: VethPair, server_ip: str, port: int, use_tls: bool, alpn=("h2",)) -> tuple[int, str | None]:
     """Connects from the client namespace, talks, closes. (client port, negotiated ALPN)."""
     family = socket.AF_INET6 if ":" in server_ip else socket.AF_INET
-    with in_netns(pair.client_ns):
-        raw = socket.socket(family, socket.SOCK_STREAM)
+    raw = netns_socket(pair.client_ns, family)
     raw.settimeout(5)
     raw.connect((server_ip, port))
     sport = raw.getsockname()[1]
@@ -100,7 +94,10 @@ def exchange(pair: VethPair, server_ip: str, port: int, use_tls: bool, alpn=("h2
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         ctx.set_alpn_protocols(list(alpn))
-        conn = ctx.wrap_socket(raw, server_hostname="backend.mesh.local")
+        try:
+            conn = ctx.wrap_socket(raw, server_hostname="backend.mesh.local")
+        except ssl.SSLError as e:
+            raise AssertionError(f"TLS from port {sport}: {e}; servers saw: {pair.servers.log[-6:]}") from e
         negotiated = conn.selected_alpn_protocol()
     for _ in range(3):
         conn.sendall(b"request")
@@ -113,7 +110,12 @@ def client_segments(pair: VethPair, server_ip: str, port: int, use_tls: bool, al
     with in_netns(pair.server_ns):
         cap = Capture(pair.server_if, port)
     try:
-        sport, negotiated = exchange(pair, server_ip, port, use_tls, alpn)
+        try:
+            sport, negotiated = exchange(pair, server_ip, port, use_tls, alpn)
+        except AssertionError as e:
+            seen = [(f[12:14].hex(), tos, hex(flags), n, f[-n:][:12].hex() if n else "")
+                    for tos, flags, n, f in tcp_segments(cap.frames(0.3))]
+            raise AssertionError(f"{e}; on the wire: {seen}") from None
         segs = tcp_segments(cap.frames(0.3), dport=port, sport=sport)
     finally:
         cap.close()

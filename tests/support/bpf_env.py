@@ -52,22 +52,53 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
+SIOCGSKNS = 0x894C      # a socket's network namespace, as an fd
+
+
+def _thread_netns() -> int:
+    return os.stat("/proc/thread-self/ns/net").st_ino
+
+
 @contextmanager
 def in_netns(name: str):
     """Runs the block (this thread, and processes it starts) in netns `name`.
 
-    Sockets created inside keep that namespace after the block ends.
+    Sockets created inside keep that namespace after the block ends. Entering
+    and leaving are both checked: test traffic must never start from the
+    host's own namespace (whose default route leads off the machine).
     """
     back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    back_ino = os.fstat(back).st_ino
     target = os.open(f"/run/netns/{name}", os.O_RDONLY)
     try:
         if _libc.setns(target, CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), f"setns {name}")
+        if _thread_netns() != os.fstat(target).st_ino:
+            raise RuntimeError(f"setns into {name} did not take effect")
         yield
     finally:
-        _libc.setns(back, CLONE_NEWNET)
+        ok = _libc.setns(back, CLONE_NEWNET) == 0 and _thread_netns() == back_ino
         os.close(back)
         os.close(target)
+        if not ok:
+            raise RuntimeError(f"could not return from netns {name}")
+
+
+def netns_socket(name: str, family: int = socket.AF_INET, type: int = socket.SOCK_STREAM) -> socket.socket:
+    """A socket living in netns `name` (verified with SIOCGSKNS before use)."""
+    import fcntl
+    with in_netns(name):
+        sock = socket.socket(family, type)
+    want = os.stat(f"/run/netns/{name}").st_ino
+    nsfd = fcntl.ioctl(sock.fileno(), SIOCGSKNS)
+    try:
+        got = os.fstat(nsfd).st_ino
+    finally:
+        os.close(nsfd)
+    if got != want:
+        sock.close()
+        raise RuntimeError(f"socket is not in netns {name}")
+    return sock
 
 
 class VethPair:
@@ -80,7 +111,9 @@ class VethPair:
     V6 = ("fd00:77::1", "fd00:77::2")
 
     def __init__(self):
-        self.tag = "mcpbpf" + uuid.uuid4().hex[:6]
+        # The creator's pid in the name: a later run removes only namespaces
+        # whose creator is gone, never those of a run still going.
+        self.tag = f"mcpbpf{os.getpid()}x{uuid.uuid4().hex[:4]}"
         self.client_ns, self.server_ns = self.tag + "-c", self.tag + "-s"
         self.client_if, self.server_if = "veth-c", "veth-s"
 
@@ -88,7 +121,7 @@ class VethPair:
         try:
             _ip("netns", "add", self.client_ns)
             _ip("netns", "add", self.server_ns)
-            tmp_c, tmp_s = self.tag[-6:] + "c0", self.tag[-6:] + "s0"
+            tmp_c, tmp_s = "mcp" + self.tag[-4:] + "c0", "mcp" + self.tag[-4:] + "s0"
             _ip("link", "add", tmp_c, "type", "veth", "peer", "name", tmp_s)
             _ip("link", "set", tmp_c, "netns", self.client_ns, "name", self.client_if)
             _ip("link", "set", tmp_s, "netns", self.server_ns, "name", self.server_if)
@@ -116,11 +149,15 @@ class VethPair:
 
 
 def remove_stale_namespaces() -> None:
-    """Namespaces a killed earlier run of these tests left."""
+    """Namespaces a killed earlier run of these tests left (its pid is gone)."""
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith("mcpbpf"):
-            _ip("netns", "del", name, check=False)
+        if not name.startswith("mcpbpf"):
+            continue
+        pid = name[len("mcpbpf"):].split("x")[0]
+        if pid.isdigit() and os.path.exists(f"/proc/{pid}"):
+            continue
+        _ip("netns", "del", name, check=False)
 
 
 SO_ATTACH_FILTER = 26
@@ -238,3 +275,50 @@ def self_signed_cert(directory: str) -> tuple[str, str]:
         f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                   serialization.NoEncryption()))
     return cert_path, key_path
+
+
+class TcpServer:
+    """Accepts on `sock` in a thread and runs `handle(conn)` per connection.
+
+    close() shuts the listening socket down (waking the blocked accept),
+    joins the threads and only then closes the fds: a thread still inside
+    accept() on a closed fd number would otherwise pick up whichever socket
+    the next test opens under the same number.
+    """
+
+    def __init__(self, sock: socket.socket, handle):
+        import threading
+        self.sock, self.handle = sock, handle
+        self.conns: list[socket.socket] = []
+        self.threads: list = []
+        self._threading = threading
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            t = self._threading.Thread(target=self._run, args=(conn,), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _run(self, conn: socket.socket) -> None:
+        try:
+            self.handle(conn)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for s in [self.sock, *self.conns]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in [self.thread, *self.threads]:
+            t.join(5)
+        for s in [self.sock, *self.conns]:
+            s.close()

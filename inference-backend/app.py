@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from mesh.config import MeshConfig, parse_documents
 from mesh.validation import check
 from mesh.errors import ConfigError, Diagnostic
+from mesh.session import MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
 from inference_backend.grpc_service import add_to_server
@@ -88,6 +89,9 @@ class Server:
         if opts.session_key_file:
             with open(opts.session_key_file, "rb") as fh:
                 key = fh.read().strip()
+            if len(key) < MIN_KEY_BYTES:
+                raise ValueError(f"--session-key-file {opts.session_key_file}: the key has {len(key)} bytes; "
+                                 f"at least {MIN_KEY_BYTES} are needed")
         self.models = ModelServer(self.telemetry, session_key=key)
         self.settings = self._initial_settings()
         self._runner: web.AppRunner | None = None

@@ -326,3 +326,34 @@ def test_default_routes_hash_as_the_destination_rule_says():
     [route] = vh.routes
     assert route.name == "default"
     assert json_format.MessageToDict(route)["route"]["hashPolicy"] == [{"cookie": {"name": "sticky", "path": "/", "ttl": "90s"}}]
+
+
+def test_destination_rule_precedence_proxy_namespace_then_service_then_root():
+    text = SE.replace("namespace: default", "namespace: svcns") + """---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: root, namespace: istio-system}
+spec: {host: svc.mesh.local, trafficPolicy: {loadBalancer: {simple: RANDOM}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: own, namespace: svcns}
+spec: {host: svc.mesh.local, trafficPolicy: {connectionPool: {tcp: {maxConnections: 11}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: client, namespace: team-a}
+spec: {host: svc.mesh.local, trafficPolicy: {connectionPool: {tcp: {maxConnections: 22}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: wild, namespace: team-b}
+spec: {host: "*.mesh.local", trafficPolicy: {connectionPool: {tcp: {maxConnections: 33}}}}
+"""
+    def max_conns(namespace):
+        s = translate(MeshConfig(parse_documents(text, "p.yaml")),
+                      ProxyNode(f"sidecar~1~x.{namespace}~{namespace}.svc.cluster.local", namespace=namespace, kind="sidecar"))
+        return s[CLUSTER]["outbound|80||svc.mesh.local"].circuit_breakers.thresholds[0].max_connections.value
+    assert max_conns("team-a") == 22          # the client's own namespace first
+    assert max_conns("team-b") == 33          # its own wildcard rule still comes before other namespaces
+    assert max_conns("elsewhere") == 11       # then the service's namespace (before the root's)

@@ -64,9 +64,11 @@ class _ConfigCache:
     def __init__(self, config: MeshConfig):
         self.config = config           # held while cached: its id() cannot be reused meanwhile
         self.index: MeshIndex = build_index(config)
-        # exportTo makes what a proxy sees depend on its namespace; without it
-        # (the usual case) every namespace shares the one full view.
-        self.uses_export_to = any(r.spec.get("exportTo") is not None for r in config.of_kind(*EXPORTABLE))
+        # exportTo, and DestinationRules for one host in several namespaces,
+        # make what a proxy sees depend on its namespace; without them (the
+        # usual case) every namespace shares the one full view.
+        self.per_namespace = (any(r.spec.get("exportTo") is not None for r in config.of_kind(*EXPORTABLE))
+                              or self.index.destination_rules_by_namespace)
         self.views: dict = {}          # namespace -> MeshIndex of what it sees
         self.clusters: dict = {}       # (ClusterOptions, view) -> (clusters, assignments)
         self.shapes: dict = {}         # node shape -> (route configs, listener plan)
@@ -75,12 +77,12 @@ class _ConfigCache:
 
     def view(self, namespace: str) -> tuple[MeshIndex, str | None]:
         """The index of what a proxy in `namespace` sees, and its cache key."""
-        if not self.uses_export_to:
+        if not self.per_namespace:
             return self.index, None
         idx = self.views.get(namespace)
         if idx is None:
             visible = [r for r in self.config if exported_to(r, namespace)]
-            idx = self.views[namespace] = build_index(MeshConfig(visible))
+            idx = self.views[namespace] = build_index(MeshConfig(visible), proxy_namespace=namespace)
         return idx, namespace
 
 

@@ -13,6 +13,7 @@ from mesh.config import MeshConfig, Resource
 
 DOMAIN_SUFFIX = "svc.cluster.local"
 MESH_GATEWAY = "mesh"          # the reserved gateway name: sidecars and proxyless clients
+ROOT_NAMESPACE = "istio-system"   # MeshConfig.rootNamespace: mesh-wide defaults live here
 
 # Istio port protocols Envoy speaks HTTP to (the others are TCP-level).
 HTTP_PROTOCOLS = {"HTTP", "HTTP2", "GRPC", "GRPC-WEB", ""}
@@ -77,7 +78,10 @@ class GatewayServer:
 class MeshIndex:
     config: MeshConfig
     services: dict[str, Service] = field(default_factory=dict)
-    destination_rules: dict[str, Resource] = field(default_factory=dict)
+    # host -> DestinationRules naming it (config order); wildcard hosts apart.
+    destination_rules: dict[str, list[Resource]] = field(default_factory=dict)
+    dr_wildcards: list[tuple[str, list[Resource]]] = field(default_factory=list)
+    proxy_namespace: str | None = None      # set for a per-namespace view (DR precedence)
     gateways: list[Resource] = field(default_factory=list)
     virtual_services: list[Resource] = field(default_factory=list)
     uses_source_labels: bool = False
@@ -96,16 +100,39 @@ class MeshIndex:
         return fqdn if fqdn in self.services else host
 
     def destination_rule(self, host: str) -> Resource | None:
-        """Exact host first, then the most specific wildcard, as istiod picks."""
-        dr = self.destination_rules.get(host)
-        if dr is not None:
-            return dr
+        """The rule for `host`, as istiod picks it: in the proxy's namespace,
+        else the service's, else the root namespace, else any -- and within
+        each, an exact host before the most specific wildcard."""
+        memo = self.memo.setdefault("destination_rule", {})
+        if host not in memo:
+            svc = self.services.get(host)
+            memo[host] = None
+            for ns in (self.proxy_namespace, svc.namespace if svc else None, ROOT_NAMESPACE, None):
+                found = self._most_specific(host, ns)
+                if found is not None:
+                    memo[host] = found
+                    break
+        return memo[host]
+
+    def _most_specific(self, host: str, namespace: str | None) -> Resource | None:
+        def mine(rules):
+            return next((dr for dr in rules if namespace is None or dr.namespace == namespace), None)
+        exact = mine(self.destination_rules.get(host, ()))
+        if exact is not None:
+            return exact
         best = None
-        for pattern, res in self.destination_rules.items():
-            if pattern.startswith("*") and host_matches(host, pattern):
-                if best is None or len(pattern) > len(best[0]):
-                    best = (pattern, res)
+        for pattern, rules in self.dr_wildcards:
+            dr = mine(rules) if host_matches(host, pattern) else None
+            if dr is not None and (best is None or len(pattern) > len(best[0])):
+                best = (pattern, dr)
         return best[1] if best else None
+
+    @property
+    def destination_rules_by_namespace(self) -> bool:
+        """Whether some host has rules in several namespaces (then what a
+        proxy gets depends on its own namespace)."""
+        groups = list(self.destination_rules.values()) + [c for _, c in self.dr_wildcards]
+        return any(len({dr.namespace for dr in c}) > 1 for c in groups)
 
     def virtual_service(self, namespace: str, name: str) -> Resource | None:
         return self.vs_by_ref.get(f"{namespace}/{name}")
@@ -198,8 +225,8 @@ def _endpoint(spec: dict) -> Endpoint:
                     weight=int(spec.get("weight") or 0), locality=str(spec.get("locality") or ""))
 
 
-def build_index(config: MeshConfig) -> MeshIndex:
-    idx = MeshIndex(config)
+def build_index(config: MeshConfig, proxy_namespace: str | None = None) -> MeshIndex:
+    idx = MeshIndex(config, proxy_namespace=proxy_namespace)
     workload_entries = config.of_kind("WorkloadEntry")
     for se in config.of_kind("ServiceEntry"):
         spec = se.spec
@@ -225,7 +252,14 @@ def build_index(config: MeshConfig) -> MeshIndex:
             idx.services[host] = Service(host, se.namespace, _ports(spec), resolution, list(endpoints), se, vips)
     for dr in config.of_kind("DestinationRule"):
         host = idx.resolve(str(dr.spec.get("host") or ""), dr.namespace)
-        idx.destination_rules.setdefault(host, dr)   # the first one wins, as in istiod
+        if host.startswith("*"):
+            group = next((c for p, c in idx.dr_wildcards if p == host), None)
+            if group is None:
+                group = []
+                idx.dr_wildcards.append((host, group))
+            group.append(dr)
+        else:
+            idx.destination_rules.setdefault(host, []).append(dr)
     idx.gateways = config.of_kind("Gateway")
     idx.virtual_services = config.of_kind("VirtualService")
     idx.vs_by_ref = {f"{vs.namespace}/{vs.name}": vs for vs in idx.virtual_services}

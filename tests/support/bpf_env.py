@@ -1,4 +1,4 @@
-"""Helpers for the eBPF tests: skip reasons, network namespaces joined by a
+"""Helpers for the eBPF tests and benchmark: skip reasons, network namespaces joined by a
 veth pair (created and removed by the test), and an AF_PACKET capture.
 """
 from __future__ import annotations
@@ -11,8 +11,6 @@ import subprocess
 import time
 import uuid
 from contextlib import contextmanager
-
-import pytest
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -30,6 +28,7 @@ def bpf_skip_reason() -> str | None:
 
 
 def require_bpf() -> None:
+    import pytest
     reason = bpf_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -37,6 +36,7 @@ def require_bpf() -> None:
 
 def load_datapath():
     """A compiled QosDatapath, or a skip naming why the kernel refused it."""
+    import pytest
     require_bpf()
     from bpf.program import BpfUnavailable, QosDatapath
     try:

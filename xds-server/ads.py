@@ -22,6 +22,7 @@ import collections
 import hashlib
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -181,13 +182,21 @@ class _Stream:
                     return
                 if isinstance(event, BaseException):
                     raise event
+                started = time.time_ns()
                 if event is _PUSH:
                     if self.node is None:
                         continue
+                    trigger = "config"
                     responses = self._push_all(await self.hub.snapshot(self.node))
                 else:
                     self._hello(event)
+                    trigger = "request"
                     responses = self._on_request(event, await self.hub.snapshot(self.node))
+                if responses:   # a span only for what sent something (not for every ACK)
+                    telemetry.tracer().start_span("xds.push", start_time=started, attributes={
+                        "xds.node": self.node.id, "xds.protocol": self.protocol, "xds.trigger": trigger,
+                        "xds.responses": len(responses), "xds.bytes": sum(len(r) for r in responses),
+                    }).end()
                 for resp in responses:
                     yield resp
         finally:
@@ -222,14 +231,10 @@ class _Stream:
         if snap is None:
             return []
         out = []
-        with telemetry.tracer().start_as_current_span("xds.push") as span:
-            span.set_attribute("xds.node", self.node.id)
-            span.set_attribute("xds.protocol", self.protocol)
-            for type_url in push_order(self.types):
-                resp = self._respond(type_url, snap, force=False)
-                if resp is not None:
-                    out.append(resp)
-            span.set_attribute("xds.responses", len(out))
+        for type_url in push_order(self.types):
+            resp = self._respond(type_url, snap, force=False)
+            if resp is not None:
+                out.append(resp)
         return out
 
     # Implemented by each protocol.

@@ -194,10 +194,17 @@ class SnapshotCache:
             self._by_shape = self.build(self.config, self.generation, nodes)
 
     def _prepare(self, config, node: ProxyNode, generation: str) -> PreparedSnapshot:
+        from xds_server import telemetry
         self.translations += 1
-        snapshot = self.translate(config, node)
-        if self.overrides:
-            snapshot = {t: dict(by_name) for t, by_name in snapshot.items()}
-            for t, by_name in self.overrides.items():
-                snapshot.setdefault(t, {}).update(by_name)
-        return PreparedSnapshot.from_snapshot(snapshot, generation)
+        with telemetry.tracer().start_as_current_span("xds.translate.shape") as span:
+            span.set_attribute("xds.node", node.id)
+            span.set_attribute("xds.node_kind", node.kind)
+            span.set_attribute("xds.generation", generation)
+            snapshot = self.translate(config, node)
+            if self.overrides:
+                snapshot = {t: dict(by_name) for t, by_name in snapshot.items()}
+                for t, by_name in self.overrides.items():
+                    snapshot.setdefault(t, {}).update(by_name)
+            prepared = PreparedSnapshot.from_snapshot(snapshot, generation)
+            span.set_attribute("xds.resources", sum(len(v) for v in prepared.resources.values()))
+            return prepared

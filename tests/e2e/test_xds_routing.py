@@ -4,6 +4,8 @@ One control plane, one gateway Envoy and three echo upstreams per protocol
 (SotW and Delta); the tests run in order on that mesh without restarting
 Envoy, and each asserts on which upstream answered.
 """
+import json
+import re
 import time
 
 import pytest
@@ -59,6 +61,22 @@ def test_header_routes_jason_to_v2_everyone_else_to_v1(mesh):
     status, _, seen = c.get(headers=JASON)
     assert seen["headers"]["end-user"] == "jason"      # forwarded as sent
     assert "x-request-id" in seen["headers"]           # Envoy was in the path
+
+
+def test_spans_and_metrics_of_translate_and_push(mesh):
+    cp = mesh["cp"]
+    pushes = json.loads(cp.get("/debug/tracez?name=xds.push")[1])
+    assert any(s["attributes"].get("xds.node") == NODE and s["attributes"]["xds.responses"] >= 1 for s in pushes)
+    translates = json.loads(cp.get("/debug/tracez?name=xds.translate")[1])
+    assert translates and translates[0]["attributes"]["xds.generation"] == "g1"     # each change set
+    shapes = json.loads(cp.get("/debug/tracez?name=xds.translate.shape")[1])     # each node shape
+    assert any(s["attributes"]["xds.node"] == NODE and s["attributes"]["xds.resources"] >= 4 for s in shapes)
+    metrics = cp.get("/metrics")[1]
+    protocol = "delta" if mesh["delta"] else "sotw"
+    assert re.search(rf'xds_pushes_total{{[^}}]*protocol="{protocol}"[^}}]*type="RDS"[^}}]*}} [1-9]', metrics)
+    assert re.search(r'xds_connected_proxies{[^}]*} 1', metrics)
+    dump = cp.config_dump(NODE)
+    assert "outbound|80|v2|reviews.mesh.local" in dump["resources"]["CDS"]
 
 
 def test_weighted_80_20_v1_v3_over_1000_requests(mesh):

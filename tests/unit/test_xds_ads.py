@@ -13,6 +13,8 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.config.core.v3 import extension_pb2
+from google.protobuf import wrappers_pb2
 from google.rpc import status_pb2
 
 from support.ports import free_port
@@ -31,6 +33,10 @@ def translate(config, node):
         snap[T.ENDPOINT][name] = cla
     for name in config.get("listeners", []):
         snap[T.LISTENER][name] = listener_pb2.Listener(name=name)
+    for name, value in config.get("extensions", {}).items():   # ECDS: a filter config by name
+        ext = extension_pb2.TypedExtensionConfig(name=name)
+        ext.typed_config.Pack(wrappers_pb2.StringValue(value=value))
+        snap.setdefault(T.EXTENSION_CONFIG, {})[name] = ext
     for name, cluster in config.get("routes", {}).items():
         rc = route_pb2.RouteConfiguration(name=name)
         rc.virtual_hosts.add(name="vh", domains=["*"]).routes.add().route.cluster = cluster
@@ -312,4 +318,33 @@ def test_nothing_served_before_a_good_config():
             h.server.load = lambda d: BASE
             assert await h.server.apply()
             assert names(await h.recv()) == ["a", "b"]
+    run(body())
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_ecds_is_served_by_name_like_any_other_type(delta):
+    async def body():
+        async with Harness({**BASE, "extensions": {"mcp.header_contract": "v1", "other": "x"}}, delta=delta) as h:
+            if delta:
+                h.send(type_url=T.EXTENSION_CONFIG, resource_names_subscribe=["mcp.header_contract"])
+            else:
+                h.send(type_url=T.EXTENSION_CONFIG, resource_names=["mcp.header_contract"])
+            r = await h.recv()
+            assert r.type_url == T.EXTENSION_CONFIG
+            got = []
+            for res in r.resources:
+                ext = extension_pb2.TypedExtensionConfig()
+                (res.resource if delta else res).Unpack(ext)
+                value = wrappers_pb2.StringValue()
+                ext.typed_config.Unpack(value)
+                got.append((ext.name, value.value))
+            assert got == [("mcp.header_contract", "v1")]
+            if delta:
+                h.send(type_url=T.EXTENSION_CONFIG, response_nonce=r.nonce)
+            else:
+                h.send(type_url=T.EXTENSION_CONFIG, version_info=r.version_info, response_nonce=r.nonce,
+                       resource_names=["mcp.header_contract"])
+            await h.change({**BASE, "extensions": {"mcp.header_contract": "v2", "other": "x"}})
+            r2 = await h.recv()
+            assert r2.type_url == T.EXTENSION_CONFIG and len(r2.resources) == 1
     run(body())

@@ -446,3 +446,20 @@ spec:
     assert seen("shop") == ({"private", "shared", "public"},) * 2
     assert seen("billing") == ({"shared", "public"},) * 2
     assert seen("web") == ({"public"},) * 2
+
+
+def test_gateway_server_bind_gets_its_own_listener_on_the_shared_route_config():
+    text = """
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: bound, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - {port: {number: 8080, name: http-a, protocol: HTTP}, hosts: ["*/a.example.com"], bind: 127.0.0.21}
+  - {port: {number: 8080, name: http-b, protocol: HTTP}, hosts: ["*/b.example.com"]}
+"""
+    s = snap(GATEWAY, MESH + "---" + text)
+    assert {"127.0.0.21_8080", "127.0.0.1_8080"} <= set(s[LISTENER])
+    assert s[LISTENER]["127.0.0.21_8080"].address.socket_address.address == "127.0.0.21"
+    assert hcm_of(s[LISTENER]["127.0.0.21_8080"])["rds"]["routeConfigName"] == "http.8080"

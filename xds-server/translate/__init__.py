@@ -127,8 +127,10 @@ def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
                 by_port.setdefault(srv.port, []).append(srv)
         for port in sorted(by_port):
             chains = _gateway_chains(idx, port, by_port[port], base, routes)
-            if chains:
-                plan.append((port, chains, True))
+            # A server's `bind` (an IP) gets the port's listener on that address.
+            binds = sorted({s.bind for s in by_port[port]}, key=lambda b: (b != "", b))
+            for bind in binds if chains else ():
+                plan.append((port, chains, True, bind) if bind else (port, chains, True))
     elif node.kind == "grpc":
         for svc in idx.services.values():
             for p in svc.ports:

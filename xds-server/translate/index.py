@@ -64,6 +64,7 @@ class GatewayServer:
     hosts: list[tuple[str, str]]   # (namespace or "*", host)
     port_name: str = ""
     tls: dict = field(default_factory=dict)
+    bind: str = ""                  # listener address; "" = TranslateOptions.bind_address
 
     @property
     def terminates_tls(self) -> bool:
@@ -164,7 +165,8 @@ class MeshIndex:
                     hosts.append((ns, host))
                 out.append(GatewayServer(gw, i, int(port.get("number") or 0),
                                          str(port.get("protocol") or "").upper(), hosts,
-                                         str(port.get("name") or ""), dict(srv.get("tls") or {})))
+                                         str(port.get("name") or ""), dict(srv.get("tls") or {}),
+                                         "" if str(srv.get("bind") or "").startswith("unix:") else str(srv.get("bind") or "")))
         return out
 
     def vs_gateways(self, vs: Resource) -> set[str]:

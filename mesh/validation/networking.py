@@ -233,6 +233,9 @@ def _server_tls(rep: Report, p: str, tls: dict | None) -> None:
     if not tls:
         return
     mode = tls.get("mode") or "PASSTHROUGH"
+    if tls.get("minProtocolVersion") in ("TLSV1_0", "TLSV1_1") and not tls.get("cipherSuites"):
+        rep.warn(f"{p}.minProtocolVersion", "TLS version below TLSV1_2 require setting compatible ciphers as by "
+                                            "default they no longer include compatible ciphers.")
     has = {k for k in ("serverCertificate", "privateKey", "caCertificates", "credentialName", "caCrl") if tls.get(k)}
     if mode == "ISTIO_MUTUAL":
         for k, what in (("serverCertificate", "server certificate"), ("privateKey", "private key"),

@@ -417,3 +417,14 @@ def test_subset_without_labels_warns():
     config = load_texts({"dr.yaml": doc("DestinationRule", "  host: reviews\n  subsets:\n  - name: all\n")})
     [w] = [d for d in config.warnings if d.field == "spec.subsets[0].labels"]
     assert w.severity == "warning" and "selects every endpoint of reviews" in w.message
+
+
+def test_old_tls_version_without_ciphers_warns():
+    spec = """  servers:
+  - port: {number: 443, name: https, protocol: HTTPS}
+    hosts: ["a.example.com"]
+    tls: {mode: SIMPLE, credentialName: c, minProtocolVersion: TLSV1_0}
+"""
+    config = load_texts({"gw.yaml": doc("Gateway", spec)})
+    [w] = config.warnings
+    assert (w.severity, w.field) == ("warning", "spec.servers[0].tls.minProtocolVersion")

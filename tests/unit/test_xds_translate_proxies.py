@@ -463,3 +463,16 @@ spec:
     assert {"127.0.0.21_8080", "127.0.0.1_8080"} <= set(s[LISTENER])
     assert s[LISTENER]["127.0.0.21_8080"].address.socket_address.address == "127.0.0.21"
     assert hcm_of(s[LISTENER]["127.0.0.21_8080"])["rds"]["routeConfigName"] == "http.8080"
+
+
+def test_sidecar_domains_include_kubernetes_short_names_and_vips():
+    text = MESH.replace("hosts: [ratings.shop.svc.cluster.local]", "hosts: [ratings.shop.svc.cluster.local]\n  addresses: [127.20.0.1]")
+    def domains(namespace):
+        node = ProxyNode(f"sidecar~2~app.{namespace}~{namespace}.svc.cluster.local", namespace=namespace, kind="sidecar")
+        return {vh.name: list(vh.domains) for vh in snap(node, text)[ROUTE]["9080"].virtual_hosts}
+    assert domains("shop")["ratings.shop.svc.cluster.local:9080"] == [
+        "ratings.shop.svc.cluster.local", "ratings.shop.svc.cluster.local:9080", "ratings", "ratings:9080",
+        "ratings.shop", "ratings.shop:9080", "ratings.shop.svc", "ratings.shop.svc:9080", "127.20.0.1", "127.20.0.1:9080"]
+    # From another namespace the bare short name means something else: not offered.
+    assert "ratings" not in domains("web")["ratings.shop.svc.cluster.local:9080"]
+    assert "ratings.shop" in domains("web")["ratings.shop.svc.cluster.local:9080"]

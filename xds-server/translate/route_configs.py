@@ -11,7 +11,7 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 
 from mesh.config import Resource
-from xds_server.translate.index import MESH_GATEWAY, GatewayServer, MeshIndex, host_intersection, host_matches
+from xds_server.translate.index import DOMAIN_SUFFIX, MESH_GATEWAY, GatewayServer, MeshIndex, host_intersection, host_matches
 from xds_server.translate.names import cluster_name, gateway_route_name, grpc_listener_name, sidecar_route_name, virtual_host_name
 from xds_server.translate.routes import RouteContext, default_route, http_routes
 
@@ -23,12 +23,34 @@ def _domains(host: str, port: int) -> list[str]:
     return ["*"] if host == "*" else [host, f"{host}:{port}"]
 
 
-def _route_config(name: str, vhosts: dict[str, list], port: int, tls_only: set = frozenset()) -> RouteConfiguration:
+def sidecar_domains(idx: MeshIndex, host: str, port: int, namespace: str) -> list[str]:
+    """What a sidecar's client may send as Host, as istiod's
+    generateVirtualHostDomains: the name, the Kubernetes short forms a pod
+    in `namespace` can use (reviews, reviews.shop, reviews.shop.svc), the
+    service's VIPs -- each bare and with :PORT."""
+    names = [host]
+    suffix = f".{DOMAIN_SUFFIX}"
+    if host.endswith(suffix):
+        name, _, ns = host[:-len(suffix)].rpartition(".")
+        if name and "." not in name:
+            names += ([name] if ns == namespace else []) + [f"{name}.{ns}", f"{name}.{ns}.svc"]
+    svc = idx.services.get(host)
+    names += list(svc.addresses) if svc else []
+    return [d for n in names for d in _domains(n, port)]
+
+
+def _route_config(name: str, vhosts: dict[str, list], port: int, tls_only: set = frozenset(),
+                  domains=None) -> RouteConfiguration:
     rc = RouteConfiguration(name=name)
     rc.validate_clusters.value = False     # as istiod: a missing cluster is a 503, not a NACK
+    seen: set = set()
     for host in sorted(vhosts):
         vh = rc.virtual_hosts.add(name=virtual_host_name(host, port))
-        vh.domains.extend(_domains(host, port))
+        # Envoy NACKs a domain two virtual hosts share: the first keeps it (istiod's dedupe).
+        for d in (domains(host) if domains else _domains(host, port)):
+            if d.lower() not in seen:
+                seen.add(d.lower())
+                vh.domains.append(d)
         vh.routes.extend(vhosts[host])
         if host in tls_only:
             vh.require_tls = route_components_pb2.VirtualHost.ALL    # tls.httpsRedirect: 301 to https
@@ -113,7 +135,8 @@ def sidecar_route_config(idx: MeshIndex, port: int, ctx_base: RouteContext) -> R
             for h in extra:
                 if routes:
                     vhosts[h] = routes
-    return _route_config(sidecar_route_name(port), vhosts, port)
+    return _route_config(sidecar_route_name(port), vhosts, port,
+                         domains=lambda h: sidecar_domains(idx, h, port, ctx_base.namespace))
 
 
 def grpc_route_config(idx: MeshIndex, host: str, port: int, ctx_base: RouteContext) -> RouteConfiguration:

@@ -136,3 +136,28 @@ def open_pinned(ifname: str, stats: LatencyStats) -> RingReader:
         raise FileNotFoundError(f"no latency sampler attached to {ifname} ({path} missing); "
                                 f"run `mcpctl bpf attach --interface {ifname} --sample`")
     return RingReader(obj_get(path), stats, owned_fd=True)
+
+
+class LatencyExporter:
+    """Samples from an interface's pinned sampler into OpenTelemetry, in a thread.
+
+    One call wires the kernel's samples into a process's own metrics, e.g. the
+    inference backend's: `LatencyExporter("eth0", Telemetry.get().meter_provider)`.
+    """
+
+    def __init__(self, ifname: str, meter_provider, window: int = 4096):
+        self.stats = LatencyStats(window)
+        self._reader = open_pinned(ifname, self.stats)    # in the caller's network namespace
+        instrument(meter_provider.get_meter("mcp_mesh.bpf"), self.stats)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"bpf-latency-{ifname}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._reader.poll(100)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._reader.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from types import SimpleNamespace
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -64,7 +65,7 @@ def sampled():
             reader.drain()
         finally:
             reader.close()
-        yield stats
+        yield SimpleNamespace(stats=stats, pair=pair)
     finally:
         with in_netns(pair.server_ns):
             attach.detach(pair.server_if)
@@ -74,14 +75,14 @@ def sampled():
 
 
 def test_one_sample_per_request_on_sampled_ports_only(sampled):
-    assert sampled.count(SLOW_PORT) == REQUESTS
-    assert sampled.count(FAST_PORT) == REQUESTS
-    assert sampled.count(UNSAMPLED_PORT) == 0
-    assert set(sampled.ports()) == {SLOW_PORT, FAST_PORT}
+    assert sampled.stats.count(SLOW_PORT) == REQUESTS
+    assert sampled.stats.count(FAST_PORT) == REQUESTS
+    assert sampled.stats.count(UNSAMPLED_PORT) == 0
+    assert set(sampled.stats.ports()) == {SLOW_PORT, FAST_PORT}
 
 
 def test_samples_cover_the_servers_own_time(sampled):
-    slow, fast = sampled.quantiles_ns(SLOW_PORT), sampled.quantiles_ns(FAST_PORT)
+    slow, fast = sampled.stats.quantiles_ns(SLOW_PORT), sampled.stats.quantiles_ns(FAST_PORT)
     # The slow server sleeps before answering: no sample can be shorter.
     assert min(slow.values()) >= DELAY_S[SLOW_PORT] * 1e9
     assert fast[0.5] < slow[0.5]
@@ -91,7 +92,7 @@ def test_samples_cover_the_servers_own_time(sampled):
 def test_quantiles_are_exported_as_opentelemetry_metrics(sampled):
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    instrument(provider.get_meter("mcp_mesh.bpf"), sampled)
+    instrument(provider.get_meter("mcp_mesh.bpf"), sampled.stats)
     data = reader.get_metrics_data()
     points = {}
     for rm in data.resource_metrics:
@@ -100,9 +101,36 @@ def test_quantiles_are_exported_as_opentelemetry_metrics(sampled):
                 for p in metric.data.data_points:
                     points[(metric.name, tuple(sorted(p.attributes.items())))] = p.value
     for port in (SLOW_PORT, FAST_PORT):
-        qs = sampled.quantiles_ns(port)
+        qs = sampled.stats.quantiles_ns(port)
         for q in (0.5, 0.99):
             key = (METRIC_LATENCY, (("quantile", str(q)), ("service.port", port)))
             assert points[key] == pytest.approx(qs[q] / 1e9)
         assert points[(METRIC_SAMPLES, (("service.port", port),))] == REQUESTS
     provider.shutdown()
+
+
+def test_exported_next_to_the_backends_own_metrics(sampled):
+    from bpf.latency import LatencyExporter
+    from inference_backend.telemetry import Telemetry
+
+    telemetry = Telemetry.get()
+    pair = sampled.pair
+    with in_netns(pair.server_ns):
+        exporter = LatencyExporter(pair.server_if, telemetry.meter_provider)
+    try:
+        c = netns_socket(pair.client_ns)
+        c.settimeout(5)
+        c.connect((pair.V4[1], FAST_PORT))
+        with c:
+            for _ in range(5):
+                c.sendall(b"GET / HTTP/1.1\r\nhost: backend\r\n\r\n")
+                assert c.recv(4096).endswith(b"ok")
+        deadline = time.monotonic() + 5
+        while exporter.stats.count(FAST_PORT) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert exporter.stats.count(FAST_PORT) == 5
+        text = telemetry.prometheus_text().decode()     # what the backend's /metrics serves
+    finally:
+        exporter.stop()
+    lines = [ln for ln in text.splitlines() if ln.startswith("mcp_bpf_first_byte_latency_seconds{")]
+    assert any(f'service_port="{FAST_PORT}"' in ln and 'quantile="0.99"' in ln for ln in lines), lines

@@ -49,6 +49,7 @@ PAYLOAD_PROPERTY = ("metadata", "filter_metadata", JWT_AUTHN_FILTER, JWT_PAYLOAD
 DEFAULT_CLAIMS = (("sub", H.END_USER), ("tenant", H.TENANT))
 DEFAULT_TIER_CLAIM = "tier"
 MAX_KEY_BYTES = 64
+MAX_HEADER_NAME = 128   # the filter's bound on a configured header name
 
 # Envoy exposes no downstream-ALPN attribute to Wasm; the negotiated HTTP
 # protocol (request.protocol) is what it gives, so ALPN classes are keyed by it.
@@ -75,7 +76,7 @@ def is_token(s: str) -> bool:
 
 def is_header_pattern(s: str) -> bool:
     base = s[:-1] if isinstance(s, str) and s.endswith("*") and len(s) > 1 else s
-    return is_token(base) and base == base.lower()
+    return is_token(base) and base == base.lower() and len(base) <= MAX_HEADER_NAME
 
 
 @dataclass
@@ -173,9 +174,11 @@ def _qos_class(value, path: str, problems: list) -> Q.QosClass | None:
 
 
 def _header_name(value, path: str, problems: list, pattern: bool = False) -> str | None:
-    ok = is_header_pattern(value) if pattern else (is_token(value) and value == value.lower())
+    ok = is_header_pattern(value) if pattern else (is_token(value) and value == value.lower()
+                                                   and len(value) <= MAX_HEADER_NAME)
     if not ok:
-        what = "a lower-case RFC 7230 token" + (" (optionally ending in '*')" if pattern else "")
+        what = (f"a lower-case RFC 7230 token of at most {MAX_HEADER_NAME} characters"
+                + (" (optionally ending in '*')" if pattern else ""))
         problems.append((path, f"header name {value!r} must be {what}"))
         return None
     return value

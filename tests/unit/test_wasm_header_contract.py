@@ -5,7 +5,7 @@ import os
 import pytest
 
 from mesh import headers as H
-from mesh.header_contract import parse_plugin_config
+from mesh.header_contract import ContractError, parse_plugin_config
 from mesh.session import SessionError, sign, verify_session
 from wasm_filters.host import CONTINUE, DEFAULT_WASM, PAUSE, ProxyWasmHost
 
@@ -199,3 +199,24 @@ def test_one_host_call_sets_the_whole_request_header_map(host):
     host.request(BASE + [(H.END_USER, "admin"), ("x-tenant-globex-a", "1")], metadata={"sub": "jane", "tenant": "acme"})
     # header pairs, payload, identity, set pairs -- not one call per header
     assert host.host_calls - before <= 5
+
+
+@pytest.mark.parametrize("length, ok", [(128, True), (129, False), (5000, False)])
+def test_long_header_names_in_the_config_are_bounded(length, ok):
+    name = "x-" + "a" * (length - 2)
+    cfg = parse_plugin_config({**PLUGIN, "claims": [{"claim": "c%d" % i, "header": f"{name[:-2]}{i:02d}"} for i in range(13)]}) if ok else None
+    if not ok:   # mcpctl validate refuses it first; the module also refuses it on its own
+        with pytest.raises(ContractError, match="at most 128"):
+            parse_plugin_config({**PLUGIN, "claims": [{"claim": "c", "header": name}]})
+        cfg = parse_plugin_config(PLUGIN).filter_config()
+        cfg["claims"].append({"claim": "c", "header": name})
+        cfg["strip"].append(name)
+        h = ProxyWasmHost()
+        assert not h.configure(json.dumps(cfg))
+        return
+    h = ProxyWasmHost()
+    assert h.configure(cfg.filter_json()) == ok, h.logs
+    if ok:
+        r = h.request(BASE, metadata={"sub": "jane", **{"c%d" % i: "v" for i in range(13)}})
+        s = verify_session(r.headers, KEY)
+        assert len(s.signed) == 15   # end-user, qos class, 13 claim headers (no tenant claim sent)

@@ -38,6 +38,7 @@
 #define MAX_HTTP_ERR 16
 #define MAX_VALUE 1024      /* longest claim value we will put into a header */
 #define MAX_ROOTS 8
+#define MAX_NAME 128        /* longest header name the configuration may use */
 
 typedef struct { const char *p; uint32_t n; } str_t;
 typedef struct { str_t key; int cls; } class_pair;      /* value -> class index */
@@ -105,7 +106,7 @@ static int is_token(const char *p, size_t n) {
 
 /* A lower-case token: what a header name in the config must be. */
 static int is_header_name(str_t s) {
-    if (!is_token(s.p, s.n)) return 0;
+    if (s.n > MAX_NAME || !is_token(s.p, s.n)) return 0;
     for (uint32_t i = 0; i < s.n; i++) if (s.p[i] >= 'A' && s.p[i] <= 'Z') return 0;
     return 1;
 }
@@ -671,7 +672,7 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
      * even an anonymous request's QoS class cannot be upgraded by L7. */
     hmac_sha256_ctx m = c->hmac;   /* key pads hashed once, at configure */
     hmac_sha256_update(&m, "mcp-session-v1\n", 15);
-    char sig[16 + MAX_SIGNED * 64 + 72];
+    char sig[8 + MAX_SIGNED * (MAX_NAME + 1) + 72];   /* names are <= MAX_NAME (configure checks) */
     size_t sn = 5;
     memcpy(sig, "v1;h=", 5);
     for (int s = 0; s < c->n_signed; s++) {

@@ -220,3 +220,9 @@ def test_long_header_names_in_the_config_are_bounded(length, ok):
         r = h.request(BASE, metadata={"sub": "jane", **{"c%d" % i: "v" for i in range(13)}})
         s = verify_session(r.headers, KEY)
         assert len(s.signed) == 15   # end-user, qos class, 13 claim headers (no tenant claim sent)
+
+
+def test_a_token_with_many_claims_still_yields_its_session(host):
+    claims = {f"claim{i}": "x" for i in range(300)} | {"sub": "jane", "tenant": "acme"}
+    r = host.request(BASE, metadata=claims)
+    assert (r.get(H.END_USER), r.get(H.TENANT)) == ("jane", "acme")

@@ -565,29 +565,40 @@ static char *serialize(const out_pair *ps, int n, size_t *size) {
 }
 
 /* A top-level string claim of the payload map (Envoy serialises a map
- * property as header-map pairs; non-string values come as binary). */
-static int find_claim(const pair_t *claims, int n, str_t name, const char **v, size_t *vn) {
-    for (int i = 0; i < n; i++)
-        if (str_eq(name, claims[i].k, claims[i].kn)) {
-            if (!claims[i].vn || !is_header_value(claims[i].v, claims[i].vn)) return 0;
-            *v = claims[i].v; *vn = claims[i].vn;
+ * property as header-map pairs; non-string values come as binary). Scans the
+ * serialised buffer itself, so a token with any number of claims is fine. */
+static int find_claim(const char *buf, size_t size, str_t name, const char **v, size_t *vn) {
+    uint32_t n;
+    if (!buf || size < 4) return 0;
+    memcpy(&n, buf, 4);
+    if ((size - 4) / 8 < n) return 0;
+    const char *data = buf + 4 + (size_t)n * 8, *end = buf + size;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t kl, vl;
+        memcpy(&kl, buf + 4 + 8 * i, 4);
+        memcpy(&vl, buf + 8 + 8 * i, 4);
+        if ((size_t)(end - data) < (size_t)kl + vl + 2) return 0;
+        if (str_eq(name, data, kl)) {
+            if (!vl || !is_header_value(data + kl + 1, vl)) return 0;
+            *v = data + kl + 1; *vn = vl;
             return 1;
         }
+        data += (size_t)kl + vl + 2;
+    }
     return 0;
 }
 
-#define MAX_CLAIM_PAIRS 64
 
 EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, uint32_t num_headers, int32_t eos) {
     (void)num_headers; (void)eos;
     config_t *c = config_for(ctx);
     if (!c) { local_reply(500, "mcp_header_contract_unconfigured", "header contract not configured\n"); return ACTION_PAUSE; }
 
-    static pair_t hs[MAX_HEADERS], cp[MAX_CLAIM_PAIRS];
+    static pair_t hs[MAX_HEADERS];
     static out_pair out[MAX_HEADERS + MAX_CLAIMS + 4];
     char *raw = NULL, *payload = NULL, *proto = NULL, *id = NULL, *ser = NULL;
     size_t raw_n = 0, payload_n = 0, pn = 0, idn = 0, ser_n = 0;
-    int n = -1, ncp = 0, no = 0;
+    int n = -1, no = 0;
     int32_t action = ACTION_CONTINUE;
     if (proxy_get_header_map_pairs(MAP_REQUEST_HEADERS, &raw, &raw_n) == WASM_OK && raw)
         n = parse_pairs(raw, raw_n, hs, MAX_HEADERS);
@@ -598,16 +609,13 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
     }
 
     /* 1. The claims jwt_authn verified, in one call (absent: no token). */
-    if (get_property(c->payload, c->n_payload, NULL, &payload, &payload_n) == 0) {
-        ncp = parse_pairs(payload, payload_n, cp, MAX_CLAIM_PAIRS);
-        if (ncp < 0) ncp = 0;   /* not a map: no claims */
-    }
+    get_property(c->payload, c->n_payload, NULL, &payload, &payload_n);   /* not a map: no claims */
     const char *claim_val[MAX_CLAIMS] = {0};
     size_t claim_n[MAX_CLAIMS] = {0};
     const char *tenant = NULL;
     size_t tenant_n = 0;
     for (int i = 0; i < c->n_claims; i++) {
-        if (!find_claim(cp, ncp, c->claims[i].claim, &claim_val[i], &claim_n[i])) continue;
+        if (!find_claim(payload, payload_n, c->claims[i].claim, &claim_val[i], &claim_n[i])) continue;
         if (str_eq(c->claims[i].header, c->tenant_header.p, c->tenant_header.n)) { tenant = claim_val[i]; tenant_n = claim_n[i]; }
     }
     const tenant_t *t = NULL;
@@ -646,7 +654,7 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
     int ceiling = c->ceiling_class;
     const char *tier;
     size_t tn;
-    if (c->tier_claim.n && find_claim(cp, ncp, c->tier_claim, &tier, &tn))
+    if (c->tier_claim.n && find_claim(payload, payload_n, c->tier_claim, &tier, &tn))
         for (int j = 0; j < c->n_tiers; j++)
             if (str_eq(c->tiers[j].key, tier, tn)) { ceiling = c->tiers[j].cls; break; }
     /* a larger level is a lower priority: take the lower of asked and allowed */

@@ -135,7 +135,7 @@ def attach(ifname: str, policy: QosPolicy) -> dict:
         for name in MAP_TYPES:
             obj_pin(datapath.map_fd(name), os.path.join(staging, name))
         tc.replace_filter(ifname, "egress", os.path.join(staging, EGRESS))
-        if policy.sample:
+        if policy.needs_ingress:
             tc.replace_filter(ifname, "ingress", os.path.join(staging, INGRESS))
         else:
             tc.del_filter(ifname, "ingress")
@@ -162,8 +162,8 @@ def _roll_back(ifname: str, path: str, previous: int | None, created_qdisc: bool
     try:                                         # put the previous programs back
         tc.replace_filter(ifname, "egress", os.path.join(path, EGRESS))
         with pinned_maps(ifname) as maps:
-            sampling = maps["config"][0].flags & layout.CFG_SAMPLE
-        if sampling:
+            had_ingress = maps["config"][0].flags & (layout.CFG_SAMPLE | layout.CFG_ALPN)
+        if had_ingress:
             tc.replace_filter(ifname, "ingress", os.path.join(path, INGRESS))
         else:
             tc.del_filter(ifname, "ingress")

@@ -27,6 +27,11 @@ class QosPolicy:
     sample: bool = False                                       # latency sampler
     sample_ports: frozenset[int] = frozenset()                 # empty: non-ephemeral ports
 
+    @property
+    def needs_ingress(self) -> bool:
+        """The ingress program classes replies by ALPN and opens latency samples."""
+        return self.alpn or self.sample
+
     def describe(self) -> dict:
         return {
             "ports": {str(p): d for p, d in sorted(self.ports.items())},

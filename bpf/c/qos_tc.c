@@ -1,7 +1,8 @@
 /* tc programs of the MCP Mesh QoS datapath (loaded by bpf/program.py).
  *
  * qos_egress   marks the DSCP of selected flows and closes latency samples;
- * qos_ingress  opens latency samples.
+ * qos_ingress  classes reply flows by an arriving ClientHello's ALPN and
+ *              opens latency samples.
  *
  * A flow's DSCP comes from, in order: the socket mark (SO_MARK, which Envoy
  * sets per cluster), the destination or source port, the destination CIDR,
@@ -81,6 +82,29 @@ static __always_inline int classify(struct __sk_buff *skb, struct qos_config *cf
     return seen.state == ALPN_CLASSED ? seen.dscp : -1;
 }
 
+/* A ClientHello arriving classes the reply direction, so that a server's
+ * responses carry the DSCP of the protocol its client asked for. */
+static __always_inline void classify_incoming(struct __sk_buff *skb, struct pkt *p)
+{
+    struct flow_key reply = {};
+
+    if (!p->is_tcp)
+        return;
+    __builtin_memcpy(reply.saddr, p->flow.daddr, 16);
+    __builtin_memcpy(reply.daddr, p->flow.saddr, 16);
+    reply.sport = p->flow.dport;
+    reply.dport = p->flow.sport;
+    if ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+        flow_alpn.delete(&reply);
+        return;
+    }
+    if (p->payload_len == 0 || flow_alpn.lookup(&reply))
+        return;                     /* decided already, by either direction */
+    struct flow_alpn seen = {};
+    parse_client_hello(skb, p->payload_off, &seen);
+    flow_alpn.update(&reply, &seen);
+}
+
 int qos_egress(struct __sk_buff *skb)
 {
     u32 zero = 0;
@@ -103,8 +127,11 @@ int qos_ingress(struct __sk_buff *skb)
     struct qos_config *cfg = config.lookup(&zero);
     struct pkt p;
 
-    if (!cfg || !(cfg->flags & CFG_SAMPLE) || parse_packet(skb, &p) < 0)
+    if (!cfg || !(cfg->flags & (CFG_ALPN | CFG_SAMPLE)) || parse_packet(skb, &p) < 0)
         return TC_ACT_OK;
-    sample_request_in(cfg, &p);
+    if (cfg->flags & CFG_ALPN)
+        classify_incoming(skb, &p);
+    if (cfg->flags & CFG_SAMPLE)
+        sample_request_in(cfg, &p);
     return TC_ACT_OK;
 }

@@ -270,3 +270,21 @@ def test_fuzzed_client_hellos_never_break_the_packet(run, data):
     out = run(frame, ALPN)
     assert out == frame or dscp(out) == DSCP_EF
     assert P.ipv4_header_ok(out) and P.tcp_checksum_ok(out)
+
+
+def test_an_arriving_client_hello_classes_the_servers_replies(run, datapath):
+    """Ingress sees the ClientHello; the server's egress replies get its class."""
+    sport = next(_port)
+    hello = P.tcp_frame(C4, S4, sport, 443, P.client_hello(["grpc-exp"]))
+    reply = P.tcp_frame(S4, C4, 443, sport, b"\x16\x03\x03\x00\x05hello")
+    run(reply, ALPN)                                         # configure only; no entry yet
+    datapath.maps["flow_alpn"].clear()
+    r = prog_test_run(datapath.prog_fds["qos_ingress"], hello)
+    assert r.retval == 0 and r.data == hello                 # ingress never rewrites
+    out = run(reply)
+    assert dscp(out) == DSCP_AF41
+    assert_only_tos_changed(reply, out)
+    # A new connection (SYN arriving) on the same tuple forgets it.
+    prog_test_run(datapath.prog_fds["qos_ingress"], P.tcp_frame(C4, S4, sport, 443, flags=P.TCP_SYN))
+    plain = P.tcp_frame(S4, C4, 443, sport, b"220 smtp ready\r\n")
+    assert run(plain) == plain

@@ -153,6 +153,29 @@ def test_plain_tcp_elsewhere_is_untouched(wire, family):
     assert {tos for tos, *_ in segs} == {0}
 
 
+def test_server_side_marker_marks_replies_by_the_client_hello_it_received(wire):
+    """Attached on the server's interface too: its TLS replies to an h2 client
+    are EF, replies to an http/1.1 client unmarked (read on the client's end)."""
+    with in_netns(wire.server_ns):
+        attach.attach(wire.server_if, build_policy(alpn=True))
+    try:
+        for alpn, expected in ((("h2",), {ALPN_DSCP["h2"]}), (("http/1.1",), {0})):
+            with in_netns(wire.client_ns):
+                cap = Capture(wire.client_if, TLS_PORT)
+            try:
+                sport, _ = exchange(wire, wire.V4[1], TLS_PORT, use_tls=True, alpn=alpn)
+                replies = tcp_segments(cap.frames(0.3), sport=TLS_PORT, dport=sport)
+            finally:
+                cap.close()
+            data = [tos for tos, _, n, _ in replies if n > 0]
+            assert data, "no replies captured"
+            assert {tos >> 2 for tos in data} == expected, alpn
+    finally:
+        with in_netns(wire.server_ns):
+            attach.detach(wire.server_if)
+            assert not tc.has_clsact(wire.server_if)
+
+
 def test_status_lists_the_classified_tls_flows(wire):
     exchange(wire, wire.V4[1], TLS_PORT, use_tls=True)
     with in_netns(wire.client_ns):

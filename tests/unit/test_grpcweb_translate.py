@@ -21,11 +21,12 @@ def _hcm(listener) -> hcm_pb2.HttpConnectionManager:
     return hcm
 
 
-def test_gateway_chain_has_grpc_web_before_cors_and_router():
+def test_gateway_chain_has_cors_before_grpc_web_and_router_last():
     snap = translate(load_config(EXAMPLE), GATEWAY)
     names = [f.name for f in _hcm(snap[LISTENER]["127.0.0.1_8080"]).http_filters]
     assert "envoy.filters.http.grpc_web" in names
-    assert names.index("envoy.filters.http.grpc_web") < names.index("envoy.filters.http.cors")
+    # cors first: gateway-made replies (framing errors, 401s) still carry CORS headers.
+    assert names.index("envoy.filters.http.cors") < names.index("envoy.filters.http.grpc_web")
     assert names[-1] == "envoy.filters.http.router"
 
 

@@ -82,9 +82,10 @@ def test_hcm_reads_rds_over_ads_and_chain_ends_with_router():
     hcm = lis["filterChains"][0]["filters"][0]["typedConfig"]
     assert hcm["statPrefix"] == "outbound_127.0.0.1_8080"
     assert hcm["rds"] == {"configSource": {"ads": {}, "resourceApiVersion": "V3"}, "routeConfigName": "http.8080"}
-    # The seams' filters (authn, wasm_plugins, grpc_web) come first; the tail is fixed.
-    assert [f["name"] for f in hcm["httpFilters"]][-3:] == [
-        "envoy.filters.http.cors", "envoy.filters.http.fault", "envoy.filters.http.router"]
+    # cors first, then the seams' filters (authn, grpc_web, wasm_plugins); the tail is fixed.
+    names = [f["name"] for f in hcm["httpFilters"]]
+    assert names[0] == "envoy.filters.http.cors"
+    assert names[-2:] == ["envoy.filters.http.fault", "envoy.filters.http.router"]
 
 
 def test_virtual_host_per_host_and_port_with_both_domains():

@@ -170,15 +170,15 @@ def test_proxyless_clusters_are_eds_with_a_grpc_lb_policy():
 
 
 # -- seams -----------------------------------------------------------------
-def test_seam_filters_go_first_in_order_then_cors_fault_router(monkeypatch):
+def test_chain_is_cors_then_seams_in_order_then_fault_router(monkeypatch):
     for seam in translate_pkg.SEAMS:
         name = f"test.{seam.__name__.rsplit('.', 1)[-1]}"
         monkeypatch.setattr(seam, "http_filters",
                             lambda config, node, port, name=name: [hcm_pb2.HttpFilter(name=f"{name}.{port}")])
     hcm = hcm_of(snap(GATEWAY)[LISTENER]["127.0.0.1_8080"])
     assert [f["name"] for f in hcm["httpFilters"]] == [
-        "test.authn.8080", "test.wasm_plugins.8080", "test.grpc_web.8080",
-        "envoy.filters.http.cors", "envoy.filters.http.fault", "envoy.filters.http.router"]
+        "envoy.filters.http.cors", "test.authn.8080", "test.grpc_web.8080", "test.wasm_plugins.8080",
+        "envoy.filters.http.fault", "envoy.filters.http.router"]
 
 
 def test_seam_resources_merge_and_a_name_clash_is_an_error(monkeypatch):

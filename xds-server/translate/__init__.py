@@ -19,8 +19,10 @@ WasmPlugin, via ECDS) and `grpc_web` (the gRPC-Web filter) -- exposes
         ECDS TypedExtensionConfig, ...). A name clash with a translated
         resource is an error, never a silent overwrite.
 
-The HCM chain is, in order: authn, wasm_plugins, grpc_web, then cors, fault,
-router (the router always last). Seams must be pure and deterministic
+The HCM chain is, in order: cors, authn, grpc_web, wasm_plugins, fault,
+router (the router always last). grpc_web sits before the Wasm filter so that
+on the response path the filter sees gRPC trailers (grpc-status), not the
+gRPC-Web body they are folded into. Seams must be pure and deterministic
 functions of (config, node, port): their output is cached with the rest.
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snap
 from xds_server.translate import authn, grpc_web, wasm_plugins
 from xds_server.translate.clusters import ClusterOptions, build_clusters
 from xds_server.translate.index import EXPORTABLE, HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex, build_index, exported_to
-from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_tail
+from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_head, filter_chain_tail
 from xds_server.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
 from xds_server.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
                                                 sidecar_route_config)
@@ -45,7 +47,7 @@ from xds_server.translate.tcp import TCP_PROTOCOLS, cluster_proxy, first_tcp_rou
 
 __all__ = ["translate", "TranslateOptions", "SEAMS"]
 
-SEAMS = (authn, wasm_plugins, grpc_web)      # HCM order: authn, wasm_plugins, grpc_web
+SEAMS = (authn, grpc_web, wasm_plugins)      # HCM order, between cors and fault
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,7 @@ def _listeners(cache: _ConfigCache, shape: tuple, plan: list, config: MeshConfig
         # Proxyless gRPC implements only a few HTTP filters (gRFC A39): the
         # seams' filters (jwt_authn, Wasm, grpc_web) are Envoy-only.
         key = (shape, None, None)
-        tail = filter_chain_tail(grpc=True)
+        tail = filter_chain_head(grpc=True) + filter_chain_tail()
         seam_filters = {}
     else:
         seam_filters = {entry[0]: [f for seam in SEAMS for f in seam.http_filters(config, node, entry[0])]
@@ -268,10 +270,10 @@ def _listeners(cache: _ConfigCache, shape: tuple, plan: list, config: MeshConfig
             lis = api_listener(host, port, tail)
             out[lis.name] = lis
     else:
-        tail = filter_chain_tail(grpc=False)
+        head, tail = filter_chain_head(grpc=False), filter_chain_tail()
         for port, chains, gateway, *vip in plan:
             lis = bound_listener(vip[0] if vip else options.bind_address, port, chains,
-                                 seam_filters[port] + tail, gateway)
+                                 head + seam_filters[port] + tail, gateway)
             out[lis.name] = lis
     with cache.lock:
         cache.listeners[key] = out

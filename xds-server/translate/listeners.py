@@ -3,8 +3,10 @@
 Gateways and sidecars get bound listeners (ADDRESS_PORT), HTTPS gateway
 servers a TLS filter chain each (matched by SNI); proxyless gRPC
 clients get API listeners named HOST:PORT (gRFC A27), no socket at all.
-The HTTP filter chain is: the seams (authn, wasm_plugins, grpc_web), then
-cors, fault, router -- the router last, as Envoy and gRPC require.
+The HTTP filter chain is: cors, the seams (authn, grpc_web, wasm_plugins),
+fault, router -- the router last, as Envoy and gRPC require. cors goes first
+so that preflights need no token and replies made by later filters (a
+jwt_authn 401, a header-contract denial) still carry CORS headers.
 """
 from __future__ import annotations
 
@@ -42,12 +44,14 @@ def http_filter(name: str, config) -> HttpFilter:
     return HttpFilter(name=name, typed_config=_pack(config))
 
 
-def filter_chain_tail(grpc: bool) -> list[HttpFilter]:
-    """cors (not in gRPC's filter set), fault, router."""
-    tail = [] if grpc else [http_filter(CORS_FILTER, cors_pb2.Cors())]
-    tail.append(http_filter(FAULT_FILTER, fault_pb2.HTTPFault()))
-    tail.append(http_filter(ROUTER_FILTER, router_pb2.Router()))
-    return tail
+def filter_chain_head(grpc: bool) -> list[HttpFilter]:
+    """cors (not in gRPC's filter set)."""
+    return [] if grpc else [http_filter(CORS_FILTER, cors_pb2.Cors())]
+
+
+def filter_chain_tail() -> list[HttpFilter]:
+    """fault, router."""
+    return [http_filter(FAULT_FILTER, fault_pb2.HTTPFault()), http_filter(ROUTER_FILTER, router_pb2.Router())]
 
 
 def http_connection_manager(stat_prefix: str, route_name: str, filters: list[HttpFilter],

@@ -59,3 +59,19 @@ def test_orca_text_report_is_what_envoy_parses():
     # Envoy: "TEXT " then comma-separated name:value (orca_parser.cc, kHeaderFormatPrefixText)
     assert text == "TEXT cpu_utilization:0.25, application_utilization:1, rps_fractional:12.5, named_metrics.queue_depth:3"
     assert parse_text_report(text)["named_metrics.queue_depth"] == 3.0
+
+
+def test_load_sampler_reports_busy_fraction_and_rate():
+    import time
+    from inference_backend.load_report import SAMPLE_INTERVAL_S, LoadSampler
+    state = {"busy": 0, "done": 0, "queued": 5}
+    sampler = LoadSampler(lambda: state["busy"], lambda: state["done"], lambda: state["queued"], cpus=2)
+    t0 = time.monotonic()
+    time.sleep(SAMPLE_INTERVAL_S + 0.05)
+    elapsed = time.monotonic() - t0
+    state["busy"] = int(0.5 * elapsed * 1e9)      # compute busy half of the interval
+    state["done"] = 30
+    report = parse_text_report(sampler.header_value())
+    assert 0.4 <= report["application_utilization"] <= 0.55
+    assert 30 / (elapsed + 0.05) <= report["rps_fractional"] <= 30 / elapsed + 1
+    assert report["named_metrics.queue_depth"] == 5 and 0 <= report["cpu_utilization"] <= 1

@@ -68,9 +68,12 @@ class XdsServer:
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ])
         add_to_server(self.hub, self._grpc)
-        bound = self._grpc.add_insecure_port(f"{self.address}:{self.port}")
+        try:
+            bound = self._grpc.add_insecure_port(f"{self.address}:{self.port}")
+        except RuntimeError:        # grpcio raises where it used to return 0
+            bound = 0
         if not bound:
-            raise OSError(f"cannot bind ADS on {self.address}:{self.port}")
+            raise OSError(f"cannot bind ADS on {self.address}:{self.port} (in use?)")
         self.port = bound
         await self._grpc.start()
         from xds_server.admin import start_admin

@@ -78,6 +78,8 @@ class XdsServer:
         await self._grpc.start()
         from xds_server.admin import start_admin
         self._admin = await start_admin(self, self.address, self.admin_port)
+        if self._admin.addresses:                      # --admin-port 0: the port it got
+            self.admin_port = self._admin.addresses[0][1]
         self.source.start()
         log.info("ADS on %s:%d, admin on %s:%d, watching %s", self.address, self.port,
                  self.address, self.admin_port, self.config_dir)

@@ -129,8 +129,10 @@ class TokenMeter:
             self._trim(now)
             if not self._events:
                 return 0.0
-            span = max(now - self._events[0][0], 1e-3)
-            return sum(n for _, n in self._events) / max(span, min(self.window_s, 1.0))
+            # Over the window, or since the first token in it when that is more recent
+            # (a burst reads at its own rate, then decays as the window passes).
+            span = max(now - self._events[0][0], 0.05)
+            return sum(n for _, n in self._events) / span
 
 
 class DecoderExecutor(BatchExecutor):

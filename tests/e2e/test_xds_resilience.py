@@ -7,6 +7,9 @@
   restart it on the same port: Envoy reconnects and converges, and takes the
   next change. Both SotW and Delta; no request may fail throughout.
 """
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -65,6 +68,12 @@ def test_nacked_route_keeps_previous_routes_and_syncz_shows_error(mesh):
     assert "regex" in rds["error"].lower() or "(?=" in rds["error"], rds["error"]
     assert rds["acked_version"] == good                 # the last accepted version, not the rejected one
     assert rds["nacked_version"] != good
+    status = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mcpctl"), "proxy-status",
+                             "--admin-address", f"127.0.0.1:{cp.admin_port}"],
+                            capture_output=True, text=True, timeout=60)
+    row = next(line for line in status.stdout.splitlines() if line.startswith(NODE))
+    assert row.split()[3:7] == ["SYNCED", "SYNCED", "SYNCED", "NACKED"], status.stdout   # CDS EDS LDS RDS
+    assert f"keeps {good}" in status.stdout and rds["error"][:40] in status.stdout
     # Envoy still routes by what it accepted before.
     assert c.count(10, JASON) == {"v2": 10} and c.count(10) == {"v1": 10}
     assert any(k.endswith("update_rejected") and v >= 1 for k, v in mesh["envoy"].stats("rds").items())

@@ -72,8 +72,11 @@ def metric(text: str, name: str) -> float:
 
 
 def test_decoding_with_kv_cache_equals_full_prefix_onnxruntime(local):
+    import time
     with InferenceServer("builtin:tiny-decoder") as server:
+        t0 = time.monotonic()
         results = run_sequences(server)
+        client_rate = len(PROMPTS) * STEPS / (time.monotonic() - t0)
         status = server.admin("/admin/status")[1]["models"][0]
         text = server.metrics()
     for sid, prompt in PROMPTS.items():
@@ -83,6 +86,8 @@ def test_decoding_with_kv_cache_equals_full_prefix_onnxruntime(local):
     assert kv["hits"] == len(PROMPTS) * (STEPS - 1) and kv["misses"] == 0 and kv["hit_rate"] == 1.0
     assert status["tokens"]["generated"] == len(PROMPTS) * STEPS
     assert metric(text, "mcp_inference_kv_cache_hit_rate") == 1.0
+    # the server's tokens/s is the rate the clients saw (its window starts at the first token)
+    assert 0.5 * client_rate <= status["tokens"]["tokens_per_second"] <= 2.0 * client_rate
     assert metric(text, "mcp_inference_tokens_per_second") > 0
 
 

@@ -94,6 +94,9 @@ def test_timeout_set_or_disabled_like_istiod():
 """)
     assert r[0]["route"]["timeout"] == "1.500s"
     assert r[1]["route"]["timeout"] == "0s"
+    # A client's grpc-timeout is honoured by Envoy, capped by the route timeout.
+    assert r[0]["route"]["maxGrpcTimeout"] == "1.500s"
+    assert r[1]["route"]["maxGrpcTimeout"] == "0s"
 
 
 def test_retries_default_explicit_and_off():

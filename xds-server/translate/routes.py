@@ -262,6 +262,15 @@ def _route_action(ctx: RouteContext, vs: Resource, http: dict, path: str, route:
             action.max_stream_duration.max_stream_duration.CopyFrom(timeout)  # gRFC A31
     else:
         action.timeout.SetInParent()
+    if not ctx.grpc:
+        # As istiod: Envoy honours a client's grpc-timeout header, capped by
+        # the route timeout (0 = no cap). Like istiod, the deprecated
+        # max_grpc_timeout: any max_stream_duration would switch the route to
+        # Envoy's "new timeouts", where the route timeout no longer applies.
+        if timeout is not None:
+            action.max_grpc_timeout.CopyFrom(timeout)
+        else:
+            action.max_grpc_timeout.SetInParent()
     _retry_policy(vs, http.get("retries"), f"{path}.retries", action)
     mirrors = list(http.get("mirrors") or [])
     if http.get("mirror"):

@@ -10,7 +10,6 @@ filters in place; on any failure the old state (or nothing) is left.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from contextlib import contextmanager
 
@@ -26,8 +25,23 @@ PROGRAMS = {EGRESS: "egress", INGRESS: "ingress"}
 STAGING_PREFIX = "staging-"
 
 
+LOCK_PATH = "/run/mcp-mesh-bpf.lock"
+
+
 class AttachError(RuntimeError):
     pass
+
+
+@contextmanager
+def _exclusive():
+    """One attach/detach at a time on this host (two would interleave tc calls)."""
+    import fcntl
+    with open(LOCK_PATH, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _netns_inode(pid: str) -> int:
@@ -116,6 +130,11 @@ def _owner_flags(ifname: str) -> int | None:
 def attach(ifname: str, policy: QosPolicy) -> dict:
     """Loads the programs with `policy` onto `ifname`, replacing what we had there."""
     check_privilege()
+    with _exclusive():
+        return _attach(ifname, policy)
+
+
+def _attach(ifname: str, policy: QosPolicy) -> dict:
     if not tc.interface_exists(ifname):
         raise AttachError(f"no interface {ifname!r} in this network namespace")
     ensure_bpffs()
@@ -174,6 +193,11 @@ def _roll_back(ifname: str, path: str, previous: int | None, created_qdisc: bool
 def detach(ifname: str) -> bool:
     """Removes our filters, our pins and (if attach added it) the clsact qdisc."""
     check_privilege()
+    with _exclusive():
+        return _detach(ifname)
+
+
+def _detach(ifname: str) -> bool:
     path = pin_dir(ifname)
     owner = _owner_flags(ifname)
     present = tc.interface_exists(ifname)

@@ -5,7 +5,6 @@ and `detach` act on what an earlier `attach` left.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time

@@ -151,7 +151,8 @@ class Server:
             admin = self._admin_app()
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()
-            await web.TCPSite(self._admin_runner, o.host, o.admin_port, reuse_address=True).start()
+            # loopback only, whatever --host is: reload and policy calls are not for the network
+            await web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port, reuse_address=True).start()
         self.models.ready = True
         await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
         await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)

@@ -169,8 +169,9 @@ class ServedModel:
             new = OnnxModel.load(self.name, new_version, path, device or old.requested_device,
                                  intra_op_threads or old.intra_op_threads)
             new.extra = dict(old.extra)
-            if {k: (v.datatype, len(v.shape)) for k, v in new.inputs.items()} != \
-                    {k: (v.datatype, len(v.shape)) for k, v in old.inputs.items()}:
+            # Queued requests were checked against the old inputs: the new version must take them.
+            if {k: (v.datatype, v.shape) for k, v in new.inputs.items()} != \
+                    {k: (v.datatype, v.shape) for k, v in old.inputs.items()}:
                 raise InvalidArgument(f"new version of {self.name!r} has different inputs "
                                       f"({[s.describe() for s in new.inputs.values()]}); not swapped")
             if is_decoder(new) != self.decoder:

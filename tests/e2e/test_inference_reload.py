@@ -122,6 +122,17 @@ def test_bad_new_version_is_refused_and_old_keeps_serving(tmp_path):
         inp = tgrpc.InferInput("INPUT0", [1, 64], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 64), np.float32))
         assert client.infer("mlp", [inp]).get_response().model_version == "1"
+        # a model that loads but takes other inputs is refused too
+        from onnx import TensorProto, helper
+        other = tmp_path / "other.onnx"
+        other.write_bytes(helper.make_model(helper.make_graph(
+            [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "other",
+            [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["b", 32])],
+            [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["b", 32])]),
+            opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+        status, reply = server.admin("/admin/reload", {"path": str(other)})
+        assert status == 400 and "different inputs" in reply["error"]
+        assert client.infer("mlp", [inp]).get_response().model_version == "1"
         status, reply = server.admin("/admin/policy", {"maxBatchSize": 0})
         assert status == 400 and "spec.maxBatchSize" in reply["error"]
 

@@ -125,6 +125,7 @@ def throughput() -> list[dict]:
         "marker + ALPN + sampler": build_policy(ports=[f"{port}=46"], alpn=True, sample=True),
     }
     results: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
     with VethPair() as pair:
         for _ in range(ROUNDS):
             for name, policy in configs.items():
@@ -134,30 +135,41 @@ def throughput() -> list[dict]:
                     else:
                         attach.attach(pair.client_if, policy)
                 for size in (65536, 1024):
-                    gbps = _one_transfer(pair, port, size)
+                    gbps, us_per_mib = _one_transfer(pair, port, size)
                     results.setdefault((name, size), []).append(gbps)
+                    cpu.setdefault((name, size), []).append(us_per_mib)
         with in_netns(pair.client_ns):
             attach.detach(pair.client_if)
     rows = []
     for size in (65536, 1024):
         base = statistics.median(results[("no program", size)])
+        base_cpu = statistics.median(cpu[("no program", size)])
         for name in configs:
             runs = results[(name, size)]
             med = statistics.median(runs)
+            med_cpu = statistics.median(cpu[(name, size)])
             rows.append({"case": name, "write_size": size, "gbit_per_s": med, "vs_no_program": med / base,
-                         "runs_gbit_per_s": runs, "spread": (max(runs) - min(runs)) / med})
+                         "runs_gbit_per_s": runs, "spread": (max(runs) - min(runs)) / med,
+                         "sender_cpu_us_per_mib": med_cpu, "cpu_vs_no_program": med_cpu / base_cpu})
     return rows
 
 
-def _one_transfer(pair, port: int, size: int) -> float:
+def _one_transfer(pair, port: int, size: int) -> tuple[float, float]:
+    """(Gbit/s, sender CPU µs per MiB). The sender's CPU time includes the veth
+    transmit and, on the same CPU, the receive softirq where tc runs; it moves
+    less with other load on the machine than throughput does."""
     sink = subprocess.Popen(["ip", "netns", "exec", pair.server_ns, sys.executable, "-c", SINK, pair.V4[1], str(port)],
                             stdout=subprocess.PIPE, text=True)
     assert sink.stdout.readline().strip() == "ready"
-    subprocess.run(["ip", "netns", "exec", pair.client_ns, sys.executable, "-c", SOURCE, pair.V4[1], str(port),
-                    str(size), str(THROUGHPUT_SECONDS)], check=True)
+    source = subprocess.Popen(["ip", "netns", "exec", pair.client_ns, sys.executable, "-c", SOURCE, pair.V4[1],
+                               str(port), str(size), str(THROUGHPUT_SECONDS)])
+    _, status, usage = os.wait4(source.pid, 0)
+    source.returncode = os.waitstatus_to_exitcode(status)
+    assert source.returncode == 0, "the sender failed"
     n, seconds = sink.stdout.readline().split()
     sink.wait(10)
-    return int(n) * 8 / float(seconds) / 1e9
+    mib = int(n) / (1 << 20)
+    return int(n) * 8 / float(seconds) / 1e9, (usage.ru_utime + usage.ru_stime) * 1e6 / mib
 
 
 def main() -> int:
@@ -176,10 +188,10 @@ def main() -> int:
         print(f"{r['case']:<44} {r['method']:<28} {r['ns_per_packet']:>8.1f} {ratio:>8}")
     tput = throughput()
     print(f"\n{'veth TCP throughput (median of ' + str(ROUNDS) + ')':<36} {'write':>7} {'Gbit/s':>8} "
-          f"{'x none':>8} {'spread':>7}")
+          f"{'x none':>8} {'spread':>7} {'cpu us/MiB':>11} {'x none':>8}")
     for r in tput:
         print(f"{r['case']:<36} {r['write_size']:>7} {r['gbit_per_s']:>8.2f} {r['vs_no_program']:>8.2f} "
-              f"{r['spread']:>6.0%}")
+              f"{r['spread']:>6.0%} {r['sender_cpu_us_per_mib']:>11.0f} {r['cpu_vs_no_program']:>8.2f}")
     print("(spread: (max-min)/median over the rounds; differences inside it are noise)")
     out.write_text(json.dumps({"ns_per_packet": per_packet, "veth_throughput": tput,
                                "kernel": os.uname().release, "seconds": time.monotonic() - t0}, indent=2))

@@ -21,7 +21,6 @@ IMPORT(proxy_get_buffer_bytes) wasm_result proxy_get_buffer_bytes(int32_t type, 
 IMPORT(proxy_get_header_map_pairs) wasm_result proxy_get_header_map_pairs(int32_t map, char **ret, size_t *ret_size);
 IMPORT(proxy_get_header_map_value) wasm_result proxy_get_header_map_value(int32_t map, const char *key, size_t key_size,
                                                                           char **ret, size_t *ret_size);
-IMPORT(proxy_set_header_map_pairs) wasm_result proxy_set_header_map_pairs(int32_t map, const char *pairs, size_t size);
 IMPORT(proxy_add_header_map_value) wasm_result proxy_add_header_map_value(int32_t map, const char *key, size_t key_size,
                                                                           const char *val, size_t val_size);
 IMPORT(proxy_replace_header_map_value) wasm_result proxy_replace_header_map_value(int32_t map, const char *key,

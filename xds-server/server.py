@@ -81,8 +81,9 @@ class XdsServer:
         if self._admin.addresses:                      # --admin-port 0: the port it got
             self.admin_port = self._admin.addresses[0][1]
         self.source.start()
-        log.info("ADS on %s:%d, admin on %s:%d, watching %s", self.address, self.port,
-                 self.address, self.admin_port, self.config_dir)
+        log.info("ADS on %s:%d, admin on %s:%d, watching %s (%s)", self.address, self.port,
+                 self.address, self.admin_port, self.config_dir,
+                 "inotify" if self.source.inotify is not None else "polling")
 
     async def stop(self, grace: float = 0.5) -> None:
         await self.source.stop()

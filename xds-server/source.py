@@ -1,8 +1,9 @@
 """The config source: a directory of multi-document YAML files, watched.
 
-Polled (stat of every YAML file every 50 ms) rather than inotify: it sees
-editors' rename-over writes, bind mounts and Kubernetes ConfigMap symlink
-swaps alike, and costs microseconds for a config directory's few files.
+inotify wakes the watcher (inotify.py); whether anything changed is decided
+by the directory's fingerprint (path, mtime, size, inode of every YAML
+file), which also sees editors' rename-over writes and Kubernetes ConfigMap
+symlink swaps. Where inotify is unavailable the fingerprint is polled.
 A change is applied once the directory has been still for `debounce`
 seconds (about 100 ms), so a `cp *.yaml` or a half-written file becomes
 one change set, loaded whole; `load` raising ConfigError rejects it whole.
@@ -33,22 +34,49 @@ def fingerprint(directory: str) -> tuple:
 
 
 class DirectorySource:
-    """Calls `on_change()` after each debounced change of `directory`."""
+    """Calls `on_change()` after each debounced change of `directory`.
+
+    With inotify (Linux), events wake the watcher at once and a fingerprint
+    every `safety_poll` seconds catches anything inotify cannot see (the
+    directory itself replaced); without it, the fingerprint is polled.
+    """
 
     def __init__(self, directory: str, on_change: Callable[[], Awaitable[None]],
-                 poll: float = 0.05, debounce: float = 0.1):
+                 poll: float = 0.05, debounce: float = 0.1, use_inotify: bool = True,
+                 safety_poll: float = 2.0):
         self.directory = directory
         self.on_change = on_change
         self.poll = poll
         self.debounce = debounce
+        self.use_inotify = use_inotify
+        self.safety_poll = safety_poll
         self.seen = fingerprint(directory)
         self.changes = 0
+        self.inotify = None
+        self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._watch())
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        if self.use_inotify and os.path.isdir(self.directory):
+            try:
+                from xds_server.inotify import Inotify
+                self.inotify = Inotify(self.directory)
+                loop.add_reader(self.inotify.fd, self._on_events)
+            except (OSError, AttributeError) as e:   # not Linux, or out of watches: poll
+                log.info("inotify unavailable (%s); polling %s", e, self.directory)
+                self.inotify = None
+        self._task = loop.create_task(self._watch())
+
+    def _on_events(self) -> None:
+        if self.inotify.drain():
+            self._wake.set()
 
     async def stop(self) -> None:
+        if self.inotify is not None:
+            asyncio.get_running_loop().remove_reader(self.inotify.fd)
+            self.inotify.close()
         if self._task:
             self._task.cancel()
             try:
@@ -56,19 +84,36 @@ class DirectorySource:
             except asyncio.CancelledError:
                 pass
 
+    async def _woken(self, timeout: float) -> bool:
+        """Wait for an inotify event (True) or `timeout` (False)."""
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(self.poll)
+            if self.inotify is not None:
+                await self._woken(self.safety_poll)
+            else:
+                await asyncio.sleep(self.poll)
             now = await asyncio.to_thread(fingerprint, self.directory)
             if now == self.seen:
                 continue
             # Debounce: wait until nothing has changed for `debounce` seconds.
-            still_since = time.monotonic()
-            while time.monotonic() - still_since < self.debounce:
-                await asyncio.sleep(min(self.poll, self.debounce / 4))
-                later = await asyncio.to_thread(fingerprint, self.directory)
-                if later != now:
-                    now, still_since = later, time.monotonic()
+            if self.inotify is not None:
+                while await self._woken(self.debounce):
+                    pass
+                now = await asyncio.to_thread(fingerprint, self.directory)
+            else:
+                still_since = time.monotonic()
+                while time.monotonic() - still_since < self.debounce:
+                    await asyncio.sleep(min(self.poll, self.debounce / 4))
+                    later = await asyncio.to_thread(fingerprint, self.directory)
+                    if later != now:
+                        now, still_since = later, time.monotonic()
             self.seen = now
             self.changes += 1
             try:

@@ -143,3 +143,35 @@ def test_incremental_loader_reparses_only_changed_files_and_equals_load_config(t
         assert "b.yaml" in str(e)
     write_config(d, "b.yaml", DOC.format(name="b3"))
     assert sorted(r.name for r in load(d)) == ["a", "b3"]
+
+
+def test_inotify_wakes_on_write_rename_and_new_subdirectory(tmp_path):
+    from xds_server.inotify import Inotify
+    w = Inotify(str(tmp_path))
+    try:
+        assert not w.drain()
+        write_config(str(tmp_path), "a.yaml", DOC.format(name="a"))     # temp file + rename
+        assert w.drain()
+        sub = tmp_path / "team"
+        sub.mkdir()
+        assert w.drain()                                                # and now watched
+        (sub / "b.yaml").write_text(DOC.format(name="b"))
+        assert w.drain()
+        assert not w.drain()
+    finally:
+        w.close()
+
+
+def test_polling_fallback_still_sees_changes(tmp_path):
+    seen = []
+
+    async def body():
+        src = DirectorySource(str(tmp_path), lambda: _record(seen, tmp_path), poll=0.01, debounce=0.05,
+                              use_inotify=False)
+        src.start()
+        write_config(str(tmp_path), "a.yaml", DOC.format(name="a"))
+        await asyncio.sleep(0.3)
+        await src.stop()
+
+    asyncio.run(body())
+    assert seen == [1]

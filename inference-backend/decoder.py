@@ -28,6 +28,9 @@ PAST = ("past_key", "past_value")
 PRESENT = ("present_key", "present_value")
 SEQUENCE_OUTPUTS_DEFAULT = ("logits", "next_token")
 MAX_HISTORIES = 100_000
+# Longest context (past + new tokens) a request may make the model attend over:
+# attention is quadratic in it, and one huge request must not exhaust memory.
+MAX_CONTEXT = 2048
 
 
 def is_decoder(model: OnnxModel) -> bool:
@@ -45,6 +48,11 @@ class KVCache:
         self.bytes = 0
         self.hits = self.misses = self.evictions = 0
         self._lock = threading.Lock()     # the compute thread writes; metrics read
+
+    def history_length(self, sid) -> int:
+        """For request threads (a racy read is fine: a history only grows)."""
+        h = self._history.get(sid)
+        return len(h) if h is not None else 0
 
     def history(self, sid) -> list[int] | None:
         h = self._history.get(sid)

@@ -20,7 +20,8 @@ import numpy as np
 from mesh.scheduling import BatcherSettings
 from inference_backend import builtin_models
 from inference_backend.batcher import DynamicBatcher, Pending, Result
-from inference_backend.decoder import DecoderExecutor, KVCache, PAST, TokenMeter, is_decoder, sequence_context
+from inference_backend.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
+                                       sequence_context)
 from inference_backend.errors import InvalidArgument, NotFound, Unavailable
 from inference_backend.executors import BatchExecutor
 from inference_backend.load_report import LoadSampler
@@ -132,12 +133,19 @@ class ServedModel:
                 raise InvalidArgument(f"a sequence request sends input_ids of shape [1, T>=1], got {list(ids.shape)}")
             if ids.size and (ids.min() < 0 or ids.max() >= model.extra.get("vocab", 256)):
                 raise InvalidArgument(f"input_ids must be token ids in 0..{model.extra.get('vocab', 256) - 1}")
+            context = (0 if seq["start"] else self.kv_cache.history_length(seq["sequence_id"])) + ids.shape[1]
+            if context > MAX_CONTEXT:
+                raise InvalidArgument(f"sequence {seq['sequence_id']!r} would reach {context} tokens; "
+                                      f"the model's context is at most {MAX_CONTEXT}")
             return Pending(inputs=inputs, outputs=tuple(outputs), rows=1, key=("sequence", tuple(outputs)),
                            timeout_us=timeout or None, context=seq)
         if self.decoder and "input_ids" in inputs:
             ids = inputs["input_ids"]
             if ids.size and (ids.min() < 0 or ids.max() >= model.extra.get("vocab", 256)):
                 raise InvalidArgument(f"input_ids must be token ids in 0..{model.extra.get('vocab', 256) - 1}")
+            context = ids.shape[1] + (inputs["past_key"].shape[2] if "past_key" in inputs else 0)
+            if context > MAX_CONTEXT:
+                raise InvalidArgument(f"past + input_ids is {context} tokens; the model's context is at most {MAX_CONTEXT}")
         if model.batch_dim:
             rows = {a.shape[0] for a in inputs.values()}
             if len(rows) != 1:

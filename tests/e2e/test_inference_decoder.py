@@ -125,3 +125,25 @@ def test_stateless_call_with_explicit_past_equals_local(local):
             client.infer("tiny-decoder", [bad], sequence_id=9, sequence_start=True)
         assert "INVALID_ARGUMENT" in str(e.value) and "token ids in 0..255" in str(e.value)
         client.close()
+
+
+def test_context_longer_than_the_model_allows_is_refused_before_it_runs():
+    from inference_backend.decoder import MAX_CONTEXT
+    with InferenceServer("builtin:tiny-decoder", admin=False) as server:
+        client = tgrpc.InferenceServerClient(server.grpc)
+        first = tgrpc.InferInput("input_ids", [1, MAX_CONTEXT - 1], "INT64")
+        first.set_data_from_numpy(np.ones((1, MAX_CONTEXT - 1), np.int64))
+        client.infer("tiny-decoder", [first], sequence_id=77, sequence_start=True)
+        more = tgrpc.InferInput("input_ids", [1, 2], "INT64")
+        more.set_data_from_numpy(np.ones((1, 2), np.int64))
+        with pytest.raises(Exception) as e:
+            client.infer("tiny-decoder", [more], sequence_id=77)
+        assert "INVALID_ARGUMENT" in str(e.value) and f"would reach {MAX_CONTEXT + 1} tokens" in str(e.value)
+        huge = tgrpc.InferInput("input_ids", [1, 100_000], "INT64")
+        huge.set_data_from_numpy(np.zeros((1, 100_000), np.int64))
+        with pytest.raises(Exception, match="context is at most"):
+            client.infer("tiny-decoder", [huge], sequence_id=78, sequence_start=True)
+        one = tgrpc.InferInput("input_ids", [1, 1], "INT64")   # and the sequence can still take one more
+        one.set_data_from_numpy(np.ones((1, 1), np.int64))
+        assert client.infer("tiny-decoder", [one], sequence_id=77).as_numpy("next_token").shape == (1,)
+        client.close()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -145,6 +146,22 @@ def test_detach_after_the_interface_is_gone_removes_the_pins(pair):
         assert not os.path.exists(attach.pin_dir(pair.client_if))
 
 
+def scrape(netns: str, port: int) -> str:
+    """GET /metrics on 127.0.0.1:port inside `netns`; "" while nothing answers."""
+    try:
+        s = netns_socket(netns)
+        s.settimeout(2)
+        with s:
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /metrics HTTP/1.0\r\nhost: localhost\r\n\r\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_latency_command_reads_the_pinned_sampler(pair):
     ns = pair.server_ns
     sock = netns_socket(ns)
@@ -171,6 +188,27 @@ def test_latency_command_reads_the_pinned_sampler(pair):
         out = json.loads(r.stdout)
         assert out["8090"]["samples"] == 10
         assert 0 < out["8090"]["p50_us"] <= out["8090"]["p99_us"]
+
+        # Again, served for Prometheus (on 127.0.0.1 of the server's namespace).
+        with netns_socket(pair.client_ns) as c2:
+            c2.settimeout(5)
+            c2.connect((pair.V4[1], 8090))
+            for _ in range(3):
+                c2.sendall(b"req")
+                assert c2.recv(16) == b"ok"
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-m", "mesh.cli", "bpf",
+                                 "latency", "-i", pair.server_if, "--seconds", "8", "--prometheus-port", "9464"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            scraped, deadline = "", time.monotonic() + 8
+            while 'service_port="8090"' not in scraped and time.monotonic() < deadline:
+                time.sleep(0.3)
+                scraped = scrape(ns, 9464)
+        finally:
+            proc.kill()
+            proc.wait()
+        lines = [ln for ln in scraped.splitlines() if ln.startswith("mcp_bpf_first_byte_latency_samples{")]
+        assert any('service_port="8090"' in ln and ln.endswith(" 3.0") for ln in lines), scraped[-2000:]
     finally:
         mcpctl("detach", "-i", pair.server_if, netns=ns)
         srv.close()

@@ -231,11 +231,14 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
         try:
             with pinned_maps(name) as maps:
                 cfg = maps["config"][0]
-                flows = []
+                flows, counts = [], {}
                 for key, val in maps["flow_alpn"].items():
-                    if len(flows) < max_flows:
+                    state = layout.ALPN_STATE_NAMES.get(val.state, str(val.state))
+                    counts[state] = counts.get(state, 0) + 1
+                    # TLS flows are listed; the rest (not TLS) only counted.
+                    if val.state != layout.ALPN_NOT_CLIENT_HELLO and len(flows) < max_flows:
                         flows.append({"flow": str(key), "alpn": val.proto.decode(errors="replace"),
-                                      "state": layout.ALPN_STATE_NAMES.get(val.state, str(val.state)),
+                                      "state": state,
                                       "dscp": val.dscp if val.state == layout.ALPN_CLASSED else None})
                 entry = {
                     "interface": name,
@@ -249,6 +252,7 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
                     "alpn_dscp": {k.name.decode(): int(v.value) for k, v in maps["alpn_dscp"].items()},
                     "sample_ports": sorted(int(k.value) for k, _ in maps["sample_ports"].items()),
                     "flows": flows,
+                    "flow_counts": counts,
                 }
         except KeyError:
             continue

@@ -101,6 +101,8 @@ def _status(args) -> int:
             print(f"  tc {hook}: {progs}")
         if not st["interface_present"]:
             print("  interface is gone: run `mcpctl bpf detach` to remove the pins")
+        if st["flow_counts"]:
+            print("  flows seen: " + ", ".join(f"{n} {state}" for state, n in sorted(st["flow_counts"].items())))
         for f in st["flows"]:
             dscp = f" -> DSCP {f['dscp']}" if f["dscp"] is not None else ""
             print(f"  flow {f['flow']}: {f['state']} {f['alpn']}{dscp}")

@@ -361,13 +361,19 @@ class DeltaStream(_Stream):
         st = self.types[type_url]
         want = snap.selection(type_url, st.wildcard, st.names, st.sub_key)
         version = want.version
+        # `content` names what is sent, so that streams sending the same share one body.
         if st.held is not None:
             if st.held is want and not force:
                 return None                       # already holds exactly this
             changed, removed = snap.diff(st.held, want)
+            content = ("diff", st.held.version)
+        elif not st.client:                       # holds nothing yet: everything
+            changed, removed = list(want.resources), []
+            content = ("all",)
         else:                                     # after a reconnect, NACK or unsubscribe
             changed = [r for r in want.resources if st.client.get(r.name) != r.version]
             removed = sorted(n for n in st.client if n not in want.items)
+            content = ("some", hashlib.sha256("\n".join(f"{r.name}\0{r.version}" for r in changed).encode()).digest())
         # A newly asked-for name that does not exist is said to be absent, so
         # the client need not wait out its initial fetch timeout.
         absent = sorted(n for n in absent if n not in want.items and n not in st.client)
@@ -376,9 +382,8 @@ class DeltaStream(_Stream):
             return None
         removed = list(removed) + absent
         nonce = self.hub.nonce()
-        digest = hashlib.sha256("\n".join(f"{r.name}\0{r.version}" for r in changed).encode()).digest()
         body = self.hub.bodies.get(
-            ("delta", type_url, version, digest, tuple(removed)),
+            ("delta", type_url, version, *content, tuple(removed)),
             lambda: discovery_pb2.DeltaDiscoveryResponse(
                 system_version_info=version, type_url=type_url, control_plane=CONTROL_PLANE,
                 resources=[discovery_pb2.Resource(name=r.name, version=r.version, resource=r.any)

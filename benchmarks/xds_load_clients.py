@@ -50,7 +50,8 @@ def _head_messages():
 
     msg("SotwHead", [("version_info", 1, T.TYPE_STRING, False), ("resources", 2, T.TYPE_BYTES, True),
                      ("type_url", 4, T.TYPE_STRING, False), ("nonce", 5, T.TYPE_STRING, False)])
-    msg("DeltaHead", [("resources", 2, T.TYPE_BYTES, True), ("type_url", 4, T.TYPE_STRING, False),
+    msg("DeltaHead", [("system_version_info", 1, T.TYPE_STRING, False),
+                      ("resources", 2, T.TYPE_BYTES, True), ("type_url", 4, T.TYPE_STRING, False),
                       ("nonce", 5, T.TYPE_STRING, False), ("removed_resources", 6, T.TYPE_STRING, True)])
     msg("ResourceHead", [("name", 3, T.TYPE_STRING, False)])                  # delta Resource.name
     msg("AnyHead", [("value", 2, T.TYPE_BYTES, False)])                       # Any.value
@@ -165,15 +166,21 @@ class Client:
         follow = {CLUSTER: ENDPOINT, LISTENER: ROUTE}.get(ty)
         if not follow:
             return
-        if ty == CLUSTER:
-            names = {HEADS["ResourceHead"].FromString(r).name for r in head.resources}
-        else:
-            names = set()
-            for r in head.resources:
-                res = discovery_pb2.Resource.FromString(r)
-                lis = listener_pb2.Listener()
-                res.resource.Unpack(lis)
-                names.update(route_names(lis))
+        # Responses with the same system version and count carry the same names
+        # (every client of one shape gets the same ones): decode them once.
+        key = ("delta", ty, head.system_version_info, len(head.resources), tuple(head.removed_resources))
+        names = _names_by_version.get(key)
+        if names is None:
+            if ty == CLUSTER:
+                names = {HEADS["ResourceHead"].FromString(r).name for r in head.resources}
+            else:
+                names = set()
+                for r in head.resources:
+                    res = discovery_pb2.Resource.FromString(r)
+                    lis = listener_pb2.Listener()
+                    res.resource.Unpack(lis)
+                    names.update(route_names(lis))
+            _names_by_version[key] = names
         new = names - self.subscribed[follow]
         gone = set(head.removed_resources) & self.subscribed[follow] if ty == CLUSTER else set()
         if new or gone:

@@ -112,6 +112,9 @@ class OnnxModel:
         plan = provider_plan(device)
         session = ort.InferenceSession(path, sess_options=opts, providers=plan)
         provider = session.get_providers()[0]
+        if device != "auto" and device.split(":")[0] not in ("cpu", DEVICE_SHORT.get(provider)):
+            log.warning("--device %s: %s is not available in this onnxruntime (%s); running on %s",
+                        device, device.split(":")[0], ", ".join(ort.get_available_providers()), provider)
         inputs = {a.name: _spec(a) for a in session.get_inputs()}
         outputs = {a.name: _spec(a) for a in session.get_outputs()}
         batch_dim = all(s.shape and s.shape[0] == -1 for s in [*inputs.values(), *outputs.values()])

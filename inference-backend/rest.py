@@ -22,7 +22,7 @@ from inference_backend.request_meta import check_session, priority_param, respon
 log = logging.getLogger("inference_backend")
 SERVER_NAME = "mcp-mesh-inference"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "sequence", "model_stream_infer", "orca_load_report", "hot_reload"]
+EXTENSIONS = ["binary_tensor_data", "schedule_policy", "sequence", "model_stream_infer", "orca_load_report", "hot_reload"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 

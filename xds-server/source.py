@@ -85,13 +85,15 @@ class DirectorySource:
                 pass
 
     async def _woken(self, timeout: float) -> bool:
-        """Wait for an inotify event (True) or `timeout` (False)."""
-        self._wake.clear()
+        """Wait for an inotify event (True) or `timeout` (False). The flag is cleared
+        after waking, not before waiting: an event that came while we were busy counts."""
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
-            return True
+            woke = True
         except asyncio.TimeoutError:
-            return False
+            woke = False
+        self._wake.clear()
+        return woke
 
     async def _watch(self) -> None:
         while True:

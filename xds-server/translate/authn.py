@@ -26,6 +26,7 @@ from google.protobuf import duration_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import http_uri_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2
+from envoy.extensions.access_loggers.filters.cel.v3.cel_pb2 import ExpressionFilter
 from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
@@ -163,6 +164,26 @@ def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
         f.typed_config.Pack(cfg)
         out.append(f)
     return out
+
+
+def bad_token_reply() -> hcm.LocalReplyConfig:
+    """HCM local-reply mapping: every token jwt_authn rejects answers 401.
+
+    jwt_authn answers a verified token for another audience with 403 (its
+    JwtAudienceNotAllowed); to the mesh a token not meant for this service is
+    an invalid token, so it becomes 401 with the RFC 6750 challenge like the
+    others. Only jwt_authn's own replies are matched, by their details.
+    """
+    expr = ExpressionFilter(expression="response.code == 403 && "
+                                       "response.code_details.startsWith('jwt_authn_access_denied')")
+    mapper = hcm.ResponseMapper()
+    mapper.filter.extension_filter.name = "envoy.access_loggers.extension_filters.cel"
+    mapper.filter.extension_filter.typed_config.Pack(expr)
+    mapper.status_code.value = 401
+    challenge = mapper.headers_to_add.add()
+    challenge.header.key = "www-authenticate"
+    challenge.header.value = 'Bearer realm="mcp-mesh", error="invalid_token"'
+    return hcm.LocalReplyConfig(mappers=[mapper])
 
 
 def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:

@@ -22,6 +22,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from google.protobuf import any_pb2
 
+from mesh.header_contract import JWT_AUTHN_FILTER
+from xds_server.translate import authn
 from xds_server.translate.clusters import ads_config_source
 from xds_server.translate.names import grpc_listener_name, listener_name
 from xds_server.translate.routes import CORS_FILTER, FAULT_FILTER
@@ -67,6 +69,8 @@ def http_connection_manager(stat_prefix: str, route_name: str, filters: list[Htt
     hcm.path_with_escaped_slashes_action = HCM.KEEP_UNCHANGED
     hcm.stream_idle_timeout.SetInParent()
     hcm.upgrade_configs.add(upgrade_type="websocket")
+    if any(f.name == JWT_AUTHN_FILTER for f in filters):
+        hcm.local_reply_config.CopyFrom(authn.bad_token_reply())
     return hcm
 
 

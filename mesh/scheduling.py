@@ -22,6 +22,7 @@ TIMEOUT_ACTIONS = ("REJECT", "DELAY")
 MAX_PRIORITY_LEVELS = 16
 MAX_BATCH_SIZE_LIMIT = 4096
 MAX_QUEUE_DELAY_US_LIMIT = 10_000_000   # 10 s: anything longer is a typo
+MAX_LIST_ITEMS = 64                     # the CRD's maxItems / maxProperties (bounded CEL cost)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,8 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
                 labels is not None and not (isinstance(labels, Mapping)
                                             and all(isinstance(v, str) for v in labels.values()))):
             problems.append(("spec.selector", "must be {matchLabels: {label: string}}"))
+        elif labels is not None and len(labels) > MAX_LIST_ITEMS:
+            problems.append(("spec.selector.matchLabels", f"at most {MAX_LIST_ITEMS} labels"))
     base_name = spec.get("qosPolicy", DEFAULT_PRESET)
     if base_name not in PRESETS:
         problems.append(("spec.qosPolicy", f"unknown preset {base_name!r}; expected one of {', '.join(PRESETS)}"))
@@ -180,6 +183,8 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
         if not isinstance(prefs, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1
                                                   for p in prefs):
             problems.append(("spec.preferredBatchSize", f"must be a list of positive integers, got {prefs!r}"))
+        elif len(prefs) > MAX_LIST_ITEMS:
+            problems.append(("spec.preferredBatchSize", f"at most {MAX_LIST_ITEMS} sizes"))
         else:
             pref_tuple = tuple(sorted(set(prefs)))
     queues = None

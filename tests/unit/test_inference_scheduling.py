@@ -62,6 +62,8 @@ def test_command_line_overrides_keep_preferred_sizes_consistent():
     ({"queuePolicies": {"x": {}}}, "spec.queuePolicies.x", "priority level"),
     ({"maxBatch": 8}, "spec.maxBatch", "unknown field"),
     ({"selector": {"labels": {}}}, "spec.selector", "matchLabels"),
+    ({"selector": {"matchLabels": {f"k{i}": "v" for i in range(65)}}}, "spec.selector.matchLabels", "at most 64"),
+    ({"maxBatchSize": 4096, "preferredBatchSize": list(range(1, 66))}, "spec.preferredBatchSize", "at most 64"),
 ])
 def test_bad_spec_names_the_field(spec, field, words):
     settings, problems = parse_spec(spec)

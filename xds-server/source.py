@@ -43,13 +43,15 @@ class DirectorySource:
 
     def __init__(self, directory: str, on_change: Callable[[], Awaitable[None]],
                  poll: float = 0.05, debounce: float = 0.1, use_inotify: bool = True,
-                 safety_poll: float = 2.0):
+                 safety_poll: float = 2.0, max_debounce: float = 10.0):
         self.directory = directory
         self.on_change = on_change
         self.poll = poll
         self.debounce = debounce
         self.use_inotify = use_inotify
         self.safety_poll = safety_poll
+        self.max_debounce = max_debounce   # as istiod's PILOT_DEBOUNCE_MAX: a directory that never
+                                           # stops changing is still applied every so often
         self.seen = fingerprint(directory)
         self.changes = 0
         self.inotify = None
@@ -105,13 +107,16 @@ class DirectorySource:
             if now == self.seen:
                 continue
             # Debounce: wait until nothing has changed for `debounce` seconds.
+            first_seen = time.monotonic()
             if self.inotify is not None:
-                while await self._woken(self.debounce):
+                while (time.monotonic() - first_seen < self.max_debounce
+                       and await self._woken(self.debounce)):
                     pass
                 now = await asyncio.to_thread(fingerprint, self.directory)
             else:
                 still_since = time.monotonic()
-                while time.monotonic() - still_since < self.debounce:
+                while (time.monotonic() - still_since < self.debounce
+                       and time.monotonic() - first_seen < self.max_debounce):
                     await asyncio.sleep(min(self.poll, self.debounce / 4))
                     later = await asyncio.to_thread(fingerprint, self.directory)
                     if later != now:

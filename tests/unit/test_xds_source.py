@@ -1,6 +1,7 @@
 """The watched config directory: debounced, atomic change sets; bad ones rejected whole."""
 import asyncio
 import os
+import pytest
 
 from mesh.config import load_dir
 from support.ports import free_port
@@ -175,3 +176,21 @@ def test_polling_fallback_still_sees_changes(tmp_path):
 
     asyncio.run(body())
     assert seen == [1]
+
+
+@pytest.mark.parametrize("use_inotify", [True, False])
+def test_a_directory_that_never_stops_changing_is_still_applied(tmp_path, use_inotify):
+    seen = []
+
+    async def body():
+        src = DirectorySource(str(tmp_path), lambda: _record(seen, tmp_path), poll=0.01, debounce=0.1,
+                              max_debounce=0.3, use_inotify=use_inotify)
+        src.start()
+        for i in range(40):          # a write every 20 ms for 0.8 s: never still for 100 ms
+            write_config(str(tmp_path), f"f{i % 3}.yaml", DOC.format(name=f"s{i}"))
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        await src.stop()
+
+    asyncio.run(body())
+    assert len(seen) >= 2            # applied during the storm, not only after it

@@ -13,6 +13,7 @@ import urllib.request
 import yaml
 
 from support.ports import free_port
+from support.processes import stop_process
 
 
 def envoy_binary() -> str:
@@ -105,13 +106,7 @@ class Envoy:
             return "(no log)"
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "Envoy":

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from mesh import headers as H
 from mesh.session import sign_headers
 from support.ports import free_port, wait_port
+from support.processes import stop_process
 from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,13 +101,7 @@ class Console:
             return f.read()[-3000:]
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         os.unlink(self.log.name)
 
 

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 from support.ports import free_port
+from support.processes import stop_process
 
 
 class InferenceServer:
@@ -82,13 +83,7 @@ class InferenceServer:
             return r.read().decode()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace=15)
         if self.proc and self.proc.stdout:
             self.proc.stdout.close()
 

@@ -23,6 +23,7 @@ import urllib.request
 
 from support.envoy import Envoy
 from support.ports import free_port, wait_port
+from support.processes import stop_process
 
 GATEWAY_NODE = "router~127.0.0.1~gateway.default~default.svc.cluster.local"
 
@@ -164,13 +165,7 @@ class ControlPlane:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def close(self) -> None:
         self.stop()

@@ -36,6 +36,7 @@ from typing import Callable
 
 import yaml
 
+from mesh.demo_contract import step_header_contract
 from mesh.demo_grpcweb import step_grpc_web_console
 from mesh.demo_inference import step_inference_pool
 from mesh.headers import END_USER
@@ -89,10 +90,13 @@ def _pick(port: int, taken: set[int]) -> int:
 
 
 class SampleUpstream:
-    """An HTTP server answering its version: body {"upstream": v1, "path": ...}, header x-upstream."""
+    """An HTTP server answering its version: body {"upstream": v1, "path": ..., "headers": {what it saw}},
+    header x-upstream; `requests` counts what reached it."""
 
     def __init__(self, version: str, port: int):
         self.version, self.port = version, port
+        self.requests = 0
+        self._lock = threading.Lock()
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -100,8 +104,11 @@ class SampleUpstream:
             disable_nagle_algorithm = True
 
             def do_GET(self):
+                with upstream._lock:
+                    upstream.requests += 1
                 body = json.dumps({"upstream": upstream.version, "path": self.path,
-                                   END_USER: self.headers.get(END_USER, "")}).encode()
+                                   END_USER: self.headers.get(END_USER, ""),
+                                   "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
@@ -359,6 +366,7 @@ STEPS: list[Step] = [
     Step("header routing", step_header_routing),
     Step("80/20 split", step_split),
     Step("fault delay", step_fault_delay),
+    Step("header contract: JWT session headers", step_header_contract),
     Step("gRPC-Web to the inference backend, console", step_grpc_web_console),
     Step("inference pool: two replicas through the gateway", step_inference_pool),
     Step("proxy-status", step_proxy_status),

@@ -142,6 +142,7 @@ class Demo:
         self.config_dir = self.workdir / "config"
         self.processes: list[tuple[str, subprocess.Popen, Path]] = []
         self.upstreams: list[SampleUpstream] = []
+        self.urls: dict[str, str] = {}      # what a step serves, for --serve (name -> URL)
         self.manifests = Path(args.manifests)
 
     # -- processes
@@ -373,34 +374,80 @@ STEPS: list[Step] = [
 ]
 
 
+def _urls(demo: Demo) -> list[tuple[str, str]]:
+    return [("gateway (reviews)", f"http://127.0.0.1:{demo.gateway_port}/reviews"),
+            *demo.urls.items(),
+            ("xDS admin", f"http://127.0.0.1:{demo.admin_port}/debug/syncz"),
+            ("Envoy admin", f"http://127.0.0.1:{demo.envoy_admin_port}/")]
+
+
+def _serve(demo: Demo, stop: threading.Event) -> None:
+    """--serve: keep every part running, print where to reach them, until Ctrl-C or SIGTERM."""
+    print("\nserving (Ctrl-C or SIGTERM stops every process):")
+    for name, url in _urls(demo):
+        print(f"  {name:<22} {url}")
+    print(f"  work dir {demo.workdir} (logs, watched config: {demo.config_dir})", flush=True)
+    reported: set[str] = set()
+    while not stop.wait(1.0):
+        for name, proc, _ in demo.processes:
+            if proc.poll() is not None and name not in reported:
+                reported.add(name)
+                print(f"  {name} exited {proc.returncode}:\n{demo.log_tail(name)}", flush=True)
+    print("stopping...", flush=True)
+
+
 def run(args) -> int:
     demo = Demo(args)
     checks: list[tuple[str, Check]] = []
     failed_step = None
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        if getattr(args, "serve", False) and serving:
+            stop.set()                     # --serve: leave the wait, then stop everything
+        else:
+            raise KeyboardInterrupt        # during the steps: stop everything (finally) and exit
+    serving = False
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, on_signal)
+        except ValueError:                 # not the main thread: leave the handlers alone
+            pass
     try:
-        for i, step in enumerate(STEPS, 1):
-            print(f"[{i}/{len(STEPS)}] {step.name}", flush=True)
-            try:
-                results = step.run(demo)
-            except Exception as e:  # a step that cannot run fails the demo, with its reason
-                failed_step = step.name
-                checks.append((step.name, Check(step.name, "runs", f"{type(e).__name__}: {e}", False)))
-                for name, proc, _ in demo.processes:
-                    if proc.poll() is not None:
-                        print(f"  {name} exited {proc.returncode}:\n{demo.log_tail(name)}")
-                break
-            checks.extend((step.name, c) for c in results)
+        try:
+            for i, step in enumerate(STEPS, 1):
+                print(f"[{i}/{len(STEPS)}] {step.name}", flush=True)
+                try:
+                    results = step.run(demo)
+                except Exception as e:  # a step that cannot run fails the demo, with its reason
+                    failed_step = step.name
+                    checks.append((step.name, Check(step.name, "runs", f"{type(e).__name__}: {e}", False)))
+                    for name, proc, _ in demo.processes:
+                        if proc.poll() is not None:
+                            print(f"  {name} exited {proc.returncode}:\n{demo.log_tail(name)}")
+                    break
+                checks.extend((step.name, c) for c in results)
+            rows = [("step", "check", "expected", "observed", "")] + [
+                (s, c.name, c.expected, c.observed, "ok" if c.ok else "FAIL") for s, c in checks]
+            widths = [max(len(r[i]) for r in rows) for i in range(5)]
+            print()
+            for r in rows:
+                print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+            ok = all(c.ok for _, c in checks) and failed_step is None
+            print(f"\ndemo {'passed' if ok else 'FAILED'}: {sum(c.ok for _, c in checks)}/{len(checks)} checks"
+                  + (f" (stopped at: {failed_step})" if failed_step else ""), flush=True)
+            if getattr(args, "serve", False):
+                serving = True
+                _serve(demo, stop)
+        except KeyboardInterrupt:
+            print("\ninterrupted: stopping every process", flush=True)
+            return 130
+        finally:
+            demo.stop_all()
     finally:
-        demo.stop_all()
-    rows = [("step", "check", "expected", "observed", "")] + [
-        (s, c.name, c.expected, c.observed, "ok" if c.ok else "FAIL") for s, c in checks]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    print()
-    for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
-    ok = all(c.ok for _, c in checks) and failed_step is None
-    print(f"\ndemo {'passed' if ok else 'FAILED'}: {sum(c.ok for _, c in checks)}/{len(checks)} checks"
-          + (f" (stopped at: {failed_step})" if failed_step else ""))
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0 if ok else 1
 
 
@@ -414,4 +461,7 @@ def register(subparsers) -> None:
     p.add_argument("--envoy-admin-port", type=int, default=15000)
     p.add_argument("--upstream-port", type=int, default=18081, help="v1's port; v2 and v3 follow")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, config)")
+    p.add_argument("--serve", action="store_true",
+                   help="after the checks keep everything running (control plane, Envoy, backend, console) and "
+                        "print the URLs, until Ctrl-C / SIGTERM")
     p.set_defaults(func=run)

@@ -183,6 +183,9 @@ def step_header_contract(demo) -> list:
     tn_h = tn.get("headers", {})
     print(f"  tenant acme sends x-tenant-acme-region, x-tenant-other-plan -> upstream saw"
           f" {', '.join(k for k in sorted(tn_h) if k.startswith(H.TENANT_HEADER_PREFIX)) or 'none'}")
+    saved = demo.workdir / "token-jason.jwt"      # for --serve: curl -H "authorization: Bearer $(cat ...)"
+    saved.write_text(issuer.token(exp_in=3600, sub="jason", tenant="acme") + "\n")
+    demo.urls["token sub=jason (1 h)"] = str(saved)
     print(f"  (module {WASM.name} sha256 {sha[:12]}…, step took {time.monotonic() - started:.1f} s)")
 
     return [

@@ -130,6 +130,9 @@ def step_grpc_web_console(demo) -> list:
                            "--grpc-web", f"http://127.0.0.1:{gateway_port}",
                            "--envoy-admin", f"http://127.0.0.1:{demo.envoy_admin_port}", "--model", MODEL])
     demo.wait("the console", lambda: json.loads(urllib.request.urlopen(f"{console}/api/config", timeout=2).read()))
+    demo.urls["console"] = f"{console}/"
+    demo.urls["gRPC-Web gateway"] = f"http://127.0.0.1:{gateway_port}{SERVICE}/"
+    demo.urls["inference backend"] = f"http://127.0.0.1:{http_port}/v2/models/{MODEL}"
 
     # As the page does: a CORS preflight from the console's origin, then the call.
     conn = http.client.HTTPConnection("127.0.0.1", gateway_port, timeout=10)

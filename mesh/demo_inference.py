@@ -110,6 +110,7 @@ def step_inference_pool(demo) -> list:
     demo.wait_synced()
     demo.wait("the pool's gateway listener", lambda: socket.create_connection(("127.0.0.1", gateway_port), 1).close() or True)
 
+    demo.urls["inference pool gateway"] = f"http://127.0.0.1:{gateway_port}/v2/models/{MODEL}/infer"
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
     url = f"http://127.0.0.1:{gateway_port}/v2/models/{MODEL}/infer"
     before_counts = [_served(p) for p in http_ports]

@@ -1,7 +1,11 @@
 """The command lines: `mcpctl envoy bootstrap` accepted by Envoy itself, `mcpctl demo` end to end."""
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 import yaml
@@ -9,6 +13,7 @@ import yaml
 from support.envoy import envoy_binary
 
 MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+WASM = os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm")
 
 
 @pytest.mark.parametrize("delta", [False, True])
@@ -45,6 +50,45 @@ def test_demo_routes_as_configured_and_stops_everything():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "demo passed" in out.stdout
     assert "1000 requests -> v1 " in out.stdout and "FAIL" not in out.stdout
+    if os.path.exists(WASM):   # the header-contract step ran (it skips, with the reason, without the module)
+        assert "header contract: JWT session headers" in out.stdout
+        assert "verify_session: valid (end-user=jason, x-mcp-tenant=acme" in out.stdout
+        assert "expired token -> HTTP 401; forged token (same kid, other key) -> HTTP 401;" \
+               " requests that reached an upstream: 0" in out.stdout
     # Every process the demo started is gone (they were in their own sessions).
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "mcp-demo-" not in ps
+
+
+def test_demo_serve_keeps_everything_running_until_sigterm():
+    proc = subprocess.Popen([MCPCTL, "demo", "--serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not any(line.startswith("  work dir ") for line in lines):
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines[-60:])
+            lines.append(line)
+        out = "".join(lines)
+        assert "demo passed" in out and "serving (Ctrl-C or SIGTERM" in out, out[-3000:]
+        start = next(i for i, x in enumerate(lines) if x.startswith("serving"))
+        urls = dict(line.strip().rsplit(None, 1) for line in lines[start + 1:-1])   # name -> URL, up to "work dir"
+        # After the checks the parts still answer: the gateway routes, the console and the control plane serve.
+        req = urllib.request.Request(urls["gateway (reviews)"], headers={"host": "reviews.demo.local"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.loads(r.read())["upstream"] == "v1"
+        with urllib.request.urlopen(urls["console"] + "api/config", timeout=10) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(urls["xDS admin"], timeout=10) as r:
+            assert any(n["node"].startswith("router~") for n in json.loads(r.read()))
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, rest
+        assert "stopping" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "mcp-demo-" not in ps

@@ -5,8 +5,11 @@ istio-manifests/demo/config), three sample upstreams answering v1/v2/v3, and
 a gateway Envoy (`mcpctl envoy run`) fed over ADS; then drives the routing
 scenario by writing into the watched directory (no restarts): the header
 end-user: jason -> v2, an 80/20 v1/v3 split over 1,000 requests, a fault
-delay. Prints what went where and a table; exits 0 only if every check held.
-Every process it started is stopped, whatever happens.
+delay; then the header contract (mesh/demo_contract.py), gRPC-Web and the
+console, the inference pool. Prints what went where and a table; exits 0 only
+if every check held. Every process it started is stopped, whatever happens
+(with --serve: after the checks, everything keeps running and the URLs are
+printed until Ctrl-C / SIGTERM; then every process is stopped).
 
 The demo is a list of steps (STEPS); a step is `Step(name, run)` where
 `run(demo) -> list[Check]`. Add one by appending to STEPS (or inserting

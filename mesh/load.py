@@ -49,9 +49,13 @@ def is_foreign(res: Resource) -> bool:
     return res.group not in MESH_GROUPS
 
 
-def check_config(config: MeshConfig) -> MeshConfig:
-    """Validate and analyze `config`; raise ConfigError on any error."""
-    found = validation.validate(config)
+def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" = None) -> MeshConfig:
+    """Validate and analyze `config`; raise ConfigError on any error.
+
+    With `cache` (the control plane's, across change sets) only resources it
+    has not validated before are validated again; the result is the same.
+    The cross-resource analyzers always run on the whole set."""
+    found = validation.validate(config, cache)
     errors = [d for d in found if d.severity == "error"]
     # Cross-resource analysis needs each resource to be well formed first;
     # running it on broken specs would only add noise to the real error.

@@ -95,9 +95,18 @@ class PreparedSnapshot:
         return found
 
     @classmethod
-    def from_snapshot(cls, snapshot: Snapshot, generation: str = "") -> "PreparedSnapshot":
-        return cls({type_url: {name: prepare(name, msg) for name, msg in sorted(by_name.items())}
-                    for type_url, by_name in snapshot.items()}, generation)
+    def from_snapshot(cls, snapshot: Snapshot, generation: str = "",
+                      previous: "PreparedSnapshot | None" = None) -> "PreparedSnapshot":
+        """Pack every resource; one that is the very message object `previous`
+        packed (translation reuses them: read-only) keeps its packing and version."""
+        out = {}
+        for type_url, by_name in snapshot.items():
+            before = previous.of_type(type_url) if previous is not None else {}
+            packed = out[type_url] = {}
+            for name, msg in sorted(by_name.items()):
+                old = before.get(name)
+                packed[name] = old if old is not None and old.message is msg else prepare(name, msg)
+        return cls(out, generation)
 
     def of_type(self, type_url: str) -> dict[str, PreparedResource]:
         return self.resources.get(type_url, {})
@@ -205,6 +214,6 @@ class SnapshotCache:
                 snapshot = {t: dict(by_name) for t, by_name in snapshot.items()}
                 for t, by_name in self.overrides.items():
                     snapshot.setdefault(t, {}).update(by_name)
-            prepared = PreparedSnapshot.from_snapshot(snapshot, generation)
+            prepared = PreparedSnapshot.from_snapshot(snapshot, generation, self._by_shape.get(node_shape(node)))
             span.set_attribute("xds.resources", sum(len(v) for v in prepared.resources.values()))
             return prepared

@@ -3,9 +3,12 @@
 Parsing YAML (with every field's line) is most of a reload: 1,000 files take
 seconds here. The control plane keeps each file's parsed resources keyed by
 (mtime, size, inode) and re-parses only what changed; the whole change set is
-still validated and analyzed as one (mesh.load.check_config), so the result
-is exactly `mesh.load.load_config(directory)` — all or nothing. Resources are
-shared between successive configs: validation and translation only read them.
+still checked as one (mesh.load.check_config), so the result is exactly
+`mesh.load.load_config(directory)` — all or nothing. Resources are shared
+between successive configs: validation and translation only read them, so
+per-resource validation results are kept by resource object
+(mesh.validation.ValidationCache) and only the re-parsed files' resources are
+validated again; the cross-resource analyzers run on the whole set.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ class IncrementalLoader:
     def __init__(self):
         self._files: dict[str, tuple[tuple, list[Resource] | None, list[Diagnostic]]] = {}
         self.parsed = 0      # files parsed by the last load (tests, logs)
+        from mesh.validation import ValidationCache
+        self.validation = ValidationCache()   # .validated: resources validated by the last load
 
     def __call__(self, directory: str) -> MeshConfig:
         from mesh.load import check_config
@@ -44,8 +49,9 @@ class IncrementalLoader:
             errors.extend(cached[2])
         self._files = seen            # files that are gone are forgotten
         if errors:
+            self.validation.validated = 0
             raise ConfigError(errors)
-        return check_config(MeshConfig(resources))
+        return check_config(MeshConfig(resources), self.validation)
 
     @staticmethod
     def _parse(path: str) -> tuple[list[Resource] | None, list[Diagnostic]]:

@@ -32,16 +32,61 @@ def _load_validators() -> None:
         importlib.import_module(f"{__name__}.{mod.name}")
 
 
-def validate(config: MeshConfig) -> list[Diagnostic]:
+def validate_resource(res: Resource, config: MeshConfig) -> list[Diagnostic]:
+    """One resource's diagnostics. Every registered validator reads only `res`
+    (none looks at other resources through `config`; cross-resource checks are
+    mesh.analyze's), so this is a pure function of the resource."""
+    fns = VALIDATORS.get(res.kind)
+    if not fns:
+        return [res.diagnostic("kind", f"unknown kind {res.kind!r} ({res.api_version})")]
+    out: list[Diagnostic] = []
+    for fn in fns:
+        out.extend(fn(res, config))
+    return out
+
+
+class ValidationCache:
+    """Per-resource diagnostics kept between successive change sets.
+
+    Keyed by the identity of the parsed Resource object, held strongly so its
+    id() cannot be reused: the control plane's loader (xds_server.loader)
+    hands back the same objects for files it did not re-parse, and a
+    re-parsed file gives new objects, so a resource is re-validated exactly
+    when its file changed. Sound because a Resource's diagnostics depend only
+    on the resource (its spec, metadata, file and field lines: see
+    validate_resource) and resources are never mutated after parsing.
+    Entries not in the latest config are dropped.
+    """
+
+    def __init__(self):
+        self._by_id: dict[int, tuple[Resource, list[Diagnostic]]] = {}
+        self.validated = 0     # resources the last validate() actually ran validators on
+
+    def validate(self, config: MeshConfig) -> list[Diagnostic]:
+        _load_validators()
+        kept: dict[int, tuple[Resource, list[Diagnostic]]] = {}
+        out: list[Diagnostic] = []
+        self.validated = 0
+        for res in config:
+            hit = kept.get(id(res)) or self._by_id.get(id(res))
+            if hit is None or hit[0] is not res:
+                hit = (res, validate_resource(res, config))
+                self.validated += 1
+            kept[id(res)] = hit
+            out.extend(hit[1])
+        self._by_id = kept
+        return out
+
+
+def validate(config: MeshConfig, cache: ValidationCache | None = None) -> list[Diagnostic]:
+    """Every resource's diagnostics, in config order (with `cache`: only the
+    resources not seen by the cache's previous call are validated again)."""
+    if cache is not None:
+        return cache.validate(config)
     _load_validators()
     out: list[Diagnostic] = []
     for res in config:
-        fns = VALIDATORS.get(res.kind)
-        if not fns:
-            out.append(res.diagnostic("kind", f"unknown kind {res.kind!r} ({res.api_version})"))
-            continue
-        for fn in fns:
-            out.extend(fn(res, config))
+        out.extend(validate_resource(res, config))
     return out
 
 

@@ -135,6 +135,8 @@ def test_translation_is_shared_between_nodes_of_one_shape():
 
 def test_spans_for_each_translation_with_cache_and_resource_counts():
     from xds_server import telemetry
+    from xds_server.translate import reset_cache
+    reset_cache()     # else an equal config translated by an earlier test is reused (endpoint-only path)
     cfg = config(BASIC)
     translate(cfg, GATEWAY)
     translate(cfg, ProxyNode("router~10.0.0.3~gw-3.default~default.svc.cluster.local",

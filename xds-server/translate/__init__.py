@@ -36,7 +36,7 @@ from mesh.errors import ConfigError, Diagnostic
 from xds_server import telemetry
 from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snapshot
 from xds_server.translate import authn, grpc_web, wasm_plugins
-from xds_server.translate.clusters import ClusterOptions, build_clusters
+from xds_server.translate.clusters import ClusterOptions, build_clusters, reassign
 from xds_server.translate.index import EXPORTABLE, HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex, build_index, exported_to
 from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_head, filter_chain_tail
 from xds_server.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
@@ -45,7 +45,7 @@ from xds_server.translate.route_configs import (gateway_route_config, grpc_route
 from xds_server.translate.routes import RouteContext
 from xds_server.translate.tcp import TCP_PROTOCOLS, cluster_proxy, first_tcp_route, tls_routes
 
-__all__ = ["translate", "TranslateOptions", "SEAMS"]
+__all__ = ["translate", "TranslateOptions", "SEAMS", "endpoint_only_change", "reset_cache"]
 
 SEAMS = (authn, grpc_web, wasm_plugins)      # HCM order, between cors and fault
 
@@ -60,10 +60,42 @@ class TranslateOptions:
     upstream_bind_address: str = "127.0.0.1"
 
 
+# Endpoint data: what feeds only EDS (ClusterLoadAssignments). WorkloadEntries
+# reach translation only as endpoints of the ServiceEntries selecting them.
+_ENDPOINT_KINDS = ("WorkloadEntry",)
+
+
+def _same_except_endpoints(a, b) -> bool:
+    """Equal as translation reads them: everything but a ServiceEntry's
+    spec.endpoints. File and field lines are left out: they only name places
+    in errors, and a translation of equal content that succeeded once
+    succeeds again."""
+    if a is b:
+        return True
+    if (a.api_version, a.kind, a.name, a.namespace, a.labels, a.annotations) != \
+            (b.api_version, b.kind, b.name, b.namespace, b.labels, b.annotations):
+        return False
+    if a.kind != "ServiceEntry":
+        return a.spec == b.spec
+    return ({k: v for k, v in a.spec.items() if k != "endpoints"}
+            == {k: v for k, v in b.spec.items() if k != "endpoints"})
+
+
+def endpoint_only_change(old: MeshConfig, new: MeshConfig) -> bool:
+    """Whether `new` differs from `old` at most in endpoint data: WorkloadEntries
+    (added, removed, changed) and ServiceEntries' spec.endpoints, every other
+    resource equal and in the same order (the first ServiceEntry of a host
+    keeps its ports and resolution). Whether the changed endpoints feed only
+    EDS is decided per service by clusters.reassign (STATIC services only)."""
+    a = [r for r in old if r.kind not in _ENDPOINT_KINDS]
+    b = [r for r in new if r.kind not in _ENDPOINT_KINDS]
+    return len(a) == len(b) and all(_same_except_endpoints(x, y) for x, y in zip(a, b))
+
+
 class _ConfigCache:
     """Everything derived from one MeshConfig, shared by all its proxies."""
 
-    def __init__(self, config: MeshConfig):
+    def __init__(self, config: MeshConfig, previous: "_ConfigCache | None" = None):
         self.config = config           # held while cached: its id() cannot be reused meanwhile
         self.index: MeshIndex = build_index(config)
         # exportTo, and DestinationRules for one host in several namespaces,
@@ -76,6 +108,35 @@ class _ConfigCache:
         self.shapes: dict = {}         # node shape -> (route configs, listener plan)
         self.listeners: dict = {}      # (shape, bind, seam filters) -> listeners
         self.lock = threading.Lock()
+        self.derived = False           # True: built from `previous` by an endpoint-only change
+        if previous is not None and previous.per_namespace == self.per_namespace \
+                and endpoint_only_change(previous.config, config):
+            self.derived = self._derive(previous)
+
+    def _derive(self, previous: "_ConfigCache") -> bool:
+        """Incremental EDS, as istiod pushes it: after an endpoint-only change keep
+        `previous`'s clusters, route configurations and listeners (the same
+        message objects, so their versions do not change and Delta sends only
+        the changed assignments) and rebuild only the assignments of services
+        whose endpoints changed. Everything or nothing: False (and nothing
+        kept) when some changed endpoints feed more than EDS."""
+        with previous.lock:
+            clusters = dict(previous.clusters)
+            shapes, listeners = dict(previous.shapes), dict(previous.listeners)
+            views = dict(previous.views)
+        derived = {}
+        for (copts, view), (by_name, assignments) in clusters.items():
+            old_idx = previous.index if view is None else views.get(view)
+            if old_idx is None:
+                return False
+            new_idx = self.view(view)[0] if view is not None else self.index
+            new_assignments = reassign(old_idx, new_idx, assignments)
+            if new_assignments is None:
+                self.views.clear()
+                return False
+            derived[(copts, view)] = (by_name, new_assignments)
+        self.clusters, self.shapes, self.listeners = derived, shapes, listeners
+        return True
 
     def view(self, namespace: str) -> tuple[MeshIndex, str | None]:
         """The index of what a proxy in `namespace` sees, and its cache key."""
@@ -93,13 +154,20 @@ _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 4                         # the configs being served and the ones before
 
 
+def reset_cache() -> None:
+    """Forget every config's translation (the next translate() of any config is a full one)."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
 def _cache_for(config: MeshConfig) -> tuple[_ConfigCache, bool]:
     with _CACHE_LOCK:
         entry = _CACHE.get(id(config))
         if entry is not None and entry.config is config:
             _CACHE.move_to_end(id(config))
             return entry, True
-    entry = _ConfigCache(config)
+        previous = next(reversed(_CACHE.values()), None)     # the config translated last
+    entry = _ConfigCache(config, previous)
     with _CACHE_LOCK:
         _CACHE[id(config)] = entry
         while len(_CACHE) > _CACHE_SIZE:
@@ -241,6 +309,7 @@ def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | N
         for seam in SEAMS:
             _merge(snapshot, seam.resources(config, node), seam.__name__)
         span.set_attribute("xds.translate.config_cached", config_hit)
+        span.set_attribute("xds.translate.endpoints_only", cache.derived)
         span.set_attribute("xds.translate.shape_cached", shape_hit)
         for type_url, resources in snapshot.items():
             span.set_attribute(f"xds.resources.{type_url.rsplit('.', 1)[-1]}", len(resources))

@@ -305,12 +305,16 @@ def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: d
     return cluster, cla
 
 
+def _subsets(idx: MeshIndex, service: Service) -> list[dict]:
+    dr = idx.destination_rule(service.host)
+    return [s for s in (dr.spec.get("subsets") or []) if isinstance(s, dict) and s.get("name")] if dr else []
+
+
 def build_clusters(idx: MeshIndex, opts: ClusterOptions) -> tuple[dict, dict]:
     """Every cluster (and EDS assignment) of the mesh: {name: Cluster}, {name: CLA}."""
     clusters, assignments = {}, {}
     for service in idx.services.values():
-        dr = idx.destination_rule(service.host)
-        subsets = [s for s in (dr.spec.get("subsets") or []) if isinstance(s, dict) and s.get("name")] if dr else []
+        subsets = _subsets(idx, service)
         for port in service.ports:
             for subset in [None, *subsets]:
                 cluster, cla = build_cluster(idx, service, port, subset, opts)
@@ -318,3 +322,43 @@ def build_clusters(idx: MeshIndex, opts: ClusterOptions) -> tuple[dict, dict]:
                 if cla is not None:
                     assignments[cluster.name] = cla
     return clusters, assignments
+
+
+def reassign(old: MeshIndex, new: MeshIndex, assignments: dict) -> dict | None:
+    """EDS after an endpoint-only change: `assignments` (built from `old`) with
+    the ClusterLoadAssignments of every service whose endpoints differ in
+    `new` rebuilt, every other one the same message object. None when the
+    change is not EDS-only: a host added or gone, or changed endpoints on a
+    service that is not STATIC (DNS endpoints sit inside the Cluster; NONE
+    turns ORIGINAL_DST or EDS by whether it has endpoints).
+
+    The caller guarantees that everything else the clusters are built from
+    (ports, resolution, DestinationRules and their subsets' labels) is
+    unchanged, so the set of EDS clusters, which subsets exist and whether a
+    cluster is EDS at all are those of `old`; as build_cluster does, a
+    subset's assignment holds the endpoints its labels select."""
+    if old.services.keys() != new.services.keys():
+        return None
+    out = None
+    for host, svc in new.services.items():
+        before = old.services[host]
+        if before.endpoints == svc.endpoints:
+            continue
+        if svc.resolution != "STATIC" or before.resolution != "STATIC":
+            return None
+        if out is None:
+            out = dict(assignments)
+        subsets = _subsets(new, svc)
+        for port in svc.ports:
+            for subset in [None, *subsets]:
+                name = cluster_name(svc.host, port.number, str(subset.get("name")) if subset else "")
+                if name not in assignments:          # not EDS (PASSTHROUGH): no assignment
+                    continue
+                endpoints, had = svc.endpoints, before.endpoints
+                if subset:
+                    selector = subset.get("labels") or {}
+                    endpoints = [e for e in endpoints if labels_match(selector, e.labels)]
+                    had = [e for e in had if labels_match(selector, e.labels)]
+                if endpoints != had:                 # a subset the change missed keeps its message
+                    out[name] = load_assignment(name, svc, port, endpoints)
+    return assignments if out is None else out

@@ -1,0 +1,305 @@
+"""A change next to a large config costs what the change costs: the control
+plane's loader re-validates only the resources of re-parsed files, and an
+endpoint-only change re-translates only the ClusterLoadAssignments. Both must
+give exactly what the full path gives."""
+import os
+
+import pytest
+
+from mesh.errors import ConfigError
+from mesh.load import load_config
+from support.xds import remove_config, write_config
+from xds_server.loader import IncrementalLoader
+
+SERVICE = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: {name}, namespace: default}}
+spec:
+  hosts: [{name}.mesh.local]
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints:
+  - {{address: 127.0.0.1, ports: {{http: {p1}}}, labels: {{version: v1}}}}
+  - {{address: 127.0.0.1, ports: {{http: {p2}}}, labels: {{version: {v2}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: {name}, namespace: default}}
+spec:
+  host: {name}.mesh.local
+  subsets:
+  - {{name: v1, labels: {{version: v1}}}}
+  - {{name: v2, labels: {{version: v2}}}}
+"""
+
+VIRTUAL_SERVICE = """apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: {name}, namespace: default}}
+spec:
+  hosts: [{name}.example.com]
+  gateways: [gw]
+  http:
+  - match: [{{uri: {{regex: "{regex}"}}}}]
+    {fault}route:
+    - {{destination: {{host: {host}, subset: {subset}}}}}
+"""
+
+GATEWAY = """apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["*"]
+"""
+
+
+def service(name, p1=9001, p2=9002, v2="v2"):
+    return SERVICE.format(name=name, p1=p1, p2=p2, v2=v2)
+
+
+def route(name, host=None, subset="v1", regex="/a.*", fault=""):
+    return VIRTUAL_SERVICE.format(name=name, host=host or f"{name}.mesh.local", subset=subset, regex=regex, fault=fault)
+
+
+def outcome(load, directory):
+    """What a load gives, comparably: the resources and warnings, or the errors."""
+    try:
+        config = load(directory)
+    except ConfigError as e:
+        return "rejected", list(e.diagnostics)
+    return "ok", [(r.ref, r.file, r.line, r.spec, r.lines) for r in config], list(config.warnings)
+
+
+# (what the edit does, file, text or None to remove)
+EDITS = [
+    ("an endpoint port", "svc-a.yaml", service("svc-a", p1=9101)),
+    ("a subset that selects nothing: a warning", "svc-b.yaml", service("svc-b", v2="v9")),
+    ("an invalid regex: a validation error", "route-a.yaml", route("svc-a", regex="(unclosed")),
+    ("an unrelated good file while the set is bad", "svc-c.yaml", service("svc-c", p1=9201)),
+    ("the regex fixed", "route-a.yaml", route("svc-a")),
+    ("a fault without an error type: a warning", "route-c.yaml",
+     route("svc-c", fault="fault: {abort: {percentage: {value: 1}}}\n    ")),
+    ("a missing subset: an analyzer error", "route-b.yaml", route("svc-b", subset="v7")),
+    ("that subset fixed", "route-b.yaml", route("svc-b")),
+    ("malformed YAML", "svc-a.yaml", "kind: [unclosed\n"),
+    ("an endpoint port, YAML fixed", "svc-a.yaml", service("svc-a", p1=9102)),
+    ("a duplicate host in a second file", "dup.yaml", service("svc-a", p1=9103).replace("name: svc-a", "name: dup")),
+    ("the duplicate removed", "dup.yaml", None),
+    ("an unknown kind", "odd.yaml", "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: s}\nspec: {}\n"),
+    ("the unknown kind removed", "odd.yaml", None),
+    ("lines shift above an unchanged resource", "route-c.yaml",
+     "# a comment\n\n" + route("svc-c", fault="fault: {abort: {percentage: {value: 1}}}\n    ")),
+]
+
+
+def test_incremental_validation_matches_a_full_load_over_a_sequence_of_edits(tmp_path):
+    d = str(tmp_path)
+    write_config(d, "gateway.yaml", GATEWAY)
+    for name in ("svc-a", "svc-b", "svc-c"):
+        write_config(d, f"{name}.yaml", service(name))
+        write_config(d, f"route-{name[-1]}.yaml", route(name))
+    loader = IncrementalLoader()
+    first = outcome(loader, d)
+    assert first[0] == "ok" and first == outcome(load_config, d)
+    assert loader.validation.validated == 10         # everything, the first time
+    seen = set()
+    for what, name, text in EDITS:
+        if text is None:
+            remove_config(d, name)
+        else:
+            write_config(d, name, text)
+        got, want = outcome(loader, d), outcome(load_config, d)
+        assert got == want, what
+        seen.add(got[0] if got[0] == "rejected" else ("ok", bool(got[2])))
+        if loader.parsed and got[0] == "ok":
+            # only what was re-parsed is validated again
+            assert loader.validation.validated <= 2 * loader.parsed, what
+    assert seen == {"rejected", ("ok", True), ("ok", False)}   # the sequence covered all three
+
+
+def test_only_changed_resources_are_validated_again(tmp_path):
+    d = str(tmp_path)
+    write_config(d, "gateway.yaml", GATEWAY)
+    for i in range(20):
+        write_config(d, f"svc-{i}.yaml", service(f"svc-{i}"))
+    loader = IncrementalLoader()
+    loader(d)
+    assert loader.validation.validated == 41
+    loader(d)
+    assert loader.validation.validated == 0
+    write_config(d, "svc-3.yaml", service("svc-3", p1=9300))
+    loader(d)
+    assert (loader.parsed, loader.validation.validated) == (1, 2)     # that file's ServiceEntry and rule
+
+
+def test_a_resource_made_invalid_is_caught_after_caching(tmp_path):
+    """The cache must not keep a resource's old (clean) result once its file changes."""
+    d = str(tmp_path)
+    write_config(d, "gateway.yaml", GATEWAY)
+    write_config(d, "svc-a.yaml", service("svc-a"))
+    write_config(d, "route-a.yaml", route("svc-a"))
+    loader = IncrementalLoader()
+    loader(d)
+    write_config(d, "route-a.yaml", route("svc-a", regex="(unclosed"))
+    with pytest.raises(ConfigError) as e:
+        loader(d)
+    [diag] = e.value.diagnostics
+    assert (os.path.basename(diag.file), diag.resource) == ("route-a.yaml", "VirtualService/default/svc-a")
+    assert diag.field.startswith("spec.http[0].match[0].uri") and diag.line > 0
+
+
+# -- translation: an endpoint-only change re-translates only EDS ---------------
+
+from mesh.config import MeshConfig, parse_documents  # noqa: E402
+from xds_server import translate as translation  # noqa: E402
+from xds_server.cache import SnapshotCache  # noqa: E402
+from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode  # noqa: E402
+
+GW_NODE = ProxyNode("router~1~gw~default", labels={"istio": "ingressgateway"})
+SIDECAR = ProxyNode("sidecar~10.0.0.1~app.default~default.svc.cluster.local", labels={"app": "client"})
+GRPC = ProxyNode("grpc-client", kind="grpc")
+NODES = (GW_NODE, SIDECAR, GRPC)
+
+SELECTED = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: pool, namespace: default}
+spec:
+  hosts: [pool.mesh.local]
+  ports: [{number: 81, name: http, protocol: HTTP}]
+  resolution: STATIC
+  workloadSelector: {labels: {app: pool}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: pool, namespace: default}
+spec:
+  host: pool.mesh.local
+  subsets:
+  - {name: fast, labels: {tier: fast}}
+"""
+WORKLOAD = """apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: {name}, namespace: default, labels: {{app: pool}}}}
+spec: {{address: {address}, labels: {{tier: {tier}}}, ports: {{http: 9500}}}}
+"""
+DNS = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: ext, namespace: default}}
+spec:
+  hosts: [ext.example.org]
+  ports: [{{number: 443, name: tls, protocol: TLS}}]
+  resolution: DNS
+  endpoints: [{{address: {address}}}]
+"""
+
+
+def _files(**override):
+    files = {"gateway.yaml": GATEWAY, "svc-a.yaml": service("svc-a"), "svc-b.yaml": service("svc-b"),
+             "route-a.yaml": route("svc-a"), "route-b.yaml": route("svc-b"), "pool.yaml": SELECTED,
+             "we-1.yaml": WORKLOAD.format(name="we-1", address="10.1.0.1", tier="fast"),
+             "we-2.yaml": WORKLOAD.format(name="we-2", address="10.1.0.2", tier="slow"),
+             "dns.yaml": DNS.format(address="a.example.org")}
+    files.update(override)
+    return MeshConfig([r for name, text in files.items() if text is not None
+                       for r in parse_documents(text, name)])
+
+
+def _serialized(snapshot) -> dict:
+    return {t: {n: m.SerializeToString(deterministic=True) for n, m in by.items()} for t, by in snapshot.items()}
+
+
+def _derived(config) -> bool:
+    return translation._CACHE[id(config)].derived
+
+
+def _translate_after(before, after):
+    """Translate `before` then `after` (as the control plane does, one change
+    set after the other) and, from nothing, `after` alone."""
+    translation.reset_cache()
+    old = {n.id: translation.translate(before, n) for n in NODES}
+    new = {n.id: translation.translate(after, n) for n in NODES}
+    derived = _derived(after)
+    translation.reset_cache()
+    full = {n.id: translation.translate(after, n) for n in NODES}
+    assert not _derived(after)
+    return old, new, full, derived
+
+
+ENDPOINT_ONLY = {
+    "a STATIC ServiceEntry's endpoint port": {"svc-a.yaml": service("svc-a", p1=9901)},
+    "an endpoint's labels move it out of a subset": {"svc-b.yaml": service("svc-b", v2="v1")},
+    "a WorkloadEntry's address": {"we-1.yaml": WORKLOAD.format(name="we-1", address="10.1.0.9", tier="fast")},
+    "a WorkloadEntry's labels move it into a subset": {"we-2.yaml": WORKLOAD.format(name="we-2", address="10.1.0.2", tier="fast")},
+    "a WorkloadEntry added": {"we-3.yaml": WORKLOAD.format(name="we-3", address="10.1.0.3", tier="fast")},
+    "a WorkloadEntry removed": {"we-1.yaml": None},
+}
+
+
+@pytest.mark.parametrize("what", sorted(ENDPOINT_ONLY))
+def test_an_endpoint_only_change_rebuilds_only_the_assignments(what):
+    before, after = _files(), _files(**ENDPOINT_ONLY[what])
+    old, new, full, derived = _translate_after(before, after)
+    assert derived, what
+    for node in NODES:
+        assert _serialized(new[node.id]) == _serialized(full[node.id]), (what, node.kind)
+        # everything but EDS is the very same message: same bytes, same versions
+        for t in (CLUSTER, LISTENER, ROUTE):
+            assert new[node.id][t].keys() == old[node.id][t].keys()
+            assert all(new[node.id][t][n] is m for n, m in old[node.id][t].items()), (what, node.kind, t)
+        changed = {n for n, m in new[node.id][ENDPOINT].items()
+                   if m.SerializeToString(deterministic=True) != old[node.id][ENDPOINT][n].SerializeToString(deterministic=True)}
+        assert changed, (what, node.kind)      # and the assignments did change
+        # the assignments of every other service are the very same messages
+        hosts = {n.rsplit("|", 1)[-1] for n in changed}
+        untouched = [n for n in new[node.id][ENDPOINT] if n.rsplit("|", 1)[-1] not in hosts]
+        assert untouched and all(new[node.id][ENDPOINT][n] is old[node.id][ENDPOINT][n] for n in untouched)
+
+
+NOT_ENDPOINT_ONLY = {
+    "a service port": {"svc-a.yaml": service("svc-a").replace("number: 80", "number: 82")},
+    "a subset's labels": {"svc-b.yaml": service("svc-b").replace("{version: v2}}\n", "{version: v3}}\n")},
+    "a DNS service's endpoints (inline in its Cluster)": {"dns.yaml": DNS.format(address="b.example.org")},
+    "an endpoint change together with a route change": {"svc-a.yaml": service("svc-a", p1=9901),
+                                                         "route-a.yaml": route("svc-a", regex="/b.*")},
+    "a WorkloadEntry moving a NONE service's endpoints": {
+        "pool.yaml": SELECTED.replace("resolution: STATIC", "resolution: NONE"),
+        "we-1.yaml": None},
+}
+
+
+@pytest.mark.parametrize("what", sorted(NOT_ENDPOINT_ONLY))
+def test_a_change_that_feeds_more_than_eds_takes_the_full_path(what):
+    before, after = _files(), _files(**NOT_ENDPOINT_ONLY[what])
+    old, new, full, derived = _translate_after(before, after)
+    assert not derived, what
+    for node in NODES:
+        assert _serialized(new[node.id]) == _serialized(full[node.id]), (what, node.kind)
+
+
+def test_after_an_endpoint_change_only_eds_versions_change_and_delta_sends_only_that_assignment():
+    translation.reset_cache()
+    cache = SnapshotCache(translation.translate)
+    before = _files()
+    cache.install(before, "g1", cache.build(before, "g1", NODES))
+    old = cache.peek(GW_NODE)
+    after = _files(**{"svc-a.yaml": service("svc-a", p1=9901)})
+    cache.install(after, "g2", cache.build(after, "g2", NODES))
+    new = cache.peek(GW_NODE)
+    assert _derived(after)
+    for t in old.type_urls():
+        versions = {n: r.version for n, r in old.of_type(t).items()}
+        now = {n: r.version for n, r in new.of_type(t).items()}
+        differ = {n for n in now if now[n] != versions.get(n)}
+        if t == ENDPOINT:
+            assert differ == {"outbound|80||svc-a.mesh.local", "outbound|80|v1|svc-a.mesh.local"}
+        else:
+            assert differ == set(), t
+            assert all(new.of_type(t)[n] is r for n, r in old.of_type(t).items())   # packed once
+    held = old.selection(ENDPOINT, True, set(), ("*",))
+    send, removed = new.diff(held, new.selection(ENDPOINT, True, set(), ("*",)))
+    assert {r.name for r in send} == {"outbound|80||svc-a.mesh.local", "outbound|80|v1|svc-a.mesh.local"}
+    assert removed == []
+    held = old.selection(CLUSTER, True, set(), ("*",))
+    assert new.diff(held, new.selection(CLUSTER, True, set(), ("*",))) == ([], [])

@@ -34,9 +34,13 @@ generator bottleneck would show up as such.
    run sends the same stream without a priority (the default class) under the
    same load, showing what the priority levels buy. Measured with the
    server's `--qos-policy latency-critical` preset (small batches, bounded
-   low-priority queues: the preset meant for this; floor <= 2x) and, for
-   comparison, the default `balanced` one. Alone, loaded and control run in
-   turn three times; the medians are reported.
+   low-priority queues, a reserved compute lane for level 1: the preset
+   meant for this; floor <= 2x), beside the same preset with its reserved
+   lane off (a policy file, reservedLaneLevels: 0: what the lane buys), on
+   REST and on gRPC; and, for comparison, the default `balanced` one. On each
+   server alone, loaded and control run in turn, the servers of a pair in
+   turn, three rounds; the medians are reported, with the server's own
+   queue and compute p99 of the high stream (where the time went).
 
 3. Peer. MLServer 1.7 (its own venv under .cache/peer-venv, installed on
    first run) with a minimal onnxruntime runtime and its adaptive batching
@@ -279,29 +283,53 @@ def collect(p: subprocess.Popen, timeout: float = 90) -> dict:
     return json.loads(out)
 
 
-def isolation(policy: str, grpc: bool = False, rounds: int = ROUNDS) -> dict:
-    """Alone, under load, and the control, in turn, `rounds` times; the median
-    of each (the machine is shared: a burst of other work hits one round)."""
-    duration = 2.0
-    with ServeProcess(MODEL, free_port(), free_port(), "--qos-policy", policy) as s:
-        url = ["--grpc", "-u", s.grpc_url] if grpc else ["-u", s.rest_url]
-        high = [*url, "-c", "32", "--rate", str(HIGH_RATE), "--duration", str(duration)]
-        low = [*url, "-c", str(LOW_CONCURRENCY), "--duration", str(duration + 1.2), "--timeout", "5",
-               "--priority-mix", "low=1"]
-        collect(mcp_bench(*url, "-c", "8", "-n", "200"))                        # warm-up
-        runs: dict[str, list[dict]] = {"alone": [], "prioritised": [], "prioritised_low": [],
-                                       "control": [], "control_low": []}
+LANE_OFF_POLICY = """apiVersion: scheduling.mcp-mesh.io/v1alpha1
+kind: L7SchedulingPolicy
+metadata: {name: latency-critical-no-lane}
+spec: {qosPolicy: latency-critical, reservedLaneLevels: 0}
+"""
+
+
+def isolation_variants(variants: list[tuple[str, list[str]]], grpc: bool = False,
+                       rounds: int = ROUNDS) -> list[dict]:
+    """Several servers (label, serve flags), measured side by side: each round
+    runs alone, under load and the control on each server in turn, and the
+    median of each is kept (a burst of other work on this shared machine then
+    falls on one round of every variant, not on one variant's whole figure)."""
+    import contextlib
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(ServeProcess(MODEL, free_port(), free_port(), *flags))
+                   for _, flags in variants]
+        urls = [["--grpc", "-u", s.grpc_url] if grpc else ["-u", s.rest_url] for s in servers]
+        for url in urls:
+            collect(mcp_bench(*url, "-c", "8", "-n", "200"))                     # warm-up
+        runs = [{"alone": [], "prioritised": [], "prioritised_low": [], "control": [], "control_low": []}
+                for _ in variants]
         for _ in range(rounds):
-            runs["alone"].append(collect(mcp_bench(*high, "--priority-mix", "high=1", nice=-5)))
-            for name, mix in (("prioritised", ["--priority-mix", "high=1"]), ("control", [])):
-                background = mcp_bench(*low)
-                time.sleep(0.6)                                                # let it fill the queues
-                runs[name].append(collect(mcp_bench(*high, *mix, nice=-5)))
-                runs[name + "_low"].append(collect(background))
+            for url, r in zip(urls, runs):
+                _isolation_round(url, r)
+    return [_isolation_summary(label, r, grpc, rounds) for (label, _), r in zip(variants, runs)]
+
+
+def _isolation_round(url: list[str], runs: dict) -> None:
+    duration = 2.0
+    high = [*url, "-c", "32", "--rate", str(HIGH_RATE), "--duration", str(duration)]
+    low = [*url, "-c", str(LOW_CONCURRENCY), "--duration", str(duration + 1.2), "--timeout", "5",
+           "--priority-mix", "low=1"]
+    runs["alone"].append(collect(mcp_bench(*high, "--priority-mix", "high=1", nice=-5)))
+    for name, mix in (("prioritised", ["--priority-mix", "high=1"]), ("control", [])):
+        background = mcp_bench(*low)
+        time.sleep(0.6)                                                # let it fill the queues
+        runs[name].append(collect(mcp_bench(*high, *mix, nice=-5)))
+        runs[name + "_low"].append(collect(background))
+
+
+def _isolation_summary(policy: str, runs: dict, grpc: bool, rounds: int) -> dict:
     row = lambda r: r["rows"][0]  # noqa: E731
     med = lambda rs, f: statistics.median(f(r) for r in rs)  # noqa: E731
     p99 = lambda rs: med(rs, lambda r: row(r)["latency_ms"]["p99"])  # noqa: E731
     q99 = lambda rs: med(rs, lambda r: (row(r)["server_queue_us"] or {}).get("p99") or 0)  # noqa: E731
+    c99 = lambda rs: med(rs, lambda r: (row(r)["server_compute_us"] or {}).get("p99") or 0)  # noqa: E731
     alone, loaded = p99(runs["alone"]), p99(runs["prioritised"])
     return {"qos_policy": policy, "protocol": "grpc" if grpc else "rest", "high_rate_rps": HIGH_RATE,
             "low_concurrency": LOW_CONCURRENCY, "rounds": rounds,
@@ -310,14 +338,30 @@ def isolation(policy: str, grpc: bool = False, rounds: int = ROUNDS) -> dict:
             "high_alone_p99_ms_rounds": [row(r)["latency_ms"]["p99"] for r in runs["alone"]],
             "high_under_load_p99_ms_rounds": [row(r)["latency_ms"]["p99"] for r in runs["prioritised"]],
             "high_schedule_lag_p99_ms": med(runs["prioritised"], lambda r: r["schedule_lag"]["p99_ms"] or 0),
+            "high_alone_server_queue_us": {"p99": q99(runs["alone"])},
+            "high_alone_server_compute_us": {"p99": c99(runs["alone"])},
             "high_server_queue_us": {"p99": q99(runs["prioritised"])},
-            "high_server_compute_us": {"p99": med(runs["prioritised"],
-                                                  lambda r: (row(r)["server_compute_us"] or {}).get("p99") or 0)},
+            "high_server_compute_us": {"p99": c99(runs["prioritised"])},
             "low_server_queue_us": {"p99": q99(runs["prioritised_low"])},
             "low_ok_rps": med(runs["prioritised_low"], lambda r: row(r)["throughput_rps"]),
             "low_errors": {k: v for r in runs["prioritised_low"] for k, v in row(r)["error_classes"].items()},
             "high_errors": {k: v for r in runs["prioritised"] for k, v in row(r)["error_classes"].items()},
             "ratio": round(loaded / alone, 2) if alone else None}
+
+
+def isolation_section() -> list[dict]:
+    """latency-critical (judged) beside the same preset with its reserved lane
+    off, on REST and on gRPC, each pair side by side; then balanced (REST)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(LANE_OFF_POLICY)
+    try:
+        variants = [("latency-critical", ["--qos-policy", "latency-critical"]),
+                    ("latency-critical, no reserved lane", ["--policy-file", f.name])]
+        out = isolation_variants(variants) + isolation_variants(variants, grpc=True)
+    finally:
+        os.unlink(f.name)
+    return out + isolation_variants([("balanced", ["--qos-policy", "balanced"])], rounds=2)
 
 
 # -- 3. peer -----------------------------------------------------------------
@@ -447,6 +491,9 @@ def table(r: dict) -> str:
         hq, lq = i["high_server_queue_us"] or {}, i["low_server_queue_us"] or {}
         rows.append(("  server queue p99 under load: high vs low", f"{(hq.get('p99') or 0) / 1e3:.1f} ms",
                      f"low {(lq.get('p99') or 0) / 1e3:.1f} ms", "-", "-"))
+        hc, ac = i["high_server_compute_us"] or {}, i.get("high_alone_server_compute_us") or {}
+        rows.append(("  high compute p99: under load vs alone", f"{(hc.get('p99') or 0) / 1e3:.1f} ms",
+                     f"alone {(ac.get('p99') or 0) / 1e3:.1f} ms", "-", "-"))
     p = r.get("peer")
     if p:
         if p.get("unavailable"):
@@ -495,8 +542,7 @@ def main() -> int:
         section("batching", "1/4 batching sweep", batching)
     if "isolation" in sections:
         section("isolation", "2/4 priority isolation",
-                lambda: [isolation("latency-critical"), isolation("latency-critical", grpc=True),
-                         isolation("balanced", rounds=2)])
+                isolation_section)
     if "peer" in sections:
         meta = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]}],
                 "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16]}]}

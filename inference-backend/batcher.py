@@ -12,6 +12,21 @@ DELAY moves it behind every fresh request of its level and above.
 
 One compute thread per model instance takes the batches; everything else
 (parsing, encoding) happens on the server's threads, which only enqueue.
+
+Reserved lane (`reserved_lane_levels` N > 0; on in the latency-critical
+preset). A batch cannot be pre-empted, so with one instance a top-level
+request that arrives while a low-priority batch computes waits for all of it
+(measured: its queue p99 was the low batch's compute time, ~10 ms of a
+~38 ms p99). Triton's answer is a second model instance (instance_group
+count 2); a plain second instance would be taken by low-priority work as
+soon as it is free, so under saturating low load both would be busy and
+nothing would change. The lane is a second compute thread over the same
+model that only ever forms batches from levels 1..N: it idles (costing
+nothing) until such a request waits, and then starts it at once, beside
+whatever the main instance is computing. Being made of levels 1..N only,
+its batches are never back-filled with lower levels (their compute time is
+the high requests' own). The main instance keeps Triton's rules: it takes
+the highest level first and fills the rest of the batch from lower levels.
 """
 from __future__ import annotations
 
@@ -86,11 +101,15 @@ class DynamicBatcher:
         self._count: dict[int, int] = collections.defaultdict(int)
         self._next_deadline = 0
         self._stopping = False
-        self.in_flight = 0                 # requests of the batch being computed
-        self.busy_ns = 0                   # compute time so far, for utilisation
+        self.in_flight = 0                 # requests of the batch being computed (main instance)
+        self.busy_ns = 0                   # main instance's compute time so far, for utilisation
+        self.lane_busy_ns = 0              # the reserved lane's
+        self.lane_batches = 0
         self.completed = 0
+        self._lane: threading.Thread | None = None
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
+        self._start_lane()
         # Timeouts fire at their deadline even while the compute thread is busy
         # with a long batch: a refused client should hear so at once.
         self._reaper = threading.Thread(target=self._reap, name=f"batcher-{name}-timeouts", daemon=True)
@@ -129,7 +148,15 @@ class DynamicBatcher:
         their place (a level beyond the new priority_levels is served as the lowest)."""
         with self._cond:
             self.settings = settings
+            self._start_lane()
             self._cond.notify_all()
+
+    def _start_lane(self) -> None:
+        on = bool(self.settings.reserved_lane_levels)
+        if on and self._lane is None:
+            self._lane = threading.Thread(target=self._loop, args=(True,), name=f"batcher-{self.name}-lane",
+                                          daemon=True)
+            self._lane.start()
 
     def set_executor(self, executor: Executor) -> None:
         """Swap the model under the queue; the batch being computed finishes on the old one."""
@@ -149,6 +176,8 @@ class DynamicBatcher:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout)
+        if self._lane:
+            self._lane.join(timeout)
         self._reaper.join(timeout)
 
     # -- the compute thread (and the timeout reaper) --------------------------------
@@ -159,8 +188,10 @@ class DynamicBatcher:
                 self._expire(now)
                 wait = (self._next_deadline - now) / 1e9 if self._next_deadline else None
                 self._cond.wait(wait if wait is None else max(wait, 0.0005))
-    def _ordered(self):
+    def _ordered(self, top: int = 0):
         for level in sorted(set(self._fresh) | set(self._delayed)):
+            if top and level > top:
+                return
             yield from self._fresh.get(level, ())
             yield from self._delayed.get(level, ())
 
@@ -199,12 +230,13 @@ class DynamicBatcher:
         for p in batch:
             self._count[p.level] -= 1
 
-    def _form(self, now: int) -> tuple[list[Pending] | None, float | None]:
-        """-> (a batch to run now, or None and how long to wait in seconds)."""
+    def _form(self, now: int, top: int = 0) -> tuple[list[Pending] | None, float | None]:
+        """-> (a batch to run now, or None and how long to wait in seconds).
+        `top` > 0: only from levels 1..top (the reserved lane)."""
         s = self.settings
         head, batch, rows, overflow, oldest = None, [], 0, False, 0
         cancelled = []
-        for p in self._ordered():
+        for p in self._ordered(top):
             if p.future.cancelled():
                 cancelled.append(p)
                 continue
@@ -238,16 +270,26 @@ class DynamicBatcher:
             return batch, None
         return None, (wait_until - now) / 1e9
 
-    def _loop(self) -> None:
+    def _loop(self, lane: bool = False) -> None:
+        """The main instance's compute thread, or (lane=True) the reserved lane's."""
         while True:
             with self._cond:
                 while True:
                     now = time.monotonic_ns()
                     self._expire(now)
-                    batch, wait = self._form(now)
+                    top = self.settings.reserved_lane_levels if lane else 0
+                    if lane and not getattr(self.executor, "concurrent_runs", True):
+                        top = 0             # e.g. a decoder's KV cache: one run at a time
+                    if lane and (not top or self._stopping):
+                        if self._stopping:
+                            return          # the main instance drains what is left
+                        batch, wait = None, None   # lane switched off by a policy update: idle
+                    else:
+                        batch, wait = self._form(now, top)
                     if batch:
                         self._take(batch)
-                        self.in_flight = len(batch)
+                        if not lane:
+                            self.in_flight = len(batch)
                         break
                     if self._stopping and not self.total_queued():
                         return
@@ -256,20 +298,20 @@ class DynamicBatcher:
                         wait = until_deadline if wait is None else min(wait, until_deadline)
                     self._cond.wait(wait)
                 executor = self.executor
-            self._run(executor, batch)
+            self._run(executor, batch, lane)
 
-    def _run(self, executor: Executor, batch: list[Pending]) -> None:
+    def _run(self, executor: Executor, batch: list[Pending], lane: bool = False) -> None:
         start = time.monotonic_ns()
         try:
             outputs, params, assemble_s, compute_s = executor.run_batch(batch)
         except Exception as e:  # the model failed; the server does not
-            self.busy_ns += time.monotonic_ns() - start
+            self._busy(lane, time.monotonic_ns() - start)
             if len(batch) > 1 and batch[0].key[0] != "sequence":
                 # One request's input can fail a whole batch (a shape only the model
                 # checks): run each alone, so only the culprit gets the error.
                 # (Not for decode steps: those already advanced their KV caches.)
                 for p in batch:
-                    self._run(executor, [p])
+                    self._run(executor, [p], lane)
                 return
             error = _classify(e, self.name)
             if isinstance(error, Internal):
@@ -278,8 +320,9 @@ class DynamicBatcher:
                 _fail(p, error)
             return
         finally:
-            self.in_flight = 0
-        self.busy_ns += time.monotonic_ns() - start
+            if not lane:
+                self.in_flight = 0
+        self._busy(lane, time.monotonic_ns() - start)
         rows = sum(p.rows for p in batch)
         version = getattr(getattr(executor, "model", None), "version", "")
         assemble_us, compute_us = int(assemble_s * 1e6), int(compute_s * 1e6)
@@ -293,6 +336,13 @@ class DynamicBatcher:
         self.completed += len(batch)
         if self.observer:
             self.observer.on_batch(batch, (start, assemble_us, compute_us), rows)
+
+    def _busy(self, lane: bool, ns: int) -> None:
+        if lane:
+            self.lane_busy_ns += ns
+            self.lane_batches += 1
+        else:
+            self.busy_ns += ns
 
 
 def _classify(e: Exception, model: str) -> InferenceError:

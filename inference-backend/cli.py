@@ -38,7 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch", type=int, help="override max_batch_size of the policy")
     p.add_argument("--max-queue-delay-us", type=int, help="override max_queue_delay_microseconds")
     p.add_argument("--intra-op-threads", type=int,
-                   help="ONNX Runtime intra-op threads (default: CPU cores / replicas)")
+                   help="ONNX Runtime intra-op threads (default: CPU cores / replicas, "
+                        "halved when the policy has a reserved lane)")
     p.add_argument("--kv-cache-mb", type=float, default=64, help="KV-cache budget of a decoder model (MiB)")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20, help="largest REST body (413 above)")
     p.add_argument("--session-key-file", help="verify the L6 session signature with this key (403 on mismatch)")
@@ -81,7 +82,7 @@ def run(args) -> int:
     from inference_backend.model_server import check_model_spec
     try:
         check_model_spec(args.model)
-        intra = args.intra_op_threads or max(1, os.cpu_count() or 1)
+        intra = args.intra_op_threads     # None: the cores, split between two lanes (model_server)
         opts = ServeOptions(
             model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,

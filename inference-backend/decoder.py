@@ -146,6 +146,8 @@ class TokenMeter:
 class DecoderExecutor(BatchExecutor):
     """Batches decode steps across sequences; requests with explicit past tensors run stateless."""
 
+    concurrent_runs = False     # the KV cache is advanced by one run at a time: no reserved lane
+
     def __init__(self, model: OnnxModel, cache: KVCache, meter: TokenMeter):
         super().__init__(model)
         self.cache = cache

@@ -36,6 +36,10 @@ def split_rows(values: dict[str, np.ndarray], batch: list[Pending], model: OnnxM
 class BatchExecutor:
     """The executor for any model whose every input and output is batched on dim 0."""
 
+    # ORT's InferenceSession.run is thread-safe: the batcher's reserved lane may run
+    # a batch on the same session while the main instance computes another.
+    concurrent_runs = True
+
     def __init__(self, model: OnnxModel):
         self.model = model
 

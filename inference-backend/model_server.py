@@ -209,6 +209,8 @@ class ServedModel:
             "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
             "batching": self.batcher.settings.describe(), "queue_depth": self.batcher.queue_depth(),
+            "reserved_lane": {"batches": self.batcher.lane_batches,
+                              "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4)},
             "load_report": self.load.sample(),
         }
         if self.decoder:
@@ -234,6 +236,14 @@ class ModelServer:
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
             profile: bool = False) -> ServedModel:
+        if intra_op_threads is None:
+            # Two lanes (the reserved one, see batcher.py) may run at once on this
+            # session: each gets half the cores, so together they do not
+            # oversubscribe the machine (2 + 2 ORT threads on 2 cores, beside the
+            # event loop). On builtin:mlp batch-1 compute alone was about the same
+            # at 1 thread as at 2 (it is bound by reading the weights).
+            cores = max(1, os.cpu_count() or 1)
+            intra_op_threads = max(1, cores // 2) if settings.reserved_lane_levels else cores
         model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \

@@ -50,6 +50,11 @@ class BatcherSettings:
     default_priority_level: int = QosClass.STANDARD.priority_level
     queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
     default_queue_policy: QueuePolicy = QueuePolicy()
+    # Levels 1..N get a reserved compute lane: a second compute thread on the
+    # model that only takes batches of those levels, so they never wait behind a
+    # running lower-level batch (batches cannot be pre-empted). 0: off, one
+    # instance, plain Triton. See inference_backend/batcher.py.
+    reserved_lane_levels: int = 0
     name: str = "custom"          # the preset or policy it came from, for reports
 
     def policy_for(self, level: int) -> QueuePolicy:
@@ -92,12 +97,15 @@ class BatcherSettings:
             "priority_levels": self.priority_levels,
             "default_priority_level": self.default_priority_level,
             "priority_queue_policy": {str(k): vars(v) for k, v in sorted(self.queue_policies.items())},
+            "reserved_lane_levels": self.reserved_lane_levels,
         }
 
 
 # The `--qos-policy` presets (documented in inference-backend/README.md).
 # latency-critical: small batches, a short wait, bounded low-priority queues
-#   that shed load fast, so interactive p99 stays near batch-1 latency.
+#   that shed load fast, and a reserved compute lane for level 1 (the
+#   latency-critical class), so its p99 stays near batch-1 latency while
+#   lower levels saturate the server.
 # balanced: the default; batches up to 32, a 2 ms window, batch-class work
 #   that waits past 1 s is delayed behind fresh work instead of failing.
 # throughput: big batches and a 10 ms window; nothing is shed.
@@ -107,7 +115,7 @@ PRESETS: dict[str, BatcherSettings] = {
         max_queue_delay_us=500, queue_policies={
             QosClass.STANDARD.priority_level: QueuePolicy(max_queue_size=256, default_timeout_us=200_000),
             QosClass.BATCH.priority_level: QueuePolicy(max_queue_size=64, default_timeout_us=100_000),
-        }),
+        }, reserved_lane_levels=QosClass.LATENCY_CRITICAL.priority_level),
     "balanced": BatcherSettings(
         name="balanced", max_batch_size=32, preferred_batch_sizes=(8, 16, 32),
         max_queue_delay_us=2_000, queue_policies={
@@ -142,7 +150,7 @@ def _int(spec: Mapping, key: str, path: str, problems: list, lo: int, hi: int) -
 
 
 _SPEC_FIELDS = {"selector", "qosPolicy", "maxBatchSize", "preferredBatchSize", "maxQueueDelayMicroseconds",
-                "priorityLevels", "defaultPriorityLevel", "queuePolicies"}
+                "priorityLevels", "defaultPriorityLevel", "queuePolicies", "reservedLaneLevels"}
 _QUEUE_FIELDS = {"maxQueueSize", "defaultTimeoutMicroseconds", "timeoutAction", "allowTimeoutOverride"}
 
 
@@ -177,6 +185,7 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
     delay = _int(spec, "maxQueueDelayMicroseconds", "spec", problems, 0, MAX_QUEUE_DELAY_US_LIMIT)
     levels = _int(spec, "priorityLevels", "spec", problems, 1, MAX_PRIORITY_LEVELS)
     default_level = _int(spec, "defaultPriorityLevel", "spec", problems, 1, MAX_PRIORITY_LEVELS)
+    lane = _int(spec, "reservedLaneLevels", "spec", problems, 0, MAX_PRIORITY_LEVELS)
     prefs = spec.get("preferredBatchSize")
     pref_tuple = None
     if prefs is not None:
@@ -232,6 +241,7 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
             base.default_priority_level, levels or base.priority_levels),
         queue_policies=queues if queues is not None else {
             k: v for k, v in base.queue_policies.items() if k <= (levels or base.priority_levels)},
+        reserved_lane_levels=lane if lane is not None else base.reserved_lane_levels,
     )
     return settings, settings_problems(settings)
 

@@ -255,3 +255,109 @@ def test_a_poisoned_batch_is_rerun_one_by_one(rec):
     assert futures["a"].result(5).batch_size == 1 and futures["b"].result(5).batch_size == 1
     b.stop()
     assert sorted(ex.runs) == [["a"], ["b"]]
+
+
+class GatedByTag:
+    """Like Recorder, but only a batch holding a request tagged `slow*` waits at the
+    gate: a long low-priority batch, held computing for as long as the test likes."""
+
+    concurrent_runs = True
+
+    def __init__(self):
+        self.runs: list[list[str]] = []
+        self.finished: list[str] = []          # tags, in the order their batch completed
+        self.gate = threading.Event()
+        self.slow_started = threading.Event()
+        self.lock = threading.Lock()
+
+    def run_batch(self, batch):
+        tags = [p.context["tag"] for p in batch]
+        with self.lock:
+            self.runs.append(tags)
+        if any(t.startswith("slow") for t in tags):
+            self.slow_started.set()
+            self.gate.wait(10)
+        with self.lock:
+            self.finished.extend(tags)
+        return [{"y": p.inputs["x"] * 2} for p in batch], [{} for _ in batch], 0.0, 0.0
+
+
+def _lane_scenario(reserved_lane_levels: int):
+    """A low-priority batch of 4 is computing (held); then a level-1 request and
+    two more low ones arrive. -> (the high request's future, executor, batcher)."""
+    ex = GatedByTag()
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, reserved_lane_levels=reserved_lane_levels))
+    slow = [b.submit(req(f"slow{i}"), qos_class="batch") for i in range(4)]
+    assert ex.slow_started.wait(5)
+    more_low = [b.submit(req(f"low{i}"), qos_class="batch") for i in range(2)]
+    high = b.submit(req("high"), qos_class="latency-critical")
+    return high, slow + more_low, ex, b
+
+
+def test_reserved_lane_runs_a_high_request_beside_a_running_low_batch():
+    """With a reserved lane for level 1 the high request completes while the low
+    batch is still computing (it never waits behind it), in a batch of its own:
+    the waiting low requests are not back-filled into the lane."""
+    high, lows, ex, b = _lane_scenario(reserved_lane_levels=1)
+    try:
+        res = high.result(5)                   # the slow batch is still held at the gate
+        assert not any(f.done() for f in lows)
+        assert ex.finished == ["high"] and res.batch_requests == 1 and res.level == 1
+    finally:
+        ex.gate.set()
+    for f in lows:
+        assert f.result(5).level == 4
+    b.stop()
+    assert ex.finished[0] == "high" and sorted(ex.finished[1:5]) == [f"slow{i}" for i in range(4)]
+    assert ["low0", "low1"] in ex.runs         # the main instance served the rest as usual
+
+
+def test_without_the_lane_a_high_request_waits_for_the_running_batch():
+    """The control: one instance (plain Triton) - the high request is served only
+    after the low batch that was computing when it arrived, and is back-filled."""
+    high, lows, ex, b = _lane_scenario(reserved_lane_levels=0)
+    time.sleep(0.2)
+    assert not high.done()
+    ex.gate.set()
+    res = high.result(5)
+    b.stop()
+    assert ex.finished[:4] == [f"slow{i}" for i in range(4)] and ex.finished[4] == "high"
+    assert res.batch_requests == 3             # Triton's rule: lower levels fill the rest
+
+
+def test_reserved_lane_stays_off_for_an_executor_that_cannot_run_concurrently():
+    class OneAtATime(GatedByTag):
+        concurrent_runs = False
+    ex = OneAtATime()
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, reserved_lane_levels=1))
+    slow = b.submit(req("slow0"), qos_class="batch")
+    assert ex.slow_started.wait(5)
+    high = b.submit(req("high"), qos_class="latency-critical")
+    time.sleep(0.2)
+    assert not high.done()
+    ex.gate.set()
+    high.result(5), slow.result(5)
+    b.stop()
+    assert ex.finished == ["slow0", "high"]
+
+
+def test_reserved_lane_can_be_switched_on_and_off_by_a_policy_update():
+    high, lows, ex, b = _lane_scenario(reserved_lane_levels=0)
+    b.update_settings(BatcherSettings(max_batch_size=4, reserved_lane_levels=1))
+    try:
+        high.result(5)                          # served by the lane that just started
+        assert not any(f.done() for f in lows)
+    finally:
+        ex.gate.set()
+    [f.result(5) for f in lows]
+    b.update_settings(BatcherSettings(max_batch_size=4, reserved_lane_levels=0))
+    ex.gate.clear()
+    ex.slow_started.clear()
+    slow = b.submit(req("slow9"), qos_class="batch")
+    assert ex.slow_started.wait(5)
+    late = b.submit(req("high2"), qos_class="latency-critical")
+    time.sleep(0.2)
+    assert not late.done()                      # the lane is off again
+    ex.gate.set()
+    late.result(5), slow.result(5)
+    b.stop()

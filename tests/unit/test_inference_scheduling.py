@@ -43,6 +43,16 @@ def test_spec_overrides_a_preset():
     assert s.name == "throughput+overrides"
 
 
+def test_reserved_lane_is_on_for_latency_critical_and_a_spec_may_set_it():
+    assert PRESETS["latency-critical"].reserved_lane_levels == QosClass.LATENCY_CRITICAL.priority_level
+    assert PRESETS["balanced"].reserved_lane_levels == 0 and PRESETS["throughput"].reserved_lane_levels == 0
+    assert settings_from_spec({"qosPolicy": "latency-critical", "reservedLaneLevels": 0}).reserved_lane_levels == 0
+    assert settings_from_spec({"reservedLaneLevels": 2}).reserved_lane_levels == 2
+    assert PRESETS["latency-critical"].describe()["reserved_lane_levels"] == 1
+    _, problems = parse_spec({"reservedLaneLevels": 17})
+    assert problems and problems[0][0] == "spec.reservedLaneLevels"
+
+
 def test_command_line_overrides_keep_preferred_sizes_consistent():
     s = PRESETS["balanced"].with_overrides(max_batch_size=1)
     assert s.max_batch_size == 1 and s.preferred_batch_sizes == ()

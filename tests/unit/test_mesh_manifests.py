@@ -149,6 +149,12 @@ SPECS = [
     {"selector": {"matchLabels": {"app": "llm"}}, "maxBatchSize": 16},
     {"selector": {"app": "llm"}},
     {"batchSize": 8},
+    {"reservedLaneLevels": 1},
+    {"qosPolicy": "latency-critical", "reservedLaneLevels": 0},
+    {"reservedLaneLevels": 16},
+    {"reservedLaneLevels": 17},
+    {"reservedLaneLevels": -1},
+    {"reservedLaneLevels": True},
 ]
 
 
@@ -185,6 +191,7 @@ def test_crd_names_and_limits_are_mesh_schedulings():
     assert spec["maxBatchSize"]["maximum"] == scheduling.MAX_BATCH_SIZE_LIMIT
     assert spec["maxQueueDelayMicroseconds"]["maximum"] == scheduling.MAX_QUEUE_DELAY_US_LIMIT
     assert spec["priorityLevels"]["maximum"] == scheduling.MAX_PRIORITY_LEVELS
+    assert spec["reservedLaneLevels"]["maximum"] == scheduling.MAX_PRIORITY_LEVELS
     queue = spec["queuePolicies"]["additionalProperties"]["properties"]
     assert set(queue) == scheduling._QUEUE_FIELDS
     assert queue["timeoutAction"]["enum"] == list(scheduling.TIMEOUT_ACTIONS)

@@ -303,3 +303,87 @@ def test_after_an_endpoint_change_only_eds_versions_change_and_delta_sends_only_
     assert removed == []
     held = old.selection(CLUSTER, True, set(), ("*",))
     assert new.diff(held, new.selection(CLUSTER, True, set(), ("*",))) == ([], [])
+
+
+def _reused(config) -> bool:
+    return translation._CACHE[id(config)].clusters_reused
+
+
+ROUTES_ONLY = {
+    "a VirtualService's match": {"route-a.yaml": route("svc-a", regex="/b.*")},
+    "a VirtualService added": {"route-c.yaml": route("svc-c", host="svc-b.mesh.local")},
+    "a Gateway's port": {"gateway.yaml": GATEWAY.replace("8080", "8081")},
+}
+CLUSTERS_TOO = {
+    "a DestinationRule's traffic policy": {"svc-a.yaml": service("svc-a") + "  trafficPolicy: {loadBalancer: {simple: RANDOM}}\n"},
+    "a route and an endpoint": {"route-a.yaml": route("svc-a", regex="/b.*"), "svc-a.yaml": service("svc-a", p1=9901)},
+    "a WorkloadEntry and a route": {"route-a.yaml": route("svc-a", regex="/b.*"), "we-1.yaml": None},
+}
+
+
+@pytest.mark.parametrize("what", sorted(ROUTES_ONLY) + sorted(CLUSTERS_TOO))
+def test_clusters_are_kept_when_nothing_they_are_built_from_changed(what):
+    before, after = _files(), _files(**{**ROUTES_ONLY, **CLUSTERS_TOO}[what])
+    old, new, full, derived = _translate_after(before, after)
+    translation.reset_cache()
+    translation.translate(before, GW_NODE)
+    translation.translate(after, GW_NODE)
+    reused = _reused(after)
+    assert not derived and reused == (what in ROUTES_ONLY), what
+    for node in NODES:
+        assert _serialized(new[node.id]) == _serialized(full[node.id]), (what, node.kind)
+        for t in (CLUSTER, ENDPOINT):
+            same = all(new[node.id][t].get(n) is m for n, m in old[node.id][t].items())
+            assert same == (what in ROUTES_ONLY), (what, node.kind, t)
+    if what in ROUTES_ONLY:                  # and the gateway's routes or listeners did change
+        assert _serialized(new[GW_NODE.id])[ROUTE] != _serialized(old[GW_NODE.id])[ROUTE] \
+            or _serialized(new[GW_NODE.id])[LISTENER] != _serialized(old[GW_NODE.id])[LISTENER], what
+
+
+GATEWAY_2 = GATEWAY.replace("name: gw,", "name: gw2,").replace("8080", "9090")
+ROOT = """apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: root, namespace: default}
+spec:
+  hosts: [root.example.com]
+  gateways: [gw2]
+  http:
+  - match: [{uri: {prefix: /api}}]
+    delegate: {name: child, namespace: default}
+"""
+CHILD = """apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: child, namespace: default}}
+spec:
+  http:
+  - match: [{{uri: {{prefix: /api/{path}}}}}]
+    route:
+    - {{destination: {{host: svc-b.mesh.local, subset: {subset}}}}}
+"""
+
+
+def _two_gateways(**override):
+    files = {"gateway-2.yaml": GATEWAY_2, "root.yaml": ROOT, "child.yaml": CHILD.format(path="x", subset="v1")}
+    files.update(override)
+    return _files(**files)
+
+
+@pytest.mark.parametrize("what, change, rebuilt", [
+    ("a route on gw", {"route-a.yaml": route("svc-a", regex="/b.*")}, {"http.8080"}),
+    ("the child gw2's root delegates to", {"child.yaml": CHILD.format(path="y", subset="v2")}, {"http.9090"}),
+    ("gw2 itself", {"gateway-2.yaml": GATEWAY_2.replace('"*"', '"other.example.net"')}, {"http.9090"}),
+    ("a DestinationRule both read", {"svc-b.yaml": service("svc-b") + "  trafficPolicy: {loadBalancer: "
+                                     "{consistentHash: {httpHeaderName: x-user}}}\n"}, {"http.8080", "http.9090"}),
+])
+def test_a_gateway_route_configuration_is_rebuilt_only_when_what_it_reads_changed(what, change, rebuilt):
+    before, after = _two_gateways(), _two_gateways(**change)
+    translation.reset_cache()
+    old = translation.translate(before, GW_NODE)
+    new = translation.translate(after, GW_NODE)
+    translation.reset_cache()
+    full = translation.translate(after, GW_NODE)
+    assert _serialized(new) == _serialized(full), what
+    assert set(old[ROUTE]) == {"http.8080", "http.9090"}
+    fresh = {n for n, rc in new[ROUTE].items() if rc is not old[ROUTE][n]}
+    assert fresh == rebuilt, what
+    assert all(_serialized(new)[ROUTE][n] != _serialized({ROUTE: old[ROUTE]})[ROUTE][n] for n in rebuilt), what

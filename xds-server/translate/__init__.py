@@ -81,6 +81,19 @@ def _same_except_endpoints(a, b) -> bool:
             == {k: v for k, v in b.spec.items() if k != "endpoints"})
 
 
+# What clusters and assignments are built from (build_clusters reads only the
+# index's services and DestinationRules): with these unchanged, CDS and EDS are too.
+_CLUSTER_KINDS = ("ServiceEntry", "DestinationRule", "WorkloadEntry")
+
+
+def same_cluster_inputs(old: MeshConfig, new: MeshConfig) -> bool:
+    """Whether every resource clusters are built from is equal (in order) in both."""
+    a, b = old.of_kind(*_CLUSTER_KINDS), new.of_kind(*_CLUSTER_KINDS)
+    return len(a) == len(b) and all(
+        x is y or (_same_except_endpoints(x, y) and (x.kind != "ServiceEntry" or x.spec == y.spec))
+        for x, y in zip(a, b))
+
+
 def endpoint_only_change(old: MeshConfig, new: MeshConfig) -> bool:
     """Whether `new` differs from `old` at most in endpoint data: WorkloadEntries
     (added, removed, changed) and ServiceEntries' spec.endpoints, every other
@@ -108,10 +121,45 @@ class _ConfigCache:
         self.shapes: dict = {}         # node shape -> (route configs, listener plan)
         self.listeners: dict = {}      # (shape, bind, seam filters) -> listeners
         self.lock = threading.Lock()
+        # gateway route configuration key -> (the resources it was built from, RouteConfiguration)
+        self.gateway_routes: dict = {}
+        self.previous_routes: dict = {}   # `previous`'s, reused where those resources are equal
         self.derived = False           # True: built from `previous` by an endpoint-only change
-        if previous is not None and previous.per_namespace == self.per_namespace \
-                and endpoint_only_change(previous.config, config):
-            self.derived = self._derive(previous)
+        self.clusters_reused = False   # True: clusters and assignments are `previous`'s
+        if previous is not None and previous.per_namespace == self.per_namespace:
+            if endpoint_only_change(previous.config, config):
+                self.derived = self._derive(previous)
+            if not self.derived and same_cluster_inputs(previous.config, config):
+                # e.g. only VirtualServices or Gateways changed: CDS and EDS are kept
+                # (the same messages); route configurations are built again, but a
+                # gateway's is reused when nothing it reads changed (gateway_route_config).
+                with previous.lock:
+                    self.clusters = dict(previous.clusters)
+                    self.previous_routes = dict(previous.gateway_routes)
+                self.clusters_reused = True
+
+    def gateway_route_config(self, idx: MeshIndex, port: int, servers: list, base: RouteContext,
+                             name: str = ""):
+        """route_configs.gateway_route_config, reused from the previous config when
+        everything it reads is equal there: the services and DestinationRules
+        (same_cluster_inputs, else there is nothing to reuse from), the servers'
+        Gateways, the VirtualServices bound to them (in order) and the ones they
+        delegate to; the proxy's labels and namespace are in the key."""
+        key = (idx.proxy_namespace, port, name, tuple((s.gateway.namespace, s.gateway.name, s.index) for s in servers),
+               tuple(sorted(base.labels.items())), base.namespace)
+        found = self.gateway_routes.get(key)
+        if found is not None:
+            return found[1]
+        deps = _route_inputs(idx, servers)
+        before = self.previous_routes.get(key)
+        if before is not None and len(before[0]) == len(deps) and all(
+                a is b or (a is not None and b is not None and _same_except_endpoints(a, b))
+                for a, b in zip(before[0], deps)):
+            rc = before[1]
+        else:
+            rc = gateway_route_config(idx, port, servers, base, name=name)
+        self.gateway_routes[key] = (deps, rc)
+        return rc
 
     def _derive(self, previous: "_ConfigCache") -> bool:
         """Incremental EDS, as istiod pushes it: after an endpoint-only change keep
@@ -124,6 +172,7 @@ class _ConfigCache:
             clusters = dict(previous.clusters)
             shapes, listeners = dict(previous.shapes), dict(previous.listeners)
             views = dict(previous.views)
+            gateway_routes = dict(previous.gateway_routes)
         derived = {}
         for (copts, view), (by_name, assignments) in clusters.items():
             old_idx = previous.index if view is None else views.get(view)
@@ -136,7 +185,9 @@ class _ConfigCache:
                 return False
             derived[(copts, view)] = (by_name, new_assignments)
         self.clusters, self.shapes, self.listeners = derived, shapes, listeners
+        self.gateway_routes = gateway_routes      # built from Gateways and VirtualServices: unchanged
         return True
+
 
     def view(self, namespace: str) -> tuple[MeshIndex, str | None]:
         """The index of what a proxy in `namespace` sees, and its cache key."""
@@ -147,6 +198,26 @@ class _ConfigCache:
             visible = [r for r in self.config if exported_to(r, namespace)]
             idx = self.views[namespace] = build_index(MeshConfig(visible), proxy_namespace=namespace)
         return idx, namespace
+
+
+def _route_inputs(idx: MeshIndex, servers: list) -> list:
+    """The resources a gateway's route configuration is built from, besides the
+    services and DestinationRules: the servers' Gateways, then each bound
+    VirtualService followed by the VirtualServices (or None) its routes delegate to."""
+    out, refs = [], set()
+    for s in servers:
+        refs.add(f"{s.gateway.namespace}/{s.gateway.name}")
+        if not any(g is s.gateway for g in out):
+            out.append(s.gateway)
+    for vs in idx.virtual_services:
+        if not refs & idx.vs_gateways(vs):
+            continue
+        out.append(vs)
+        for http in vs.spec.get("http") or []:
+            if isinstance(http, dict) and http.get("delegate"):
+                ref = http["delegate"] if isinstance(http["delegate"], dict) else {}
+                out.append(idx.virtual_service(str(ref.get("namespace") or vs.namespace), str(ref.get("name") or "")))
+    return out
 
 
 _CACHE: "OrderedDict[int, _ConfigCache]" = OrderedDict()
@@ -184,7 +255,7 @@ def _shape(idx: MeshIndex, node: ProxyNode) -> tuple:
     return node.kind, gateways, node.namespace, labels
 
 
-def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
+def _routes_for_shape(idx: MeshIndex, node: ProxyNode, cache: "_ConfigCache | None" = None) -> tuple[dict, list]:
     """Route configurations and the listeners to build: [(port, [Chain], gateway?[, address])]
     for bound listeners (address: a service VIP, else the bind address),
     [(host, port)] for proxyless API listeners."""
@@ -196,7 +267,7 @@ def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
             if srv.port:
                 by_port.setdefault(srv.port, []).append(srv)
         for port in sorted(by_port):
-            chains = _gateway_chains(idx, port, by_port[port], base, routes)
+            chains = _gateway_chains(idx, port, by_port[port], base, routes, cache)
             # A server's `bind` (an IP) gets the port's listener on that address.
             binds = sorted({s.bind for s in by_port[port]}, key=lambda b: (b != "", b))
             for bind in binds if chains else ():
@@ -229,11 +300,14 @@ def _routes_for_shape(idx: MeshIndex, node: ProxyNode) -> tuple[dict, list]:
     return routes, plan
 
 
-def _gateway_chains(idx: MeshIndex, port: int, servers: list, base: RouteContext, routes: dict) -> list:
+def _gateway_chains(idx: MeshIndex, port: int, servers: list, base: RouteContext, routes: dict,
+                    cache: "_ConfigCache | None" = None) -> list:
     """A port serves one kind of server (istiod refuses mixes): HTTPS
     terminated here (a chain and route config per server), TLS passthrough
     (a chain per SNI), TCP (one tcp_proxy), or plain HTTP (one route config)."""
     chains = []
+    build = cache.gateway_route_config if cache is not None else \
+        (lambda idx, port, servers, base, name="": gateway_route_config(idx, port, servers, base, name=name))
     terminated = [s for s in servers if s.terminates_tls]
     passthrough = [s for s in servers if s.protocol == "TLS" and str(s.tls.get("mode") or "").upper() == "PASSTHROUGH"]
     tcp = [s for s in servers if s.protocol in TCP_PROTOCOLS - {"TLS"}]
@@ -241,7 +315,7 @@ def _gateway_chains(idx: MeshIndex, port: int, servers: list, base: RouteContext
     if terminated:
         for srv in terminated:
             name = gateway_https_route_name(port, srv.port_name, srv.gateway.name, srv.gateway.namespace)
-            routes[name] = gateway_route_config(idx, port, [srv], base, name=name)
+            routes[name] = build(idx, port, [srv], base, name=name)
             sni = tuple(h for _, h in srv.hosts if h != "*") if all(h != "*" for _, h in srv.hosts) else ()
             chains.append(Chain(name, tuple(sorted((k, str(v)) for k, v in srv.tls.items())), sni))
     elif passthrough or tcp:
@@ -256,7 +330,7 @@ def _gateway_chains(idx: MeshIndex, port: int, servers: list, base: RouteContext
             tp = first_tcp_route(ctx, bound, hosts)
             chains = [Chain(tcp_proxy=tp)] if tp is not None else []
     elif http:
-        rc = gateway_route_config(idx, port, http, base)
+        rc = build(idx, port, http, base)
         routes[rc.name] = rc
         chains.append(Chain(rc.name))
     return chains
@@ -299,7 +373,7 @@ def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | N
             shape_hit = shaped is not None
             if shaped is None:
                 with tracer.start_as_current_span("xds.translate.routes"):
-                    shaped = cache.shapes[shape] = _routes_for_shape(idx, node)
+                    shaped = cache.shapes[shape] = _routes_for_shape(idx, node, cache)
         routes, plan = shaped
         listeners = _listeners(cache, shape, plan, config, node, options, grpc)
         snapshot: Snapshot = {
@@ -310,6 +384,7 @@ def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | N
             _merge(snapshot, seam.resources(config, node), seam.__name__)
         span.set_attribute("xds.translate.config_cached", config_hit)
         span.set_attribute("xds.translate.endpoints_only", cache.derived)
+        span.set_attribute("xds.translate.clusters_reused", cache.clusters_reused or cache.derived)
         span.set_attribute("xds.translate.shape_cached", shape_hit)
         for type_url, resources in snapshot.items():
             span.set_attribute(f"xds.resources.{type_url.rsplit('.', 1)[-1]}", len(resources))

@@ -51,8 +51,10 @@ DEFAULT_TIER_CLAIM = "tier"
 MAX_KEY_BYTES = 64
 MAX_HEADER_NAME = 128   # the filter's bound on a configured header name
 
-# Envoy exposes no downstream-ALPN attribute to Wasm; the negotiated HTTP
-# protocol (request.protocol) is what it gives, so ALPN classes are keyed by it.
+# Envoy exposes no downstream-ALPN attribute to Wasm: on TLS-terminating
+# gateway listeners the control plane puts the client's ALPN in
+# H.DOWNSTREAM_ALPN (xds_server.translate.listeners); without it (plaintext,
+# h2c) the negotiated HTTP protocol (request.protocol) stands in for it.
 PROTOCOL_PROPERTY = ("request", "protocol")
 ALPN_PROTOCOLS = {"h2": "HTTP/2", "h3": "HTTP/3", "http/1.1": "HTTP/1.1"}
 # The verified caller identity: the peer certificate's URI SAN (mTLS).
@@ -108,7 +110,7 @@ class HeaderContract:
     @property
     def stripped_headers(self) -> list[str]:
         """Every header the mesh sets: a client's own copy never passes."""
-        out = [H.END_USER, H.TENANT, H.SESSION_SIG, H.QOS_CLASS, H.DOWNSTREAM_SERVICE_CLUSTER]
+        out = [H.END_USER, H.TENANT, H.SESSION_SIG, H.QOS_CLASS, H.DOWNSTREAM_SERVICE_CLUSTER, H.DOWNSTREAM_ALPN]
         return out + [h for _, h in self.claims if h not in out]
 
     def with_claims(self, extra: list[tuple[str, str]]) -> "HeaderContract":
@@ -138,6 +140,8 @@ class HeaderContract:
                 "priority_header": H.LLM_PRIORITY,
                 "classes": [{"name": c.header_value, "level": c.priority_level} for c in Q.QosClass],
                 "priority": {v: c.header_value for v, c in self.priority.items()},
+                "alpn_header": H.DOWNSTREAM_ALPN,
+                "alpn": {a: c.header_value for a, c in self.alpn.items()},
                 "protocol_property": list(PROTOCOL_PROPERTY),
                 "protocol": {ALPN_PROTOCOLS[a]: c.header_value for a, c in self.alpn.items() if a in ALPN_PROTOCOLS},
                 "tier_claim": self.tier_claim,
@@ -232,7 +236,7 @@ def parse_plugin_config(cfg, base: str = "spec.pluginConfig") -> HeaderContract:
             p.append((path, "expected {claim: <name>, header: <header>}"))
             continue
         h = _header_name(c.get("header"), f"{path}.header", p)
-        if h in (H.SESSION_SIG, H.QOS_CLASS, H.DOWNSTREAM_SERVICE_CLUSTER, H.ERROR_CLASS):
+        if h in (H.SESSION_SIG, H.QOS_CLASS, H.DOWNSTREAM_SERVICE_CLUSTER, H.DOWNSTREAM_ALPN, H.ERROR_CLASS):
             p.append((f"{path}.header", f"{h} is set by the mesh itself, not from a claim"))
         elif h:
             claims = [(cl, hh) for cl, hh in claims if hh != h] + [(c["claim"], h)]

@@ -16,6 +16,13 @@ SESSION_SIG = "x-mcp-session-sig"
 LLM_PRIORITY = "x-llm-priority"
 QOS_CLASS = "x-mcp-qos-class"
 
+# L4 -> L7: the TLS ALPN protocol the client offered first among those in
+# mesh.qos.ALPN_CLASSES. Set by Envoy only (a gateway HTTPS listener has one
+# filter chain per ALPN, matched on application_protocols, whose early header
+# mutation removes a client's copy and sets it); the header contract reads it
+# for the QoS class and strips it, so no client value is ever trusted.
+DOWNSTREAM_ALPN = "x-mcp-downstream-alpn"
+
 # L5: the error class derived from a gRPC status on responses.
 ERROR_CLASS = "x-mcp-error-class"
 

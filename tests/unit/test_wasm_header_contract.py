@@ -101,6 +101,42 @@ def test_qos_class_from_priority_tier_and_protocol(host, priority, tier, protoco
     assert r.get(H.QOS_CLASS) == want
 
 
+@pytest.mark.parametrize("alpn, priority, tier, protocol, want", [
+    ("grpc-exp", None, None, "HTTP/2", "interactive"),        # the listener's ALPN, not the codec's HTTP/2
+    ("h2", None, None, "HTTP/2", "latency-critical"),
+    ("h2", None, None, "HTTP/1.1", "latency-critical"),       # the header, not request.protocol, decides
+    ("http/1.1", None, None, "HTTP/2", "standard"),           # an ALPN without a class: the default, no fallback
+    ("grpc-exp", "low", None, "HTTP/2", "batch"),             # X-LLM-Priority still comes first
+    ("grpc-exp", "high", None, "HTTP/2", "latency-critical"),
+    ("h2", None, "free", "HTTP/2", "standard"),               # the tier still caps it
+    ("grpc-exp", None, "enterprise", "HTTP/2", "interactive"),
+    (None, None, None, "HTTP/2", "latency-critical"),         # no header (plaintext, h2c): request.protocol
+])
+def test_qos_class_from_the_downstream_alpn_header(host, alpn, priority, tier, protocol, want):
+    from mesh.qos import ALPN_CLASSES
+    assert {"h2", "grpc-exp"} <= set(ALPN_CLASSES)
+    hdrs = BASE + ([(H.DOWNSTREAM_ALPN, alpn)] if alpn else []) + ([("x-llm-priority", priority)] if priority else [])
+    claims = {"sub": "u", **({"tier": tier} if tier else {})}
+    r = host.request(hdrs, properties={("request", "protocol"): protocol.encode()}, metadata=claims)
+    assert r.get(H.QOS_CLASS) == want
+    assert r.get(H.DOWNSTREAM_ALPN) is None                   # read, then never passed upstream
+    verify_session(r.headers, KEY)
+
+
+def test_the_alpn_header_comes_from_the_generated_config_only():
+    cfg = json.loads(parse_plugin_config(PLUGIN).filter_json())
+    assert cfg["qos"]["alpn_header"] == H.DOWNSTREAM_ALPN and H.DOWNSTREAM_ALPN in cfg["strip"]
+    cfg["qos"]["alpn_header"] = "x-other-alpn"
+    h = ProxyWasmHost()
+    assert not h.configure(json.dumps(cfg))                   # must also be stripped
+    cfg["strip"].append("x-other-alpn")
+    h = ProxyWasmHost()
+    assert h.configure(json.dumps(cfg)), h.logs
+    proto = {("request", "protocol"): b"HTTP/1.1"}
+    assert h.request(BASE + [("x-other-alpn", "grpc-exp")], properties=proto).get(H.QOS_CLASS) == "interactive"
+    assert h.request(BASE + [(H.DOWNSTREAM_ALPN, "grpc-exp")], properties=proto).get(H.QOS_CLASS) == "standard"
+
+
 def test_non_string_or_unsafe_claims_are_not_written(host):
     r = host.request(BASE, metadata={"sub": b"\x00\x00\x00\x00\x00\x00\xf0\x3f", "tenant": "a\r\nx-evil: 1"})
     assert r.get(H.END_USER) is None and r.get(H.TENANT) is None

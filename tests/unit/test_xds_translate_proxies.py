@@ -72,6 +72,7 @@ spec:
     route: [{destination: {host: reviews, subset: v2}}]
   - route: [{destination: {host: reviews, subset: v1}}]
 """
+import json
 GATEWAY = ProxyNode("router~1~gw.edge~edge.svc.cluster.local", namespace="edge", labels={"istio": "ingressgateway"})
 SIDECAR = ProxyNode("sidecar~2~app.shop~shop.svc.cluster.local", namespace="shop", kind="sidecar")
 GRPC = ProxyNode("grpc-client-1", namespace="shop", kind="grpc")
@@ -232,7 +233,8 @@ def test_https_servers_get_a_tls_chain_and_route_config_each():
     assert {"https.443.https-a.tls.edge", "https.443.https-b.tls.edge"} <= set(s[ROUTE])
     lis = json_format.MessageToDict(s[LISTENER]["127.0.0.1_443"])
     assert [f["name"] for f in lis["listenerFilters"]] == ["envoy.filters.listener.tls_inspector"]
-    a, b = lis["filterChains"]
+    # Per server: one chain per ALPN of the QoS classes, then the default one.
+    a, b = [c for c in lis["filterChains"] if "applicationProtocols" not in c["filterChainMatch"]]
     assert a["filterChainMatch"] == {"serverNames": ["a.example.com"]}
     assert b["filterChainMatch"] == {"serverNames": ["*.b.example.com"]}
     tls_a = a["transportSocket"]["typedConfig"]
@@ -248,6 +250,47 @@ def test_https_servers_get_a_tls_chain_and_route_config_each():
         "https.443.https-a.tls.edge", "https.443.https-b.tls.edge"]
     # Each HTTPS route configuration holds only its server's hosts.
     assert [vh.name for vh in s[ROUTE]["https.443.https-b.tls.edge"].virtual_hosts] == ["x.b.example.com:443"]
+
+
+def _early_mutations(chain: dict) -> list[dict]:
+    [hcm] = [f["typedConfig"] for f in chain["filters"]]
+    [ext] = hcm["earlyHeaderMutationExtensions"]
+    assert ext["name"] == "envoy.http.early_header_mutation.header_mutation"
+    assert ext["typedConfig"]["@type"].endswith("early_header_mutation.header_mutation.v3.HeaderMutation")
+    return ext["typedConfig"]["mutations"]
+
+
+def test_https_servers_get_one_chain_per_qos_alpn_that_sets_the_alpn_header():
+    from mesh import headers as H
+    from mesh.qos import ALPN_CLASSES
+    s = snap(GATEWAY, MESH + "---" + TLS_GATEWAY)
+    lis = json_format.MessageToDict(s[LISTENER]["127.0.0.1_443"])
+    chains = lis["filterChains"]
+    assert [(c["filterChainMatch"]["serverNames"], c["filterChainMatch"].get("applicationProtocols")) for c in chains] == [
+        (["a.example.com"], [alpn]) for alpn in ALPN_CLASSES] + [(["a.example.com"], None)] + [
+        (["*.b.example.com"], [alpn]) for alpn in ALPN_CLASSES] + [(["*.b.example.com"], None)]
+    for c in chains:
+        alpn = c["filterChainMatch"].get("applicationProtocols", [None])[0]
+        want = [{"remove": H.DOWNSTREAM_ALPN}]
+        if alpn:
+            want.append({"append": {"header": {"key": H.DOWNSTREAM_ALPN, "value": alpn},
+                                    "appendAction": "OVERWRITE_IF_EXISTS_OR_ADD"}})
+        assert _early_mutations(c) == want
+    # Apart from the match and the header mutation, a server's chains are identical.
+    def rest(c):
+        c = json.loads(json.dumps(c))
+        c.pop("filterChainMatch")
+        c["filters"][0]["typedConfig"].pop("earlyHeaderMutationExtensions")
+        return c
+    n = len(ALPN_CLASSES) + 1
+    for server in (chains[:n], chains[n:]):
+        assert all(rest(c) == rest(server[-1]) for c in server)
+    assert rest(chains[0]) != rest(chains[n])
+    # Plaintext listeners set nothing, but still remove a client's copy.
+    plain = json_format.MessageToDict(s[LISTENER]["127.0.0.1_80"])
+    for c in plain["filterChains"]:
+        assert "applicationProtocols" not in c.get("filterChainMatch", {})
+        assert _early_mutations(c) == [{"remove": H.DOWNSTREAM_ALPN}]
 
 
 def test_https_redirect_requires_tls_on_the_plain_servers_hosts():

@@ -107,7 +107,7 @@ function envoy_on_request(handle)
   end
   local policy = tenant and CONFIG.tenants[tenant]
 
-  local drop, requested = {}, nil
+  local drop, requested, alpn = {}, nil, nil
   for name, value in pairs(headers) do
     if sub(name, 1, 1) ~= ":" then
       if not is_token(name) then
@@ -124,11 +124,13 @@ function envoy_on_request(handle)
       if requested == nil and name == CONFIG.priority_header then
         requested = CONFIG.priority[value:lower()]
       end
+      if alpn == nil and CONFIG.alpn_header ~= "" and name == CONFIG.alpn_header then alpn = value end
     end
   end
   for _, name in ipairs(drop) do headers:remove(name) end
 
-  if requested == nil then requested = CONFIG.protocol[handle:streamInfo():protocol() or ""] end
+  if requested == nil and alpn ~= nil then requested = CONFIG.alpn[alpn]
+  elseif requested == nil then requested = CONFIG.protocol[handle:streamInfo():protocol() or ""] end
   if requested == nil then requested = CONFIG.default end
   local ceiling = CONFIG.ceiling
   local tier = payload and payload[CONFIG.tier_claim]

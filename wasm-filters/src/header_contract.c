@@ -66,6 +66,8 @@ typedef struct {
     qos_class classes[MAX_CLASSES]; int n_classes;
     class_pair priority[MAX_PAIRS]; int n_priority;
     class_pair protocol_map[MAX_PAIRS]; int n_protocol;
+    str_t alpn_header;                      /* set by Envoy from the TLS ALPN (empty: not configured) */
+    class_pair alpn_map[MAX_PAIRS]; int n_alpn;
     class_pair tiers[MAX_PAIRS]; int n_tiers;
     str_t protocol_path[MAX_PATH]; int n_protocol_path;
     int default_class, ceiling_class;
@@ -295,6 +297,12 @@ static int parse_config_in(config_t *c, cfg_parse *cp) {
     }
     TRY(get_class_map(cp, c, sec, "priority", c->priority, &c->n_priority));
     TRY(get_class_map(cp, c, sec, "protocol", c->protocol_map, &c->n_protocol));
+    if (json_get(nodes, sec, "alpn_header")) {
+        TRY(get_header_name(cp, sec, "alpn_header", &c->alpn_header));
+        /* a client's own copy must never pass upstream */
+        NEED(in_list(c->strip, c->n_strip, c->alpn_header.p, c->alpn_header.n), "qos.alpn_header must also be stripped");
+    }
+    TRY(get_class_map(cp, c, sec, "alpn", c->alpn_map, &c->n_alpn));
     TRY(get_class_map(cp, c, sec, "tiers", c->tiers, &c->n_tiers));
     TRY(get_str_list(cp, sec, "protocol_property", c->protocol_path, &c->n_protocol_path, MAX_PATH, 0, 0));
     TRY(get_class(cp, c, sec, "default", &c->default_class));
@@ -605,7 +613,7 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
             if (str_eq(c->tenants[i].name, tenant, tenant_n)) { t = &c->tenants[i]; break; }
 
     /* 2. Which client headers go; remember the priority asked for. */
-    int requested = -1;
+    int requested = -1, alpn_class = -1, have_alpn = 0;
     for (int i = 0; i < n; i++) {
         const char *k = hs[i].k;
         size_t kn = hs[i].kn;
@@ -622,13 +630,20 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
             if (requested < 0 && str_eq(c->priority_header, k, kn))
                 for (int j = 0; j < c->n_priority; j++)
                     if (str_ieq(c->priority[j].key, hs[i].v, hs[i].vn)) { requested = c->priority[j].cls; break; }
+            if (!have_alpn && c->alpn_header.n && str_eq(c->alpn_header, k, kn)) {
+                have_alpn = 1;   /* Envoy's, never the client's: the listener removed and set it */
+                for (int j = 0; j < c->n_alpn; j++)
+                    if (str_eq(c->alpn_map[j].key, hs[i].v, hs[i].vn)) { alpn_class = c->alpn_map[j].cls; break; }
+            }
         }
         if (drop) dropped[n_dropped++] = i;
     }
 
 
-    /* 3. QoS: asked (priority header, else protocol) capped by the tier's ceiling. */
-    if (requested < 0 && c->n_protocol_path &&
+    /* 3. QoS: asked (priority header, else the TLS ALPN, else the protocol: plaintext,
+     * h2c) capped by the tier's ceiling. */
+    if (requested < 0 && have_alpn) requested = alpn_class;
+    else if (requested < 0 && c->n_protocol_path &&
         get_property(c->protocol_path, c->n_protocol_path, NULL, &proto, &pn) == 0)
         for (int j = 0; j < c->n_protocol; j++)
             if (str_eq(c->protocol_map[j].key, proto, pn)) { requested = c->protocol_map[j].cls; break; }

@@ -1,7 +1,13 @@
 """LDS: listeners with an HTTP connection manager reading routes over RDS.
 
 Gateways and sidecars get bound listeners (ADDRESS_PORT), HTTPS gateway
-servers a TLS filter chain each (matched by SNI); proxyless gRPC
+servers a TLS filter chain each (matched by SNI) plus one per ALPN of
+mesh.qos.ALPN_CLASSES (matched by SNI and application_protocols): Envoy gives
+Wasm no downstream-ALPN attribute, so that chain's HCM sets the
+x-mcp-downstream-alpn header (mesh.headers.DOWNSTREAM_ALPN) before any filter
+runs, after removing a client's copy; every other HCM only removes it. Envoy
+matches application_protocols against the ALPN list the client offered, in the
+client's order (the first offered protocol with a chain wins). Proxyless gRPC
 clients get API listeners named HOST:PORT (gRFC A27), no socket at all.
 The HTTP filter chain is: cors, the seams (authn, grpc_web, wasm_plugins),
 fault, router -- the router last, as Envoy and gRPC require. cors goes first
@@ -19,10 +25,13 @@ from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.http.early_header_mutation.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from google.protobuf import any_pb2
 
+from mesh import headers as H
 from mesh.header_contract import JWT_AUTHN_FILTER
+from mesh.qos import ALPN_CLASSES
 from xds_server.translate import authn
 from xds_server.translate.clusters import ads_config_source
 from xds_server.translate.names import grpc_listener_name, listener_name
@@ -34,6 +43,7 @@ HCM = hcm_pb2.HttpConnectionManager
 HttpFilter = hcm_pb2.HttpFilter
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 ROUTER_FILTER = "envoy.filters.http.router"
+EARLY_HEADER_MUTATION = "envoy.http.early_header_mutation.header_mutation"
 
 
 def _pack(msg) -> any_pb2.Any:
@@ -56,9 +66,26 @@ def filter_chain_tail() -> list[HttpFilter]:
     return [http_filter(FAULT_FILTER, fault_pb2.HTTPFault()), http_filter(ROUTER_FILTER, router_pb2.Router())]
 
 
+def downstream_alpn_mutation(alpn: str = ""):
+    """The HCM early header mutation: remove any client-sent DOWNSTREAM_ALPN,
+    then (a chain matched on `alpn`) set it to that ALPN."""
+    m = header_mutation_pb2.HeaderMutation()
+    m.mutations.add(remove=H.DOWNSTREAM_ALPN)
+    if alpn:
+        opt = m.mutations.add().append
+        opt.header.key = H.DOWNSTREAM_ALPN
+        opt.header.value = alpn
+        opt.append_action = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    ext = hcm_pb2.HttpConnectionManager().early_header_mutation_extensions.add(name=EARLY_HEADER_MUTATION)
+    ext.typed_config.Pack(m)
+    return ext
+
+
 def http_connection_manager(stat_prefix: str, route_name: str, filters: list[HttpFilter],
-                            gateway: bool) -> HCM:
+                            gateway: bool, alpn: str = "") -> HCM:
     hcm = HCM(stat_prefix=stat_prefix, codec_type=HCM.AUTO)
+    # Before any filter, even route selection: the header is Envoy's alone.
+    hcm.early_header_mutation_extensions.add().CopyFrom(downstream_alpn_mutation(alpn))
     hcm.rds.route_config_name = route_name
     hcm.rds.config_source.CopyFrom(ads_config_source())
     hcm.http_filters.extend(filters)
@@ -119,22 +146,31 @@ def bound_listener(bind: str, port: int, chains: list[Chain], filters: list[Http
     lis.address.socket_address.port_value = port
     lis.traffic_direction = base_pb2.OUTBOUND
     seen = set()
+    alpn_chains = False
     for spec in chains:
         if spec.server_names in seen:
             continue                 # Envoy refuses two chains with one match; the first wins
         seen.add(spec.server_names)
-        chain = lis.filter_chains.add()
-        chain.filter_chain_match.server_names.extend(spec.server_names)
         if spec.tcp_proxy is not None:
+            chain = lis.filter_chains.add()
+            chain.filter_chain_match.server_names.extend(spec.server_names)
             chain.filters.add(name=TCP_PROXY_FILTER, typed_config=_pack(spec.tcp_proxy))
             continue
-        hcm = http_connection_manager(f"outbound_{name}", spec.route_name, filters, gateway)
-        chain.filters.add(name=HCM_FILTER, typed_config=_pack(hcm))
-        if spec.tls:
-            chain.transport_socket.name = "envoy.transport_sockets.tls"
-            chain.transport_socket.typed_config.CopyFrom(_pack(downstream_tls(dict(spec.tls))))
-    if any(c.server_names for c in chains):
-        # SNI is read by the TLS inspector before a filter chain is chosen.
+        # TLS terminated here: one chain per ALPN the QoS classes know (the
+        # same routes, filters and certificate), then the default one.
+        for alpn in (list(ALPN_CLASSES) if spec.tls else []) + [""]:
+            chain = lis.filter_chains.add()
+            chain.filter_chain_match.server_names.extend(spec.server_names)
+            if alpn:
+                chain.filter_chain_match.application_protocols.append(alpn)
+                alpn_chains = True
+            hcm = http_connection_manager(f"outbound_{name}", spec.route_name, filters, gateway, alpn)
+            chain.filters.add(name=HCM_FILTER, typed_config=_pack(hcm))
+            if spec.tls:
+                chain.transport_socket.name = "envoy.transport_sockets.tls"
+                chain.transport_socket.typed_config.CopyFrom(_pack(downstream_tls(dict(spec.tls))))
+    if alpn_chains or any(c.server_names for c in chains):
+        # SNI and ALPN are read by the TLS inspector before a filter chain is chosen.
         lis.listener_filters.add(name="envoy.filters.listener.tls_inspector",
                                  typed_config=_pack(tls_inspector_pb2.TlsInspector()))
     return lis

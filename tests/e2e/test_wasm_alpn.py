@@ -10,7 +10,6 @@ minimal client here (preface, SETTINGS, one HEADERS frame, DATA back), so the
 test controls the ALPN list the client offers.
 """
 import base64
-import datetime
 import hashlib
 import http.client
 import json
@@ -24,15 +23,12 @@ import time
 
 import jwt as pyjwt
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from jwcrypto import jwk
 
 from mesh import headers as H
 from mesh.qos import ALPN_CLASSES, DEFAULT_QOS_CLASS, QosClass
 from mesh.session import verify_session
+from support.certs import self_signed
 from support.ports import free_port
 from support.upstreams import EchoUpstream
 from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
@@ -45,24 +41,6 @@ HOST = "models.example.com"
 ISSUER, AUDIENCE = "https://issuer.mesh.test", "mesh-gateway"
 DEFAULT = DEFAULT_QOS_CLASS.header_value
 
-
-def self_signed(directory: str) -> tuple[str, str]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    with open(cert_path, "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
-    with open(key_path, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 def mesh_yaml(https_port, http_port, up, cert, key, jwks) -> dict[str, str]:
@@ -223,7 +201,7 @@ def stack():
     s.pem = s.key.export_to_pem(private_key=True, password=None)
     jwks = json.dumps({"keys": [json.loads(s.key.export_public())]})
     s.dir, s.certs = tempfile.mkdtemp(prefix="mesh-alpn-"), tempfile.mkdtemp(prefix="certs-")
-    s.cert, key = self_signed(s.certs)
+    s.cert, key = self_signed(s.certs, [HOST])
     s.https, s.http = free_port(), free_port()
     s.up = EchoUpstream("app").start()
     for name, text in mesh_yaml(s.https, s.http, s.up.port, s.cert, key, jwks).items():

@@ -1,20 +1,15 @@
 """HTTPS Gateway servers (certificates from files) and tls.httpsRedirect in real Envoy."""
-import datetime
 import http.client
 import json
-import os
 import shutil
 import socket
 import ssl
 import tempfile
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from mesh.load import load_texts
+from support.certs import self_signed
 from support.envoy import Envoy
 from support.ports import free_port
 from support.upstreams import EchoUpstream
@@ -78,30 +73,12 @@ spec:
 """
 
 
-def self_signed(directory: str) -> tuple[str, str]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    with open(cert_path, "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
-    with open(key_path, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
-    return cert_path, key_path
-
 
 @pytest.fixture(scope="module")
 def gateway():
     certs = tempfile.mkdtemp(prefix="certs-")
     up = EchoUpstream("app").start()
-    cert, key = self_signed(certs)
+    cert, key = self_signed(certs, [HOST])
     # An upstream that speaks only TLS: reaching it proves the cluster originates TLS.
     tls_up = EchoUpstream("tls-app")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

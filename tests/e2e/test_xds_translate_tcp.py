@@ -1,20 +1,15 @@
 """TCP and TLS-passthrough Gateway servers (VirtualService tcp:/tls:) in real Envoy."""
-import datetime
 import http.client
 import json
-import os
 import shutil
 import socket
 import ssl
 import tempfile
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from mesh.load import load_texts
+from support.certs import self_signed
 from support.envoy import Envoy
 from support.ports import free_port
 from support.upstreams import EchoUpstream
@@ -82,24 +77,6 @@ spec:
 """
 
 
-def cert_for(directory: str) -> tuple[str, str]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NAMES[0])])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in NAMES]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    paths = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    with open(paths[0], "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
-    with open(paths[1], "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
-    return paths
-
 
 def tls_upstream(name: str, cert: str, key: str) -> EchoUpstream:
     up = EchoUpstream(name)
@@ -112,7 +89,7 @@ def tls_upstream(name: str, cert: str, key: str) -> EchoUpstream:
 @pytest.fixture(scope="module")
 def gateway():
     certs = tempfile.mkdtemp(prefix="certs-")
-    cert, key = cert_for(certs)
+    cert, key = self_signed(certs, NAMES)
     ups = [EchoUpstream("plain").start(), tls_upstream("tls-a", cert, key), tls_upstream("tls-b", cert, key)]
     try:
         ports = {"tcp": free_port(), "tls": free_port()}

@@ -290,37 +290,51 @@ spec: {qosPolicy: latency-critical, reservedLaneLevels: 0}
 """
 
 
-def isolation_variants(variants: list[tuple[str, list[str]]], grpc: bool = False,
-                       rounds: int = ROUNDS) -> list[dict]:
-    """Several servers (label, serve flags), measured side by side: each round
-    runs alone, under load and the control on each server in turn, and the
-    median of each is kept (a burst of other work on this shared machine then
-    falls on one round of every variant, not on one variant's whole figure)."""
+def isolation_variants(variants: list[tuple], grpc: bool = False, rounds: int = ROUNDS) -> list[dict]:
+    """Several servers (label, serve flags[, priority front end]), measured side
+    by side: each round runs alone, under load and the control on each server
+    in turn, and the median of each is kept (a burst of other work on this
+    shared machine then falls on one round of every variant, not on one
+    variant's whole figure). With the priority front end (gRPC), the server
+    also gets --priority-grpc-port and the high stream goes there, as Envoy
+    routes x-mcp-qos-class: latency-critical (istio-manifests/examples/
+    inference-pool.yaml); the low load and the control (no class) stay on the
+    main port, where Envoy sends them."""
     import contextlib
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(ServeProcess(MODEL, free_port(), free_port(), *flags))
-                   for _, flags in variants]
+        servers, highs = [], []
+        for v in variants:
+            flags, prio = list(v[1]), len(v) > 2 and v[2]
+            pport = free_port() if prio else None
+            s = stack.enter_context(ServeProcess(MODEL, free_port(), free_port(), *flags,
+                                                 *(["--priority-grpc-port", str(pport)] if prio else [])))
+            servers.append(s)
+            highs.append(["--grpc", "-u", s.grpc_url.replace(f":{s.grpc_port}/", f":{pport}/")] if prio else None)
         urls = [["--grpc", "-u", s.grpc_url] if grpc else ["-u", s.rest_url] for s in servers]
-        for url in urls:
+        for url, high in zip(urls, highs):
             collect(mcp_bench(*url, "-c", "8", "-n", "200"))                     # warm-up
+            if high:
+                collect(mcp_bench(*high, "-c", "4", "-n", "100", "--priority-mix", "high=1"))
         runs = [{"alone": [], "prioritised": [], "prioritised_low": [], "control": [], "control_low": []}
                 for _ in variants]
         for _ in range(rounds):
-            for url, r in zip(urls, runs):
-                _isolation_round(url, r)
-    return [_isolation_summary(label, r, grpc, rounds) for (label, _), r in zip(variants, runs)]
+            for url, high, r in zip(urls, highs, runs):
+                _isolation_round(url, r, high)
+    return [_isolation_summary(v[0], r, grpc, rounds) for v, r in zip(variants, runs)]
 
 
-def _isolation_round(url: list[str], runs: dict) -> None:
+def _isolation_round(url: list[str], runs: dict, high_url: list[str] | None = None) -> None:
     duration = 2.0
-    high = [*url, "-c", "32", "--rate", str(HIGH_RATE), "--duration", str(duration)]
+    high_url = high_url or url
+    high = [*high_url, "-c", "32", "--rate", str(HIGH_RATE), "--duration", str(duration)]
+    control = [*url, "-c", "32", "--rate", str(HIGH_RATE), "--duration", str(duration)]
     low = [*url, "-c", str(LOW_CONCURRENCY), "--duration", str(duration + 1.2), "--timeout", "5",
            "--priority-mix", "low=1"]
     runs["alone"].append(collect(mcp_bench(*high, "--priority-mix", "high=1", nice=-5)))
-    for name, mix in (("prioritised", ["--priority-mix", "high=1"]), ("control", [])):
+    for name, args in (("prioritised", [*high, "--priority-mix", "high=1"]), ("control", control)):
         background = mcp_bench(*low)
         time.sleep(0.6)                                                # let it fill the queues
-        runs[name].append(collect(mcp_bench(*high, *mix, nice=-5)))
+        runs[name].append(collect(mcp_bench(*args, nice=-5)))
         runs[name + "_low"].append(collect(background))
 
 
@@ -358,7 +372,8 @@ def isolation_section() -> list[dict]:
     try:
         variants = [("latency-critical", ["--qos-policy", "latency-critical"]),
                     ("latency-critical, no reserved lane", ["--policy-file", f.name])]
-        out = isolation_variants(variants) + isolation_variants(variants, grpc=True)
+        out = isolation_variants(variants) + isolation_variants(
+            [*variants, ("latency-critical, priority gRPC port", ["--qos-policy", "latency-critical"], True)], grpc=True)
     finally:
         os.unlink(f.name)
     return out + isolation_variants([("balanced", ["--qos-policy", "balanced"])], rounds=2)
@@ -480,7 +495,7 @@ def table(r: dict) -> str:
                          f"{ratio:.2f}x" if ratio else "-",
                          (">= 3x " + ("PASS" if ratio and ratio >= 3 else "FAIL")) if key == "common_bound" else "-"))
     for i in r.get("isolation", []):
-        ratio, judged = i["ratio"], i["qos_policy"] == "latency-critical"
+        ratio, judged = i["ratio"], i["qos_policy"] in ("latency-critical", "latency-critical, priority gRPC port")
         rows.append((f"priority ({i['qos_policy']}, {i['protocol']}): high p99, {i['high_rate_rps']:.0f}/s",
                      f"under low load: {i['high_under_load_p99_ms']:.1f} ms", f"alone: {i['high_alone_p99_ms']:.1f} ms",
                      f"{ratio:.2f}x" if ratio else "-",

@@ -10,6 +10,7 @@ Reconfiguration arrives two ways, both taken whole or not at all:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -25,10 +26,11 @@ from grpc_reflection.v1alpha import reflection
 from mesh.config import MeshConfig, parse_documents
 from mesh.validation import check
 from mesh.errors import ConfigError, Diagnostic
+from mesh.qos import QosClass
 from mesh.session import MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
-from inference_backend.grpc_service import add_to_server
+from inference_backend.grpc_service import add_priority_to_server, add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.rest import build_app
@@ -46,6 +48,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     http_port: int = 8080
     grpc_port: int = 8081
+    priority_grpc_port: int | None = None
     admin_port: int | None = None
     device: str = "auto"
     qos_policy: str = "balanced"
@@ -61,6 +64,37 @@ class ServeOptions:
     labels: dict | None = None
     watch_model: bool = False
     drain_seconds: float = 1.0
+
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class PriorityFrontEnd:
+    """A second KServe v2 gRPC server, for the top QoS class only: a synchronous
+    grpc.server with its own completion queue and a few handler threads, beside
+    the grpc.aio one. Envoy routes x-mcp-qos-class: latency-critical to this
+    port (the class is set by the sidecar from the verified caller); any other
+    class is refused. See inference-backend/README.md for why and what it buys."""
+
+    def __init__(self, models: ModelServer, host: str, port: int, qos_class: QosClass = QosClass.LATENCY_CRITICAL,
+                 threads: int = 4):
+        self.models, self.host, self.port, self.qos_class = models, host, port, qos_class
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grpc-priority")
+        self._grpc = grpc.server(self._pool, options=GRPC_OPTIONS)
+        add_priority_to_server(models, self._grpc, qos_class)
+
+    async def start(self) -> None:
+        if self._grpc.add_insecure_port(f"{self.host}:{self.port}") == 0:
+            raise OSError(f"cannot bind priority gRPC port {self.host}:{self.port}")
+        self._grpc.start()
+
+    async def stop(self, grace: float) -> None:
+        await asyncio.to_thread(lambda: self._grpc.stop(grace).wait())
+        self._pool.shutdown(wait=False)
 
 
 def load_policy_file(path: str, labels: dict | None = None) -> BatcherSettings:
@@ -97,6 +131,7 @@ class Server:
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._priority: PriorityFrontEnd | None = None
         self._watch_task: asyncio.Task | None = None
         self._stop = asyncio.Event()
 
@@ -116,11 +151,7 @@ class Server:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True).start()
-        self._grpc = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
-            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-            ("grpc.so_reuseport", 0),
-        ])
+        self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.models, self._grpc)
         # grpc.health.v1 for Envoy's gRPC health checks (NOT_SERVING until the model is warm),
         # reflection for grpcurl.
@@ -133,6 +164,9 @@ class Server:
         if self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}") == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
         await self._grpc.start()
+        if o.priority_grpc_port:
+            self._priority = PriorityFrontEnd(self.models, o.host, o.priority_grpc_port)
+            await self._priority.start()
         t0 = time.perf_counter()
         name, path = await asyncio.to_thread(resolve_model, o.model)   # a built-in is generated on first use
         self._model_path = path
@@ -160,6 +194,7 @@ class Server:
         log.info("ready: http %s:%d grpc %s:%d%s", o.host, o.http_port, o.host, o.grpc_port,
                  f" admin {o.host}:{o.admin_port}" if o.admin_port else "")
         print(json.dumps({"event": "ready", "model": served.name, "http_port": o.http_port, "grpc_port": o.grpc_port,
+                          "priority_grpc_port": o.priority_grpc_port,
                           "admin_port": o.admin_port, "provider": m.provider, "load_seconds": round(m.load_seconds, 4),
                           "warmup_seconds": round(m.warmup_seconds, 4)}), flush=True)
 
@@ -283,6 +318,7 @@ class Server:
         # Both front ends stop taking requests at once and let in-flight ones finish
         # (the batcher still runs), then the queues are drained and closed.
         await asyncio.gather(*([self._grpc.stop(grace=5)] if self._grpc else []),
+                             *([self._priority.stop(grace=5)] if self._priority else []),
                              *([self._runner.cleanup()] if self._runner else []))
         if self._admin_runner:
             await self._admin_runner.cleanup()

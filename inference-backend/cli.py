@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=8080)
     p.add_argument("--grpc-port", type=int, default=8081)
+    p.add_argument("--priority-grpc-port", type=int, default=None,
+                   help="a second gRPC port, on its own event loop and thread, serving only "
+                        "x-mcp-qos-class: latency-critical (Envoy routes that class to it); off unless given")
     p.add_argument("--admin-port", type=int, default=None,
                    help="admin listener (reload, policy, status); off unless given")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda:N | tensorrt:N (default auto)")
@@ -73,6 +76,9 @@ def run(args) -> int:
     if args.replicas < 1:
         print("mcpctl serve: --replicas must be at least 1", file=sys.stderr)
         return 2
+    if (args.replicas > 1 or args.envoy_port) and args.priority_grpc_port:
+        print("mcpctl serve: --priority-grpc-port is for one replica (not with --replicas/--envoy-port)", file=sys.stderr)
+        return 2
     if args.replicas > 1 or args.envoy_port:
         from inference_backend.builtin_models import BUILDERS, builtin_path
         if args.model.startswith("builtin:") and args.model[8:] in BUILDERS:
@@ -85,6 +91,7 @@ def run(args) -> int:
         intra = args.intra_op_threads     # None: the cores, split between two lanes (model_server)
         opts = ServeOptions(
             model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+            priority_grpc_port=args.priority_grpc_port,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
             kv_cache_mb=args.kv_cache_mb, max_body_bytes=args.max_body_bytes, session_key_file=args.session_key_file,

@@ -206,3 +206,40 @@ def test_session_signature_is_checked_403_and_permission_denied(tmp_path):
         with pytest.raises(InferenceServerException) as e:
             client.infer("mlp", [_input(0)], headers=unsigned)
         assert e.value.status() == "StatusCode.PERMISSION_DENIED" and "without" in e.value.message()
+
+
+def test_priority_grpc_port_serves_only_the_top_class():
+    """--priority-grpc-port: a second gRPC front end (own event loop and thread)
+    answers latency-critical requests at level 1 with the same result as the
+    main port, and refuses every other class, or none, with PERMISSION_DENIED
+    before any work; the main port still takes every class."""
+    from support.ports import free_port
+    pport = free_port()
+    with InferenceServer("builtin:mlp", "--qos-policy", "latency-critical", "--priority-grpc-port", str(pport)) as server:
+        assert server.ready["priority_grpc_port"] == pport
+        main = tgrpc.InferenceServerClient(server.grpc)
+        prio = tgrpc.InferenceServerClient(f"127.0.0.1:{pport}")
+        top = {H.QOS_CLASS: QosClass.LATENCY_CRITICAL.header_value}
+        expected = main.infer("mlp", [_input(7)], headers=top).as_numpy("OUTPUT0")
+        for _ in range(3):
+            r = prio.infer("mlp", [_input(7)], headers=top)
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), expected)
+            assert r.get_response().parameters["priority_level"].uint64_param == 1
+        for headers in ({H.QOS_CLASS: QosClass.BATCH.header_value},
+                        {H.QOS_CLASS: QosClass.INTERACTIVE.header_value}, {}):
+            with pytest.raises(InferenceServerException) as e:
+                prio.infer("mlp", [_input(7)], headers=headers)
+            assert "PERMISSION_DENIED" in str(e.value.status()) and "latency-critical" in e.value.message()
+            main.infer("mlp", [_input(7)], headers=headers)       # the main port takes it
+        # the protocol's priority parameter is the client's word, not the mesh's: refused too
+        with pytest.raises(InferenceServerException):
+            prio.infer("mlp", [_input(7)], priority=1)
+    assert server.proc.returncode == 0        # both front ends stopped cleanly on SIGTERM
+
+
+def test_priority_grpc_port_is_refused_with_replicas():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
+                        "--priority-grpc-port", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--priority-grpc-port" in r.stderr

@@ -10,7 +10,6 @@ Reconfiguration arrives two ways, both taken whole or not at all:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
@@ -30,8 +29,9 @@ from mesh.qos import QosClass
 from mesh.session import MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
-from inference_backend.grpc_service import add_priority_to_server, add_to_server
+from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
+from inference_backend.priority_worker import PriorityWorker, lower_own_priority
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.rest import build_app
 from inference_backend.telemetry import Telemetry
@@ -48,7 +48,8 @@ class ServeOptions:
     host: str = "127.0.0.1"
     http_port: int = 8080
     grpc_port: int = 8081
-    priority_grpc_port: int | None = None
+    priority_argv: list[str] | None = None   # `mcpctl serve` arguments of the priority worker, if any
+    serve_class: str | None = None           # as a priority worker: the one class both front ends take
     admin_port: int | None = None
     device: str = "auto"
     qos_policy: str = "balanced"
@@ -71,30 +72,6 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
     ("grpc.so_reuseport", 0),
 ]
-
-
-class PriorityFrontEnd:
-    """A second KServe v2 gRPC server, for the top QoS class only: a synchronous
-    grpc.server with its own completion queue and a few handler threads, beside
-    the grpc.aio one. Envoy routes x-mcp-qos-class: latency-critical to this
-    port (the class is set by the sidecar from the verified caller); any other
-    class is refused. See inference-backend/README.md for why and what it buys."""
-
-    def __init__(self, models: ModelServer, host: str, port: int, qos_class: QosClass = QosClass.LATENCY_CRITICAL,
-                 threads: int = 4):
-        self.models, self.host, self.port, self.qos_class = models, host, port, qos_class
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grpc-priority")
-        self._grpc = grpc.server(self._pool, options=GRPC_OPTIONS)
-        add_priority_to_server(models, self._grpc, qos_class)
-
-    async def start(self) -> None:
-        if self._grpc.add_insecure_port(f"{self.host}:{self.port}") == 0:
-            raise OSError(f"cannot bind priority gRPC port {self.host}:{self.port}")
-        self._grpc.start()
-
-    async def stop(self, grace: float) -> None:
-        await asyncio.to_thread(lambda: self._grpc.stop(grace).wait())
-        self._pool.shutdown(wait=False)
 
 
 def load_policy_file(path: str, labels: dict | None = None) -> BatcherSettings:
@@ -131,9 +108,11 @@ class Server:
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
-        self._priority: PriorityFrontEnd | None = None
+        self._priority: PriorityWorker | None = None
         self._watch_task: asyncio.Task | None = None
         self._stop = asyncio.Event()
+        self.exit_status = 0
+        self.only_class = QosClass.parse(opts.serve_class) if opts.serve_class else None
 
     def _initial_settings(self) -> BatcherSettings:
         o = self.opts
@@ -145,14 +124,17 @@ class Server:
 
     async def start(self) -> None:
         """Listen first (live, not ready: health checks see the model loading), then
-        load and warm the model, then report ready."""
+        load and warm the model, then report ready. Port 0: any free port, reported
+        in the ready event."""
         o = self.opts
-        app = build_app(self.models, o.max_body_bytes)
+        app = build_app(self.models, o.max_body_bytes, self.only_class)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True).start()
+        site = web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True)
+        await site.start()
+        http_port = site._server.sockets[0].getsockname()[1]
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
-        add_to_server(self.models, self._grpc)
+        add_to_server(self.models, self._grpc, self.only_class)
         # grpc.health.v1 for Envoy's gRPC health checks (NOT_SERVING until the model is warm),
         # reflection for grpcurl.
         self._health = health.aio.HealthServicer()
@@ -161,14 +143,19 @@ class Server:
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name, reflection.SERVICE_NAME),
             self._grpc, pool=pb.DESCRIPTOR.pool)   # the protocol's messages live in a private pool
-        if self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}") == 0:
+        grpc_port = self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}")
+        if grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
         await self._grpc.start()
-        if o.priority_grpc_port:
-            self._priority = PriorityFrontEnd(self.models, o.host, o.priority_grpc_port)
-            await self._priority.start()
         t0 = time.perf_counter()
         name, path = await asyncio.to_thread(resolve_model, o.model)   # a built-in is generated on first use
+        if o.priority_argv:
+            # Started before this process lowers its own priority (the worker must not
+            # inherit nice 19) and once a built-in model file exists (no two writers).
+            self._priority = PriorityWorker(o.priority_argv)
+            await self._priority.start()
+            log.info("priority worker started; this process's %d threads now run at nice 19",
+                     lower_own_priority())
         self._model_path = path
         self._model_mtime = os.stat(path).st_mtime
         self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
@@ -181,21 +168,30 @@ class Server:
                  time.perf_counter() - t0, json.dumps(self.settings.describe()))
         if o.enable_profiler:
             log.info("ONNX Runtime profiler on: a chrome-trace JSON is written at shutdown (ort_profile_*.json)")
-        if o.admin_port:
+        admin_port = None
+        if o.admin_port is not None:
             admin = self._admin_app()
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()
             # loopback only, whatever --host is: reload and policy calls are not for the network
-            await web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port, reuse_address=True).start()
+            admin_site = web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port, reuse_address=True)
+            await admin_site.start()
+            admin_port = admin_site._server.sockets[0].getsockname()[1]
+        worker = await self._priority.wait_ready() if self._priority else {}
         self.models.ready = True
         await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
         await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)
         self._watch_task = asyncio.create_task(self._watch())
-        log.info("ready: http %s:%d grpc %s:%d%s", o.host, o.http_port, o.host, o.grpc_port,
-                 f" admin {o.host}:{o.admin_port}" if o.admin_port else "")
-        print(json.dumps({"event": "ready", "model": served.name, "http_port": o.http_port, "grpc_port": o.grpc_port,
-                          "priority_grpc_port": o.priority_grpc_port,
-                          "admin_port": o.admin_port, "provider": m.provider, "load_seconds": round(m.load_seconds, 4),
+        log.info("ready: http %s:%d grpc %s:%d%s%s%s", o.host, http_port, o.host, grpc_port,
+                 f" admin 127.0.0.1:{admin_port}" if admin_port else "",
+                 f" priority worker pid {self._priority.proc.pid}: grpc {worker.get('grpc_port')} "
+                 f"http {worker.get('http_port')}" if worker else "",
+                 f" (serving only {o.serve_class})" if o.serve_class else "")
+        print(json.dumps({"event": "ready", "model": served.name, "http_port": http_port, "grpc_port": grpc_port,
+                          "admin_port": admin_port, "serve_class": o.serve_class,
+                          "priority_worker": {"pid": self._priority.proc.pid, "http_port": worker["http_port"],
+                                              "grpc_port": worker["grpc_port"]} if worker else None,
+                          "provider": m.provider, "load_seconds": round(m.load_seconds, 4),
                           "warmup_seconds": round(m.warmup_seconds, 4)}), flush=True)
 
     # -- hot reconfiguration -------------------------------------------------------------
@@ -226,6 +222,12 @@ class Server:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
+            if self._priority and self._priority.returncode is not None:
+                log.error("priority worker exited with status %s; stopping (the two serve as one replica)",
+                          self._priority.returncode)
+                self.exit_status = 1
+                self._stop.set()
+                return
             try:
                 if self.opts.policy_file:
                     mtime = os.stat(self.opts.policy_file).st_mtime
@@ -272,11 +274,12 @@ class Server:
         async def reload(request):
             try:
                 doc = await body(request)
-                return web.json_response(await self.reload_model(doc.get("path"), doc.get("version"), doc.get("model")))
+                out = await self.reload_model(doc.get("path"), doc.get("version"), doc.get("model"))
             except InferenceError as e:
                 return web.json_response({"error": e.message}, status=e.http_status)
             except Exception as e:
                 return web.json_response({"error": f"reload failed, previous version still serving: {e}"}, status=400)
+            return await self._forward("/admin/reload", doc, out)
 
         @routes.post("/admin/policy")
         async def policy(request):
@@ -287,7 +290,7 @@ class Server:
                 return web.json_response({"error": e.message}, status=e.http_status)
             except ValueError as e:
                 return web.json_response({"error": str(e)}, status=400)
-            return web.json_response(self.apply_settings(settings))
+            return await self._forward("/admin/policy", doc, self.apply_settings(settings))
 
         @routes.get("/admin/status")
         async def status(_):
@@ -302,11 +305,24 @@ class Server:
         app.add_routes(routes)
         return app
 
+    async def _forward(self, path: str, doc: dict, out: dict) -> web.Response:
+        """Apply an admin call the parent has applied to the priority worker too: the
+        answer carries both; a worker failure is the answer's status."""
+        if not self._priority:
+            return web.json_response(out)
+        status, worker = await self._priority.forward(path, doc)
+        out["priority_worker"] = worker
+        if status != 200:
+            log.error("priority worker refused %s (status %d): %s", path, status, worker)
+        return web.json_response(out, status=status)
+
     async def stop(self) -> None:
         """Drain: report not ready (health, /v2/health/ready, ServerReady) but keep
         serving for --drain-seconds, so balancers move away and requests already on
         the wire are taken; then stop the listeners, answer what is queued, close."""
         self.models.draining = True
+        if self._priority:
+            self._priority.terminate()        # it drains beside this process
         if getattr(self, "_health", None):
             await _set_health(self._health, "", health_pb2.HealthCheckResponse.NOT_SERVING)
             await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -318,24 +334,31 @@ class Server:
         # Both front ends stop taking requests at once and let in-flight ones finish
         # (the batcher still runs), then the queues are drained and closed.
         await asyncio.gather(*([self._grpc.stop(grace=5)] if self._grpc else []),
-                             *([self._priority.stop(grace=5)] if self._priority else []),
                              *([self._runner.cleanup()] if self._runner else []))
         if self._admin_runner:
             await self._admin_runner.cleanup()
         await asyncio.to_thread(self.models.stop)
+        if self._priority:
+            await self._priority.stop()
         if self.opts.enable_profiler:
             for served in self.models.models.values():
                 log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
         self.telemetry.shutdown()
 
-    async def run_forever(self) -> None:
+    async def run_forever(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            if self._priority:          # started, then this process failed: take it down too
+                await self._priority.stop()
+            raise
         await self._stop.wait()
         log.info("shutting down")
         await self.stop()
+        return self.exit_status
 
 
 async def _set_health(servicer, service: str, status) -> None:
@@ -346,8 +369,7 @@ async def _set_health(servicer, service: str, status) -> None:
 
 def serve(opts: ServeOptions) -> int:
     try:
-        asyncio.run(Server(opts).run_forever())
+        return asyncio.run(Server(opts).run_forever())
     except ConfigError as e:
         print(f"mcpctl serve: {e}", flush=True)
         return 2
-    return 0

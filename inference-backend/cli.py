@@ -9,6 +9,7 @@ gRPC and REST balanced over the replicas by their ORCA load reports.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -30,8 +31,13 @@ def register(subparsers) -> None:
     p.add_argument("--http-port", type=int, default=8080)
     p.add_argument("--grpc-port", type=int, default=8081)
     p.add_argument("--priority-grpc-port", type=int, default=None,
-                   help="a second gRPC port, on its own event loop and thread, serving only "
-                        "x-mcp-qos-class: latency-critical (Envoy routes that class to it); off unless given")
+                   help="start a priority worker, a second process serving only x-mcp-qos-class: "
+                        "latency-critical (Envoy routes that class to it), with gRPC on this port; "
+                        "this process then runs at nice 19 (inference-backend/README.md); off unless given")
+    p.add_argument("--priority-http-port", type=int, default=None,
+                   help="the priority worker's REST port (with or without --priority-grpc-port)")
+    # The priority worker is `mcpctl serve --serve-class latency-critical`, started by its parent.
+    p.add_argument("--serve-class", default=None, help=argparse.SUPPRESS)
     p.add_argument("--admin-port", type=int, default=None,
                    help="admin listener (reload, policy, status); off unless given")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda:N | tensorrt:N (default auto)")
@@ -71,14 +77,20 @@ def _labels(items: list[str]) -> dict:
 
 
 def run(args) -> int:
+    worker = " [priority worker]" if args.serve_class else ""
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s")
     if args.replicas < 1:
         print("mcpctl serve: --replicas must be at least 1", file=sys.stderr)
         return 2
-    if (args.replicas > 1 or args.envoy_port) and args.priority_grpc_port:
-        print("mcpctl serve: --priority-grpc-port is for one replica (not with --replicas/--envoy-port)", file=sys.stderr)
-        return 2
+    priority = args.priority_grpc_port is not None or args.priority_http_port is not None
+    if args.serve_class:
+        from mesh.qos import QosClass
+        try:
+            QosClass.parse(args.serve_class)
+        except ValueError as e:
+            print(f"mcpctl serve: --serve-class: {e}", file=sys.stderr)
+            return 2
     if args.replicas > 1 or args.envoy_port:
         from inference_backend.builtin_models import BUILDERS, builtin_path
         if args.model.startswith("builtin:") and args.model[8:] in BUILDERS:
@@ -91,7 +103,7 @@ def run(args) -> int:
         intra = args.intra_op_threads     # None: the cores, split between two lanes (model_server)
         opts = ServeOptions(
             model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-            priority_grpc_port=args.priority_grpc_port,
+            priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
             kv_cache_mb=args.kv_cache_mb, max_body_bytes=args.max_body_bytes, session_key_file=args.session_key_file,
@@ -110,10 +122,12 @@ _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file",
 _SWITCHES = ("watch_model", "enable_profiler")
 
 
-def _child_argv(args) -> list[str]:
+def _child_argv(args, skip: tuple = ()) -> list[str]:
     out = ["serve"]
     for name in _SHARED_FLAGS:
         value = getattr(args, name)
+        if name in skip:
+            continue
         if value is not None:
             out += ["--" + name.replace("_", "-"), str(value)]
     for name in _SWITCHES:
@@ -122,6 +136,17 @@ def _child_argv(args) -> list[str]:
     for label in args.label:
         out += ["--label", label]
     return out
+
+
+def _priority_argv(args) -> list[str]:
+    """The priority worker's command line: this server's model, policy and keys,
+    the top class only, one intra-op thread, its own ports (0: any free port)
+    and a loopback admin port on any free port (the parent forwards to it)."""
+    from inference_backend.priority_worker import SERVE_CLASS, WORKER_INTRA_OP_THREADS
+    argv = _child_argv(args, skip=("intra_op_threads",))
+    return [*argv, "--serve-class", SERVE_CLASS.header_value, "--intra-op-threads", str(WORKER_INTRA_OP_THREADS),
+            "--grpc-port", str(args.priority_grpc_port or 0), "--http-port", str(args.priority_http_port or 0),
+            "--admin-port", "0"]
 
 
 def run_replicas(args) -> int:
@@ -133,12 +158,15 @@ def run_replicas(args) -> int:
         args.intra_op_threads = max(1, (os.cpu_count() or 1) // args.replicas)
     argv = _child_argv(args)
     children = []
-    layout = replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port)
+    layout = replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port,
+                           args.priority_http_port, args.priority_grpc_port)
     for i, ports in enumerate(layout):
         cmd = [sys.executable, "-m", "mesh.cli", *argv, "--http-port", str(ports["http"]),
                "--grpc-port", str(ports["grpc"])]
-        if "admin" in ports:
-            cmd += ["--admin-port", str(ports["admin"])]
+        for key, flag in (("admin", "--admin-port"), ("priority_http", "--priority-http-port"),
+                          ("priority_grpc", "--priority-grpc-port")):
+            if key in ports:
+                cmd += [flag, str(ports[key])]
         children.append(subprocess.Popen(cmd))
         log.info("replica %d: pid %d, ports %s", i, children[-1].pid, ports)
     envoy = None
@@ -146,7 +174,9 @@ def run_replicas(args) -> int:
         import tempfile
         import yaml
         bootstrap = envoy_bootstrap(args.envoy_port, [p["http"] for p in layout], [p["grpc"] for p in layout],
-                                    admin_port=args.envoy_admin_port, host=args.host)
+                                    admin_port=args.envoy_admin_port, host=args.host,
+                                    priority_http_ports=[p["priority_http"] for p in layout if "priority_http" in p],
+                                    priority_grpc_ports=[p["priority_grpc"] for p in layout if "priority_grpc" in p])
         if not args.envoy_admin_port:
             bootstrap.pop("admin", None)
         fd, path = tempfile.mkstemp(prefix="mcp-pool-envoy-", suffix=".yaml")

@@ -9,7 +9,6 @@ streams, in each response's parameters.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 
 import grpc
@@ -18,11 +17,11 @@ import numpy as np
 from mesh import headers as H
 from mesh.qos import QosClass
 from inference_backend import datatypes
-from inference_backend.errors import InferenceError, InvalidArgument, NotFound, PermissionDenied
+from inference_backend.errors import InferenceError, InvalidArgument, NotFound
 from inference_backend.model_server import ModelServer
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
-from inference_backend.request_meta import check_session, priority_param, response_parameters, timing_pairs
+from inference_backend.request_meta import check_class, check_session, priority_param, response_parameters, timing_pairs
 from inference_backend.rest import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 
 log = logging.getLogger("inference_backend")
@@ -101,9 +100,7 @@ def model_metadata(served) -> tuple[pb.ModelMetadataResponse, tuple]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: ModelServer, only_class: QosClass | None = None):
         self.server = server
-        # A priority front end (app.PriorityFrontEnd) takes only this class: a
-        # request without it is refused before any decoding work.
-        self.only_class = only_class
+        self.only_class = only_class        # a priority worker's: see request_meta.check_class
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.server.live)
@@ -135,9 +132,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _prepare(self, request: pb.ModelInferRequest, metadata):
         """Everything before the batcher: admission, session check, decoding."""
         qos = next((v for k, v in metadata if k.lower() == H.QOS_CLASS), None)
-        if self.only_class is not None and (qos or "").strip().lower() != self.only_class.header_value:
-            raise PermissionDenied(f"this port serves only {H.QOS_CLASS}: {self.only_class.header_value} "
-                                   f"(got {qos!r}); send other classes to the main gRPC port")
+        check_class(qos, self.only_class)
         served = self.server.get(request.model_name, request.model_version)
         check_session(metadata, self.server.session_key)
         arrays, params, outputs = decode_request(served, request)
@@ -218,52 +213,5 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
-class PriorityInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """ModelInfer for one QoS class on a synchronous grpc.server (app.PriorityFrontEnd):
-    its own completion queue, polling thread and handler threads, so none of its
-    steps waits behind the main grpc.aio loop or the aio poller that loop shares.
-    Each handler thread blocks on the batcher's future."""
-
-    def __init__(self, server: ModelServer, only_class: QosClass):
-        self.core = InferenceServicer(server, only_class)
-
-    def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=self.core.server.live)
-
-    def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.core.server.reports_ready)
-
-    def ModelMetadata(self, request, context):
-        try:
-            served = self.core.server.get(request.name, request.version)
-        except InferenceError as e:
-            context.abort(e.code, e.message)
-        response, trailers = model_metadata(served)
-        context.set_trailing_metadata(trailers)
-        return response
-
-    def ModelInfer(self, request, context):
-        core = self.core
-        try:
-            served, pending, qos, priority = core._prepare(request, context.invocation_metadata() or ())
-            future = served.batcher.submit(pending, qos, priority)
-            context.add_callback(future.cancel)          # the client went away: drop it from the queue
-            response, trailers = core._respond(request, served, pending, future.result())
-        except InferenceError as e:
-            core.server.telemetry.requests.add(1, {"model": request.model_name, "protocol": "grpc", "code": e.code.name})
-            context.abort(e.code, e.message)
-        except concurrent.futures.CancelledError:
-            context.abort(grpc.StatusCode.CANCELLED, "cancelled")
-        except Exception as e:
-            log.exception("gRPC priority infer failed")
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-        context.set_trailing_metadata(tuple(trailers))
-        return response
-
-
-def add_to_server(server: ModelServer, grpc_server: grpc.aio.Server) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server), grpc_server)
-
-
-def add_priority_to_server(server: ModelServer, grpc_server: grpc.Server, only_class: QosClass) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(PriorityInferenceServicer(server, only_class), grpc_server)
+def add_to_server(server: ModelServer, grpc_server: grpc.aio.Server, only_class: QosClass | None = None) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server, only_class), grpc_server)

@@ -7,6 +7,8 @@ from mesh import headers as H
 from mesh.session import SessionError, verify_session
 from inference_backend.batcher import Result
 from inference_backend.errors import InvalidArgument, PermissionDenied
+from mesh.qos import QosClass
+
 
 def check_session(headers: Mapping[str, str] | Iterable[tuple[str, str]], key: bytes | None) -> None:
     """With --session-key-file: the L6 session headers must match x-mcp-session-sig."""
@@ -16,6 +18,16 @@ def check_session(headers: Mapping[str, str] | Iterable[tuple[str, str]], key: b
         verify_session(headers, key)
     except SessionError as e:
         raise PermissionDenied(f"session check failed: {e.reason}") from None
+
+
+def check_class(value: str | None, only_class: QosClass | None) -> None:
+    """A priority worker (inference_backend.priority_worker) serves one class only:
+    anything else, or no class, is refused before any decoding work. The
+    protocol's `priority` parameter does not count: it is the client's word,
+    the class header is the mesh's (set by the sidecar from the verified caller)."""
+    if only_class is not None and (value or "").strip().lower() != only_class.header_value:
+        raise PermissionDenied(f"this port serves only {H.QOS_CLASS}: {only_class.header_value} "
+                               f"(got {value!r}); send other classes to the main port")
 
 
 def priority_param(params: Mapping) -> int | None:

@@ -14,10 +14,11 @@ import logging
 from aiohttp import web
 
 from mesh import headers as H
+from mesh.qos import QosClass
 from inference_backend import datatypes
 from inference_backend.errors import InferenceError, InvalidArgument, NotFound
 from inference_backend.model_server import ModelServer
-from inference_backend.request_meta import check_session, priority_param, response_parameters, timing_pairs
+from inference_backend.request_meta import check_class, check_session, priority_param, response_parameters, timing_pairs
 
 log = logging.getLogger("inference_backend")
 SERVER_NAME = "mcp-mesh-inference"
@@ -82,7 +83,7 @@ def _requested_outputs(doc: dict, params: dict) -> tuple[list[str], dict[str, bo
     return names, binary
 
 
-def build_app(server: ModelServer, max_body_bytes: int) -> web.Application:
+def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | None = None) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     routes = web.RouteTableDef()
 
@@ -141,6 +142,7 @@ def build_app(server: ModelServer, max_body_bytes: int) -> web.Application:
             return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
 
     async def _infer(request):
+        check_class(request.headers.get(H.QOS_CLASS), only_class)
         served = _model(request)
         check_session(request.headers, server.session_key)
         try:

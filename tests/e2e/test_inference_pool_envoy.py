@@ -4,8 +4,6 @@ reports the replicas send; timing and ORCA headers come through Envoy."""
 from __future__ import annotations
 
 import json
-import re
-import socket
 import subprocess
 import sys
 import time
@@ -22,25 +20,10 @@ from inference_backend.builtin_models import builtin_path
 from inference_backend.load_report import parse_text_report
 from inference_backend.pool import replica_ports
 from mesh import headers as H
-from support.ports import free_port
+from support.inference_server import requests_served
+from support.ports import free_port, free_port_block
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_block(n: int) -> int:
-    """A base port with n consecutive free ports after it."""
-    for _ in range(50):
-        base = free_port()
-        if base + n >= 65535:
-            continue
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no block of free ports")
 
 
 class PoolEnvoy:
@@ -63,7 +46,7 @@ class PoolEnvoy:
 
 @pytest.fixture(scope="module")
 def pool():
-    base, listen, envoy_admin = _free_block(4), free_port(), free_port()
+    base, listen, envoy_admin = free_port_block(4), free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
                              "--http-port", str(base), "--grpc-port", str(base + 1),
                              "--envoy-port", str(listen), "--envoy-admin-port", str(envoy_admin)],
@@ -102,15 +85,6 @@ def pool():
         proc.stdout.close()
 
 
-def _served_by(http_port: int, protocol: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for m in re.finditer(r'^mcp_inference_requests_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
-        if f'protocol="{protocol}"' in m.group(1) and 'code="OK"' in m.group(1):
-            total += float(m.group(2))
-    return total
-
-
 def test_rest_and_grpc_through_envoy_reach_both_replicas(pool):
     local = ort.InferenceSession(builtin_path("mlp"), providers=["CPUExecutionProvider"])
     addr = f"127.0.0.1:{pool['listen']}"
@@ -127,7 +101,7 @@ def test_rest_and_grpc_through_envoy_reach_both_replicas(pool):
         np.testing.assert_allclose(grpc_client.infer("mlp", [gin]).as_numpy("OUTPUT0"),
                                    local.run(None, {"INPUT0": x})[0], rtol=1e-5, atol=1e-6)
     for protocol in ("http", "grpc"):
-        counts = [_served_by(p, protocol) for p in pool["http_ports"]]
+        counts = [requests_served(p, protocol) for p in pool["http_ports"]]
         assert all(c >= 5 for c in counts), (protocol, counts)
     stats = pool["envoy"].stats("upstream_rq_2xx")
     assert stats.get("cluster.inference-pool-http.upstream_rq_2xx", 0) >= 40

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -92,3 +93,14 @@ class InferenceServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def requests_served(http_port: int, protocol: str | None = None) -> float:
+    """Infer requests a server answered OK (its mcp_inference_requests_total on /metrics),
+    of one protocol ("http" or "grpc") or all: which process served a request."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for m in re.finditer(r'^mcp_inference_requests_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
+        if (protocol is None or f'protocol="{protocol}"' in m.group(1)) and 'code="OK"' in m.group(1):
+            total += float(m.group(2))
+    return total

@@ -8,6 +8,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+    """A base port with n consecutive ports free right now from it (for `--replicas`,
+    whose replica i takes every base port + i * stride)."""
+    for _ in range(50):
+        base = free_port(host)
+        if base + n >= 65535:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind((host, p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no block of {n} free ports")
+
+
 def wait_port(port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
     import time
     deadline = time.monotonic() + timeout

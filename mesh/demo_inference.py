@@ -1,6 +1,8 @@
-"""The demo's inference-pool step: two `mcpctl serve` replicas registered as the
-WorkloadEntries of istio-manifests/examples/inference-pool.yaml, reached through
-the gateway Envoy the control plane programs from that file.
+"""The demo's inference-pool step: two `mcpctl serve` replicas, each with its
+priority worker, registered as the WorkloadEntries of
+istio-manifests/examples/inference-pool.yaml, reached through the gateway
+Envoy the control plane programs from that file; latency-critical requests go
+to the priority workers' port, as the file's VirtualService sends them.
 
 Runs after the gateway step of mesh.demo. The replicas take the file's
 L7SchedulingPolicy (`--policy-file`); the Istio resources go into the watched
@@ -43,6 +45,10 @@ spec:
   hosts: ["*"]
   gateways: [inference-pool-gateway]
   http:
+  - name: latency-critical
+    match: [{{uri: {{prefix: /v2/}}, headers: {{x-mcp-qos-class: {{exact: latency-critical}}}}}}]
+    route:
+    - destination: {{host: {host}, port: {{number: {priority_port}}}}}
   - match: [{{uri: {{prefix: /v2/}}}}]
     route:
     - destination: {{host: {host}, port: {{number: {port}}}}}
@@ -50,7 +56,7 @@ spec:
 
 
 def _block(n: int) -> int:
-    """A base port with n free ports from it (the replicas' layout is base + 2i, base + 1 + 2i)."""
+    """A base port with n free ports from it."""
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -65,16 +71,18 @@ def _block(n: int) -> int:
     raise RuntimeError("no block of free ports for the replicas")
 
 
-def pool_config(http_ports: list[int], grpc_ports: list[int]) -> tuple[str, str, int]:
-    """The example's ServiceEntry/WorkloadEntries/DestinationRule with this run's ports
-    (-> YAML, the service host, its HTTP port)."""
+def pool_config(layout: list[dict]) -> tuple[str, str, int, int]:
+    """The example's ServiceEntry/WorkloadEntries/DestinationRule/VirtualService with this
+    run's ports (layout: one dict of ports per replica)
+    -> YAML, the service host, its HTTP port and its priority HTTP port."""
     docs = [d for d in yaml.safe_load_all(POOL.read_text()) if d and d["kind"] != "L7SchedulingPolicy"]
     entries = sorted((d for d in docs if d["kind"] == "WorkloadEntry"), key=lambda d: d["spec"]["labels"]["replica"])
-    for doc, http, grpc in zip(entries, http_ports, grpc_ports):
-        doc["spec"]["ports"] = {"http": http, "grpc": grpc}
+    for doc, ports in zip(entries, layout):
+        doc["spec"]["ports"] = {"http": ports["http"], "grpc": ports["grpc"],
+                                "http-priority": ports["priority_http"], "grpc-priority": ports["priority_grpc"]}
     se = next(d for d in docs if d["kind"] == "ServiceEntry")
-    port = next(p["number"] for p in se["spec"]["ports"] if p["name"] == "http")
-    return yaml.safe_dump_all(docs, sort_keys=False), se["spec"]["hosts"][0], port
+    number = {p["name"]: p["number"] for p in se["spec"]["ports"]}
+    return yaml.safe_dump_all(docs, sort_keys=False), se["spec"]["hosts"][0], number["http"], number["http-priority"]
 
 
 def _served(http_port: int) -> int:
@@ -85,25 +93,30 @@ def _served(http_port: int) -> int:
 
 def step_inference_pool(demo) -> list:
     from mesh.demo import Check, _free_port   # here, not at import: mesh.demo imports this module
-    base = _block(4)
-    http_ports, grpc_ports = [base, base + 2], [base + 1, base + 3]
+    base = _block(8)
+    # `--replicas 2` puts replica i on every base port + 4i (the span of the four base ports + 1).
+    layout = [{"http": base + 4 * i, "grpc": base + 1 + 4 * i, "priority_http": base + 2 + 4 * i,
+               "priority_grpc": base + 3 + 4 * i} for i in range(2)]
+    http_ports = [p["http"] for p in layout]
+    worker_ports = [p["priority_http"] for p in layout]
     demo.start("inference-pool", [str(demo.bin / "mcpctl"), "serve", "--model", f"builtin:{MODEL}", "--replicas", "2",
                                   "--http-port", str(base), "--grpc-port", str(base + 1),
+                                  "--priority-http-port", str(base + 2), "--priority-grpc-port", str(base + 3),
                                   "--policy-file", str(POOL)])
 
     def replicas_ready():
-        for p in http_ports:
+        for p in http_ports:     # a replica is ready once its priority worker is
             with urllib.request.urlopen(f"http://127.0.0.1:{p}/v2/health/ready", timeout=2) as r:
                 if r.status != 200:
                     return False
         return True
-    demo.wait("two inference replicas", replicas_ready, timeout=90)
+    demo.wait("two inference replicas and their priority workers", replicas_ready, timeout=90)
 
     gateway_port = _free_port()
-    pool_yaml, host, port = pool_config(http_ports, grpc_ports)
+    pool_yaml, host, port, priority_port = pool_config(layout)
     before = demo.admin("/debug/configz")["generation"]
     demo.write_config("inference-pool.yaml", pool_yaml + "---\n" + ROUTES.format(
-        gateway_port=gateway_port, host=host, port=port))
+        gateway_port=gateway_port, host=host, port=port, priority_port=priority_port))
     status = demo.wait("the inference pool config", lambda: (s := demo.admin("/debug/configz"))["generation"] != before and s)
     if status.get("rejected"):
         raise RuntimeError(f"inference-pool.yaml rejected: {status['rejected']}")
@@ -114,6 +127,7 @@ def step_inference_pool(demo) -> list:
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
     url = f"http://127.0.0.1:{gateway_port}/v2/models/{MODEL}/infer"
     before_counts = [_served(p) for p in http_ports]
+    before_workers = [_served(p) for p in worker_ports]
     statuses: dict[int, int] = {}
     orca = queue_us = None
     started = time.monotonic()
@@ -129,10 +143,16 @@ def step_inference_pool(demo) -> list:
             statuses[e.code] = statuses.get(e.code, 0) + 1
     seconds = time.monotonic() - started
     served = [_served(p) - b for p, b in zip(http_ports, before_counts)]
-    print(f"  replicas: http {http_ports}, grpc {grpc_ports} (WorkloadEntries of {host}); gateway 127.0.0.1:{gateway_port}")
-    print(f"  {REQUESTS} infers through the gateway in {seconds:.2f}s: {statuses}; per replica {served}")
+    by_workers = [_served(p) - b for p, b in zip(worker_ports, before_workers)]
+    top = sum(1 for i in range(REQUESTS) if i % 4 == 0)
+    print(f"  replicas: {layout} (WorkloadEntries of {host}); gateway 127.0.0.1:{gateway_port}")
+    print(f"  {REQUESTS} infers through the gateway in {seconds:.2f}s: {statuses}; per replica {served}, "
+          f"per priority worker {by_workers} ({top} sent as latency-critical)")
     print(f"  last answer: {H.QUEUE_TIME_US} {queue_us}, {H.ORCA_LOAD_REPORT}: {orca}")
     return [Check("infers through the gateway", f"{REQUESTS} x 200", str(statuses), statuses == {200: REQUESTS}),
-            Check("both replicas serve", "each > 0", str(served), all(n > 0 for n in served) and sum(served) == REQUESTS),
+            Check("both replicas serve", f"each > 0, {REQUESTS - top} in all", str(served),
+                  all(n > 0 for n in served) and sum(served) == REQUESTS - top),
+            Check("latency-critical to the priority workers", f"{top} in all", str(by_workers),
+                  sum(by_workers) == top),
             Check("ORCA load report", "TEXT ... application_utilization", (orca or "-")[:40],
                   bool(orca) and orca.startswith("TEXT ") and "application_utilization" in orca)]

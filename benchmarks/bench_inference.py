@@ -32,15 +32,18 @@ generator bottleneck would show up as such.
    stream (fixed rate, latency from the intended send time) runs alongside;
    its p99 is compared with the same stream on the idle server. A control
    run sends the same stream without a priority (the default class) under the
-   same load, showing what the priority levels buy. Measured with the
-   server's `--qos-policy latency-critical` preset (small batches, bounded
-   low-priority queues, a reserved compute lane for level 1: the preset
-   meant for this; floor <= 2x), beside the same preset with its reserved
-   lane off (a policy file, reservedLaneLevels: 0: what the lane buys), on
-   REST and on gRPC; and, for comparison, the default `balanced` one. On each
-   server alone, loaded and control run in turn, the servers of a pair in
-   turn, three rounds; the medians are reported, with the server's own
-   queue and compute p99 of the high stream (where the time went).
+   same load, showing what the priority levels buy. Judged (floor <= 2x):
+   the `--qos-policy latency-critical` preset with its priority worker
+   (--priority-grpc-port/--priority-http-port: the top class in a process of
+   its own, the parent at nice 19; inference_backend/priority_worker.py), the
+   high stream on the worker's port as Envoy routes it, the low load on the
+   main port. Beside it, the same preset with the high stream on the main
+   port, with and without its reserved lane (what the worker and the lane
+   each buy), on REST and on gRPC; and, for comparison, the default
+   `balanced` preset. On each server alone, loaded and control run in turn,
+   the servers of a set in turn, three rounds; the medians are reported,
+   with the server's own queue and compute p99 of the high stream (where
+   the time went) and the low load served and shed (that it saturates).
 
 3. Peer. MLServer 1.7 (its own venv under .cache/peer-venv, installed on
    first run) with a minimal onnxruntime runtime and its adaptive batching
@@ -291,25 +294,26 @@ spec: {qosPolicy: latency-critical, reservedLaneLevels: 0}
 
 
 def isolation_variants(variants: list[tuple], grpc: bool = False, rounds: int = ROUNDS) -> list[dict]:
-    """Several servers (label, serve flags[, priority front end]), measured side
-    by side: each round runs alone, under load and the control on each server
-    in turn, and the median of each is kept (a burst of other work on this
-    shared machine then falls on one round of every variant, not on one
-    variant's whole figure). With the priority front end (gRPC), the server
-    also gets --priority-grpc-port and the high stream goes there, as Envoy
-    routes x-mcp-qos-class: latency-critical (istio-manifests/examples/
-    inference-pool.yaml); the low load and the control (no class) stay on the
-    main port, where Envoy sends them."""
+    """Several servers (label, serve flags[, priority worker]), measured side by
+    side: each round runs alone, under load and the control on each server in
+    turn, and the median of each is kept (a burst of other work on this shared
+    machine then falls on one round of every variant, not on one variant's
+    whole figure). With the priority worker, the server also gets
+    --priority-grpc-port/--priority-http-port and the high stream goes to the
+    worker's port, as Envoy routes x-mcp-qos-class: latency-critical
+    (istio-manifests/examples/inference-pool.yaml); the low load and the
+    control (no class) stay on the main port, where Envoy sends them."""
     import contextlib
     with contextlib.ExitStack() as stack:
         servers, highs = [], []
         for v in variants:
-            flags, prio = list(v[1]), len(v) > 2 and v[2]
-            pport = free_port() if prio else None
-            s = stack.enter_context(ServeProcess(MODEL, free_port(), free_port(), *flags,
-                                                 *(["--priority-grpc-port", str(pport)] if prio else [])))
+            flags, worker = list(v[1]), len(v) > 2 and v[2]
+            ports = (free_port(), free_port()) if worker else None
+            s = stack.enter_context(ServeProcess(MODEL, free_port(), free_port(), *flags, *(
+                ["--priority-grpc-port", str(ports[0]), "--priority-http-port", str(ports[1])] if worker else [])))
             servers.append(s)
-            highs.append(["--grpc", "-u", s.grpc_url.replace(f":{s.grpc_port}/", f":{pport}/")] if prio else None)
+            highs.append((["--grpc", "-u", s.grpc_url.replace(f":{s.grpc_port}/", f":{ports[0]}/")] if grpc else
+                          ["-u", s.rest_url.replace(f":{s.http_port}/", f":{ports[1]}/")]) if worker else None)
         urls = [["--grpc", "-u", s.grpc_url] if grpc else ["-u", s.rest_url] for s in servers]
         for url, high in zip(urls, highs):
             collect(mcp_bench(*url, "-c", "8", "-n", "200"))                     # warm-up
@@ -363,20 +367,26 @@ def _isolation_summary(policy: str, runs: dict, grpc: bool, rounds: int) -> dict
             "ratio": round(loaded / alone, 2) if alone else None}
 
 
+JUDGED = "latency-critical + priority worker"       # the deployment the floor is for
+
+
 def isolation_section() -> list[dict]:
-    """latency-critical (judged) beside the same preset with its reserved lane
-    off, on REST and on gRPC, each pair side by side; then balanced (REST)."""
+    """latency-critical with its priority worker (judged), beside the same preset
+    with the high stream on the main port, with and without the reserved lane
+    (what the worker and the lane each buy), REST and gRPC side by side; then
+    balanced (REST)."""
     import tempfile
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(LANE_OFF_POLICY)
     try:
-        variants = [("latency-critical", ["--qos-policy", "latency-critical"]),
-                    ("latency-critical, no reserved lane", ["--policy-file", f.name])]
-        out = isolation_variants(variants) + isolation_variants(
-            [*variants, ("latency-critical, priority gRPC port", ["--qos-policy", "latency-critical"], True)], grpc=True)
+        lc = ["--qos-policy", "latency-critical"]
+        worker_and_main = [(JUDGED, lc, True), ("latency-critical, main port", lc)]
+        out = isolation_variants(worker_and_main) + isolation_variants(
+            [*worker_and_main, ("latency-critical, main port, no reserved lane", ["--policy-file", f.name])],
+            grpc=True)
     finally:
         os.unlink(f.name)
-    return out + isolation_variants([("balanced", ["--qos-policy", "balanced"])], rounds=2)
+    return out + isolation_variants([("balanced, main port", ["--qos-policy", "balanced"])], rounds=2)
 
 
 # -- 3. peer -----------------------------------------------------------------
@@ -495,7 +505,7 @@ def table(r: dict) -> str:
                          f"{ratio:.2f}x" if ratio else "-",
                          (">= 3x " + ("PASS" if ratio and ratio >= 3 else "FAIL")) if key == "common_bound" else "-"))
     for i in r.get("isolation", []):
-        ratio, judged = i["ratio"], i["qos_policy"] in ("latency-critical", "latency-critical, priority gRPC port")
+        ratio, judged = i["ratio"], i["qos_policy"] == JUDGED
         rows.append((f"priority ({i['qos_policy']}, {i['protocol']}): high p99, {i['high_rate_rps']:.0f}/s",
                      f"under low load: {i['high_under_load_p99_ms']:.1f} ms", f"alone: {i['high_alone_p99_ms']:.1f} ms",
                      f"{ratio:.2f}x" if ratio else "-",
@@ -509,6 +519,9 @@ def table(r: dict) -> str:
         hc, ac = i["high_server_compute_us"] or {}, i.get("high_alone_server_compute_us") or {}
         rows.append(("  high compute p99: under load vs alone", f"{(hc.get('p99') or 0) / 1e3:.1f} ms",
                      f"alone {(ac.get('p99') or 0) / 1e3:.1f} ms", "-", "-"))
+        shed = sum(i["low_errors"].values())
+        rows.append(("  low load (saturating): served, shed", f"{i['low_ok_rps']:.0f}/s",
+                     f"{shed} shed in {i['rounds']} rounds", "-", "-"))
     p = r.get("peer")
     if p:
         if p.get("unavailable"):

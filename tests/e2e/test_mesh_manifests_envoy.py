@@ -31,7 +31,8 @@ def local_examples(http_port: int, https_port: int) -> dict:
     for path in sorted(glob.glob(os.path.join(EXAMPLES, "*.yaml"))):
         with open(path) as f:
             text = f.read()
-        text = re.sub(r"number: 8080(\n\s+name: http)", rf"number: {http_port}\1", text)
+        if "kind: Gateway" in text:      # the gateway's own port, not a service's
+            text = re.sub(r"number: 8080(\n\s+name: http)", rf"number: {http_port}\1", text)
         text = text.replace("number: 8443", f"number: {https_port}")
         text = re.sub(r"address: 10\.\d+\.\d+\.(\d+)", r"address: 127.0.0.\1", text)
         texts[path] = text.replace("models.example.com", "localhost")

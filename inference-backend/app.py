@@ -127,12 +127,18 @@ class Server:
         load and warm the model, then report ready. Port 0: any free port, reported
         in the ready event."""
         o = self.opts
+        if o.priority_argv:
+            # First, while this process has no gRPC threads to fork around, and before it
+            # lowers its own priority (the worker must not inherit nice 19).
+            self._priority = PriorityWorker(o.priority_argv)
+            await self._priority.start()
+            log.info("priority worker started; this process's %d threads now run at nice 19",
+                     lower_own_priority())
         app = build_app(self.models, o.max_body_bytes, self.only_class)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True)
-        await site.start()
-        http_port = site._server.sockets[0].getsockname()[1]
+        await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True).start()
+        http_port = self._runner.addresses[0][1]
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.models, self._grpc, self.only_class)
         # grpc.health.v1 for Envoy's gRPC health checks (NOT_SERVING until the model is warm),
@@ -143,19 +149,17 @@ class Server:
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name, reflection.SERVICE_NAME),
             self._grpc, pool=pb.DESCRIPTOR.pool)   # the protocol's messages live in a private pool
-        grpc_port = self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}")
+        try:
+            grpc_port = self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}")
+        except RuntimeError as e:     # grpcio raises where older versions returned 0
+            raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}: {e}") from None
         if grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
         await self._grpc.start()
         t0 = time.perf_counter()
-        name, path = await asyncio.to_thread(resolve_model, o.model)   # a built-in is generated on first use
-        if o.priority_argv:
-            # Started before this process lowers its own priority (the worker must not
-            # inherit nice 19) and once a built-in model file exists (no two writers).
-            self._priority = PriorityWorker(o.priority_argv)
-            await self._priority.start()
-            log.info("priority worker started; this process's %d threads now run at nice 19",
-                     lower_own_priority())
+        # A built-in is generated on first use (the worker may do so at the same time:
+        # builtin_path writes then renames).
+        name, path = await asyncio.to_thread(resolve_model, o.model)
         self._model_path = path
         self._model_mtime = os.stat(path).st_mtime
         self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
@@ -174,9 +178,8 @@ class Server:
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()
             # loopback only, whatever --host is: reload and policy calls are not for the network
-            admin_site = web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port, reuse_address=True)
-            await admin_site.start()
-            admin_port = admin_site._server.sockets[0].getsockname()[1]
+            await web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port, reuse_address=True).start()
+            admin_port = self._admin_runner.addresses[0][1]
         worker = await self._priority.wait_ready() if self._priority else {}
         self.models.ready = True
         await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
@@ -352,8 +355,14 @@ class Server:
         try:
             await self.start()
         except BaseException:
-            if self._priority:          # started, then this process failed: take it down too
+            # Nothing half-started stays behind: the worker, the listeners.
+            if self._priority:
                 await self._priority.stop()
+            if self._grpc:
+                await self._grpc.stop(0)
+            for runner in (self._runner, self._admin_runner):
+                if runner:
+                    await runner.cleanup()
             raise
         await self._stop.wait()
         log.info("shutting down")

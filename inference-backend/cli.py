@@ -111,7 +111,7 @@ def run(args) -> int:
             watch_model=args.watch_model, drain_seconds=args.drain_seconds)
         return serve(opts)
     except (ValueError, OSError) as e:
-        print(f"mcpctl serve: {e}", file=sys.stderr)
+        print(f"mcpctl serve{worker}: {e}", file=sys.stderr)
         return 2
 
 
@@ -125,9 +125,7 @@ _SWITCHES = ("watch_model", "enable_profiler")
 def _child_argv(args, skip: tuple = ()) -> list[str]:
     out = ["serve"]
     for name in _SHARED_FLAGS:
-        value = getattr(args, name)
-        if name in skip:
-            continue
+        value = None if name in skip else getattr(args, name)
         if value is not None:
             out += ["--" + name.replace("_", "-"), str(value)]
     for name in _SWITCHES:

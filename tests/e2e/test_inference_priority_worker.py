@@ -208,3 +208,20 @@ def test_worker_does_not_outlive_a_killed_parent():
         server.proc.kill()
         server.proc.wait(10)
         assert _gone(pid)
+
+
+def test_a_worker_port_in_use_is_a_clear_error_and_leaves_nothing_running():
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp",
+                            "--http-port", str(free_port()), "--grpc-port", str(free_port()),
+                            "--priority-grpc-port", str(port)], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"mcpctl serve [priority worker]: cannot bind gRPC port 127.0.0.1:{port}" in r.stderr
+    assert "priority worker exited with status 2 before it was ready" in r.stderr
+    assert "Traceback" not in r.stderr
+    left = subprocess.run(["pgrep", "-f", "--", f"--grpc-port {port}"], capture_output=True, text=True)
+    assert left.returncode == 1, left          # 1: no process matched (2 would be a pgrep usage error)

@@ -20,7 +20,7 @@ from inference_backend.builtin_models import builtin_path
 from inference_backend.load_report import parse_text_report
 from inference_backend.pool import replica_ports
 from mesh import headers as H
-from support.inference_server import requests_served
+from support.inference_server import read_pool_events, requests_served
 from support.ports import free_port, free_port_block
 
 pytestmark = pytest.mark.e2e
@@ -52,18 +52,8 @@ def pool():
                              "--envoy-port", str(listen), "--envoy-admin-port", str(envoy_admin)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        ready, envoy_event = [], None
         deadline = time.monotonic() + 90
-        while (len(ready) < 2 or envoy_event is None) and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                raise RuntimeError(f"replicas exited with {proc.returncode}")
-            if line.startswith("{"):
-                doc = json.loads(line)
-                if doc.get("event") == "ready":
-                    ready.append(doc)
-                elif doc.get("event") == "envoy":
-                    envoy_event = doc
+        ready, envoy_event = read_pool_events(proc, replicas=2)
         assert len(ready) == 2 and envoy_event["port"] == listen
         http_ports = sorted(r["http_port"] for r in ready)
         grpc_ports = sorted(r["grpc_port"] for r in ready)

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from mesh import headers as H
 from mesh.qos import QosClass
-from support.inference_server import InferenceServer, requests_served
+from support.inference_server import InferenceServer, read_pool_events, requests_served
 from support.ports import free_port, free_port_block
 
 pytestmark = pytest.mark.e2e
@@ -141,7 +141,7 @@ def test_envoy_in_front_of_replicas_routes_the_top_class_to_their_workers():
                              "--envoy-port", str(listen), "--envoy-admin-port", str(envoy_admin), "--drain-seconds", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        ready = _read_events(proc, replicas=2)
+        ready, _ = read_pool_events(proc, replicas=2)
         layout = replica_ports(base, base + 1, 2, priority_http_port=base + 2, priority_grpc_port=base + 3)
         assert sorted((r["http_port"], r["priority_worker"]["http_port"], r["priority_worker"]["grpc_port"])
                       for r in ready) == [(p["http"], p["priority_http"], p["priority_grpc"]) for p in layout]
@@ -165,24 +165,6 @@ def test_envoy_in_front_of_replicas_routes_the_top_class_to_their_workers():
         proc.terminate()
         proc.wait(30)
         proc.stdout.close()
-
-
-def _read_events(proc: subprocess.Popen, replicas: int, timeout: float = 90.0) -> list[dict]:
-    import json
-    ready, envoy = [], None
-    deadline = time.monotonic() + timeout
-    while (len(ready) < replicas or envoy is None) and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"mcpctl serve exited with {proc.returncode}")
-        if line.startswith("{"):
-            doc = json.loads(line)
-            if doc.get("event") == "ready":
-                ready.append(doc)
-            elif doc.get("event") == "envoy":
-                envoy = doc
-    assert len(ready) == replicas and envoy, (ready, envoy)
-    return ready
 
 
 def _wait_http(url: str, timeout: float = 30.0) -> None:

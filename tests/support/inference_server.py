@@ -104,3 +104,22 @@ def requests_served(http_port: int, protocol: str | None = None) -> float:
         if (protocol is None or f'protocol="{protocol}"' in m.group(1)) and 'code="OK"' in m.group(1):
             total += float(m.group(2))
     return total
+
+
+def read_pool_events(proc: subprocess.Popen, replicas: int, timeout: float = 90.0) -> tuple[list[dict], dict]:
+    """From `mcpctl serve --replicas N --envoy-port P` (stdout a text pipe): each
+    replica's ready event and the envoy event -> (ready events, envoy event)."""
+    ready, envoy = [], None
+    deadline = time.monotonic() + timeout
+    while (len(ready) < replicas or envoy is None) and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"mcpctl serve --replicas exited with {proc.returncode}")
+        if line.startswith("{"):
+            doc = json.loads(line)
+            if doc.get("event") == "ready":
+                ready.append(doc)
+            elif doc.get("event") == "envoy":
+                envoy = doc
+    assert len(ready) == replicas and envoy, (ready, envoy)
+    return ready, envoy

@@ -31,7 +31,7 @@ from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, set
 from inference_backend.errors import InferenceError, InvalidArgument
 from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
-from inference_backend.priority_worker import PriorityWorker, lower_own_priority
+from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.rest import build_app
 from inference_backend.telemetry import Telemetry
@@ -132,8 +132,8 @@ class Server:
             # lowers its own priority (the worker must not inherit nice 19).
             self._priority = PriorityWorker(o.priority_argv)
             await self._priority.start()
-            log.info("priority worker started; this process's %d threads now run at nice 19",
-                     lower_own_priority())
+            log.info("priority worker started; this process's %d threads now run at nice %d",
+                     lower_own_priority(), PARENT_NICE)
         app = build_app(self.models, o.max_body_bytes, self.only_class)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()

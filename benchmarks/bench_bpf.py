@@ -115,7 +115,7 @@ def ns_per_packet() -> list[dict]:
 def throughput() -> list[dict]:
     from bpf import attach
     from bpf.policy import build_policy
-    from support.bpf_env import VethPair, in_netns, remove_stale_namespaces
+    from harness.bpf_env import VethPair, in_netns, remove_stale_namespaces
 
     remove_stale_namespaces()
     port = 5201

@@ -3,10 +3,10 @@
 A synthetic mesh of N services x 10 HTTP routes (ServiceEntry with STATIC
 endpoints, DestinationRule with subsets and a connection pool, VirtualService
 with header/regex matches, weights, timeouts, retries) is loaded by the
-stages of mesh.load.load_config, each timed alone on the same input:
+stages of mesh.change_set.load_config, each timed alone on the same input:
 
   yaml C loader   plain yaml.load_all(CSafeLoader), no line numbers (the floor)
-  parse + lines   mesh.config.load_dir: resources with the line of every field
+  parse + lines   mesh.parse.load_dir: resources with the line of every field
   validate        mesh.validation.validate: CRD schema + Istio's rules
   analyze         mesh.analyze.analyze: cross-resource (IST0101, IST0109, ...)
   load_config     the whole call the control plane makes
@@ -32,8 +32,8 @@ import yaml
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from mesh import analyze, validation  # noqa: E402
-from mesh.config import load_dir, yaml_files  # noqa: E402
-from mesh.load import load_config  # noqa: E402
+from mesh.parse import load_dir, yaml_files  # noqa: E402
+from mesh.change_set import load_config  # noqa: E402
 
 ROUTES = 10
 SIZES = (100, 1000)

@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from google.protobuf import json_format          # noqa: E402
 
-from mesh.config import MeshConfig               # noqa: E402
-from support.envoy import Envoy                  # noqa: E402
-from support.grpcweb import GRPC_WEB, encode_frame  # noqa: E402
-from support.ports import free_port              # noqa: E402
+from mesh.resources import MeshConfig               # noqa: E402
+from harness.envoy import Envoy                  # noqa: E402
+from harness.grpcweb import GRPC_WEB, encode_frame  # noqa: E402
+from harness.ports import free_port              # noqa: E402
 from xds_server.translate import grpc_web        # noqa: E402
-from xds_server.types import ProxyNode           # noqa: E402
+from xds_server.node import ProxyNode           # noqa: E402
 
 OUT = ROOT / "artifacts" / "bench" / "grpcweb.json"
 CONFIGS = ("none", "grpc_web", "frames+grpc_web")

@@ -71,13 +71,13 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))          # support.envoy, support.ports
+sys.path.insert(0, os.path.join(ROOT, "tests"))          # harness.envoy, harness.ports
 
 from inference_backend.bench.peer import MLServerPeer, PeerUnavailable  # noqa: E402
 from inference_backend.bench.runner import Config, event_loop_runner, run_all  # noqa: E402
 from inference_backend.bench.serve_process import ServeProcess  # noqa: E402
-from support.envoy import Envoy  # noqa: E402
-from support.ports import free_port  # noqa: E402
+from harness.envoy import Envoy  # noqa: E402
+from harness.ports import free_port  # noqa: E402
 
 MODEL = "builtin:mlp"
 MAX_BATCH = 32

@@ -38,15 +38,16 @@ import jwt as pyjwt                       # noqa: E402
 from google.protobuf import json_format   # noqa: E402
 from jwcrypto import jwk                  # noqa: E402
 
-from mesh.config import MeshConfig, parse_documents   # noqa: E402
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents   # noqa: E402
 from mesh.header_contract import parse_plugin_config  # noqa: E402
 from mesh.session import verify_session               # noqa: E402
-from support.envoy import Envoy                       # noqa: E402
-from support.ports import free_port                   # noqa: E402
-from support.upstreams import EchoUpstream            # noqa: E402
+from harness.envoy import Envoy                       # noqa: E402
+from harness.ports import free_port                   # noqa: E402
+from harness.upstreams import EchoUpstream            # noqa: E402
 from wasm_filters.lua import lua_source               # noqa: E402
 from xds_server.translate import authn, wasm_plugins  # noqa: E402
-from xds_server.types import ProxyNode                # noqa: E402
+from xds_server.node import ProxyNode                # noqa: E402
 
 WASM = ROOT / "wasm-filters" / "build" / "header_contract.wasm"
 OUT = ROOT / "artifacts" / "bench" / "wasm.json"

@@ -29,10 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from support.ports import free_port  # noqa: E402
-from support.upstreams import EchoUpstream  # noqa: E402
-from support.xds import ControlPlane, mesh_envoy, write_config  # noqa: E402
-from support.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service  # noqa: E402
+from harness.ports import free_port  # noqa: E402
+from harness.upstreams import EchoUpstream  # noqa: E402
+from harness.xds import ControlPlane, mesh_envoy, write_config  # noqa: E402
+from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service  # noqa: E402
 from xds_config import service_yaml, write_mesh  # noqa: E402
 
 FLOORS = {"full_push_s": 2.0, "endpoint_change_delta_s": 0.1, "endpoint_change_bytes_ratio": 0.01,
@@ -59,10 +59,10 @@ def cpu_s(pid: int) -> float:
 
 
 def measure_translate(directory: str) -> dict:
-    from mesh.load import load_config
+    from mesh.change_set import load_config
     from xds_server.cache import PreparedSnapshot
     from xds_server.translate import translate
-    from xds_server.types import ProxyNode
+    from xds_server.node import ProxyNode
     t0 = time.perf_counter()
     config = load_config(directory)
     t1 = time.perf_counter()

@@ -28,9 +28,11 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from benchmarks.xds_config import GATEWAY, service_yaml  # noqa: E402
-from mesh.config import MeshConfig, parse_documents  # noqa: E402
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents  # noqa: E402
 from xds_server.translate import reset_cache, translate  # noqa: E402
-from xds_server.types import CLUSTER, ROUTE, ProxyNode  # noqa: E402
+from xds_server.type_urls import CLUSTER, ROUTE
+from xds_server.node import ProxyNode  # noqa: E402
 
 SIZES = (100, 1000)
 PROXIES = 100

@@ -22,9 +22,10 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
 from mesh.validation import check
-from mesh.errors import ConfigError, Diagnostic
+from mesh.diagnostics import ConfigError, Diagnostic
 from mesh.qos import QosClass
 from mesh.session import MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec

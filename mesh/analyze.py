@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from mesh import hosts
-from mesh.config import MeshConfig, Resource
-from mesh.errors import Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.diagnostics import Diagnostic
 
 Analyzer = Callable[["Index"], Iterable[Diagnostic]]
 ANALYZERS: list[Analyzer] = []

@@ -1,5 +1,2 @@
-"""Shared pytest set-up: makes `support` (test helpers) importable."""
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
+"""Shared pytest set-up. The helpers tests use (Envoy, the control plane,
+upstreams, ports, certificates) are the installed `harness` package."""

@@ -45,8 +45,8 @@ def _inspect(args) -> int:
 
 
 def _plugins(path: str):
-    from mesh.config import load_files
-    from mesh.errors import ConfigError
+    from mesh.parse import load_files
+    from mesh.diagnostics import ConfigError
     try:
         config = load_files([path])
     except ConfigError as e:

@@ -33,7 +33,8 @@ from xds_server import telemetry
 from xds_server.cache import (WILDCARD_TYPES, PreparedSnapshot, Selection, SnapshotCache, node_shape,
                               subscription_key)
 from xds_server.sync import SyncTracker, short_name
-from xds_server.types import PUSH_ORDER, ProxyNode
+from xds_server.type_urls import PUSH_ORDER
+from xds_server.node import ProxyNode
 
 log = logging.getLogger("xds_server.ads")
 

@@ -17,7 +17,8 @@ from typing import Callable, Iterable
 
 from google.protobuf import any_pb2, message
 
-from xds_server.types import CLUSTER, LISTENER, ProxyNode, Snapshot
+from xds_server.type_urls import CLUSTER, LISTENER, Snapshot
+from xds_server.node import ProxyNode
 
 # Types whose empty subscription means "everything" (xDS protocol: wildcard).
 WILDCARD_TYPES = frozenset({LISTENER, CLUSTER})

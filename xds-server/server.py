@@ -15,18 +15,18 @@ import time
 
 import grpc
 
-from mesh.errors import ConfigError, Diagnostic
+from mesh.diagnostics import ConfigError, Diagnostic
 from xds_server import telemetry
 from xds_server.ads import AdsHub, add_to_server
 from xds_server.cache import SnapshotCache
-from xds_server.source import DirectorySource
+from xds_server.watch import DirectorySource
 
 log = logging.getLogger("xds_server")
 
 
 def default_load():
-    """mesh.load.load_config, re-parsing only changed files (see loader.py)."""
-    from xds_server.loader import IncrementalLoader
+    """mesh.change_set.load_config, re-parsing only changed files (see incremental_load.py)."""
+    from xds_server.incremental_load import IncrementalLoader
     return IncrementalLoader()
 
 

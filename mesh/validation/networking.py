@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from mesh import hosts
-from mesh.config import MeshConfig, Resource
-from mesh.errors import Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.diagnostics import Diagnostic
 from mesh.validation import validator
 from mesh.validation.networking_schema import SPECS
 from mesh.validation.schema import SchemaErrors, check, duration_ns

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh.config import MeshConfig, Resource
-from mesh.errors import Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.diagnostics import Diagnostic
 from mesh.scheduling import API_VERSION, KIND, parse_spec
 from mesh.validation import validator
 

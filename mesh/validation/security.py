@@ -15,8 +15,8 @@ from typing import Iterator
 from urllib.parse import unquote, urlsplit
 
 from mesh import headers as H
-from mesh.config import MeshConfig, Resource
-from mesh.errors import Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.diagnostics import Diagnostic
 from mesh.header_contract import PLUGIN_NAME, ContractError, is_token, parse_plugin_config
 from mesh.validation import validator
 from mesh.validation.networking import Report

@@ -9,8 +9,8 @@ import json
 from typing import Iterator
 
 from mesh import hosts
-from mesh.config import MeshConfig, Resource
-from mesh.errors import Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.diagnostics import Diagnostic
 from mesh.headers import L7_READ_ONLY_HEADERS
 from mesh.validation import validator
 from mesh.validation.networking import Report, check_kind, hosts_header_ok, semantic

@@ -15,7 +15,7 @@ import pytest
 from bpf import attach, tc
 from bpf.attach import AttachError
 from bpf.policy import build_policy
-from support.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
+from harness.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
 
 pytestmark = pytest.mark.e2e
 

@@ -16,15 +16,16 @@ import pytest
 
 from bpf import attach, tc
 from bpf.policy import build_policy
-from mesh.config import MeshConfig, parse_documents
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
 from mesh.qos import QosClass
-from support.bpf_env import Capture, require_bpf, tcp_segments
-from support.envoy import Envoy
-from support.ports import free_port
-from support.upstreams import EchoUpstream
+from harness.bpf_env import Capture, require_bpf, tcp_segments
+from harness.envoy import Envoy
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
 from xds_server.translate import translate
 from xds_server.translate.static import static_bootstrap
-from xds_server.types import ProxyNode
+from xds_server.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 TCP_RST = 0x04

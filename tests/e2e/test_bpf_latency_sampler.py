@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from bpf import attach
 from bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, open_pinned
 from bpf.policy import build_policy
-from support.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
+from harness.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
 
 pytestmark = pytest.mark.e2e
 

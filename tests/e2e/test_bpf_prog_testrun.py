@@ -14,7 +14,7 @@ from bpf import layout, packets as P
 from bpf.policy import build_policy
 from bpf.syscall import prog_test_run
 from mesh.qos import ALPN_DSCP, DSCP_AF41, DSCP_EF, QosClass
-from support.bpf_env import load_datapath
+from harness.bpf_env import load_datapath
 
 pytestmark = pytest.mark.e2e
 

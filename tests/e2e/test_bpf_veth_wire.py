@@ -13,7 +13,7 @@ import pytest
 from bpf import attach, tc
 from bpf.policy import build_policy
 from mesh.qos import ALPN_DSCP, QosClass
-from support.bpf_env import (Capture, TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces,
+from harness.bpf_env import (Capture, TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces,
                              require_bpf, self_signed_cert, tcp_segments)
 
 pytestmark = pytest.mark.e2e

@@ -2,9 +2,9 @@
 import json
 import urllib.request
 
-from support.envoy import Envoy
-from support.ports import free_port
-from support.upstreams import EchoUpstream
+from harness.envoy import Envoy
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
 
 
 def test_static_envoy_proxies_to_echo_upstream():

@@ -15,10 +15,10 @@ import pytest
 
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
-from support import browser as browser_support
-from support.browser import Browser
+from harness import browser as browser_support
+from harness.browser import Browser
 from mesh.qos import LLM_PRIORITY_CLASSES
-from support.grpcweb_mesh import MODEL, ROOT, WASM, grpcweb_mesh
+from harness.grpcweb_mesh import MODEL, ROOT, WASM, grpcweb_mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(browser_support.missing() is not None,
                                                   reason=browser_support.missing() or "")]

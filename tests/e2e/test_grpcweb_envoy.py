@@ -14,13 +14,13 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from mesh.config import MeshConfig
+from mesh.resources import MeshConfig
 from xds_server.translate import grpc_web
-from xds_server.types import ProxyNode
+from xds_server.node import ProxyNode
 
-from support.envoy import Envoy
-from support.grpcweb import GRPC_WEB_TEXT, GrpcWebClient, encode_frame
-from support.ports import free_port
+from harness.envoy import Envoy
+from harness.grpcweb import GRPC_WEB_TEXT, GrpcWebClient, encode_frame
+from harness.ports import free_port
 
 ORIGIN = "http://127.0.0.1:9"  # a page's origin; never contacted
 STREAM_GAP_S = 0.3

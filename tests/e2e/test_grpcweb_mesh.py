@@ -1,6 +1,6 @@
 """gRPC-Web to the real inference backend through a gateway Envoy configured by the control plane.
 
-No browser here: tests/support/grpcweb.py speaks gRPC-Web over HTTP/1.1, and
+No browser here: harness/grpcweb.py speaks gRPC-Web over HTTP/1.1, and
 every answer is compared with a direct gRPC call to the same backend.
 """
 import os
@@ -14,8 +14,8 @@ from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
 from mesh import headers as H
 from mesh.qos import LLM_PRIORITY_CLASSES, QosClass
-from support.grpcweb import GrpcWebClient, encode_frame
-from support.grpcweb_mesh import MODEL, SERVICE, WASM, grpcweb_mesh
+from harness.grpcweb import GrpcWebClient, encode_frame
+from harness.grpcweb_mesh import MODEL, SERVICE, WASM, grpcweb_mesh
 
 pytestmark = pytest.mark.e2e
 

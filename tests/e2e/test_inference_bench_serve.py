@@ -16,7 +16,7 @@ import pytest
 
 from inference_backend.bench.serve_process import ServeProcess
 from mesh.qos import QosClass
-from support.ports import free_port
+from harness.ports import free_port
 
 pytestmark = pytest.mark.e2e
 MCP_BENCH = os.path.join(os.path.dirname(sys.executable), "mcp-bench")

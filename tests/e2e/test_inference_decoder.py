@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 
 from inference_backend.builtin_models import DEC_HEAD_DIM, DEC_HEADS, builtin_path
-from support.inference_server import InferenceServer
+from harness.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 PROMPTS = {101: [72, 101, 108, 108, 111], 202: [7, 7, 7], 303: [250, 3, 99, 12, 0, 44, 45]}

@@ -20,8 +20,8 @@ from inference_backend.builtin_models import builtin_path
 from inference_backend.load_report import parse_text_report
 from inference_backend.pool import replica_ports
 from mesh import headers as H
-from support.inference_server import read_pool_events, requests_served
-from support.ports import free_port, free_port_block
+from harness.inference_server import read_pool_events, requests_served
+from harness.ports import free_port, free_port_block
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ from tritonclient.utils import InferenceServerException
 
 from mesh import headers as H
 from mesh.qos import QosClass
-from support.inference_server import InferenceServer, read_pool_events, requests_served
-from support.ports import free_port, free_port_block
+from harness.inference_server import InferenceServer, read_pool_events, requests_served
+from harness.ports import free_port, free_port_block
 
 pytestmark = pytest.mark.e2e
 TOP = {H.QOS_CLASS: QosClass.LATENCY_CRITICAL.header_value}

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from mesh import headers as H
 from mesh.qos import QosClass
 from mesh.session import sign_headers
-from support.inference_server import InferenceServer
+from harness.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 

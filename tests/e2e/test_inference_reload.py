@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 
 from inference_backend.builtin_models import build_mlp, builtin_path
-from support.inference_server import InferenceServer
+from harness.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from inference_backend.builtin_models import builtin_path
 from inference_backend.load_report import parse_text_report
 from mesh import headers as H
-from support.inference_server import InferenceServer
+from harness.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 MAX_BODY = 1_000_000

@@ -14,14 +14,15 @@ import re
 
 import pytest
 
-from mesh.load import load_texts
-from support.envoy import Envoy
-from support.ports import free_port
+from mesh.change_set import load_texts
+from harness.envoy import Envoy
+from harness.ports import free_port
 
 pytestmark = pytest.mark.e2e
 translate_mod = pytest.importorskip("xds_server.translate")
 from xds_server.translate.static import static_bootstrap  # noqa: E402
-from xds_server.types import LISTENER, ROUTE, ProxyNode  # noqa: E402
+from xds_server.type_urls import LISTENER, ROUTE
+from xds_server.node import ProxyNode  # noqa: E402
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "istio-manifests", "examples")
 

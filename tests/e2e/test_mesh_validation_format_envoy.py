@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from mesh.validation.envoy_format import COMMANDS, COMMANDS_WITH_ARGUMENT, header_value_error
-from support.envoy import envoy_binary
+from harness.envoy import envoy_binary
 
 pytestmark = pytest.mark.e2e
 

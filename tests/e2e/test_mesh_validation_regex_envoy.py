@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mesh.validation.regex import regex_error
-from support.envoy import envoy_binary
+from harness.envoy import envoy_binary
 
 pytestmark = pytest.mark.e2e
 

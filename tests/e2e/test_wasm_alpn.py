@@ -28,10 +28,10 @@ from jwcrypto import jwk
 from mesh import headers as H
 from mesh.qos import ALPN_CLASSES, DEFAULT_QOS_CLASS, QosClass
 from mesh.session import verify_session
-from support.certs import self_signed
-from support.ports import free_port
-from support.upstreams import EchoUpstream
-from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.certs import self_signed
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
+from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 pytestmark = pytest.mark.e2e
 

@@ -22,10 +22,10 @@ from jwcrypto import jwk
 
 from mesh import headers as H
 from mesh.session import SessionError, verify_session
-from support.inference_server import InferenceServer
-from support.ports import free_port
-from support.upstreams import EchoUpstream
-from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.inference_server import InferenceServer
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
+from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 pytestmark = pytest.mark.e2e
 

@@ -6,9 +6,9 @@ import pytest
 
 from mesh import headers as H
 from mesh.session import verify_session
-from support.ports import free_port
-from support.upstreams import EchoUpstream
-from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
+from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 from test_wasm_contract import GW_LABELS, KEY, WASM, Jwks, Stack, bearer, get, mesh_yaml, wait_until_serving
 
 pytestmark = pytest.mark.e2e

@@ -10,16 +10,17 @@ import pytest
 from google.protobuf import json_format
 from jwcrypto import jwk
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
 from mesh.header_contract import parse_plugin_config
 from mesh.session import verify_session
-from support.envoy import Envoy
-from support.ports import free_port
-from support.upstreams import EchoUpstream
+from harness.envoy import Envoy
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
 from wasm_filters.host import DEFAULT_WASM
 from wasm_filters.lua import lua_source
 from xds_server.translate import authn, wasm_plugins
-from xds_server.types import ProxyNode
+from xds_server.node import ProxyNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")]
 KEY = b"lua-equivalence-key-0123456789ab"

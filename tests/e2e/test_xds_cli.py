@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 import yaml
 
-from support.envoy import envoy_binary
+from harness.envoy import envoy_binary
 
 MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
 WASM = os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm")

@@ -12,12 +12,13 @@ from concurrent import futures
 import grpc
 import pytest
 
-from support.ports import free_port
-from support.xds import ControlPlane, write_config
+from harness import xds_grpc_client
+from harness.ports import free_port
+from harness.xds import ControlPlane, write_config
 from xds_server.bootstrap import grpc_bootstrap
 
 HOST, PORT = "echo-grpc.mesh.local", 50051
-CLIENT = os.path.join(os.path.dirname(__file__), "..", "support", "xds_grpc_client.py")
+CLIENT = xds_grpc_client.__file__
 
 
 def backend(name: str):

@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from support.ports import free_port
-from support.upstreams import EchoUpstream
-from support.xds import ControlPlane, mesh_envoy, write_config
-from support.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
-from xds_server.types import ROUTE
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
+from harness.xds import ControlPlane, mesh_envoy, write_config
+from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
+from xds_server.type_urls import ROUTE
 
 NODE = "router~127.0.0.1~gw-r.default~default.svc.cluster.local"
 JASON = {"end-user": "jason"}

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from support.upstreams import EchoUpstream
-from support.ports import free_port
-from support.xds import ControlPlane, mesh_envoy, write_config
-from support.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
+from harness.upstreams import EchoUpstream
+from harness.ports import free_port
+from harness.xds import ControlPlane, mesh_envoy, write_config
+from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 
 NODE = "router~127.0.0.1~gw-1.default~default.svc.cluster.local"
 JASON = {"end-user": "jason"}

@@ -10,13 +10,14 @@ import string
 
 import pytest
 
-from mesh.config import MeshConfig
-from mesh.load import load_texts
-from support.envoy import Envoy
-from support.ports import free_port
+from mesh.resources import MeshConfig
+from mesh.change_set import load_texts
+from harness.envoy import Envoy
+from harness.ports import free_port
 from xds_server.translate import translate
 from xds_server.translate.static import static_bootstrap
-from xds_server.types import CLUSTER, LISTENER, ROUTE, ProxyNode
+from xds_server.type_urls import CLUSTER, LISTENER, ROUTE
+from xds_server.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "xds_translate_all_features.yaml")

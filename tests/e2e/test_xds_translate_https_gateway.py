@@ -8,14 +8,15 @@ import tempfile
 
 import pytest
 
-from mesh.load import load_texts
-from support.certs import self_signed
-from support.envoy import Envoy
-from support.ports import free_port
-from support.upstreams import EchoUpstream
+from mesh.change_set import load_texts
+from harness.certs import self_signed
+from harness.envoy import Envoy
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
 from xds_server.translate import translate
 from xds_server.translate.static import static_bootstrap
-from xds_server.types import LISTENER, ROUTE, ProxyNode
+from xds_server.type_urls import LISTENER, ROUTE
+from xds_server.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 HOST = "secure.example.com"

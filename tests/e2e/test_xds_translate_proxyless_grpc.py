@@ -16,8 +16,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from support.ports import free_port
-from support.xds import ControlPlane, write_config
+from harness.ports import free_port
+from harness.xds import ControlPlane, write_config
 
 pytestmark = pytest.mark.e2e
 METHOD = "/mcp.test.Echo/Who"

@@ -8,13 +8,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mesh.load import load_texts
-from support.envoy import Envoy
-from support.ports import free_port
-from support.upstreams import EchoUpstream
+from mesh.change_set import load_texts
+from harness.envoy import Envoy
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
 from xds_server.translate import translate
 from xds_server.translate.static import static_bootstrap
-from xds_server.types import ProxyNode
+from xds_server.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 

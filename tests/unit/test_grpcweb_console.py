@@ -10,14 +10,15 @@ import pytest
 from google.protobuf import json_format
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from mesh.load import load_config
+from mesh.change_set import load_config
 from mesh.qos import QosClass
-from support.ports import free_port
+from harness.ports import free_port
 from xds_server.console import mesh_state
 from xds_server.console.latency import LatencyWindow, delta, histograms_by_class, quantile, unit_to_ms
 from xds_server.console.server import Console, ConsoleOptions
 from xds_server.translate import translate
-from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode
+from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from xds_server.node import ProxyNode
 
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 

@@ -6,9 +6,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from mesh import headers as H
-from mesh.load import load_config
+from mesh.change_set import load_config
 from xds_server.translate import translate
-from xds_server.types import CLUSTER, LISTENER, ROUTE, ProxyNode
+from xds_server.type_urls import CLUSTER, LISTENER, ROUTE
+from xds_server.node import ProxyNode
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "xds-server", "console", "examples")
 GATEWAY = ProxyNode("router~127.0.0.1~gw.default~default.svc.cluster.local", labels={"istio": "ingressgateway"})

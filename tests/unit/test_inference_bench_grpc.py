@@ -17,7 +17,7 @@ from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pbg
 from mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
 from mesh.qos import QosClass
-from support.ports import free_port
+from harness.ports import free_port
 
 
 class ToyServicer(pbg.GRPCInferenceServiceServicer):

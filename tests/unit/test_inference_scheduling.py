@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
 from mesh.qos import PRIORITY_LEVELS, QosClass
 from mesh.scheduling import PRESETS, BatcherSettings, QueuePolicy, parse_spec, preset, settings_from_spec
 from mesh.validation import validate

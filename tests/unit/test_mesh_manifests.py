@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from mesh import scheduling
-from mesh.errors import ConfigError
+from mesh.diagnostics import ConfigError
 from mesh.headers import L7_READ_ONLY_HEADERS
-from mesh.load import load_texts
+from mesh.change_set import load_texts
 
 celpy = pytest.importorskip("celpy", reason="cel-python (test extra) evaluates the CEL rules")
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (test extra) checks the CRD schema")

@@ -10,8 +10,8 @@ import datetime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh.config import MeshConfig, Resource
-from mesh.errors import Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.diagnostics import Diagnostic
 from mesh.validation import validate
 from mesh.validation.networking_schema import SPECS
 from mesh.validation.schema import Enum, Map, Obj

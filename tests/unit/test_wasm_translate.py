@@ -10,12 +10,13 @@ from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt
 from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm
 from envoy.extensions.wasm.v3 import wasm_pb2
 
-from mesh.config import MeshConfig, parse_documents
-from mesh.errors import ConfigError
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
+from mesh.diagnostics import ConfigError
 from mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
-from xds_server import types
+from xds_server import type_urls
 from xds_server.translate import authn, wasm_plugins
-from xds_server.types import ProxyNode
+from xds_server.node import ProxyNode
 
 GW = ProxyNode(id="gw", namespace="default", labels={"istio": "ingressgateway"})
 JWKS = '{"keys": [{"kty": "RSA", "kid": "k", "n": "AQAB", "e": "AQAB"}]}'
@@ -70,7 +71,7 @@ def test_jwt_rules_become_providers_with_istio_requirements():
 
 
 def test_jwks_uri_clusters_are_added_to_the_snapshot():
-    clusters = authn.resources(cfg(RA), GW)[types.CLUSTER]
+    clusters = authn.resources(cfg(RA), GW)[type_urls.CLUSTER]
     tls = clusters["jwks|keys.b.test|443"]
     assert tls.type == tls.LOGICAL_DNS and tls.transport_socket.name == "envoy.transport_sockets.tls"
     ip = clusters["jwks|127.0.0.1|8123"]
@@ -124,7 +125,7 @@ def test_wasm_plugin_is_an_ecds_filter_and_a_typed_extension_config():
     assert f.name == "default.contract" and not f.HasField("typed_config")
     assert list(f.config_discovery.type_urls) == [wasm_plugins.WASM_TYPE_URL]
     assert f.config_discovery.config_source.HasField("ads")
-    tec = wasm_plugins.resources(c, GW)[types.EXTENSION_CONFIG]["default.contract"]
+    tec = wasm_plugins.resources(c, GW)[type_urls.EXTENSION_CONFIG]["default.contract"]
     w = http_wasm.Wasm()
     tec.typed_config.Unpack(w)
     assert w.config.vm_config.runtime == "envoy.wasm.runtime.v8"
@@ -154,7 +155,7 @@ def test_fail_open_and_port_match():
     assert wasm_plugins.http_filters(c, GW, 8080) == []
     assert [f.name for f in wasm_plugins.http_filters(c, GW, 9090)] == ["default.contract"]
     w = http_wasm.Wasm()
-    wasm_plugins.resources(c, GW)[types.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
+    wasm_plugins.resources(c, GW)[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
     assert w.config.failure_policy == wasm_pb2.FAIL_OPEN
 
 
@@ -171,7 +172,7 @@ def test_target_ref_resources_apply_to_no_proxy_and_vm_env_is_passed():
     assert authn.http_filters(cfg(ra), GW, 80) == []
     wp = plugin(plugin_name="other", extra="  vmConfig:\n    env:\n    - {name: MODE, value: strict}\n    - {name: HOME, valueFrom: HOST}\n")
     w = http_wasm.Wasm()
-    wasm_plugins.resources(cfg(wp), GW)[types.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
+    wasm_plugins.resources(cfg(wp), GW)[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
     env = w.config.vm_config.environment_variables
     assert dict(env.key_values) == {"MODE": "strict"} and list(env.host_env_keys) == ["HOME"]
     tr = plugin(plugin_name="other").replace("  selector: {matchLabels: {istio: ingressgateway}}\n", "  targetRefs: [{kind: Gateway, name: gw}]\n")

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
 from mesh.validation import validate
 
 WASM = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm"))

@@ -17,8 +17,8 @@ from envoy.config.core.v3 import extension_pb2
 from google.protobuf import wrappers_pb2
 from google.rpc import status_pb2
 
-from support.ports import free_port
-from xds_server import types as T
+from harness.ports import free_port
+from xds_server import type_urls as T
 from xds_server.server import XdsServer
 
 
@@ -308,7 +308,7 @@ def test_delta_nack_restores_what_client_holds():
 
 
 def test_nothing_served_before_a_good_config():
-    from mesh.errors import ConfigError, Diagnostic
+    from mesh.diagnostics import ConfigError, Diagnostic
 
     async def body():
         async with Harness(ConfigError([Diagnostic("broken", file="x.yaml", line=3)])) as h:

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from mesh.errors import ConfigError
-from mesh.load import load_config
-from support.xds import remove_config, write_config
-from xds_server.loader import IncrementalLoader
+from mesh.diagnostics import ConfigError
+from mesh.change_set import load_config
+from harness.xds import remove_config, write_config
+from xds_server.incremental_load import IncrementalLoader
 
 SERVICE = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -152,10 +152,12 @@ def test_a_resource_made_invalid_is_caught_after_caching(tmp_path):
 
 # -- translation: an endpoint-only change re-translates only EDS ---------------
 
-from mesh.config import MeshConfig, parse_documents  # noqa: E402
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents  # noqa: E402
 from xds_server import translate as translation  # noqa: E402
 from xds_server.cache import SnapshotCache  # noqa: E402
-from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode  # noqa: E402
+from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from xds_server.node import ProxyNode  # noqa: E402
 
 GW_NODE = ProxyNode("router~1~gw~default", labels={"istio": "ingressgateway"})
 SIDECAR = ProxyNode("sidecar~10.0.0.1~app.default~default.svc.cluster.local", labels={"app": "client"})

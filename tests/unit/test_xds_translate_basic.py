@@ -1,9 +1,11 @@
 """translate(): Gateway + VirtualService + DestinationRule + ServiceEntry -> LDS/RDS/CDS/EDS."""
 from google.protobuf import json_format
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
 from xds_server.translate import TranslateOptions, translate
-from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode
+from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from xds_server.node import ProxyNode
 
 BASIC = """
 apiVersion: networking.istio.io/v1

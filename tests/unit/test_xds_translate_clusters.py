@@ -2,12 +2,14 @@
 import pytest
 from google.protobuf import json_format
 
-from mesh.config import MeshConfig, parse_documents
-from mesh.errors import ConfigError
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
+from mesh.diagnostics import ConfigError
 from mesh.qos import QosClass
 from xds_server.translate import TranslateOptions, translate
 from xds_server.translate.routes import RouteContext
-from xds_server.types import CLUSTER, ENDPOINT, ROUTE, ProxyNode
+from xds_server.type_urls import CLUSTER, ENDPOINT, ROUTE
+from xds_server.node import ProxyNode
 
 SE = """
 apiVersion: networking.istio.io/v1

@@ -1,9 +1,11 @@
 """VirtualService http match -> Envoy RouteMatch, and which matches apply where."""
 from google.protobuf import json_format
 
-from mesh.config import MeshConfig, parse_documents
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
 from xds_server.translate import translate
-from xds_server.types import ROUTE, ProxyNode
+from xds_server.type_urls import ROUTE
+from xds_server.node import ProxyNode
 
 HEAD = """
 apiVersion: networking.istio.io/v1

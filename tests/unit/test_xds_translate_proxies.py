@@ -3,11 +3,13 @@ import pytest
 from google.protobuf import json_format
 
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from mesh.config import MeshConfig, parse_documents
-from mesh.errors import ConfigError
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
+from mesh.diagnostics import ConfigError
 from xds_server import translate as translate_pkg
 from xds_server.translate import translate
-from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode
+from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from xds_server.node import ProxyNode
 
 MESH = """
 apiVersion: networking.istio.io/v1

@@ -1,7 +1,7 @@
 """Translation of the mesh model into Envoy resources, as istiod does it.
 
 The one entry point is `translate(config, node, options) -> Snapshot`: every
-resource this proxy should have, keyed by type URL (xds_server.types) then by
+resource this proxy should have, keyed by type URL (xds_server.type_urls) then by
 name. It is pure (no I/O) and shares work between proxies of the same shape.
 
 Seam protocol (other parts add HTTP filters and resources without editing
@@ -31,10 +31,11 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from mesh.config import MeshConfig
-from mesh.errors import ConfigError, Diagnostic
+from mesh.resources import MeshConfig
+from mesh.diagnostics import ConfigError, Diagnostic
 from xds_server import telemetry
-from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, ProxyNode, Snapshot
+from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from xds_server.node import ProxyNode
 from xds_server.translate import authn, grpc_web, wasm_plugins
 from xds_server.translate.clusters import ClusterOptions, build_clusters, reassign
 from xds_server.translate.index import EXPORTABLE, HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex, build_index, exported_to

@@ -31,10 +31,11 @@ from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
-from mesh.config import MeshConfig, Resource
+from mesh.resources import MeshConfig, Resource
 from mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
-from xds_server import types
-from xds_server.types import ProxyNode, Snapshot
+from xds_server import type_urls
+from xds_server.node import ProxyNode
+from xds_server.type_urls import Snapshot
 
 ROOT_NAMESPACE = "istio-system"
 KINDS = ("RequestAuthentication",)
@@ -195,4 +196,4 @@ def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
             if uri and not rule.get("jwks"):
                 c = _jwks_cluster(uri)
                 clusters[c.name] = c
-    return {types.CLUSTER: clusters} if clusters else {}
+    return {type_urls.CLUSTER: clusters} if clusters else {}

@@ -19,7 +19,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import any_pb2
 
-from mesh.config import Resource
+from mesh.resources import Resource
 from mesh.qos import QosClass, qos_class_for
 from xds_server.translate import values
 from xds_server.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS, Endpoint, MeshIndex, Service, ServicePort, labels_match

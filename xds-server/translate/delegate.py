@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh.config import Resource
+from mesh.resources import Resource
 from xds_server.translate.index import MeshIndex
 
 _MAPS = ("headers", "withoutHeaders", "queryParams", "sourceLabels")

@@ -33,8 +33,9 @@ from envoy.extensions.filters.http.lua.v3 import lua_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import any_pb2
 
-from mesh.config import MeshConfig
-from xds_server.types import ProxyNode, Snapshot
+from mesh.resources import MeshConfig
+from xds_server.node import ProxyNode
+from xds_server.type_urls import Snapshot
 
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
 FRAMES_FILTER = "mcp.grpc_web.frames"          # a Lua filter; named apart from other Lua uses

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mesh.config import MeshConfig, Resource
+from mesh.resources import MeshConfig, Resource
 
 DOMAIN_SUFFIX = "svc.cluster.local"
 MESH_GATEWAY = "mesh"          # the reserved gateway name: sidecars and proxyless clients

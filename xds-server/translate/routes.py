@@ -18,7 +18,7 @@ from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import any_pb2
 
-from mesh.config import Resource
+from mesh.resources import Resource
 from xds_server.translate import values
 from xds_server.translate.clusters import traffic_policy
 from xds_server.translate.delegate import http_entries

@@ -12,7 +12,7 @@ import json
 
 from google.protobuf import json_format
 
-from xds_server.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
 
 
 def _json(msg) -> dict:

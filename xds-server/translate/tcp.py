@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
-from mesh.config import Resource
+from mesh.resources import Resource
 from xds_server.translate.index import TCP_PROTOCOLS, host_intersection
 from xds_server.translate.routes import RouteContext, destination, match_applies
 

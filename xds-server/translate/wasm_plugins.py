@@ -32,11 +32,12 @@ from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from envoy.extensions.wasm.v3 import wasm_pb2
 
-from mesh.config import MeshConfig, Resource
-from mesh.errors import ConfigError
+from mesh.resources import MeshConfig, Resource
+from mesh.diagnostics import ConfigError
 from mesh.header_contract import PLUGIN_NAME, parse_plugin_config
-from xds_server import types
-from xds_server.types import ProxyNode, Snapshot
+from xds_server import type_urls
+from xds_server.node import ProxyNode
+from xds_server.type_urls import Snapshot
 
 KIND = "WasmPlugin"
 ROOT_NAMESPACE = "istio-system"
@@ -170,4 +171,4 @@ def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
     out = {}
     for res in _ordered(config, node, None, PHASES):
         out[filter_name(res)] = typed_extension_config(res, config, node)
-    return {types.EXTENSION_CONFIG: out} if out else {}
+    return {type_urls.EXTENSION_CONFIG: out} if out else {}

@@ -27,11 +27,11 @@ from types import SimpleNamespace
 
 from mesh import headers as H
 from mesh.session import sign_headers
-from support.ports import free_port, wait_port
-from support.processes import stop_process
-from support.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.ports import free_port, wait_port
+from harness.processes import stop_process
+from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "xds-server", "console", "examples", "grpc-web.yaml")
 MODEL = "mlp"
 SERVICE = "/inference.GRPCInferenceService"

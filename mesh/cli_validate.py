@@ -4,7 +4,7 @@ validate: each resource on its own (schema + Istio's rules). analyze: the
 whole set, cross-resource (IST0101, IST0109, ...), after validation. Both
 skip kinds mesh does not model (a CRD, a Deployment) with a note, as
 istioctl does; the control plane's config directory rejects them instead
-(mesh.load.load_config). Exit 0 when clean (warnings allowed), 1 on errors.
+(mesh.change_set.load_config). Exit 0 when clean (warnings allowed), 1 on errors.
 """
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from dataclasses import asdict
 
 from mesh import analyze as analyzers
 from mesh import validation
-from mesh.config import MeshConfig, parse_documents
-from mesh.errors import ConfigError, Diagnostic
-from mesh.load import expand_paths, is_foreign, is_unmodelled_istio_kind, ordered
+from mesh.resources import MeshConfig
+from mesh.parse import parse_documents
+from mesh.diagnostics import ConfigError, Diagnostic
+from mesh.change_set import expand_paths, is_foreign, is_unmodelled_istio_kind, ordered
 
 
 def register(subparsers) -> None:

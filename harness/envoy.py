@@ -12,8 +12,8 @@ import urllib.request
 
 import yaml
 
-from support.ports import free_port
-from support.processes import stop_process
+from harness.ports import free_port
+from harness.processes import stop_process
 
 
 def envoy_binary() -> str:

@@ -5,7 +5,7 @@
             cp.wait_synced("gw")
             ...                                    # write_config(config_dir, "vs.yaml", text) to change it
 
-`mesh_envoy` returns a not-yet-started support.envoy.Envoy (use it as a context
+`mesh_envoy` returns a not-yet-started harness.envoy.Envoy (use it as a context
 manager, or call .start()). `cp.kill()` / `cp.start()` restart the control plane
 on the same ports. Processes are always stopped on exit, even when a test fails.
 """
@@ -21,9 +21,9 @@ import time
 import urllib.error
 import urllib.request
 
-from support.envoy import Envoy
-from support.ports import free_port, wait_port
-from support.processes import stop_process
+from harness.envoy import Envoy
+from harness.ports import free_port, wait_port
+from harness.processes import stop_process
 
 GATEWAY_NODE = "router~127.0.0.1~gateway.default~default.svc.cluster.local"
 

@@ -1,5 +1,5 @@
 // Headless Debian Chromium driven by playwright-core, one JSON command per line
-// on stdin, one JSON answer per line on stdout (see tests/support/browser.py).
+// on stdin, one JSON answer per line on stdout (see harness/browser.py).
 import { createRequire } from "node:module";
 import { createInterface } from "node:readline";
 

@@ -13,8 +13,9 @@ from typing import Iterable, Mapping
 
 from mesh import analyze as analyzers
 from mesh import validation
-from mesh.config import MeshConfig, Resource, load_dir, parse_documents, yaml_files
-from mesh.errors import ConfigError, Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.parse import load_dir, parse_documents, yaml_files
+from mesh.diagnostics import ConfigError, Diagnostic
 
 # API groups mesh models (validators are registered for their kinds). A
 # resource of any other group is "foreign": `mcpctl validate` skips it with a

@@ -3,11 +3,11 @@ import asyncio
 import os
 import pytest
 
-from mesh.config import load_dir
-from support.ports import free_port
-from support.xds import write_config
+from mesh.parse import load_dir
+from harness.ports import free_port
+from harness.xds import write_config
 from xds_server.server import XdsServer
-from xds_server.source import DirectorySource, fingerprint
+from xds_server.watch import DirectorySource, fingerprint
 
 DOC = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -105,7 +105,7 @@ def test_translation_failure_rejects_change_set(tmp_path):
         return {}
 
     async def body():
-        from xds_server.types import ProxyNode
+        from xds_server.node import ProxyNode
         server = XdsServer(d, port=free_port(), admin_port=free_port(), load=load_dir, translate=translate)
         server.hub.nodes = lambda: [ProxyNode(id="n")]   # as if one proxy were connected
         await server.start()
@@ -122,8 +122,8 @@ def test_translation_failure_rejects_change_set(tmp_path):
 
 
 def test_incremental_loader_reparses_only_changed_files_and_equals_load_config(tmp_path):
-    from mesh.load import load_config
-    from xds_server.loader import IncrementalLoader
+    from mesh.change_set import load_config
+    from xds_server.incremental_load import IncrementalLoader
     d = str(tmp_path)
     for name in "abc":
         write_config(d, f"{name}.yaml", DOC.format(name=name))

@@ -16,9 +16,9 @@ import os
 import time
 from typing import Awaitable, Callable
 
-from mesh.config import yaml_files
+from mesh.parse import yaml_files
 
-log = logging.getLogger("xds_server.source")
+log = logging.getLogger("xds_server.watch")
 
 
 def fingerprint(directory: str) -> tuple:

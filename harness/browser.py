@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEB = os.path.join(ROOT, "xds-server", "console", "web")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "browser.mjs")
 CHROMIUM = "/usr/bin/chromium"

@@ -12,7 +12,7 @@ import time
 import uuid
 from contextlib import contextmanager
 
-from support.certs import self_signed
+from harness.certs import self_signed
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -3,8 +3,8 @@
 Parsing YAML (with every field's line) is most of a reload: 1,000 files take
 seconds here. The control plane keeps each file's parsed resources keyed by
 (mtime, size, inode) and re-parses only what changed; the whole change set is
-still checked as one (mesh.load.check_config), so the result is exactly
-`mesh.load.load_config(directory)` — all or nothing. Resources are shared
+still checked as one (mesh.change_set.check_config), so the result is exactly
+`mesh.change_set.load_config(directory)` — all or nothing. Resources are shared
 between successive configs: validation and translation only read them, so
 per-resource validation results are kept by resource object
 (mesh.validation.ValidationCache) and only the re-parsed files' resources are
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 
-from mesh.config import MeshConfig, Resource, parse_documents, yaml_files
-from mesh.errors import ConfigError, Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.parse import parse_documents, yaml_files
+from mesh.diagnostics import ConfigError, Diagnostic
 
 
 class IncrementalLoader:
@@ -26,7 +27,7 @@ class IncrementalLoader:
         self.validation = ValidationCache()   # .validated: resources validated by the last load
 
     def __call__(self, directory: str) -> MeshConfig:
-        from mesh.load import check_config
+        from mesh.change_set import check_config
         if not os.path.isdir(directory):
             raise ConfigError([Diagnostic(f"config directory {directory!r} does not exist", file=directory)])
         resources: list[Resource] = []

@@ -1,11 +1,11 @@
-"""mesh.load.load_config: the control plane's all-or-nothing load of one directory."""
+"""mesh.change_set.load_config: the control plane's all-or-nothing load of one directory."""
 import os
 
 import pytest
 
-from mesh.config import MeshConfig
-from mesh.errors import ConfigError
-from mesh.load import load_config, load_texts
+from mesh.resources import MeshConfig
+from mesh.diagnostics import ConfigError
+from mesh.change_set import load_config, load_texts
 
 GOOD = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry

@@ -11,8 +11,8 @@ import time
 import urllib.error
 import urllib.request
 
-from support.ports import free_port
-from support.processes import stop_process
+from harness.ports import free_port
+from harness.processes import stop_process
 
 
 class InferenceServer:

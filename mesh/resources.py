@@ -1,0 +1,66 @@
+"""The mesh model's resources: one Istio-style resource with the line of every
+field, and a whole config (one directory's worth).
+
+A `Resource` keeps the spec as the plain dict the YAML gave (Istio's own
+camelCase field names), plus the line of every field so that validation can
+name `file:line` for the exact field it rejects. mesh.parse builds them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from mesh.diagnostics import Diagnostic
+
+
+@dataclass
+class Resource:
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    spec: dict
+    file: str = ""
+    line: int = 0                       # line of the document's first key
+    labels: dict = field(default_factory=dict)
+    annotations: dict = field(default_factory=dict)
+    lines: dict = field(default_factory=dict, repr=False)  # field path -> line
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+    @property
+    def group(self) -> str:
+        return self.api_version.split("/")[0] if "/" in self.api_version else ""
+
+    def line_of(self, path: str) -> int:
+        """Line of `path` (e.g. 'spec.http[0].route'), or of its nearest parent."""
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            cut = max(path.rfind("."), path.rfind("["))
+            path = path[:cut] if cut > 0 else ""
+        return self.line
+
+    def diagnostic(self, field_path: str, message: str, code: str = "",
+                   severity: str = "error") -> Diagnostic:
+        return Diagnostic(message=message, file=self.file, line=self.line_of(field_path),
+                          resource=self.ref, field=field_path, code=code, severity=severity)
+
+
+@dataclass
+class MeshConfig:
+    """A whole, consistent set of resources (one directory's worth)."""
+    resources: list[Resource] = field(default_factory=list)
+    # Non-blocking findings (warnings, notes) from validation and analysis.
+    warnings: list[Diagnostic] = field(default_factory=list)
+
+    def of_kind(self, *kinds: str) -> list[Resource]:
+        return [r for r in self.resources if r.kind in kinds]
+
+    def __iter__(self) -> Iterator[Resource]:
+        return iter(self.resources)
+
+    def __len__(self) -> int:
+        return len(self.resources)

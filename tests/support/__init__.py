@@ -1,1 +1,0 @@
-"""Helpers for tests: free ports, a real Envoy process, echo upstreams."""

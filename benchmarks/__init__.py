@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks [NAME ...]` from the repo root (see __main__.py)."""

@@ -9,7 +9,7 @@
    creates (and removes): no program, the marker rewriting every packet,
    and marker + ALPN + latency sampler.
 
-Run as root from the repo root: `python benchmarks/bench_bpf.py`.
+Run as root from the repo root: `python -m benchmarks bpf`.
 Writes artifacts/bench/bpf.json.
 """
 from __future__ import annotations
@@ -22,9 +22,6 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 REPEAT = 1_000_000
 FIRST_SEGMENT_FLOWS = 20_000
@@ -47,6 +44,8 @@ print(n, time.monotonic() - t0, flush=True)
 
 SOURCE = """
 import socket, sys, time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 size = int(sys.argv[3]); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 chunk = b"x" * size; end = time.monotonic() + float(sys.argv[4])

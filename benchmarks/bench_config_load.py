@@ -15,7 +15,7 @@ for N = 100 and N = 1,000: CPU seconds of this process (time.process_time,
 best of 3), so that other work on a shared machine does not count., with each stage's ratio
 to the YAML floor and the 1,000/100 scaling ratio (10 = linear).
 
-Run from the repo root: `python benchmarks/bench_config_load.py`; writes
+Run from the repo root: `python -m benchmarks config_load`; writes
 artifacts/bench/config_load.json.
 """
 from __future__ import annotations
@@ -29,11 +29,9 @@ import time
 
 import yaml
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from mesh import analyze, validation  # noqa: E402
-from mesh.parse import load_dir, yaml_files  # noqa: E402
-from mesh.change_set import load_config  # noqa: E402
+from mesh import analyze, validation
+from mesh.parse import load_dir, yaml_files
+from mesh.change_set import load_config
 
 ROUTES = 10
 SIZES = (100, 1000)

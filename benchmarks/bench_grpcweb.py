@@ -9,7 +9,7 @@ and scans it) and a plain JSON POST (the check returns at once); at a fixed
 moderate rate (p50/p99 from h2load's per-request log) and closed-loop at
 saturation (QPS). Configurations are interleaved round by round.
 
-Run from the repo root: `python benchmarks/bench_grpcweb.py`; writes
+Run from the repo root: `python -m benchmarks grpcweb`; writes
 artifacts/bench/grpcweb.json.
 """
 from __future__ import annotations
@@ -22,18 +22,16 @@ import subprocess
 import sys
 import tempfile
 
+from google.protobuf import json_format
+
+from mesh.resources import MeshConfig
+from harness.envoy import Envoy
+from harness.grpcweb import GRPC_WEB, encode_frame
+from harness.ports import free_port
+from xds_server.translate import grpc_web
+from xds_server.node import ProxyNode
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from google.protobuf import json_format          # noqa: E402
-
-from mesh.resources import MeshConfig               # noqa: E402
-from harness.envoy import Envoy                  # noqa: E402
-from harness.grpcweb import GRPC_WEB, encode_frame  # noqa: E402
-from harness.ports import free_port              # noqa: E402
-from xds_server.translate import grpc_web        # noqa: E402
-from xds_server.node import ProxyNode           # noqa: E402
 
 OUT = ROOT / "artifacts" / "bench" / "grpcweb.json"
 CONFIGS = ("none", "grpc_web", "frames+grpc_web")

@@ -1,6 +1,6 @@
 """Inference backend benchmarks: side by side, in one run, as ratios.
 
-Run from the repo root: `python benchmarks/bench_inference.py` (or `make bench`).
+Run from the repo root: `python -m benchmarks inference` (or `make bench`).
 Prints one table and writes artifacts/bench/inference.json.
 
 All servers here run on this machine's two cores together with the load
@@ -70,14 +70,13 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))          # harness.envoy, harness.ports
+from benchmarks.peers.mlserver import MLServerPeer, PeerUnavailable
+from inference_backend.bench.runner import Config, event_loop_runner, run_all
+from inference_backend.bench.serve_process import ServeProcess
+from harness.envoy import Envoy
+from harness.ports import free_port
 
-from inference_backend.bench.peer import MLServerPeer, PeerUnavailable  # noqa: E402
-from inference_backend.bench.runner import Config, event_loop_runner, run_all  # noqa: E402
-from inference_backend.bench.serve_process import ServeProcess  # noqa: E402
-from harness.envoy import Envoy  # noqa: E402
-from harness.ports import free_port  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODEL = "builtin:mlp"
 MAX_BATCH = 32

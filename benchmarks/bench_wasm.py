@@ -14,7 +14,7 @@ are interleaved round by round and the median is reported.
 Also: the module's size, and Envoy's RSS with each configuration alone
 (separate Envoys, after the same warm-up).
 
-Run from the repo root: `python benchmarks/bench_wasm.py`; writes
+Run from the repo root: `python -m benchmarks wasm`; writes
 artifacts/bench/wasm.json.
 """
 from __future__ import annotations
@@ -30,24 +30,22 @@ import tempfile
 import time
 import urllib.request
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import jwt as pyjwt                       # noqa: E402
-from google.protobuf import json_format   # noqa: E402
-from jwcrypto import jwk                  # noqa: E402
+import jwt as pyjwt
+from google.protobuf import json_format
+from jwcrypto import jwk
 
 from mesh.resources import MeshConfig
-from mesh.parse import parse_documents   # noqa: E402
-from mesh.header_contract import parse_plugin_config  # noqa: E402
-from mesh.session import verify_session               # noqa: E402
-from harness.envoy import Envoy                       # noqa: E402
-from harness.ports import free_port                   # noqa: E402
-from harness.upstreams import EchoUpstream            # noqa: E402
-from wasm_filters.lua import lua_source               # noqa: E402
-from xds_server.translate import authn, wasm_plugins  # noqa: E402
-from xds_server.node import ProxyNode                # noqa: E402
+from mesh.parse import parse_documents
+from mesh.header_contract import parse_plugin_config
+from mesh.session import verify_session
+from harness.envoy import Envoy
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
+from wasm_filters.lua import lua_source
+from xds_server.translate import authn, wasm_plugins
+from xds_server.node import ProxyNode
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 WASM = ROOT / "wasm-filters" / "build" / "header_contract.wasm"
 OUT = ROOT / "artifacts" / "bench" / "wasm.json"

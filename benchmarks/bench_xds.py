@@ -1,6 +1,6 @@
 """xDS control plane benchmark: 1,000 services x 10 routes, 100 ADS clients in a separate process.
 
-    python benchmarks/bench_xds.py [--services 1000] [--routes 10] [--clients 100] [--samples 20]
+    python -m benchmarks xds [--services 1000] [--routes 10] [--clients 100] [--samples 20]
 
 Measures, side by side in one run (SotW and Delta against the same server):
 - full translate: load+validate the directory, translate for one gateway, pack;
@@ -25,15 +25,13 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
+from harness.xds import ControlPlane, mesh_envoy, write_config
+from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
+from benchmarks.xds_config import service_yaml, write_mesh
 
-from harness.ports import free_port  # noqa: E402
-from harness.upstreams import EchoUpstream  # noqa: E402
-from harness.xds import ControlPlane, mesh_envoy, write_config  # noqa: E402
-from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service  # noqa: E402
-from xds_config import service_yaml, write_mesh  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLOORS = {"full_push_s": 2.0, "endpoint_change_delta_s": 0.1, "endpoint_change_bytes_ratio": 0.01,
           "file_to_envoy_p50_s": 0.3}
@@ -85,9 +83,9 @@ class LoadClients:
         self.lock = threading.Lock()
         self.ready_at = 0.0
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "benchmarks", "xds_load_clients.py"), "--address", address,
+            [sys.executable, "-m", "benchmarks.xds_load_clients", "--address", address,
              "--clients", str(clients), "--mode", mode, "--prefix", "bench-gw"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         self.started_at = time.time()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()

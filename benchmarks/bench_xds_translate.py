@@ -13,7 +13,7 @@ each proxy kind (gateway `router`, `sidecar`, proxyless `grpc`):
 
 for N = 100 and N = 1,000 (median of 5 cold runs, after a warm-up). Ratios: cold per proxy /
 shared per proxy (what the cache saves), and 1,000/100 cold scaling (10 =
-linear). Times are this process's CPU seconds. Run from the repo root: `python benchmarks/bench_xds_translate.py`;
+linear). Times are this process's CPU seconds. Run from the repo root: `python -m benchmarks xds_translate`;
 writes artifacts/bench/xds_translate.json.
 """
 from __future__ import annotations
@@ -25,14 +25,12 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from benchmarks.xds_config import GATEWAY, service_yaml  # noqa: E402
+from benchmarks.xds_config import GATEWAY, service_yaml
 from mesh.resources import MeshConfig
-from mesh.parse import parse_documents  # noqa: E402
-from xds_server.translate import reset_cache, translate  # noqa: E402
+from mesh.parse import parse_documents
+from xds_server.translate import reset_cache, translate
 from xds_server.type_urls import CLUSTER, ROUTE
-from xds_server.node import ProxyNode  # noqa: E402
+from xds_server.node import ProxyNode
 
 SIZES = (100, 1000)
 PROXIES = 100

@@ -1,6 +1,6 @@
 """N ADS clients in one process that subscribe and ACK as Envoy does (the xDS benchmark's load).
 
-    python benchmarks/xds_load_clients.py --address 127.0.0.1:18000 --clients 100 --mode delta
+    python -m benchmarks.xds_load_clients --address 127.0.0.1:18000 --clients 100 --mode delta
 
 Each client is its own gRPC channel (its own HTTP/2 connection, as each
 Envoy has), with node labels istio=ingressgateway so that all share one

@@ -2,9 +2,13 @@
 import json
 import urllib.request
 
+import pytest
+
 from harness.envoy import Envoy
 from harness.ports import free_port
 from harness.upstreams import EchoUpstream
+
+pytestmark = pytest.mark.e2e
 
 
 def test_static_envoy_proxies_to_echo_upstream():

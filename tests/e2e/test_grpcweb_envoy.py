@@ -22,6 +22,8 @@ from harness.envoy import Envoy
 from harness.grpcweb import GRPC_WEB_TEXT, GrpcWebClient, encode_frame
 from harness.ports import free_port
 
+pytestmark = pytest.mark.e2e
+
 ORIGIN = "http://127.0.0.1:9"  # a page's origin; never contacted
 STREAM_GAP_S = 0.3
 

@@ -12,6 +12,8 @@ import yaml
 
 from harness.envoy import envoy_binary
 
+pytestmark = pytest.mark.e2e
+
 MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
 WASM = os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm")
 

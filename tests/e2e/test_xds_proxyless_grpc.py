@@ -17,6 +17,8 @@ from harness.ports import free_port
 from harness.xds import ControlPlane, write_config
 from xds_server.bootstrap import grpc_bootstrap
 
+pytestmark = pytest.mark.e2e
+
 HOST, PORT = "echo-grpc.mesh.local", 50051
 CLIENT = xds_grpc_client.__file__
 

@@ -21,6 +21,8 @@ from harness.xds import ControlPlane, mesh_envoy, write_config
 from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 from xds_server.type_urls import ROUTE
 
+pytestmark = pytest.mark.e2e
+
 NODE = "router~127.0.0.1~gw-r.default~default.svc.cluster.local"
 JASON = {"end-user": "jason"}
 

@@ -15,6 +15,8 @@ from harness.ports import free_port
 from harness.xds import ControlPlane, mesh_envoy, write_config
 from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 
+pytestmark = pytest.mark.e2e
+
 NODE = "router~127.0.0.1~gw-1.default~default.svc.cluster.local"
 JASON = {"end-user": "jason"}
 

@@ -2,12 +2,7 @@
 p99 bound, the larger of the two servers' p99 at their own peak."""
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-from bench_inference import compare_at_p99  # noqa: E402
+from benchmarks.bench_inference import compare_at_p99
 
 
 def pt(c, rps, p99, errors=0):

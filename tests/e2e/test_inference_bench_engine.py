@@ -19,6 +19,8 @@ from inference_backend.bench.target import TargetError
 from mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
 from mesh.qos import QosClass
 
+pytestmark = pytest.mark.e2e
+
 METADATA = {"name": "toy", "versions": ["1"], "platform": "onnxruntime_onnx",
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
             "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]}

@@ -19,6 +19,8 @@ from mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
 from mesh.qos import QosClass
 from harness.ports import free_port
 
+pytestmark = pytest.mark.e2e
+
 
 class ToyServicer(pbg.GRPCInferenceServiceServicer):
     def __init__(self, delay: float = 0.0):

@@ -48,7 +48,9 @@ class ConfigRejected(RuntimeError):
     """The control plane refused a change set; `.rejected` is its /debug/configz report."""
 
     def __init__(self, name: str, rejected: dict):
-        super().__init__(f"{name} rejected: {rejected}")
+        errors = "; ".join(f"{os.path.basename(e.get('file') or '?')}:{e.get('line')}: {e.get('field')}: "
+                           f"{e.get('message')}" for e in rejected.get("errors", [])) or rejected
+        super().__init__(f"{name} rejected: {errors}")
         self.rejected = rejected
 
 

@@ -18,8 +18,9 @@ import subprocess
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WEB = os.path.join(ROOT, "xds-server", "console", "web")
+from harness.paths import CONSOLE
+
+WEB = str(CONSOLE / "web")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "browser.mjs")
 CHROMIUM = "/usr/bin/chromium"
 

@@ -27,15 +27,14 @@ from types import SimpleNamespace
 
 from mesh import headers as H
 from mesh.session import sign_headers
+from harness.paths import CONSOLE, HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port, wait_port
 from harness.processes import stop_process
 from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(ROOT, "xds-server", "console", "examples", "grpc-web.yaml")
+EXAMPLE = CONSOLE / "examples" / "grpc-web.yaml"
 MODEL = "mlp"
 SERVICE = "/inference.GRPCInferenceService"
-WASM = os.path.join(ROOT, "wasm-filters", "build", "header_contract.wasm")   # `make wasm`
 SESSION_KEY = hashlib.sha256(b"grpc-web tests").digest()   # the filter signs, the backend verifies
 
 

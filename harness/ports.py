@@ -1,4 +1,6 @@
+"""Free TCP ports on 127.0.0.1, for the servers tests, benchmarks and the demo start."""
 import socket
+import time
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -8,6 +10,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def preferred_port(preferred: int | None, taken: set[int], host: str = "127.0.0.1") -> int:
+    """`preferred` if it is free and not in `taken`, else any free port not in `taken`;
+    the port is added to `taken`. For documented defaults (the demo's 18080) that must
+    still work next to whatever already holds them."""
+    if preferred and preferred not in taken and port_is_free(preferred, host):
+        taken.add(preferred)
+        return preferred
+    while (port := free_port(host)) in taken:
+        pass
+    taken.add(port)
+    return port
+
+
 def free_port_block(n: int, host: str = "127.0.0.1") -> int:
     """A base port with n consecutive ports free right now from it (for `--replicas`,
     whose replica i takes every base port + i * stride)."""
@@ -15,18 +39,12 @@ def free_port_block(n: int, host: str = "127.0.0.1") -> int:
         base = free_port(host)
         if base + n >= 65535:
             continue
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind((host, p))
+        if all(port_is_free(p, host) for p in range(base, base + n)):
             return base
-        except OSError:
-            continue
     raise RuntimeError(f"no block of {n} free ports")
 
 
 def wait_port(port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
-    import time
     deadline = time.monotonic() + timeout
     while True:
         try:

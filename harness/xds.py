@@ -7,7 +7,9 @@
 
 `mesh_envoy` returns a not-yet-started harness.envoy.Envoy (use it as a context
 manager, or call .start()). `cp.kill()` / `cp.start()` restart the control plane
-on the same ports. Processes are always stopped on exit, even when a test fails.
+on the same ports. `cp.apply(name, text, node_id)` writes one file and waits until
+the change set is served and ACKed (ConfigRejected if the control plane refuses
+it). Processes are always stopped on exit, even when a test fails.
 """
 from __future__ import annotations
 
@@ -42,17 +44,37 @@ def remove_config(config_dir: str, name: str) -> None:
     os.remove(os.path.join(config_dir, name))
 
 
+class ConfigRejected(RuntimeError):
+    """The control plane refused a change set; `.rejected` is its /debug/configz report."""
+
+    def __init__(self, name: str, rejected: dict):
+        errors = "; ".join(f"{os.path.basename(e.get('file') or '?')}:{e.get('line')}: {e.get('field')}: "
+                           f"{e.get('message')}" for e in rejected.get("errors", [])) or rejected
+        super().__init__(f"{name} rejected: {errors}")
+        self.rejected = rejected
+
+
+ADS_TYPES = ("CDS", "EDS", "LDS", "RDS")
+
+
 class ControlPlane:
+    """`mcpctl xds serve` on `config_dir`. `log_path`: where its output goes (a temp file,
+    removed by close(), by default); `new_session`: its own session, so a Ctrl-C at the
+    terminal reaches only the caller, which then stops it (the demo)."""
+
     def __init__(self, config_dir: str, port: int | None = None, admin_port: int | None = None,
-                 test_hooks: bool = True, debounce_ms: int = 100, log_level: str = "info"):
+                 test_hooks: bool = True, debounce_ms: int = 100, log_level: str = "info",
+                 log_path: str | None = None, new_session: bool = False):
         self.config_dir = config_dir
         self.port = port or free_port()
         self.admin_port = admin_port or free_port()
         self.test_hooks = test_hooks
         self.debounce_ms = debounce_ms
         self.log_level = log_level
+        self.new_session = new_session
         self.proc: subprocess.Popen | None = None
-        self.log_path = tempfile.mktemp(prefix="xds-", suffix=".log")
+        self._own_log = log_path is None
+        self.log_path = log_path or tempfile.mktemp(prefix="xds-", suffix=".log")
 
     @property
     def address(self) -> str:
@@ -65,21 +87,25 @@ class ControlPlane:
                 "--log-level", self.log_level]
         if self.test_hooks:
             args.append("--test-hooks")
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=self.new_session)
         deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"control plane exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                self.get("/healthz")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"control plane admin not up after {timeout}s:\n{self.log_tail()}")
-                time.sleep(0.05)
-        wait_port(self.port, timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"control plane exited with {self.proc.returncode}:\n{self.log_tail()}")
+                try:
+                    self.get("/healthz")
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"control plane admin not up after {timeout}s:\n{self.log_tail()}")
+                    time.sleep(0.05)
+            wait_port(self.port, timeout=max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()          # a start that fails leaves nothing running
+            raise
         return self
 
     def get(self, path: str) -> tuple[int, str]:
@@ -98,6 +124,9 @@ class ControlPlane:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
+
+    def healthz(self) -> dict:
+        return json.loads(self.get("/healthz")[1])
 
     def syncz(self) -> list[dict]:
         return json.loads(self.get("/debug/syncz")[1])
@@ -130,6 +159,30 @@ class ControlPlane:
                     return node
             time.sleep(0.05)
         raise TimeoutError(f"{node_id} not synced for {types} after {timeout}s: {node}\n{self.log_tail()}")
+
+    def apply(self, name: str, text: str, node_id: str | None = None, types=ADS_TYPES,
+              timeout: float = 30.0) -> str:
+        """Write `name` into the watched directory, wait until the change set is served
+        (and, with `node_id`, ACKed by that node for `types`) -> the new generation.
+        ConfigRejected if the control plane rejects it."""
+        before = self.configz()["generation"]
+        since = time.time()
+        write_config(self.config_dir, name, text)
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.configz()
+            rejected = status.get("rejected")
+            if rejected and rejected["at"] >= since:
+                raise ConfigRejected(name, rejected)
+            if status["generation"] != before:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: config generation still {before} after {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.02)
+        if node_id:
+            self.wait_synced(node_id, types, generation=status["generation"],
+                             timeout=max(1.0, deadline - time.monotonic()))
+        return status["generation"]
 
     def wait_generation_change(self, before: str, timeout: float = 10.0) -> dict:
         """Until the served generation differs from `before` (a change set was applied)."""
@@ -169,10 +222,11 @@ class ControlPlane:
 
     def close(self) -> None:
         self.stop()
-        try:
-            os.remove(self.log_path)
-        except OSError:
-            pass
+        if self._own_log:
+            try:
+                os.remove(self.log_path)
+            except OSError:
+                pass
 
     def __enter__(self) -> "ControlPlane":
         return self.start()

@@ -1,9 +1,11 @@
-"""The routing scenario the xDS e2e tests, the benchmark and `make demo` share.
+"""The routing scenario the xDS e2e tests and the benchmark share, and the client
+to the gateway that they and the demo (`mcpctl demo`) count answers with.
 
 Three echo upstreams (v1, v2, v3) behind a ServiceEntry whose endpoints are
 labelled by version, a DestinationRule with a subset per version, and a
 VirtualService bound to a Gateway. The Gateway port and upstream ports are
-the test's free ports.
+the test's free ports. (The demo serves the same routing from its own
+manifests, demo/manifests/, which a reader can open.)
 """
 from __future__ import annotations
 
@@ -81,18 +83,21 @@ spec:
 
 
 class Client:
-    """HTTP/1.1 keep-alive client to the gateway; returns which upstream answered."""
+    """HTTP/1.1 keep-alive client to the gateway; returns which upstream answered
+    (x-upstream) and what it saw. `authority` and `path`: what every request asks for."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1"):
-        self.port, self.host = port, host
+    def __init__(self, port: int, host: str = "127.0.0.1", authority: str = "reviews.example.com",
+                 path: str = "/"):
+        self.port, self.host, self.authority, self.path = port, host, authority, path
         self.conn: http.client.HTTPConnection | None = None
 
-    def get(self, path: str = "/", headers: dict | None = None, timeout: float = 5.0) -> tuple[int, str, dict]:
+    def get(self, path: str | None = None, headers: dict | None = None,
+            timeout: float = 5.0) -> tuple[int, str, dict]:
         for attempt in range(2):
             if self.conn is None:
                 self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
             try:
-                self.conn.request("GET", path, headers={"host": "reviews.example.com", **(headers or {})})
+                self.conn.request("GET", path or self.path, headers={"host": self.authority, **(headers or {})})
                 resp = self.conn.getresponse()
                 body = resp.read()
                 upstream = resp.getheader("x-upstream") or ""
@@ -135,3 +140,9 @@ class Client:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -18,7 +18,8 @@ from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
 from harness import browser as browser_support
 from harness.browser import Browser
 from mesh.qos import LLM_PRIORITY_CLASSES
-from harness.grpcweb_mesh import MODEL, ROOT, WASM, grpcweb_mesh
+from harness.grpcweb_mesh import MODEL, grpcweb_mesh
+from harness.paths import HEADER_CONTRACT_WASM as WASM, ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(browser_support.missing() is not None,
                                                   reason=browser_support.missing() or "")]

@@ -15,7 +15,8 @@ from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
 from mesh import headers as H
 from mesh.qos import LLM_PRIORITY_CLASSES, QosClass
 from harness.grpcweb import GrpcWebClient, encode_frame
-from harness.grpcweb_mesh import MODEL, SERVICE, WASM, grpcweb_mesh
+from harness.grpcweb_mesh import MODEL, SERVICE, grpcweb_mesh
+from harness.paths import HEADER_CONTRACT_WASM as WASM
 
 pytestmark = pytest.mark.e2e
 

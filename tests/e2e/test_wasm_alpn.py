@@ -21,21 +21,20 @@ import struct
 import tempfile
 import time
 
-import jwt as pyjwt
 import pytest
-from jwcrypto import jwk
 
 from mesh import headers as H
 from mesh.qos import ALPN_CLASSES, DEFAULT_QOS_CLASS, QosClass
 from mesh.session import verify_session
 from harness.certs import self_signed
+from harness.paths import HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port
+from harness.tokens import Issuer
 from harness.upstreams import EchoUpstream
 from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 pytestmark = pytest.mark.e2e
 
-WASM = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm"))
 KEY = hashlib.sha256(b"e2e alpn session key").digest()
 HOST = "models.example.com"
 ISSUER, AUDIENCE = "https://issuer.mesh.test", "mesh-gateway"
@@ -197,14 +196,12 @@ def stack():
     if not os.path.exists(WASM):
         pytest.skip("run `make wasm` first")
     s = Stack()
-    s.key = jwk.JWK.generate(kty="RSA", size=2048, kid="alpn-1")
-    s.pem = s.key.export_to_pem(private_key=True, password=None)
-    jwks = json.dumps({"keys": [json.loads(s.key.export_public())]})
+    s.issuer = Issuer("alpn-1", ISSUER, AUDIENCE)
     s.dir, s.certs = tempfile.mkdtemp(prefix="mesh-alpn-"), tempfile.mkdtemp(prefix="certs-")
     s.cert, key = self_signed(s.certs, [HOST])
     s.https, s.http = free_port(), free_port()
     s.up = EchoUpstream("app").start()
-    for name, text in mesh_yaml(s.https, s.http, s.up.port, s.cert, key, jwks).items():
+    for name, text in mesh_yaml(s.https, s.http, s.up.port, s.cert, key, s.issuer.jwks).items():
         write_config(s.dir, name, text)
     s.cp = ControlPlane(s.dir).start()
     s.envoy = mesh_envoy(s.cp, labels={"istio": "ingressgateway"}, namespace="default")
@@ -231,9 +228,7 @@ def stack():
 
 
 def token(s, **claims) -> str:
-    now = int(time.time())
-    body = {"iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 600, "sub": "u", **claims}
-    return pyjwt.encode(body, s.pem, algorithm="RS256", headers={"kid": "alpn-1"})
+    return s.issuer.token(**{"sub": "u", **claims})
 
 
 def _find(node, key):

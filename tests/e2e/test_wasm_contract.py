@@ -12,68 +12,24 @@ import http.client
 import json
 import os
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import jwt as pyjwt
 import pytest
-from jwcrypto import jwk
 
 from mesh import headers as H
 from mesh.session import SessionError, verify_session
 from harness.inference_server import InferenceServer
+from harness.paths import HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port
+from harness.tokens import Issuer
 from harness.upstreams import EchoUpstream
 from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 pytestmark = pytest.mark.e2e
 
-WASM = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm"))
 KEY = hashlib.sha256(b"e2e session key").digest()
 ISSUER, ISSUER2, AUDIENCE = "https://issuer.mesh.test", "https://remote-issuer.mesh.test", "mesh-gateway"
 GW_LABELS = {"istio": "ingressgateway"}
-
-
-class Jwks:
-    """An RS256 key pair; serves its public JWKS over HTTP when started."""
-
-    def __init__(self, kid: str):
-        self.kid = kid
-        self.key = jwk.JWK.generate(kty="RSA", size=2048, kid=kid)
-        self.pem = self.key.export_to_pem(private_key=True, password=None)
-        self.public = json.dumps({"keys": [json.loads(self.key.export_public())]})
-        self.fetches = 0
-
-    def token(self, issuer=ISSUER, aud=AUDIENCE, exp_in=600, **claims) -> str:
-        now = int(time.time())
-        body = {"iss": issuer, "aud": aud, "iat": now, "exp": now + exp_in, **claims}
-        return pyjwt.encode(body, self.pem, algorithm="RS256", headers={"kid": self.kid})
-
-    def serve(self) -> "Jwks":
-        jwks = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                jwks.fetches += 1
-                body = jwks.public.encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-
-        self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def mesh_yaml(gw_port, v1, v2, backend, remote_jwks, local_jwks, tenants=None, backend_grpc=0) -> dict[str, str]:
@@ -159,7 +115,7 @@ spec:
   jwtRules:
   - issuer: {ISSUER}
     audiences: [{AUDIENCE}]
-    jwks: '{local_jwks.public}'
+    jwks: '{local_jwks.jwks}'
     outputClaimToHeaders:
     - {{header: x-mcp-email, claim: email}}
   - issuer: {ISSUER2}
@@ -191,7 +147,7 @@ def stack():
     if not os.path.exists(WASM):
         pytest.skip("run `make wasm` first")
     s = Stack()
-    s.local, s.remote = Jwks("local-1"), Jwks("remote-1").serve()
+    s.local, s.remote = Issuer("local-1", ISSUER, AUDIENCE), Issuer("remote-1", ISSUER2, AUDIENCE).serve()
     s.dir = tempfile.mkdtemp(prefix="mesh-wasm-")
     fd, key_file = tempfile.mkstemp(prefix="mesh-session-", suffix=".key")
     with os.fdopen(fd, "wb") as f:
@@ -269,10 +225,10 @@ def test_valid_token_claims_reach_the_upstream_signed(stack):
 @pytest.mark.parametrize("case", ["forged", "expired", "wrong-audience", "wrong-issuer", "garbage"])
 def test_bad_tokens_get_401_and_nothing_reaches_the_upstream(stack, case):
     tok = {
-        "forged": lambda: Jwks("local-1").token(sub="jane"),        # same kid, another key
+        "forged": lambda: Issuer("local-1", ISSUER, AUDIENCE).token(sub="jane"),        # same kid, another key
         "expired": lambda: stack.local.token(sub="jane", exp_in=-120),
         "wrong-audience": lambda: stack.local.token(sub="jane", aud="someone-else"),
-        "wrong-issuer": lambda: stack.local.token(issuer="https://evil.test", sub="jane"),
+        "wrong-issuer": lambda: stack.local.token(iss="https://evil.test", sub="jane"),
         "garbage": lambda: "a.b.c",
     }[case]()
     before = len(stack.v1.requests) + len(stack.v2.requests)
@@ -316,11 +272,11 @@ def test_llm_priority_high_gets_the_latency_critical_class_within_the_tier(stack
 
 
 def test_jwks_uri_is_fetched_through_the_translated_cluster(stack):
-    tok = stack.remote.token(issuer=ISSUER2, sub="remote-user")
+    tok = stack.remote.token(sub="remote-user")
     status, _, seen = get(stack, "/r", {"x-remote-token": tok})
     assert status == 200 and seen["headers"][H.END_USER] == "remote-user"
     assert stack.remote.fetches >= 1
-    assert get(stack, "/r", {"x-remote-token": stack.local.token(issuer=ISSUER2, sub="x")})[0] == 401
+    assert get(stack, "/r", {"x-remote-token": stack.local.token(iss=ISSUER2, sub="x")})[0] == 401
 
 
 INFER = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]})

@@ -2,13 +2,10 @@
 import base64
 import json
 import os
-import time
 import urllib.request
 
-import jwt as pyjwt
 import pytest
 from google.protobuf import json_format
-from jwcrypto import jwk
 
 from mesh.resources import MeshConfig
 from mesh.parse import parse_documents
@@ -16,6 +13,7 @@ from mesh.header_contract import parse_plugin_config
 from mesh.session import verify_session
 from harness.envoy import Envoy
 from harness.ports import free_port
+from harness.tokens import Issuer
 from harness.upstreams import EchoUpstream
 from wasm_filters.host import DEFAULT_WASM
 from wasm_filters.lua import lua_source
@@ -29,8 +27,7 @@ ROUTER = {"name": "envoy.filters.http.router",
 
 
 def test_lua_and_wasm_produce_the_same_headers():
-    key = jwk.JWK.generate(kty="RSA", size=2048, kid="k")
-    public = json.dumps({"keys": [json.loads(key.export_public())]})
+    issuer = Issuer("k", "iss", "aud")
     plugin = {"sessionKey": base64.b64encode(KEY).decode(),
               "tenants": {"acme": {"allowedHeaders": ["x-tenant-acme-*"]}, "beta": {"allowedHeaders": [], "strict": True}},
               "qos": {"tiers": {"free": "batch"}}, "httpErrorClasses": {"404": "client"}}
@@ -38,7 +35,7 @@ def test_lua_and_wasm_produce_the_same_headers():
 kind: RequestAuthentication
 metadata: {{name: ra, namespace: default}}
 spec:
-  jwtRules: [{{issuer: iss, audiences: [aud], jwks: '{public}'}}]
+  jwtRules: [{{issuer: iss, audiences: [aud], jwks: '{issuer.jwks}'}}]
 ---
 apiVersion: extensions.istio.io/v1alpha1
 kind: WasmPlugin
@@ -57,9 +54,7 @@ spec:
         "default_source_code": {"inline_string": lua_source(parse_plugin_config(plugin))}}}]
     ports = {"wasm": free_port(), "lua": free_port()}
 
-    def tok(**claims):
-        return pyjwt.encode({"iss": "iss", "aud": "aud", "exp": int(time.time()) + 600, **claims},
-                            key.export_to_pem(private_key=True, password=None), algorithm="RS256", headers={"kid": "k"})
+    tok = issuer.token
 
     cases = [
         {},

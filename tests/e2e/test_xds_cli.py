@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from harness.envoy import envoy_binary
+from harness.paths import HEADER_CONTRACT_WASM as WASM
 
 pytestmark = pytest.mark.e2e
 
 MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
-WASM = os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm")
 
 
 @pytest.mark.parametrize("delta", [False, True])

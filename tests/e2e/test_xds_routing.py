@@ -48,12 +48,7 @@ def mesh(request, tmp_path_factory):
 
 def apply(mesh, name, text):
     """Write one file into the watched dir and wait until the node ACKed the new generation."""
-    cp = mesh["cp"]
-    before = cp.configz()["generation"]
-    write_config(mesh["dir"], name, text)
-    generation = cp.wait_generation_change(before)["generation"]
-    assert cp.configz()["rejected"] is None, cp.configz()["rejected"]
-    cp.wait_synced(NODE, types=("CDS", "EDS", "LDS", "RDS"), generation=generation)
+    mesh["cp"].apply(name, text, node_id=NODE)
 
 
 def test_header_routes_jason_to_v2_everyone_else_to_v1(mesh):

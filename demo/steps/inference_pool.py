@@ -1,30 +1,30 @@
-"""The demo's inference-pool step: two `mcpctl serve` replicas, each with its
-priority worker, registered as the WorkloadEntries of
-istio-manifests/examples/inference-pool.yaml, reached through the gateway
-Envoy the control plane programs from that file; latency-critical requests go
-to the priority workers' port, as the file's VirtualService sends them.
+"""Two `mcpctl serve` replicas, each with its priority worker, registered as the
+WorkloadEntries of the operator example istio-manifests/examples/inference-pool.yaml
+(harness.paths.EXAMPLES) and reached through the gateway Envoy the control plane
+programs from that file; latency-critical requests go to the priority workers'
+port, as the file's VirtualService sends them.
 
-Runs after the gateway step of mesh.demo. The replicas take the file's
-L7SchedulingPolicy (`--policy-file`); the Istio resources go into the watched
-config dir with this run's ports and a Gateway + VirtualService for `/v2/`.
-Like the rest of the demo it speaks to the other parts only over the wire.
+The replicas take the file's L7SchedulingPolicy (`--policy-file`); the Istio
+resources go into the watched config dir with this run's ports and a Gateway +
+VirtualService for `/v2/`.
 """
 from __future__ import annotations
 
 import json
-import re
-import socket
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import yaml
 
+from demo.framework import Check, Demo, Step
+from harness.inference_server import requests_served
+from harness.paths import EXAMPLES
+from harness.ports import wait_port
 from mesh import headers as H
 from mesh.qos import QosClass
 
-POOL = Path(__file__).resolve().parent.parent / "istio-manifests" / "examples" / "inference-pool.yaml"
+POOL = EXAMPLES / "inference-pool.yaml"
 MODEL = "mlp"
 REQUESTS = 200
 
@@ -55,22 +55,6 @@ spec:
 """
 
 
-def _block(n: int) -> int:
-    """A base port with n free ports from it."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as t:
-                    t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no block of free ports for the replicas")
-
-
 def pool_config(layout: list[dict]) -> tuple[str, str, int, int]:
     """The example's ServiceEntry/WorkloadEntries/DestinationRule/VirtualService with this
     run's ports (layout: one dict of ports per replica)
@@ -86,20 +70,17 @@ def pool_config(layout: list[dict]) -> tuple[str, str, int, int]:
 
 
 def _served(http_port: int) -> int:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
-    return int(sum(float(m.group(1)) for m in re.finditer(
-        r'^mcp_inference_requests_total\{[^}]*code="OK"[^}]*\} ([0-9.e+]+)$', text, re.M)))
+    return int(requests_served(http_port))
 
 
-def step_inference_pool(demo) -> list:
-    from mesh.demo import Check, _free_port   # here, not at import: mesh.demo imports this module
-    base = _block(8)
+def run(demo: Demo) -> list[Check]:
+    base = demo.port_block(8)
     # `--replicas 2` puts replica i on every base port + 4i (the span of the four base ports + 1).
     layout = [{"http": base + 4 * i, "grpc": base + 1 + 4 * i, "priority_http": base + 2 + 4 * i,
                "priority_grpc": base + 3 + 4 * i} for i in range(2)]
     http_ports = [p["http"] for p in layout]
     worker_ports = [p["priority_http"] for p in layout]
-    demo.start("inference-pool", [str(demo.bin / "mcpctl"), "serve", "--model", f"builtin:{MODEL}", "--replicas", "2",
+    demo.start("inference-pool", [demo.mcpctl, "serve", "--model", f"builtin:{MODEL}", "--replicas", "2",
                                   "--http-port", str(base), "--grpc-port", str(base + 1),
                                   "--priority-http-port", str(base + 2), "--priority-grpc-port", str(base + 3),
                                   "--policy-file", str(POOL)])
@@ -112,20 +93,15 @@ def step_inference_pool(demo) -> list:
         return True
     demo.wait("two inference replicas and their priority workers", replicas_ready, timeout=90)
 
-    gateway_port = _free_port()
+    gateway_port = demo.port()
     pool_yaml, host, port, priority_port = pool_config(layout)
-    before = demo.admin("/debug/configz")["generation"]
-    demo.write_config("inference-pool.yaml", pool_yaml + "---\n" + ROUTES.format(
+    demo.apply("inference-pool.yaml", pool_yaml + "---\n" + ROUTES.format(
         gateway_port=gateway_port, host=host, port=port, priority_port=priority_port))
-    status = demo.wait("the inference pool config", lambda: (s := demo.admin("/debug/configz"))["generation"] != before and s)
-    if status.get("rejected"):
-        raise RuntimeError(f"inference-pool.yaml rejected: {status['rejected']}")
-    demo.wait_synced()
-    demo.wait("the pool's gateway listener", lambda: socket.create_connection(("127.0.0.1", gateway_port), 1).close() or True)
+    wait_port(gateway_port, timeout=30)
 
-    demo.urls["inference pool gateway"] = f"http://127.0.0.1:{gateway_port}/v2/models/{MODEL}/infer"
-    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
     url = f"http://127.0.0.1:{gateway_port}/v2/models/{MODEL}/infer"
+    demo.urls["inference pool gateway"] = url
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}).encode()
     before_counts = [_served(p) for p in http_ports]
     before_workers = [_served(p) for p in worker_ports]
     statuses: dict[int, int] = {}
@@ -156,3 +132,6 @@ def step_inference_pool(demo) -> list:
                   sum(by_workers) == top),
             Check("ORCA load report", "TEXT ... application_utilization", (orca or "-")[:40],
                   bool(orca) and orca.startswith("TEXT ") and "application_utilization" in orca)]
+
+
+STEP = Step(90, "inference pool: two replicas through the gateway", run)

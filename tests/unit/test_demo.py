@@ -1,0 +1,86 @@
+"""The demo's parts without running it (tests/e2e/test_xds_cli.py runs `mcpctl demo`):
+its steps are found and ordered, each depends only on the framework, the harness and
+mesh, and its manifests are the installed package data, valid as the control plane
+checks them, and carry this run's ports once rendered."""
+import ast
+import pkgutil
+from argparse import Namespace
+
+import pytest
+import yaml
+
+import demo.steps
+from demo.framework import MANIFESTS, Demo
+from demo.steps import discover
+from mesh.change_set import load_texts
+
+STEPS_DIR = demo.steps.__path__[0]
+
+
+def test_steps_are_found_and_run_in_their_order():
+    steps = discover()
+    assert [s.order for s in steps] == sorted({s.order for s in steps})   # ascending, no two alike
+    names = [s.name for s in steps]
+    assert names[:3] == ["sample upstreams v1 v2 v3", "control plane", "gateway Envoy over ADS"]
+    assert names[-1] == "proxy-status"
+    assert {"header routing", "80/20 split", "fault delay", "header contract: JWT session headers",
+            "gRPC-Web to the inference backend, console",
+            "inference pool: two replicas through the gateway"} <= set(names)
+    assert len(steps) == len(list(pkgutil.iter_modules(demo.steps.__path__)))   # one step per module
+
+
+@pytest.mark.parametrize("module", [m.name for m in pkgutil.iter_modules(demo.steps.__path__)])
+def test_a_step_imports_only_the_framework_the_harness_and_mesh(module):
+    tree = ast.parse(open(f"{STEPS_DIR}/{module}.py").read())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+               {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    ours = {m.split(".")[0] for m in imported} & {"demo", "harness", "mesh", "xds_server", "wasm_filters",
+                                                  "inference_backend", "bpf"}
+    assert ours <= {"demo", "harness", "mesh"}, imported
+    assert {m for m in imported if m.startswith("demo")} <= {"demo.framework"}, imported
+
+
+def test_manifests_are_the_installed_package_data():
+    assert MANIFESTS.parent.name == "demo" and (MANIFESTS.parent / "framework.py").exists()
+    assert sorted(p.name for p in (MANIFESTS / "config").glob("*.yaml")) == \
+        ["gateway.yaml", "services.yaml", "virtualservice.yaml"]
+
+
+def _config_texts() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((MANIFESTS / "config").glob("*.yaml"))}
+
+
+@pytest.mark.parametrize("routing", [None, "steps/2-split-80-20.yaml", "steps/3-fault-delay.yaml"])
+def test_each_routing_stage_passes_the_control_planes_checks(routing):
+    texts = _config_texts()
+    if routing:     # a stage replaces config/virtualservice.yaml, as the demo writes it
+        texts["virtualservice.yaml"] = (MANIFESTS / routing).read_text()
+    config = load_texts(texts)       # raises ConfigError on any error
+    assert [str(w) for w in config.warnings if w.severity == "warning"] == []
+    assert {r.kind for r in config} >= {"Gateway", "ServiceEntry", "DestinationRule", "VirtualService"}
+
+
+@pytest.fixture
+def a_demo():
+    d = Demo(Namespace(xds_port=18000, admin_port=18001, gateway_port=18080, envoy_admin_port=15000,
+                       upstream_port=18081, manifests=str(MANIFESTS), keep=False, delta=False))
+    yield d
+    d.stop_all()
+    assert not d.workdir.exists()
+
+
+def test_rendered_manifests_carry_this_runs_ports(a_demo):
+    ports = [a_demo.xds_port, a_demo.admin_port, a_demo.gateway_port, a_demo.envoy_admin_port,
+             *a_demo.upstream_ports.values()]
+    assert len(set(ports)) == len(ports)
+    (gateway,) = yaml.safe_load_all(a_demo.manifest("config/gateway.yaml"))
+    assert [s["port"]["number"] for s in gateway["spec"]["servers"]] == [a_demo.gateway_port]
+    entry, _ = yaml.safe_load_all(a_demo.manifest("config/services.yaml"))
+    assert {e["labels"]["version"]: e["ports"]["http"] for e in entry["spec"]["endpoints"]} == a_demo.upstream_ports
+
+
+def test_ports_a_step_asks_for_never_repeat_the_runs(a_demo):
+    picked = {a_demo.port() for _ in range(20)} | {a_demo.port(a_demo.gateway_port)}
+    assert a_demo.gateway_port not in picked and len(picked) == 21
+    base = a_demo.port_block(8)
+    assert not set(range(base, base + 8)) & (picked | {a_demo.gateway_port})

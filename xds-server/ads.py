@@ -30,7 +30,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from xds_server import telemetry
-from xds_server.cache import (WILDCARD_TYPES, PreparedSnapshot, Selection, SnapshotCache, node_shape,
+from xds_server.cache import (WILDCARD_TYPES, PreparedSnapshot, Selection, SnapshotCache, translation_key,
                               subscription_key)
 from xds_server.sync import SyncTracker, short_name
 from xds_server.type_urls import PUSH_ORDER
@@ -99,7 +99,7 @@ class AdsHub:
         snap = self.cache.peek(node)
         if snap is not None or not self.cache.ready:
             return snap
-        key = (node_shape(node), self.cache.generation)
+        key = (translation_key(node), self.cache.generation)
         task = self._translating.get(key)
         if task is None:
             task = self._translating[key] = asyncio.ensure_future(
@@ -123,7 +123,7 @@ class AdsHub:
         for s in self.streams:
             if s.node is None:
                 continue
-            shape = node_shape(s.node)
+            shape = translation_key(s.node)
             for type_url, st in s.types.items():
                 held = st.held
                 k = (shape, type_url, st.sub_key, held.version if held is not None else None)

@@ -138,13 +138,13 @@ class XdsServer:
             return True
 
     def _build(self, config, generation: str, nodes, subscriptions) -> dict:
-        """Translate for every shape, then the selections and Delta diffs the streams will
-        ask for, so the push itself (on the loop) only looks them up."""
+        """Translate for every translation key, then the selections and Delta diffs the streams
+        will ask for, so the push itself (on the loop) only looks them up."""
         snapshots = self.cache.build(config, generation, nodes)
-        for shape, type_url, wildcard, names, key, held in subscriptions:
-            snap = snapshots.get(shape)
+        for key, type_url, wildcard, names, sub_key, held in subscriptions:
+            snap = snapshots.get(key)
             if snap is not None:
-                want = snap.selection(type_url, wildcard, names, key)
+                want = snap.selection(type_url, wildcard, names, sub_key)
                 if held is not None:
                     snap.diff(held, want)
         return snapshots

@@ -230,7 +230,7 @@ class DeltaStream(Stream):
                             req.error_detail.message)
             elif before is not None:
                 tracker.ack(self.node.id, self.sync_id, type_url, version_sent, req.response_nonce)
-        new_names = set()
+        wildcard_before, new_names = st.wildcard, set()
         for name in req.resource_names_subscribe:
             if name == "*":
                 st.wildcard = True
@@ -243,7 +243,9 @@ class DeltaStream(Stream):
             else:
                 st.names.discard(name)
                 st.own_client().pop(name, None)   # the client dropped it; nothing to remove
-        if not (first or new_names or req.resource_names_unsubscribe):
+        # Turning to "*" is a subscription change too: its key (what selections
+        # are memoized by, for every stream) must change with it.
+        if not (first or new_names or req.resource_names_unsubscribe or st.wildcard != wildcard_before):
             return []
         st.subscription_changed()
         if snap is None:

@@ -84,8 +84,11 @@ class Driver:
         return self._read(self.stream.on_request(req, self.snap))
 
     def push(self, config) -> list[str]:
-        self.snap = prepared(config)
-        return self._read(self.stream.push(self.snap))
+        return self.push_snapshot(prepared(config))
+
+    def push_snapshot(self, snap: PreparedSnapshot) -> list[str]:
+        self.snap = snap
+        return self._read(self.stream.push(snap))
 
     def last(self, type_url: str, back: int = 1):
         return self.sent[type_url][-back]
@@ -316,6 +319,12 @@ DELTA = {
         Sub(EDS, ("b",), unsub=("a",), expect=["EDS: b"]),
         Ack(EDS),
         Push({**BASE, "clusters": {"a": 5, "b": 1002}}, expect=[])],   # only the unsubscribed one changed
+    "subscribing to '*' sends what was not held": [
+        Sub(EDS, ("a",), expect=["EDS: a"]),
+        Ack(EDS),
+        Sub(EDS, ("*",), expect=["EDS: b"]),
+        Ack(EDS),
+        Push(CHANGED_B, expect=["EDS: b c"])],
     "unsubscribing from '*' leaves the names": [
         Sub(CDS, expect=["CDS: a b"]),
         Ack(CDS),
@@ -414,6 +423,19 @@ def test_delta_response_bytes_removed_then_absent():
                                      discovery_pb2.Resource(name="b", version=VERSIONS[EDS]["b"],
                                                             resource=prepared(BASE).of_type(EDS)["b"].any)]
     assert list(first.removed_resources) == ["nope", "zz"]
+
+
+def test_delta_wildcard_subscribe_does_not_leak_into_a_stream_of_the_old_names():
+    """Selections are memoized per snapshot by subscription key: a stream that turns to '*'
+    must change its key, or the next stream asking for its old names is served everything."""
+    shared = Shared(SyncTracker(), Telemetry().metrics)
+    x, y = Driver(True, shared=shared), Driver(True, shared=shared)
+    for d in (x, y):
+        play(d, [Sub(EDS, ("a",), expect=["EDS: a"]), Ack(EDS)])
+    play(x, [Sub(EDS, ("*",), expect=["EDS: b"]), Ack(EDS)])
+    snap = prepared(CHANGED_B)
+    assert x.push_snapshot(snap) == ["EDS: b c"]
+    assert y.push_snapshot(snap) == []              # "a" did not change; b and c were never asked for
 
 
 def test_push_order_puts_unknown_types_last_sorted():

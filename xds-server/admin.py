@@ -15,7 +15,6 @@ import json
 from aiohttp import web
 from google.protobuf import json_format
 
-from xds_server import telemetry
 from xds_server.sync import short_name
 
 
@@ -50,10 +49,10 @@ def make_app(server) -> web.Application:
         return _json(out)
 
     async def tracez(request):
-        return _json(telemetry.recent_spans(request.query.get("name")))
+        return _json(server.telemetry.recent_spans(request.query.get("name")))
 
     async def metrics(request):
-        return web.Response(body=telemetry.prometheus_text(),
+        return web.Response(body=server.telemetry.prometheus_text(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def inject(request):

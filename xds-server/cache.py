@@ -6,8 +6,9 @@ digits of the bytes' SHA-256. Content versions, not counters, so that a
 restarted control plane gives an unchanged resource the same version and a
 reconnecting Delta client (initial_resource_versions) is sent nothing.
 
-`SnapshotCache` translates one snapshot per node *shape* (kind, namespace,
-cluster, labels): 100 gateway Envoys of one shape cost one translation.
+`SnapshotCache` translates one snapshot per `translation_key` (kind,
+namespace, cluster, labels: a node *shape*): 100 gateway Envoys of one shape
+cost one translation.
 """
 from __future__ import annotations
 
@@ -134,13 +135,13 @@ class PreparedSnapshot:
         return list(self.resources)
 
 
-def node_shape(node: ProxyNode) -> tuple:
-    """What translation may depend on: nodes with equal shapes get one snapshot."""
+def translation_key(node: ProxyNode) -> tuple:
+    """What translation may depend on: nodes with equal keys get one snapshot."""
     return (node.kind, node.namespace, node.cluster, tuple(sorted((node.labels or {}).items())))
 
 
 class SnapshotCache:
-    """The current config and the snapshots translated from it, per node shape.
+    """The current config and the snapshots translated from it, per translation key.
 
     `overrides` (type URL -> name -> message) are laid over every snapshot;
     only the server's test hook sets them (to inject a resource Envoy rejects).
@@ -151,7 +152,7 @@ class SnapshotCache:
         self.config = None
         self.generation = ""
         self.overrides: dict[str, dict[str, message.Message]] = {}
-        self._by_shape: dict[tuple, PreparedSnapshot] = {}
+        self._by_key: dict[tuple, PreparedSnapshot] = {}
         self.translations = 0   # how many times translate() ran (tests, metrics)
 
     @property
@@ -159,33 +160,33 @@ class SnapshotCache:
         return self.config is not None
 
     def build(self, config, generation: str, nodes: Iterable[ProxyNode]) -> dict[tuple, PreparedSnapshot]:
-        """Translate `config` for every distinct shape among `nodes`; raises what translate raises.
+        """Translate `config` for every distinct translation key among `nodes`; raises what translate raises.
 
         Pure: nothing in the cache changes until `install()`, so a change set
         that fails to translate for any node is rejected whole.
         """
         out: dict[tuple, PreparedSnapshot] = {}
         for node in nodes:
-            shape = node_shape(node)
-            if shape not in out:
-                out[shape] = self._prepare(config, node, generation)
+            key = translation_key(node)
+            if key not in out:
+                out[key] = self._prepare(config, node, generation)
         return out
 
     def install(self, config, generation: str, snapshots: dict[tuple, PreparedSnapshot]) -> None:
-        self.config, self.generation, self._by_shape = config, generation, dict(snapshots)
+        self.config, self.generation, self._by_key = config, generation, dict(snapshots)
 
     def snapshot_for(self, node: ProxyNode) -> PreparedSnapshot | None:
-        """The node's snapshot, translated now if its shape is new (None before any config)."""
+        """The node's snapshot, translated now if its key is new (None before any config)."""
         if self.config is None:
             return None
-        shape = node_shape(node)
-        snap = self._by_shape.get(shape)
+        key = translation_key(node)
+        snap = self._by_key.get(key)
         if snap is None:
-            snap = self._by_shape[shape] = self._prepare(self.config, node, self.generation)
+            snap = self._by_key[key] = self._prepare(self.config, node, self.generation)
         return snap
 
     def peek(self, node: ProxyNode) -> PreparedSnapshot | None:
-        return self._by_shape.get(node_shape(node)) if self.config is not None else None
+        return self._by_key.get(translation_key(node)) if self.config is not None else None
 
     def prepare_current(self, node: ProxyNode) -> tuple[str, PreparedSnapshot]:
         """Translate the current config for `node` (safe in a worker thread: reads only)."""
@@ -195,13 +196,13 @@ class SnapshotCache:
     def offer(self, node: ProxyNode, generation: str, snap: PreparedSnapshot) -> None:
         """Keep a snapshot translated off the loop, unless a newer config was installed meanwhile."""
         if generation == self.generation:
-            self._by_shape.setdefault(node_shape(node), snap)
+            self._by_key.setdefault(translation_key(node), snap)
 
     def set_overrides(self, overrides: dict[str, dict[str, message.Message]],
                       nodes: Iterable[ProxyNode]) -> None:
         self.overrides = overrides
         if self.config is not None:
-            self._by_shape = self.build(self.config, self.generation, nodes)
+            self._by_key = self.build(self.config, self.generation, nodes)
 
     def _prepare(self, config, node: ProxyNode, generation: str) -> PreparedSnapshot:
         from xds_server import telemetry
@@ -215,6 +216,6 @@ class SnapshotCache:
                 snapshot = {t: dict(by_name) for t, by_name in snapshot.items()}
                 for t, by_name in self.overrides.items():
                     snapshot.setdefault(t, {}).update(by_name)
-            prepared = PreparedSnapshot.from_snapshot(snapshot, generation, self._by_shape.get(node_shape(node)))
+            prepared = PreparedSnapshot.from_snapshot(snapshot, generation, self._by_key.get(translation_key(node)))
             span.set_attribute("xds.resources", sum(len(v) for v in prepared.resources.values()))
             return prepared

@@ -16,7 +16,7 @@ import time
 import grpc
 
 from mesh.diagnostics import ConfigError, Diagnostic
-from xds_server import telemetry
+from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
 from xds_server.cache import SnapshotCache
 from xds_server.watch import DirectorySource
@@ -43,12 +43,15 @@ def diagnostic_dict(d: Diagnostic) -> dict:
 class XdsServer:
     def __init__(self, config_dir: str, port: int = 18000, admin_port: int = 18001,
                  address: str = "127.0.0.1", load=None, translate=default_translate,
-                 debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False):
+                 debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
+                 telemetry: Telemetry | None = None):
         self.config_dir = config_dir
         self.port, self.admin_port, self.address = port, admin_port, address
         self.load = load or default_load()
         self.cache = SnapshotCache(translate)
-        self.hub = AdsHub(self.cache)
+        # The process default unless given one: the translator and cache report there.
+        self.telemetry = telemetry or default_telemetry()
+        self.hub = AdsHub(self.cache, self.telemetry)
         self.test_hooks = test_hooks
         self.source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)
         self._generations = itertools.count(1)
@@ -98,7 +101,7 @@ class XdsServer:
     async def apply(self) -> bool:
         """Load, validate and translate the whole directory; install it only if all of it is good."""
         async with self._apply_lock:
-            m = telemetry.metrics()
+            m = self.telemetry.metrics
             try:
                 config = await asyncio.to_thread(self.load, self.config_dir)
             except ConfigError as e:
@@ -107,7 +110,7 @@ class XdsServer:
             generation = f"g{next(self._generations)}"
             nodes = self.hub.nodes()
             started = time.perf_counter()
-            with telemetry.tracer().start_as_current_span("xds.translate") as span:
+            with self.telemetry.tracer.start_as_current_span("xds.translate") as span:
                 span.set_attribute("xds.generation", generation)
                 span.set_attribute("xds.config_resources", len(config))
                 try:
@@ -138,19 +141,19 @@ class XdsServer:
             return True
 
     def _build(self, config, generation: str, nodes, subscriptions) -> dict:
-        """Translate for every shape, then the selections and Delta diffs the streams will
-        ask for, so the push itself (on the loop) only looks them up."""
+        """Translate for every translation key, then the selections and Delta diffs the streams
+        will ask for, so the push itself (on the loop) only looks them up."""
         snapshots = self.cache.build(config, generation, nodes)
-        for shape, type_url, wildcard, names, key, held in subscriptions:
-            snap = snapshots.get(shape)
+        for key, type_url, wildcard, names, sub_key, held in subscriptions:
+            snap = snapshots.get(key)
             if snap is not None:
-                want = snap.selection(type_url, wildcard, names, key)
+                want = snap.selection(type_url, wildcard, names, sub_key)
                 if held is not None:
                     snap.diff(held, want)
         return snapshots
 
     def _reject(self, diagnostics: list[Diagnostic]) -> None:
-        telemetry.metrics().config_rejected.add(1)
+        self.telemetry.metrics.config_rejected.add(1)
         self.status["rejected"] = {"at": time.time(), "errors": [diagnostic_dict(d) for d in diagnostics]}
         kept = self.status["generation"] or "nothing (no good config yet)"
         log.error("change set in %s rejected whole; still serving %s:\n%s", self.config_dir, kept,
@@ -162,9 +165,9 @@ class XdsServer:
         self.hub.notify_all()
 
     def node_snapshot(self, node_id: str):
-        for s in self.hub.streams:
-            if s.node is not None and s.node.id == node_id:
-                return s.node, self.cache.snapshot_for(s.node)
+        for node in self.hub.nodes():
+            if node.id == node_id:
+                return node, self.cache.snapshot_for(node)
         return None, None
 
 

@@ -51,7 +51,16 @@ class Metrics:
                                                     description="translating one change set for all node shapes")
 
 
-class _Telemetry:
+class Telemetry:
+    """One set of providers: metrics into a private registry, spans into a ring.
+
+    The server takes one (and hands it to the ADS hub and the admin app);
+    `default()` is the process's, which the translator and the snapshot cache
+    still reach through `metrics()` / `tracer()`, and which the server uses
+    unless given another, so that /debug/tracez shows translate and push spans
+    side by side.
+    """
+
     def __init__(self):
         self.registry = CollectorRegistry()
         self.meter_provider = MeterProvider(resource=SERVICE,
@@ -62,31 +71,33 @@ class _Telemetry:
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.tracer = self.tracer_provider.get_tracer("xds_server")
 
+    def recent_spans(self, name: str | None = None) -> list[dict]:
+        return self.spans.recent(name)
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self.registry)
+
 
 _lock = threading.Lock()
-_instance: _Telemetry | None = None
+_default: Telemetry | None = None
 
 
-def _get() -> _Telemetry:
-    global _instance
-    if _instance is None:
+def default() -> Telemetry:
+    global _default
+    if _default is None:
         with _lock:
-            if _instance is None:
-                _instance = _Telemetry()
-    return _instance
+            if _default is None:
+                _default = Telemetry()
+    return _default
 
 
 def metrics() -> Metrics:
-    return _get().metrics
+    return default().metrics
 
 
 def tracer():
-    return _get().tracer
+    return default().tracer
 
 
 def recent_spans(name: str | None = None) -> list[dict]:
-    return _get().spans.recent(name)
-
-
-def prometheus_text() -> bytes:
-    return generate_latest(_get().registry)
+    return default().recent_spans(name)

@@ -1,7 +1,8 @@
-"""The ADS protocol against a real grpc.aio server and client, on hand-made snapshots.
+"""The ADS service end to end: a real XdsServer (grpc.aio) and client, on hand-made snapshots.
 
 Each test drives one stream as Envoy would (requests, ACKs, NACKs) and
-asserts on the responses that came back over the wire.
+asserts on the responses that came back over the wire. The protocol's
+cases in detail, without sockets: tests/unit/test_xds_ads_protocol.py.
 """
 import asyncio
 
@@ -20,6 +21,8 @@ from google.rpc import status_pb2
 from harness.ports import free_port
 from xds_server import type_urls as T
 from xds_server.server import XdsServer
+
+pytestmark = pytest.mark.e2e
 
 
 def translate(config, node):

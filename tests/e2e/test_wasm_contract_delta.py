@@ -9,7 +9,8 @@ from mesh.session import verify_session
 from harness.ports import free_port
 from harness.upstreams import EchoUpstream
 from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
-from test_wasm_contract import GW_LABELS, KEY, WASM, Jwks, Stack, bearer, get, mesh_yaml, wait_until_serving
+from harness.tokens import Issuer
+from test_wasm_contract import AUDIENCE, GW_LABELS, ISSUER, ISSUER2, KEY, WASM, Stack, bearer, get, mesh_yaml, wait_until_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.skipif(not os.path.exists(WASM), reason="run `make wasm` first")
 def test_claims_signed_and_routed_over_delta_ads():
     s = Stack()
-    s.local, s.remote = Jwks("local-1"), Jwks("remote-1").serve()
+    s.local, s.remote = Issuer("local-1", ISSUER, AUDIENCE), Issuer("remote-1", ISSUER2, AUDIENCE).serve()
     s.dir = tempfile.mkdtemp(prefix="mesh-wasm-delta-")
     s.gw_port = free_port()
     s.v1, s.v2 = EchoUpstream("v1").start(), EchoUpstream("v2").start()

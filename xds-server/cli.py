@@ -59,6 +59,9 @@ def register(subparsers) -> None:
     ps.add_argument("--json", action="store_true")
     ps.set_defaults(func=_proxy_status)
 
+    from xds_server.explain.cli import register as register_explain
+    register_explain(subparsers)       # `route explain`, `proxy-config`
+
 
 def _serve(args) -> int:
     from xds_server.server import XdsServer, serve

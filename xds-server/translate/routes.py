@@ -68,6 +68,20 @@ def _istio_metadata(vs: Resource):
     return md
 
 
+SOURCE_METADATA = "mcp-mesh"      # route metadata: the rule (and match) a route came from
+
+
+def _source_metadata(root: Resource, source: Resource, path: str, matches: list, m: dict | None) -> dict:
+    """Where a route came from, for `mcpctl route explain`: the resource, the
+    http rule's field path and the match's index (absent: a rule without match)."""
+    out = {"resource": source.ref, "rule": path}
+    if root is not source:
+        out["delegated_from"] = root.ref      # matches are merged with the root's: no one index
+    elif m is not None:
+        out["match"] = next(i for i, x in enumerate(matches) if x is m)
+    return out
+
+
 # -- match ---------------------------------------------------------------
 def match_applies(ctx: RouteContext, vs: Resource, m: dict) -> bool:
     if m.get("port") and int(m["port"]) != ctx.port:
@@ -428,6 +442,7 @@ def http_routes(ctx: RouteContext, vs: Resource) -> list[rc.Route]:
                 route.typed_per_filter_config[CORS_FILTER].CopyFrom(
                     _pack(_cors(http["corsPolicy"], source, f"{path}.corsPolicy")))
             route.metadata.CopyFrom(metadata[source.ref])
+            route.metadata.filter_metadata[SOURCE_METADATA].update(_source_metadata(vs, source, path, matches, m))
             out.append(route)
     return out
 

@@ -14,14 +14,13 @@ import logging
 import grpc
 import numpy as np
 
-from mesh import headers as H
 from mesh.qos import QosClass
 from inference_backend import datatypes
 from inference_backend.errors import InferenceError, InvalidArgument, NotFound
 from inference_backend.model_server import ModelServer
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
-from inference_backend.request_meta import check_class, check_session, priority_param, response_parameters, timing_pairs
+from inference_backend.request_meta import QosAdmission, response_parameters, timing_pairs
 from inference_backend.rest import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 
 log = logging.getLogger("inference_backend")
@@ -100,7 +99,7 @@ def model_metadata(served) -> tuple[pb.ModelMetadataResponse, tuple]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: ModelServer, only_class: QosClass | None = None):
         self.server = server
-        self.only_class = only_class        # a priority worker's: see request_meta.check_class
+        self.admission = QosAdmission(server.session_key, server.telemetry, only_class)
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.server.live)
@@ -131,13 +130,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _prepare(self, request: pb.ModelInferRequest, metadata):
         """Everything before the batcher: admission, session check, decoding."""
-        qos = next((v for k, v in metadata if k.lower() == H.QOS_CLASS), None)
-        check_class(qos, self.only_class)
         served = self.server.get(request.model_name, request.model_version)
-        check_session(metadata, self.server.session_key)
+        qos = self.admission.admit(metadata, served.name)
         arrays, params, outputs = decode_request(served, request)
         pending = served.prepare(arrays, outputs, params)
-        return served, pending, qos, priority_param(params)
+        priority = self.admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
+        return served, pending, qos, priority
 
     def _respond(self, request: pb.ModelInferRequest, served, pending, result) -> tuple[pb.ModelInferResponse, list]:
         t = self.server.telemetry
@@ -159,16 +157,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         result = await served.infer(pending, qos, priority)
         return self._respond(request, served, pending, result)
 
+    def _count(self, request: pb.ModelInferRequest, code: grpc.StatusCode) -> None:
+        """Refusals and failures are counted like answers (mcp_inference_requests_total{code})."""
+        self.server.telemetry.requests.add(1, {"model": request.model_name, "protocol": "grpc", "code": code.name})
+
     async def ModelInfer(self, request, context):
         try:
             response, trailers = await self._infer(request, context.invocation_metadata() or ())
         except InferenceError as e:
-            self.server.telemetry.requests.add(1, {"model": request.model_name, "protocol": "grpc", "code": e.code.name})
+            self._count(request, e.code)
             await context.abort(e.code, e.message)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # one bad request never takes the server down
             log.exception("gRPC infer failed")
+            self._count(request, grpc.StatusCode.INTERNAL)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
         context.set_trailing_metadata(tuple(trailers))
         return response
@@ -185,11 +188,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 response, _ = await self._infer(req, metadata)
                 await out.put(pb.ModelStreamInferResponse(infer_response=response))
             except InferenceError as e:
+                self._count(req, e.code)
                 await out.put(pb.ModelStreamInferResponse(
                     error_message=e.message, infer_response=pb.ModelInferResponse(
                         model_name=req.model_name, model_version=req.model_version, id=req.id)))
             except Exception as e:
                 log.exception("gRPC stream infer failed")
+                self._count(req, grpc.StatusCode.INTERNAL)
                 await out.put(pb.ModelStreamInferResponse(error_message=f"internal error: {type(e).__name__}: {e}"))
 
         async def read():

@@ -1,6 +1,8 @@
 """What REST and gRPC both read off a request's headers, and write onto its answer."""
 from __future__ import annotations
 
+import logging
+import time
 from typing import Iterable, Mapping
 
 from mesh import headers as H
@@ -9,22 +11,94 @@ from inference_backend.batcher import Result
 from inference_backend.errors import InvalidArgument, PermissionDenied
 from mesh.qos import QosClass
 
+log = logging.getLogger("inference_backend")
 
-def check_session(headers: Mapping[str, str] | Iterable[tuple[str, str]], key: bytes | None) -> None:
-    """With --session-key-file: the L6 session headers must match x-mcp-session-sig."""
-    if key is None:
-        return
-    try:
-        verify_session(headers, key)
-    except SessionError as e:
-        raise PermissionDenied(f"session check failed: {e.reason}") from None
+
+def wire_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(name, value) pairs with each value as the bytes it came in, one character per byte.
+
+    The signature covers bytes (mesh.session encodes values as latin-1), while
+    aiohttp decodes a value as UTF-8 with surrogateescape and gRPC as UTF-8: a
+    non-ASCII value (`end-user: €`) is turned back into its bytes here, so the
+    session check judges it (403) instead of failing to encode it (500)."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    out = []
+    for k, v in pairs:
+        if isinstance(v, str):
+            v = v.encode("utf-8", "surrogateescape")
+        out.append((k, bytes(v).decode("latin-1")))
+    return out
+
+
+class QosAdmission:
+    """Which QoS class a request is served at, and whether its `priority` parameter counts.
+
+    Without --session-key-file the backend trusts `x-mcp-qos-class` as it comes
+    (nothing could tell a mesh-set class from a client's). With a key, a class
+    is honoured only when x-mcp-session-sig covers it: an unsigned class header
+    is ignored (the request gets the default level) and the protocol's
+    `priority` parameter, the client's own word, may lower the request but not
+    raise it above the default level. Both are counted in
+    mcp_inference_qos_ignored_total{reason} and logged (at most every 10 s)."""
+
+    LOG_EVERY_S = 10.0
+
+    def __init__(self, key: bytes | None, telemetry, only_class: QosClass | None = None):
+        self.key = key
+        self.telemetry = telemetry
+        self.only_class = only_class        # a priority worker's: see check_class
+        self._last_log = 0.0
+        self._unlogged = 0
+
+    def admit(self, headers: Mapping[str, str] | Iterable[tuple[str, str]], model: str,
+              method: str = "POST") -> str | None:
+        """Session check (with a key), then the class the request is served at (None: the
+        protocol's priority parameter or the default level). Cheap: before any body work."""
+        pairs = wire_pairs(headers)
+        raw = next((v for k, v in pairs if k.lower() == H.QOS_CLASS), None)
+        if self.key is None:
+            qos = raw
+        else:
+            try:
+                # The method rides as a pseudo-header, where mesh.session reads it when it binds one.
+                qos = verify_session([(":method", method), *pairs], self.key).qos_class
+            except SessionError as e:
+                raise PermissionDenied(f"session check failed: {e.reason}") from None
+            except (UnicodeError, ValueError) as e:   # whatever a value holds: a reason, not a 500
+                raise PermissionDenied(f"session check failed: unreadable session header ({e})") from None
+            if qos is None and raw is not None:
+                self._ignored(model, "unsigned_class",
+                              f"{H.QOS_CLASS}: {raw!r} is not covered by {H.SESSION_SIG}; served at the default level")
+        check_class(qos, self.only_class)
+        return qos
+
+    def priority(self, params: Mapping, qos: str | None, default_level: int, model: str) -> int | None:
+        """The protocol's priority parameter as far as it counts (see the class docstring)."""
+        value = priority_param(params)
+        if self.key is not None and qos is None and value and value < default_level:
+            self._ignored(model, "priority_parameter",
+                          f"parameter priority {value} would raise an unsigned request above the default "
+                          f"level {default_level}; served at the default level")
+            return None
+        return value
+
+    def _ignored(self, model: str, reason: str, message: str) -> None:
+        self.telemetry.qos_ignored.add(1, {"model": model, "reason": reason})
+        now = time.monotonic()
+        if now - self._last_log >= self.LOG_EVERY_S:
+            more = f" (and {self._unlogged} more since the last such line)" if self._unlogged else ""
+            log.warning("QoS not honoured: %s%s", message, more)
+            self._last_log, self._unlogged = now, 0
+        else:
+            self._unlogged += 1
 
 
 def check_class(value: str | None, only_class: QosClass | None) -> None:
     """A priority worker (inference_backend.priority_worker) serves one class only:
     anything else, or no class, is refused before any decoding work. The
     protocol's `priority` parameter does not count: it is the client's word,
-    the class header is the mesh's (set by the sidecar from the verified caller)."""
+    the class header is the mesh's (set by the sidecar from the verified caller;
+    with a session key, only a signed class counts: QosAdmission)."""
     if only_class is not None and (value or "").strip().lower() != only_class.header_value:
         raise PermissionDenied(f"this port serves only {H.QOS_CLASS}: {only_class.header_value} "
                                f"(got {value!r}); send other classes to the main port")

@@ -13,12 +13,11 @@ import logging
 
 from aiohttp import web
 
-from mesh import headers as H
 from mesh.qos import QosClass
 from inference_backend import datatypes
-from inference_backend.errors import InferenceError, InvalidArgument, NotFound
+from inference_backend.errors import InferenceError, InvalidArgument, NotFound, TooLarge
 from inference_backend.model_server import ModelServer
-from inference_backend.request_meta import check_class, check_session, priority_param, response_parameters, timing_pairs
+from inference_backend.request_meta import QosAdmission, response_parameters, timing_pairs
 
 log = logging.getLogger("inference_backend")
 SERVER_NAME = "mcp-mesh-inference"
@@ -86,6 +85,7 @@ def _requested_outputs(doc: dict, params: dict) -> tuple[list[str], dict[str, bo
 def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | None = None) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     routes = web.RouteTableDef()
+    admission = QosAdmission(server.session_key, server.telemetry, only_class)
 
     @routes.get("/v2/health/live")
     async def live(_):
@@ -129,26 +129,28 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
     @routes.post("/v2/models/{name}/infer")
     @routes.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(request):
+        def count(code: str) -> None:     # every answer is counted, refusals and failures too
+            server.telemetry.requests.add(1, {"model": request.match_info["name"], "protocol": "http", "code": code})
+
         try:
             return await _infer(request)
         except web.HTTPException:
             raise
         except InferenceError as e:
-            server.telemetry.requests.add(1, {"model": request.match_info["name"], "protocol": "http",
-                                              "code": e.code.name})
+            count(e.code.name)
             return error_response(e)
         except Exception as e:  # never take the server down for one request
             log.exception("REST infer failed")
+            count("INTERNAL")
             return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
 
     async def _infer(request):
-        check_class(request.headers.get(H.QOS_CLASS), only_class)
         served = _model(request)
-        check_session(request.headers, server.session_key)
+        qos = admission.admit(request.headers.items(), served.name, request.method)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return web.json_response({"error": f"request body exceeds {max_body_bytes} bytes"}, status=413)
+            raise TooLarge(f"request body exceeds {max_body_bytes} bytes") from None
         header_len = request.headers.get(HEADER_LENGTH)
         if header_len is not None:
             try:
@@ -172,7 +174,8 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
         arrays = _decode_inputs(served, doc, binary)
         names, binary_out = _requested_outputs(doc, params)
         pending = served.prepare(arrays, names, params)
-        result = await served.infer(pending, request.headers.get(H.QOS_CLASS), priority_param(params))
+        priority = admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
+        result = await served.infer(pending, qos, priority)
         server.telemetry.request_duration.record((result.queue_us + result.compute_us) / 1e6,
                                                  {"model": served.name, "priority_level": str(result.level)})
         server.telemetry.requests.add(1, {"model": served.name, "protocol": "http", "code": "OK"})

@@ -94,6 +94,9 @@ class Telemetry:
             "mcp_inference_requests", description="Inference requests by model, protocol and status code")
         self.rejections = meter.create_counter(
             "mcp_inference_rejections", description="Requests refused by a queue policy, by level and reason")
+        self.qos_ignored = meter.create_counter(
+            "mcp_inference_qos_ignored", description="Requests whose QoS class header or priority parameter was "
+            "not honoured (session key set, not signed), by model and reason")
         self.reloads = meter.create_counter(
             "mcp_inference_reloads", description="Hot reconfigurations applied (model version or QoS policy)")
         meter.create_observable_gauge("mcp_inference_queue_depth", callbacks=[self._observe("queue_depth")],

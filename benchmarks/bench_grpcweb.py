@@ -28,7 +28,7 @@ from mesh.resources import MeshConfig
 from harness.envoy import Envoy
 from harness.grpcweb import GRPC_WEB, encode_frame
 from harness.ports import free_port
-from xds_server.translate import grpc_web
+from xds_server.translate import Phase, grpc_web
 from xds_server.node import ProxyNode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ ROUTER = {"name": "envoy.filters.http.router",
 
 def filter_sets() -> dict[str, list[dict]]:
     seam = [json.loads(json_format.MessageToJson(f, preserving_proto_field_name=True))
-            for f in grpc_web.http_filters(MeshConfig(), ProxyNode("bench"), 0)]
+            for f in grpc_web.http_filters(MeshConfig(), ProxyNode("bench"), 0, Phase.PROTOCOL)]
     names = [f["name"] for f in seam]
     assert names == [grpc_web.FRAMES_FILTER, grpc_web.GRPC_WEB_FILTER], names
     return {"none": [], "grpc_web": seam[1:], "frames+grpc_web": seam}

@@ -42,7 +42,7 @@ from harness.envoy import Envoy
 from harness.ports import free_port
 from harness.upstreams import EchoUpstream
 from wasm_filters.lua import lua_source
-from xds_server.translate import authn, wasm_plugins
+from xds_server.translate import Phase, authn, wasm_plugins
 from xds_server.node import ProxyNode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def filter_sets(config: MeshConfig) -> dict[str, list[dict]]:
     """Each configuration's HTTP filters, from the control plane's own translators."""
     node = ProxyNode(id="bench")
     as_json = lambda m: json.loads(json_format.MessageToJson(m))   # noqa: E731
-    jwt_f = [as_json(f) for f in authn.http_filters(config, node, 0)]
+    jwt_f = [as_json(f) for f in authn.http_filters(config, node, 0, Phase.AUTHN)]
     wasm_res = config.of_kind("WasmPlugin")[0]
     wasm_f = [as_json(wasm_plugins.static_http_filter(wasm_res, config, node))]
     contract = parse_plugin_config(wasm_res.spec["pluginConfig"])

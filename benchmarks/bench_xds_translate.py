@@ -28,7 +28,7 @@ import time
 from benchmarks.xds_config import GATEWAY, service_yaml
 from mesh.resources import MeshConfig
 from mesh.parse import parse_documents
-from xds_server.translate import reset_cache, translate
+from xds_server.translate import Translator
 from xds_server.type_urls import CLUSTER, ROUTE
 from xds_server.node import ProxyNode
 
@@ -54,18 +54,18 @@ def node(kind: str, i: int, extra: dict | None = None) -> ProxyNode:
 def measure(resources: list, kind: str) -> dict:
     colds = []
     for _ in range(RUNS):
-        config = MeshConfig(list(resources))     # a new config object: nothing of it cached
-        reset_cache()    # nor reused from the equal config of the previous run (incremental path)
+        config = MeshConfig(list(resources))     # a new config object: nothing of it cached,
+        translator = Translator()                # nor reused from the previous run's (incremental path)
         t0 = clock()
-        snap = translate(config, node(kind, 0))
+        snap = translator.translate(config, node(kind, 0))
         colds.append(clock() - t0)
     t0 = clock()
     for i in range(1, PROXIES + 1):
-        translate(config, node(kind, i))
+        translator.translate(config, node(kind, i))
     shared = (clock() - t0) / PROXIES
     t0 = clock()
     for i in range(1, PROXIES + 1):
-        translate(config, node(kind, i, {"pod": f"p{i}"}))
+        translator.translate(config, node(kind, i, {"pod": f"p{i}"}))
     labels = (clock() - t0) / PROXIES
     routes = sum(len(vh.routes) for rc in snap[ROUTE].values() for vh in rc.virtual_hosts)
     return {"cold_s": statistics.median(colds), "shared_per_proxy_s": shared, "labels_per_proxy_s": labels,
@@ -77,7 +77,7 @@ def main() -> int:
     # Warm-up: the first call also imports and builds protobuf descriptors.
     warm = parse_documents(mesh_text(5), "warm.yaml")
     for kind in KINDS:
-        translate(MeshConfig(list(warm)), node(kind, 0))
+        Translator().translate(MeshConfig(list(warm)), node(kind, 0))
     for n in SIZES:
         resources = parse_documents(mesh_text(n), "bench.yaml")
         for kind in KINDS:

@@ -19,6 +19,7 @@ from mesh.diagnostics import ConfigError, Diagnostic
 from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
 from xds_server.cache import SnapshotCache
+from xds_server.translate import Translator
 from xds_server.watch import DirectorySource
 
 log = logging.getLogger("xds_server")
@@ -30,11 +31,6 @@ def default_load():
     return IncrementalLoader()
 
 
-def default_translate(config, node):
-    from xds_server.translate import translate
-    return translate(config, node)
-
-
 def diagnostic_dict(d: Diagnostic) -> dict:
     return {"message": d.message, "file": d.file, "line": d.line, "resource": d.resource,
             "field": d.field, "code": d.code, "severity": d.severity, "text": str(d)}
@@ -42,13 +38,16 @@ def diagnostic_dict(d: Diagnostic) -> dict:
 
 class XdsServer:
     def __init__(self, config_dir: str, port: int = 18000, admin_port: int = 18001,
-                 address: str = "127.0.0.1", load=None, translate=default_translate,
+                 address: str = "127.0.0.1", load=None, translate=None,
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
                  telemetry: Telemetry | None = None):
         self.config_dir = config_dir
         self.port, self.admin_port, self.address = port, admin_port, address
         self.load = load or default_load()
-        self.cache = SnapshotCache(translate)
+        # The server owns its Translator (and so its translation cache); a
+        # caller may pass any (config, node) -> Snapshot function instead.
+        self.translator = Translator()
+        self.cache = SnapshotCache(translate or self.translator.translate)
         # The process default unless given one: the translator and cache report there.
         self.telemetry = telemetry or default_telemetry()
         self.hub = AdsHub(self.cache, self.telemetry)

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import json_format
 
 from mesh.resources import MeshConfig
-from xds_server.translate import grpc_web
+from xds_server.translate import Phase, grpc_web
 from xds_server.node import ProxyNode
 
 from harness.envoy import Envoy
@@ -70,7 +70,7 @@ def _bootstrap(listen: int, upstream_port: int) -> dict:
                "routes": [{"match": {"prefix": "/test.Echo/"}, "route": {"cluster": "echo", "timeout": "5s"}}]}]},
            # What the control plane's grpc_web seam emits, then cors and router.
            "http_filters": [json.loads(json_format.MessageToJson(f, preserving_proto_field_name=True))
-                            for f in grpc_web.http_filters(MeshConfig(), ProxyNode("gw"), listen)] + [
+                            for f in grpc_web.http_filters(MeshConfig(), ProxyNode("gw"), listen, Phase.PROTOCOL)] + [
                {"name": "envoy.filters.http.cors", "typed_config": {
                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}},
                {"name": "envoy.filters.http.router", "typed_config": {

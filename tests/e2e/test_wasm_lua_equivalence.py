@@ -17,7 +17,7 @@ from harness.tokens import Issuer
 from harness.upstreams import EchoUpstream
 from wasm_filters.host import DEFAULT_WASM
 from wasm_filters.lua import lua_source
-from xds_server.translate import authn, wasm_plugins
+from xds_server.translate import Phase, authn, wasm_plugins
 from xds_server.node import ProxyNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")]
@@ -47,7 +47,7 @@ spec:
 """))
     node = ProxyNode(id="n")
     as_json = lambda m: json.loads(json_format.MessageToJson(m))   # noqa: E731
-    jwt_f = [as_json(f) for f in authn.http_filters(cfg, node, 0)]
+    jwt_f = [as_json(f) for f in authn.http_filters(cfg, node, 0, Phase.AUTHN)]
     wasm_f = [as_json(wasm_plugins.static_http_filter(cfg.of_kind("WasmPlugin")[0], cfg, node))]
     lua_f = [{"name": "envoy.filters.http.lua", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",

@@ -15,7 +15,7 @@ from mesh.parse import parse_documents
 from mesh.diagnostics import ConfigError
 from mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
 from xds_server import type_urls
-from xds_server.translate import authn, wasm_plugins
+from xds_server.translate import Phase, authn, http_filters, wasm_plugins
 from xds_server.node import ProxyNode
 
 GW = ProxyNode(id="gw", namespace="default", labels={"istio": "ingressgateway"})
@@ -45,6 +45,11 @@ spec:
 """
 
 
+def _wasm_filters(config, node, port) -> list:
+    """Every phase's Wasm filters, in chain order."""
+    return [f for phase in Phase for f in wasm_plugins.http_filters(config, node, port, phase)]
+
+
 def _jwt_config(filters) -> jwt.JwtAuthentication:
     (f,) = [f for f in filters if f.name == "envoy.filters.http.jwt_authn"]
     out = jwt.JwtAuthentication()
@@ -53,7 +58,7 @@ def _jwt_config(filters) -> jwt.JwtAuthentication:
 
 
 def test_jwt_rules_become_providers_with_istio_requirements():
-    c = _jwt_config(authn.http_filters(cfg(RA), GW, 8080))
+    c = _jwt_config(authn.http_filters(cfg(RA), GW, 8080, Phase.AUTHN))
     assert sorted(c.providers) == ["default/ra/0", "default/ra/1", "default/ra/2"]
     a = c.providers["default/ra/0"]
     assert a.issuer == "https://a.test" and list(a.audiences) == ["mesh"] and a.forward
@@ -86,10 +91,10 @@ def test_jwks_uri_clusters_are_added_to_the_snapshot():
     (ProxyNode(id="y", namespace="other", labels={"istio": "ingressgateway"}), False),
 ])
 def test_selector_and_namespace_decide_which_proxies_get_jwt_authn(node, applies):
-    names = [f.name for f in authn.http_filters(cfg(RA), node, 80)]
+    names = [f.name for f in authn.http_filters(cfg(RA), node, 80, Phase.AUTHN)]
     assert ("envoy.filters.http.jwt_authn" in names) == applies
     root = cfg(RA.replace("namespace: default", "namespace: istio-system"))
-    assert bool(authn.http_filters(root, node, 80)) == (node.labels.get("istio") == "ingressgateway")
+    assert bool(authn.http_filters(root, node, 80, Phase.AUTHN)) == (node.labels.get("istio") == "ingressgateway")
 
 
 WASM = os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm")
@@ -121,7 +126,7 @@ needs_wasm = pytest.mark.skipif(not os.path.exists(WASM), reason="run `make wasm
 @needs_wasm
 def test_wasm_plugin_is_an_ecds_filter_and_a_typed_extension_config():
     c = cfg(RA + "---\n" + plugin())
-    (f,) = wasm_plugins.http_filters(c, GW, 8080)
+    (f,) = _wasm_filters(c, GW, 8080)
     assert f.name == "default.contract" and not f.HasField("typed_config")
     assert list(f.config_discovery.type_urls) == [wasm_plugins.WASM_TYPE_URL]
     assert f.config_discovery.config_source.HasField("ads")
@@ -145,15 +150,16 @@ def test_phase_then_priority_order_and_authn_phase_before_jwt_authn():
             + plugin("high", priority=10, plugin_name="other") + "---\n"
             + plugin("stats", phase="STATS", priority=99, plugin_name="other") + "---\n"
             + plugin("early", phase="AUTHN", plugin_name="other"))
-    assert [f.name for f in authn.http_filters(c, GW, 80)] == ["default.early", "envoy.filters.http.jwt_authn"]
-    assert [f.name for f in wasm_plugins.http_filters(c, GW, 80)] == ["default.high", "default.low", "default.stats"]
+    chain = [f.name for f in http_filters.phase_filters(c, GW, 80)]
+    assert [n for n in chain if n.startswith("default.") or n == "envoy.filters.http.jwt_authn"] == [
+        "default.early", "envoy.filters.http.jwt_authn", "default.high", "default.low", "default.stats"]
 
 
 @needs_wasm
 def test_fail_open_and_port_match():
     c = cfg(plugin(fail="FAIL_OPEN", plugin_name="other", extra="  match: [{ports: [{number: 9090}]}]\n"))
-    assert wasm_plugins.http_filters(c, GW, 8080) == []
-    assert [f.name for f in wasm_plugins.http_filters(c, GW, 9090)] == ["default.contract"]
+    assert _wasm_filters(c, GW, 8080) == []
+    assert [f.name for f in _wasm_filters(c, GW, 9090)] == ["default.contract"]
     w = http_wasm.Wasm()
     wasm_plugins.resources(c, GW)[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
     assert w.config.failure_policy == wasm_pb2.FAIL_OPEN
@@ -169,11 +175,11 @@ def test_a_module_whose_sha256_does_not_match_is_not_translated():
 @needs_wasm
 def test_target_ref_resources_apply_to_no_proxy_and_vm_env_is_passed():
     ra = RA.replace("  selector: {matchLabels: {istio: ingressgateway}}\n", "  targetRef: {kind: Gateway, name: gw}\n")
-    assert authn.http_filters(cfg(ra), GW, 80) == []
+    assert authn.http_filters(cfg(ra), GW, 80, Phase.AUTHN) == []
     wp = plugin(plugin_name="other", extra="  vmConfig:\n    env:\n    - {name: MODE, value: strict}\n    - {name: HOME, valueFrom: HOST}\n")
     w = http_wasm.Wasm()
     wasm_plugins.resources(cfg(wp), GW)[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
     env = w.config.vm_config.environment_variables
     assert dict(env.key_values) == {"MODE": "strict"} and list(env.host_env_keys) == ["HOME"]
     tr = plugin(plugin_name="other").replace("  selector: {matchLabels: {istio: ingressgateway}}\n", "  targetRefs: [{kind: Gateway, name: gw}]\n")
-    assert wasm_plugins.http_filters(cfg(tr), GW, 80) == []
+    assert _wasm_filters(cfg(tr), GW, 80) == []

@@ -154,7 +154,7 @@ def test_a_resource_made_invalid_is_caught_after_caching(tmp_path):
 
 from mesh.resources import MeshConfig
 from mesh.parse import parse_documents  # noqa: E402
-from xds_server import translate as translation  # noqa: E402
+from xds_server.translate import Translator  # noqa: E402
 from xds_server.cache import SnapshotCache  # noqa: E402
 from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from xds_server.node import ProxyNode  # noqa: E402
@@ -212,20 +212,19 @@ def _serialized(snapshot) -> dict:
     return {t: {n: m.SerializeToString(deterministic=True) for n, m in by.items()} for t, by in snapshot.items()}
 
 
-def _derived(config) -> bool:
-    return translation._CACHE[id(config)].derived
+def _derived(translator, config) -> bool:
+    return translator.cached(config).derived
 
 
 def _translate_after(before, after):
     """Translate `before` then `after` (as the control plane does, one change
     set after the other) and, from nothing, `after` alone."""
-    translation.reset_cache()
-    old = {n.id: translation.translate(before, n) for n in NODES}
-    new = {n.id: translation.translate(after, n) for n in NODES}
-    derived = _derived(after)
-    translation.reset_cache()
-    full = {n.id: translation.translate(after, n) for n in NODES}
-    assert not _derived(after)
+    incremental, fresh = Translator(), Translator()
+    old = {n.id: incremental.translate(before, n) for n in NODES}
+    new = {n.id: incremental.translate(after, n) for n in NODES}
+    derived = _derived(incremental, after)
+    full = {n.id: fresh.translate(after, n) for n in NODES}
+    assert not _derived(fresh, after)
     return old, new, full, derived
 
 
@@ -281,15 +280,15 @@ def test_a_change_that_feeds_more_than_eds_takes_the_full_path(what):
 
 
 def test_after_an_endpoint_change_only_eds_versions_change_and_delta_sends_only_that_assignment():
-    translation.reset_cache()
-    cache = SnapshotCache(translation.translate)
+    translator = Translator()
+    cache = SnapshotCache(translator.translate)
     before = _files()
     cache.install(before, "g1", cache.build(before, "g1", NODES))
     old = cache.peek(GW_NODE)
     after = _files(**{"svc-a.yaml": service("svc-a", p1=9901)})
     cache.install(after, "g2", cache.build(after, "g2", NODES))
     new = cache.peek(GW_NODE)
-    assert _derived(after)
+    assert _derived(translator, after)
     for t in old.type_urls():
         versions = {n: r.version for n, r in old.of_type(t).items()}
         now = {n: r.version for n, r in new.of_type(t).items()}
@@ -307,8 +306,8 @@ def test_after_an_endpoint_change_only_eds_versions_change_and_delta_sends_only_
     assert new.diff(held, new.selection(CLUSTER, True, set(), ("*",))) == ([], [])
 
 
-def _reused(config) -> bool:
-    return translation._CACHE[id(config)].clusters_reused
+def _reused(translator, config) -> bool:
+    return translator.cached(config).clusters_reused
 
 
 ROUTES_ONLY = {
@@ -327,10 +326,10 @@ CLUSTERS_TOO = {
 def test_clusters_are_kept_when_nothing_they_are_built_from_changed(what):
     before, after = _files(), _files(**{**ROUTES_ONLY, **CLUSTERS_TOO}[what])
     old, new, full, derived = _translate_after(before, after)
-    translation.reset_cache()
-    translation.translate(before, GW_NODE)
-    translation.translate(after, GW_NODE)
-    reused = _reused(after)
+    translator = Translator()
+    translator.translate(before, GW_NODE)
+    translator.translate(after, GW_NODE)
+    reused = _reused(translator, after)
     assert not derived and reused == (what in ROUTES_ONLY), what
     for node in NODES:
         assert _serialized(new[node.id]) == _serialized(full[node.id]), (what, node.kind)
@@ -379,11 +378,10 @@ def _two_gateways(**override):
 ])
 def test_a_gateway_route_configuration_is_rebuilt_only_when_what_it_reads_changed(what, change, rebuilt):
     before, after = _two_gateways(), _two_gateways(**change)
-    translation.reset_cache()
-    old = translation.translate(before, GW_NODE)
-    new = translation.translate(after, GW_NODE)
-    translation.reset_cache()
-    full = translation.translate(after, GW_NODE)
+    translator = Translator()
+    old = translator.translate(before, GW_NODE)
+    new = translator.translate(after, GW_NODE)
+    full = Translator().translate(after, GW_NODE)
     assert _serialized(new) == _serialized(full), what
     assert set(old[ROUTE]) == {"http.8080", "http.9090"}
     fresh = {n for n, rc in new[ROUTE].items() if rc is not old[ROUTE][n]}

@@ -3,7 +3,7 @@ from google.protobuf import json_format
 
 from mesh.resources import MeshConfig
 from mesh.parse import parse_documents
-from xds_server.translate import TranslateOptions, translate
+from xds_server.translate import TranslateOptions, Translator, translate
 from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from xds_server.node import ProxyNode
 
@@ -126,10 +126,10 @@ def test_gateway_not_selected_by_node_labels_gives_no_listener():
     assert snap[CLUSTER]                     # clusters are still the whole mesh's, as istiod sends them
 
 
-def test_translation_is_shared_between_nodes_of_one_shape():
-    cfg = config(BASIC)
-    a = translate(cfg, GATEWAY)
-    b = translate(cfg, ProxyNode("router~10.0.0.2~gw-2.default~default.svc.cluster.local",
+def test_translation_is_shared_between_nodes_with_one_routing_key():
+    cfg, translator = config(BASIC), Translator()
+    a = translator.translate(cfg, GATEWAY)
+    b = translator.translate(cfg, ProxyNode("router~10.0.0.2~gw-2.default~default.svc.cluster.local",
                                  labels={"istio": "ingressgateway"}))
     assert a[ROUTE]["http.8080"] is b[ROUTE]["http.8080"]
     assert a[CLUSTER] == b[CLUSTER] and a is not b
@@ -137,17 +137,15 @@ def test_translation_is_shared_between_nodes_of_one_shape():
 
 def test_spans_for_each_translation_with_cache_and_resource_counts():
     from xds_server import telemetry
-    from xds_server.translate import reset_cache
-    reset_cache()     # else an equal config translated by an earlier test is reused (endpoint-only path)
-    cfg = config(BASIC)
-    translate(cfg, GATEWAY)
-    translate(cfg, ProxyNode("router~10.0.0.3~gw-3.default~default.svc.cluster.local",
+    cfg, translator = config(BASIC), Translator()
+    translator.translate(cfg, GATEWAY)
+    translator.translate(cfg, ProxyNode("router~10.0.0.3~gw-3.default~default.svc.cluster.local",
                              labels={"istio": "ingressgateway"}))
     spans = [s for s in telemetry.recent_spans("xds.translate.node")
              if s["attributes"]["xds.node.id"] in (GATEWAY.id, "router~10.0.0.3~gw-3.default~default.svc.cluster.local")]
     first, second = spans[-2:]
-    assert first["attributes"]["xds.translate.shape_cached"] is False
-    assert second["attributes"]["xds.translate.shape_cached"] is True
+    assert first["attributes"]["xds.translate.routes_cached"] is False
+    assert second["attributes"]["xds.translate.routes_cached"] is True
     assert second["attributes"]["xds.resources.Cluster"] == 3
     assert second["attributes"]["xds.resources.Listener"] == 1
     assert telemetry.recent_spans("xds.translate.routes")        # the cold build is its own span

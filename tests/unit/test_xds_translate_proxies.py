@@ -7,7 +7,7 @@ from mesh.resources import MeshConfig
 from mesh.parse import parse_documents
 from mesh.diagnostics import ConfigError
 from xds_server import translate as translate_pkg
-from xds_server.translate import translate
+from xds_server.translate import authn, translate
 from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from xds_server.node import ProxyNode
 
@@ -172,25 +172,28 @@ def test_proxyless_clusters_are_eds_with_a_grpc_lb_policy():
             for e in loc.lb_endpoints] == [("127.0.0.2", 9102)]
 
 
-# -- seams -----------------------------------------------------------------
-def test_chain_is_cors_then_seams_in_order_then_fault_router(monkeypatch):
-    for seam in translate_pkg.SEAMS:
-        name = f"test.{seam.__name__.rsplit('.', 1)[-1]}"
-        monkeypatch.setattr(seam, "http_filters",
-                            lambda config, node, port, name=name: [hcm_pb2.HttpFilter(name=f"{name}.{port}")])
+# -- the HTTP filter chain (http_filters.py) ---------------------------------
+def test_chain_is_cors_then_each_phase_in_order_then_fault_router(monkeypatch):
+    for module in translate_pkg.FILTER_MODULES:
+        name = f"test.{module.__name__.rsplit('.', 1)[-1]}"
+        monkeypatch.setattr(module, "http_filters", lambda config, node, port, phase, name=name:
+                            [hcm_pb2.HttpFilter(name=f"{name}.{phase.name}.{port}")])
     hcm = hcm_of(snap(GATEWAY)[LISTENER]["127.0.0.1_8080"])
     assert [f["name"] for f in hcm["httpFilters"]] == [
-        "envoy.filters.http.cors", "test.authn.8080", "test.grpc_web.8080", "test.wasm_plugins.8080",
+        "envoy.filters.http.cors",
+        "test.wasm_plugins.AUTHN.8080", "test.authn.AUTHN.8080",       # Istio: AUTHN plugins before jwt_authn
+        "test.grpc_web.PROTOCOL.8080",
+        "test.wasm_plugins.AUTHZ.8080", "test.wasm_plugins.STATS.8080", "test.wasm_plugins.UNSPECIFIED.8080",
         "envoy.filters.http.fault", "envoy.filters.http.router"]
 
 
-def test_seam_resources_merge_and_a_name_clash_is_an_error(monkeypatch):
+def test_filter_resources_merge_and_a_name_clash_is_an_error(monkeypatch):
     from envoy.config.cluster.v3 import cluster_pb2
-    monkeypatch.setattr(translate_pkg.authn, "resources",
+    monkeypatch.setattr(authn, "resources",
                         lambda config, node: {CLUSTER: {"jwks|issuer": cluster_pb2.Cluster(name="jwks|issuer")}})
     assert "jwks|issuer" in snap(GATEWAY)[CLUSTER]
     clash = "outbound|9080||ratings.shop.svc.cluster.local"
-    monkeypatch.setattr(translate_pkg.authn, "resources",
+    monkeypatch.setattr(authn, "resources",
                         lambda config, node: {CLUSTER: {clash: cluster_pb2.Cluster(name=clash)}})
     with pytest.raises(ConfigError, match="already emits"):
         snap(GATEWAY)

@@ -14,8 +14,8 @@ header, but cannot write metadata. `clear_route_cache` makes the router
 re-select the route after claim headers are set.
 
 `jwksUri` is fetched by Envoy through a cluster this module adds.
-AUTHN-phase WasmPlugins run before jwt_authn (Istio's order), so they are
-emitted here, first.
+jwt_authn is this module's filter in the AUTHN phase (http_filters.py puts
+AUTHN-phase WasmPlugins before it, Istio's order).
 """
 from __future__ import annotations
 
@@ -36,24 +36,8 @@ from mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
 from xds_server import type_urls
 from xds_server.node import ProxyNode
 from xds_server.type_urls import Snapshot
-
-ROOT_NAMESPACE = "istio-system"
-KINDS = ("RequestAuthentication",)
-
-
-def applies(res: Resource, node: ProxyNode) -> bool:
-    """Namespace (or root namespace) and selector.matchLabels, as Istio selects workloads."""
-    if res.namespace not in (node.namespace, ROOT_NAMESPACE):
-        return False
-    if res.spec.get("targetRef") or res.spec.get("targetRefs"):
-        return False   # not translated (validation warns); never widen to the whole namespace
-    want = ((res.spec.get("selector") or {}).get("matchLabels")) or {}
-    return all(node.labels.get(k) == v for k, v in want.items())
-
-
-def _applicable(config: MeshConfig, node: ProxyNode) -> list[Resource]:
-    found = [r for r in config.of_kind(*KINDS) if applies(r, node)]
-    return sorted(found, key=lambda r: (r.namespace, r.name))
+from xds_server.translate.phases import Phase
+from xds_server.translate.policy_scope import request_authentications
 
 
 def jwks_cluster_name(uri: str) -> str:
@@ -121,7 +105,7 @@ def _provider(rule: dict) -> jwt.JwtProvider:
 
 
 def jwt_authn_config(config: MeshConfig, node: ProxyNode) -> jwt.JwtAuthentication | None:
-    resources = _applicable(config, node)
+    resources = request_authentications(config, node)
     if not resources:
         return None
     cfg = jwt.JwtAuthentication(bypass_cors_preflight=True)
@@ -144,27 +128,14 @@ def jwt_authn_config(config: MeshConfig, node: ProxyNode) -> jwt.JwtAuthenticati
     return cfg
 
 
-def output_claims(config: MeshConfig, node: ProxyNode) -> list[tuple[str, str]]:
-    """(claim, header) pairs of outputClaimToHeaders: the Wasm filter re-derives
-    them from metadata, so a client's own copy of such a header never passes."""
-    out = []
-    for res in _applicable(config, node):
-        for rule in res.spec.get("jwtRules") or []:
-            for c in rule.get("outputClaimToHeaders") or []:
-                out.append((c["claim"], c["header"].lower()))
-    return out
-
-
-def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
-    """AUTHN-phase Wasm plugins, then jwt_authn; first in the HCM chain."""
-    from xds_server.translate import wasm_plugins   # same part; phases interleave with jwt_authn
-    out = wasm_plugins.phase_filters(config, node, port, ("AUTHN",))
-    cfg = jwt_authn_config(config, node)
-    if cfg is not None:
-        f = hcm.HttpFilter(name=JWT_AUTHN_FILTER)
-        f.typed_config.Pack(cfg)
-        out.append(f)
-    return out
+def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -> list:
+    """jwt_authn, in the AUTHN phase, when a RequestAuthentication applies."""
+    cfg = jwt_authn_config(config, node) if phase is Phase.AUTHN else None
+    if cfg is None:
+        return []
+    f = hcm.HttpFilter(name=JWT_AUTHN_FILTER)
+    f.typed_config.Pack(cfg)
+    return [f]
 
 
 def bad_token_reply() -> hcm.LocalReplyConfig:
@@ -190,7 +161,7 @@ def bad_token_reply() -> hcm.LocalReplyConfig:
 def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
     """The clusters jwt_authn fetches jwksUri through."""
     clusters = {}
-    for res in _applicable(config, node):
+    for res in request_authentications(config, node):
         for rule in res.spec.get("jwtRules") or []:
             uri = rule.get("jwksUri")
             if uri and not rule.get("jwks"):

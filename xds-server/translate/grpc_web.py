@@ -36,6 +36,7 @@ from google.protobuf import any_pb2
 from mesh.resources import MeshConfig
 from xds_server.node import ProxyNode
 from xds_server.type_urls import Snapshot
+from xds_server.translate.phases import Phase
 
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
 FRAMES_FILTER = "mcp.grpc_web.frames"          # a Lua filter; named apart from other Lua uses
@@ -65,9 +66,10 @@ def frames_filter() -> hcm_pb2.HttpFilter:
     return _filter(FRAMES_FILTER, lua)
 
 
-def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
-    """[frames check, grpc_web] for every HTTP connection manager of an Envoy (gateway or sidecar)."""
-    if node.kind == "grpc":
+def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -> list:
+    """[frames check, grpc_web] in the PROTOCOL phase of every HTTP connection
+    manager of an Envoy (gateway or sidecar)."""
+    if node.kind == "grpc" or phase is not Phase.PROTOCOL:
         return []
     return [frames_filter(), grpc_web_filter()]
 

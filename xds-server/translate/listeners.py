@@ -9,10 +9,8 @@ runs, after removing a client's copy; every other HCM only removes it. Envoy
 matches application_protocols against the ALPN list the client offered, in the
 client's order (the first offered protocol with a chain wins). Proxyless gRPC
 clients get API listeners named HOST:PORT (gRFC A27), no socket at all.
-The HTTP filter chain is: cors, the seams (authn, grpc_web, wasm_plugins),
-fault, router -- the router last, as Envoy and gRPC require. cors goes first
-so that preflights need no token and replies made by later filters (a
-jwt_authn 401, a header-contract denial) still carry CORS headers.
+The HTTP filter chain (cors, the filter modules by phase, fault, router) is
+described in http_filters.py; this module gives its fixed head and tail.
 """
 from __future__ import annotations
 

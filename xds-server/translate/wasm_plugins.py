@@ -5,9 +5,9 @@ discovered over ADS (`config_discovery`), plus a TypedExtensionConfig of the
 same name in the snapshot: changing a pluginConfig then pushes one ECDS
 resource, and no listener drains.
 
-Order, as Istio: AUTHN-phase plugins before jwt_authn (emitted by `authn`),
-then AUTHZ, STATS and unspecified-phase ones after it; within a phase the
-higher `priority` first, then namespace/name.
+Order, as Istio: each plugin goes in its `phase` (http_filters.py places the
+phases: AUTHN-phase plugins before jwt_authn, the others after it); within a
+phase the higher `priority` first, then namespace/name.
 
 The module is read from `url` (file:// or a plain path), its SHA-256 checked
 against `sha256`, and embedded inline: Envoy runs exactly the bytes that were
@@ -38,13 +38,13 @@ from mesh.header_contract import PLUGIN_NAME, parse_plugin_config
 from xds_server import type_urls
 from xds_server.node import ProxyNode
 from xds_server.type_urls import Snapshot
+from xds_server.translate.phases import Phase
+from xds_server.translate.policy_scope import output_claims, selects
 
 KIND = "WasmPlugin"
-ROOT_NAMESPACE = "istio-system"
 WASM_TYPE_URL = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 RUNTIME = "envoy.wasm.runtime.v8"
-PHASES = ("AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE")
-AFTER_AUTHN = ("AUTHZ", "STATS", "UNSPECIFIED_PHASE")
+PHASES = ("AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE")      # the spec's `phase` values, in chain order
 
 _module_cache: dict[tuple, bytes] = {}
 
@@ -74,14 +74,7 @@ def read_module(url: str, sha256: str | None) -> bytes:
 
 
 def applies(res: Resource, node: ProxyNode, port: int | None = None) -> bool:
-    if res.namespace not in (node.namespace, ROOT_NAMESPACE):
-        return False
-    if (res.spec.get("type") or "HTTP") != "HTTP":
-        return False
-    if res.spec.get("targetRef") or res.spec.get("targetRefs"):
-        return False   # not translated (validation warns); never widen to the whole namespace
-    want = ((res.spec.get("selector") or {}).get("matchLabels")) or {}
-    if not all(node.labels.get(k) == v for k, v in want.items()):
+    if (res.spec.get("type") or "HTTP") != "HTTP" or not selects(res, node):
         return False
     matches = res.spec.get("match") or []
     if port is not None and matches:
@@ -106,8 +99,7 @@ def plugin_configuration(res: Resource, config: MeshConfig, node: ProxyNode) -> 
     """The JSON the module gets in proxy_on_configure."""
     cfg = res.spec.get("pluginConfig") or {}
     if res.spec.get("pluginName") == PLUGIN_NAME:
-        from xds_server.translate import authn
-        contract = parse_plugin_config(cfg).with_claims(authn.output_claims(config, node))
+        contract = parse_plugin_config(cfg).with_claims(output_claims(config, node))
         return contract.filter_json()
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
 
@@ -144,13 +136,11 @@ def _ecds_filter(res: Resource) -> hcm.HttpFilter:
     return f
 
 
-def phase_filters(config: MeshConfig, node: ProxyNode, port: int, phases) -> list:
-    return [_ecds_filter(r) for r in _ordered(config, node, port, phases)]
-
-
-def http_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
-    """ECDS-discovered Wasm filters of the phases after authn (AUTHN-phase ones come from authn)."""
-    return phase_filters(config, node, port, AFTER_AUTHN)
+def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -> list:
+    """The ECDS-discovered Wasm filters of the plugins in `phase`, by priority."""
+    if phase is Phase.PROTOCOL:
+        return []
+    return [_ecds_filter(r) for r in _ordered(config, node, port, (phase.value,))]
 
 
 def typed_extension_config(res: Resource, config: MeshConfig, node: ProxyNode) -> extension_pb2.TypedExtensionConfig:

@@ -1,0 +1,73 @@
+"""The HTTP connection manager's filter chain: which filter module gives
+which filters, in which phase, in what order.
+
+    cors
+    AUTHN        Wasm plugins of phase AUTHN, then jwt_authn (RequestAuthentication)
+    PROTOCOL     the gRPC-Web frame check, grpc_web
+    AUTHZ        Wasm plugins of phase AUTHZ
+    STATS        Wasm plugins of phase STATS
+    UNSPECIFIED  Wasm plugins without a phase
+    fault, router (the router last, as Envoy and gRPC require)
+
+cors goes first so that preflights need no token and replies made by later
+filters (a jwt_authn 401, a header-contract denial) still carry CORS headers.
+grpc_web sits before the later Wasm phases so that on the response path the
+header-contract filter sees gRPC trailers (grpc-status), not the gRPC-Web body
+they are folded into.
+
+A filter module exposes
+
+    http_filters(config, node, port, phase) -> list[HttpFilter]
+        its filters for the HCM serving `port` (a Gateway server port; for
+        proxyless gRPC the service port of the API listener) in `phase`;
+        [] for a phase it has nothing in.
+    resources(config, node) -> Snapshot
+        extra resources merged into the node's snapshot (a JWKS cluster, the
+        ECDS TypedExtensionConfigs). A name clash with a translated resource
+        is an error, never a silent overwrite.
+
+Both must be pure, deterministic functions of their arguments: the
+Translator caches listeners by the filters they return. No filter module
+imports another; what two of them read lives in a module of its own
+(policy_scope.py). Adding a filter is one module and one line in CHAIN.
+"""
+from __future__ import annotations
+
+from mesh.diagnostics import ConfigError, Diagnostic
+from mesh.resources import MeshConfig
+from xds_server.node import ProxyNode
+from xds_server.type_urls import Snapshot
+from xds_server.translate import authn, grpc_web, wasm_plugins
+from xds_server.translate.phases import Phase
+
+# Per phase, the modules asked for filters, in order.
+CHAIN = (
+    (Phase.AUTHN, (wasm_plugins, authn)),
+    (Phase.PROTOCOL, (grpc_web,)),
+    (Phase.AUTHZ, (wasm_plugins,)),
+    (Phase.STATS, (wasm_plugins,)),
+    (Phase.UNSPECIFIED, (wasm_plugins,)),
+)
+FILTER_MODULES = tuple(dict.fromkeys(m for _, modules in CHAIN for m in modules))
+
+
+def phase_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
+    """The filters between cors and fault, phase by phase. Proxyless gRPC
+    implements only a few HTTP filters (gRFC A39): the modules' filters
+    (jwt_authn, Wasm, grpc_web) are Envoy-only."""
+    if node.kind == "grpc":
+        return []
+    return [f for phase, modules in CHAIN for m in modules for f in m.http_filters(config, node, port, phase)]
+
+
+def resources(config: MeshConfig, node: ProxyNode, snapshot: Snapshot) -> None:
+    """Merge every filter module's extra resources into `snapshot`."""
+    for module in FILTER_MODULES:
+        owner = module.__name__.rsplit(".", 1)[-1]
+        for type_url, extra in (module.resources(config, node) or {}).items():
+            target = snapshot.setdefault(type_url, {})
+            for name, msg in extra.items():
+                if name in target:
+                    raise ConfigError([Diagnostic(
+                        f"{owner} adds {type_url.rsplit('.', 1)[-1]} {name!r}, which translation already emits")])
+                target[name] = msg

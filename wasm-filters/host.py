@@ -99,6 +99,7 @@ class ProxyWasmHost:
         self.plugin_config = b""
         self.local_response: LocalResponse | None = None
         self.host_calls = 0
+        self.now_ns: int | None = None      # the host clock the filter reads (None: the real one)
         linker = wasmtime.Linker(self.engine)
         imported = {(i.module, i.name) for i in self.module.imports}
         for (mod, name), (params, results, fn) in self._functions().items():
@@ -227,6 +228,10 @@ class ProxyWasmHost:
                 return NOT_FOUND
             return h._return_bytes(h.properties[path], ret_ptr, ret_size)
 
+        def current_time(ret):
+            h._write(ret, struct.pack("<Q", time.time_ns() if h.now_ns is None else h.now_ns))
+            return 0
+
         def send_local_response(status, dp, ds, bp, bs, hp, hs, grpc):
             hdrs = []
             if hs:
@@ -291,6 +296,7 @@ class ProxyWasmHost:
             (env, "proxy_set_header_map_pairs"): ([I32] * 3, [I32], counted(set_pairs)),
             (env, "proxy_remove_header_map_value"): ([I32] * 3, [I32], counted(remove_value)),
             (env, "proxy_get_property"): ([I32] * 4, [I32], counted(get_property)),
+            (env, "proxy_get_current_time_nanoseconds"): ([I32], [I32], counted(current_time)),
             (env, "proxy_send_local_response"): ([I32] * 8, [I32], counted(send_local_response)),
             (wasi, "fd_write"): ([I32] * 4, [I32], fd_write),
             (wasi, "proc_exit"): ([I32], [], proc_exit),

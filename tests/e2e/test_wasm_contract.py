@@ -217,7 +217,7 @@ def test_valid_token_claims_reach_the_upstream_signed(stack):
     assert status == 200 and seen["upstream"] == "v1", seen
     h = seen["headers"]
     assert (h[H.END_USER], h[H.TENANT], h["x-mcp-email"]) == ("alice", "acme", "alice@acme.test")
-    session = verify_session(h, KEY)
+    session = verify_session(h, KEY, method="GET")
     assert session.signed[H.END_USER] == "alice" and session.signed[H.QOS_CLASS] == "standard"
     assert hdrs[H.ERROR_CLASS] == "ok"   # the response path of the filter ran too
 
@@ -247,7 +247,7 @@ def test_client_sent_session_headers_without_a_token_never_reach_the_upstream(st
     for name in ("end-user", H.TENANT, "x-mcp-email", H.DOWNSTREAM_SERVICE_CLUSTER):
         assert name not in h, name
     assert h[H.QOS_CLASS] == "standard"
-    assert verify_session(h, KEY).signed == {H.QOS_CLASS: "standard"}
+    assert verify_session(h, KEY, method="GET").signed == {H.QOS_CLASS: "standard"}
 
 
 def test_claim_based_routing_selects_v2_only_for_a_verified_jane(stack):
@@ -268,7 +268,7 @@ def test_llm_priority_high_gets_the_latency_critical_class_within_the_tier(stack
     claims = {"sub": "alice", **({"tier": tier} if tier else {})}
     _, _, seen = get(stack, "/r", {**bearer(stack.local.token(**claims)), "x-llm-priority": "high"})
     assert seen["headers"][H.QOS_CLASS] == want
-    assert verify_session(seen["headers"], KEY).qos_class == want
+    assert verify_session(seen["headers"], KEY, method="GET").qos_class == want
 
 
 def test_jwks_uri_is_fetched_through_the_translated_cluster(stack):
@@ -297,12 +297,14 @@ def test_backend_accepts_the_signed_session_and_rejects_a_changed_one(stack):
     path = "/v2/models/mlp/infer"
     status, _, body = get(stack, path, tok, method="POST", body=INFER)
     assert status == 200, body                      # through Envoy: signed by the filter, checked by the backend
-    # The headers the filter produced (as an upstream saw them), replayed to the backend:
-    # untouched they pass; with a session header changed after signing they do not.
-    seen = get(stack, "/r", tok)[2]["headers"]
-    signed = {k: v for k, v in seen.items() if k in (H.END_USER, H.TENANT, H.QOS_CLASS, H.SESSION_SIG)}
+    # The headers the filter produced for a POST (as an upstream saw them, with the x-request-id
+    # the signature binds), sent on to the backend: untouched they pass; with a session header
+    # changed after signing, or on another request (another id), they do not.
+    seen = get(stack, "/r", tok, method="POST", body=INFER)[2]["headers"]
+    signed = {k: v for k, v in seen.items() if k in (H.END_USER, H.TENANT, H.QOS_CLASS, H.SESSION_SIG, "x-request-id")}
     assert _backend_post(stack, path, signed)[0] == 200
-    for name, value in ((H.END_USER, "admin"), (H.TENANT, "globex"), (H.QOS_CLASS, "latency-critical")):
+    for name, value in ((H.END_USER, "admin"), (H.TENANT, "globex"), (H.QOS_CLASS, "latency-critical"),
+                        ("x-request-id", "another-request")):
         status, text = _backend_post(stack, path, {**signed, name: value})
         assert status == 403 and "session" in text, (name, status, text)
     status, text = _backend_post(stack, path, {H.END_USER: "alice"})   # unsigned session header
@@ -352,7 +354,7 @@ def test_session_headers_changed_on_the_wire_fail_verify_session(stack):
     _, _, seen = get(stack, "/r", bearer(stack.local.token(sub="alice", tenant="acme")))
     h = dict(seen["headers"], **{H.TENANT: "globex"})
     with pytest.raises(SessionError):
-        verify_session(h, KEY)
+        verify_session(h, KEY, method="GET")
 
 
 def test_grpc_status_becomes_the_error_class_in_trailers(stack):

@@ -34,7 +34,7 @@ def test_claims_signed_and_routed_over_delta_ads():
                 wait_until_serving(s)
                 status, _, seen = get(s, "/r", {**bearer(s.local.token(sub="jane", tenant="acme")), "end-user": "admin"})
                 assert status == 200 and seen["upstream"] == "v2"
-                assert verify_session(seen["headers"], KEY).end_user == "jane"
+                assert verify_session(seen["headers"], KEY, method="GET").end_user == "jane"
                 assert get(s, "/r", {"end-user": "jane"})[2]["upstream"] == "v1"
                 assert H.END_USER not in get(s, "/r", {"end-user": "jane"})[2]["headers"]
     finally:

@@ -2,6 +2,7 @@
 import base64
 import json
 import os
+import re
 
 import pytest
 
@@ -56,4 +57,4 @@ def test_run_shows_what_the_module_does_to_a_request(tmp_path, capsys):
     assert main(["wasm", "run", f, "-H", "end-user:admin", "-H", "x-tenant-evil-a:1", "-c", "sub=jane", "-c", "tenant=acme"]) == 0
     out = capsys.readouterr().out
     assert "end-user: jane" in out and "admin" not in out and "x-tenant-evil-a" not in out
-    assert "x-mcp-session-sig: v1;h=end-user,x-mcp-tenant,x-mcp-qos-class;s=" in out
+    assert re.search(r"x-mcp-session-sig: v2;t=\d+;h=end-user,x-mcp-tenant,x-mcp-qos-class;s=[0-9a-f]{64}\n", out)

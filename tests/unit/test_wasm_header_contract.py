@@ -40,7 +40,8 @@ def test_claims_become_session_headers_and_the_signature_is_mesh_sessions(host):
     s = verify_session(r.headers, KEY, required=(H.END_USER, H.TENANT, "x-mcp-email"))
     assert s.signed == {H.END_USER: "jane", H.TENANT: "acme", H.QOS_CLASS: "standard", "x-mcp-email": "jane@acme.test"}
     # byte for byte the Python signer's output
-    assert r.get(H.SESSION_SIG) == sign([(n, s.signed[n]) for n in s.signed], KEY)
+    assert r.get(H.SESSION_SIG) == sign([(n, s.signed[n]) for n in s.signed], KEY, method="GET", request_id="",
+                                        issued_at=s.issued_at)
 
 
 def test_client_sent_session_qos_and_identity_headers_never_pass(host):
@@ -237,8 +238,8 @@ def test_host_calls_follow_what_changes_not_how_many_headers_came(host):
         return host.host_calls - before
     few = calls([])
     assert calls([(f"x-plain-{i}", "v") for i in range(60)]) == few
-    # pairs, payload, protocol, identity, 2 removes, 4 replaces (end-user, tenant, class, signature)
-    assert few == 10
+    # pairs, payload, protocol, identity, clock, 2 removes, 4 replaces (end-user, tenant, class, signature)
+    assert few == 11
 
 
 @pytest.mark.parametrize("length, ok", [(128, True), (129, False), (5000, False)])
@@ -266,3 +267,54 @@ def test_a_token_with_many_claims_still_yields_its_session(host):
     claims = {f"claim{i}": "x" for i in range(300)} | {"sub": "jane", "tenant": "acme"}
     r = host.request(BASE, metadata=claims)
     assert (r.get(H.END_USER), r.get(H.TENANT)) == ("jane", "acme")
+
+
+# ---- v2: the signature is bound to the request (issue time, method, x-request-id)
+
+def test_the_signature_is_v2_bound_to_time_method_and_request_id_byte_for_byte(host):
+    host.now_ns = 1_700_000_000_999_999_999
+    try:
+        r = host.request([(":method", "POST")] + BASE[1:] + [("x-request-id", "rid-1")],
+                         metadata={"sub": "jane", "tenant": "acme"})
+    finally:
+        host.now_ns = None
+    want = sign([(H.END_USER, "jane"), (H.TENANT, "acme"), (H.QOS_CLASS, "standard")], KEY,
+                method="POST", request_id="rid-1", issued_at=1_700_000_000)
+    assert r.get(H.SESSION_SIG) == want
+    assert verify_session(r.headers, KEY, now=1_700_000_010).end_user == "jane"
+    with pytest.raises(SessionError, match="expired"):
+        verify_session(r.headers, KEY, now=1_700_000_000 + 3600)
+
+
+def test_a_captured_header_set_replayed_on_another_request_is_refused(host):
+    r = host.request(BASE + [("x-request-id", "victim")], metadata={"sub": "jane", "tenant": "acme"})
+    verify_session(r.headers, KEY)
+    captured = [(k, v) for k, v in r.headers if k in (H.END_USER, H.TENANT, H.QOS_CLASS, H.SESSION_SIG)]
+    for other in ([("x-request-id", "attacker")], []):
+        with pytest.raises(SessionError, match="another request"):
+            verify_session([(":method", "GET")] + other + captured, KEY)
+    with pytest.raises(SessionError, match="another request"):   # same id, other method
+        verify_session([(":method", "DELETE"), ("x-request-id", "victim")] + captured, KEY)
+
+
+def test_anonymous_signatures_are_no_longer_a_constant(host):
+    a = host.request(BASE + [("x-request-id", "1")]).get(H.SESSION_SIG)
+    b = host.request(BASE + [("x-request-id", "2")]).get(H.SESSION_SIG)
+    assert a != b
+
+
+def test_two_request_ids_get_400(host):
+    r = host.request(BASE + [("x-request-id", "a"), ("x-request-id", "b")], metadata={"sub": "jane"})
+    assert r.local_response is not None and r.local_response.status == 400
+
+
+@pytest.mark.parametrize("sub", [" jane ", "jane\t", "\tjane", " "])
+def test_a_claim_with_whitespace_at_an_end_is_neither_written_nor_signed(host, sub):
+    r = host.request(BASE, metadata={"sub": sub, "tenant": "acme"})
+    assert r.local_response is None
+    assert r.get(H.END_USER) is None and r.get(H.TENANT) == "acme"
+    s = verify_session(r.headers, KEY)
+    assert H.END_USER not in s.signed
+    assert any("claim value is not carried" in m for _, m in r.logs)
+    inner = host.request(BASE, metadata={"sub": "jane doe", "tenant": "acme"})   # inner spaces are fine
+    assert inner.get(H.END_USER) == "jane doe"

@@ -87,8 +87,10 @@ local function is_token(name)
   return name:find("^[%w!#$%%&'*+%-.^_`|~]+$") ~= nil
 end
 
+-- mesh.session.carriable: no CTL/non-ASCII, no SP/HTAB at either end (HTTP/1 strips them)
 local function safe_value(v)
   return type(v) == "string" and #v > 0 and #v <= 1024 and v:find("[%z\1-\8\10-\31\127-\255]") == nil
+    and v:find("^[ \t]") == nil and v:find("[ \t]$") == nil
 end
 
 function envoy_on_request(handle)
@@ -107,8 +109,9 @@ function envoy_on_request(handle)
   end
   local policy = tenant and CONFIG.tenants[tenant]
 
-  local drop, requested, alpn = {}, nil, nil
+  local drop, requested, alpn, n_rid = {}, nil, nil, 0
   for name, value in pairs(headers) do
+    if name == "x-request-id" then n_rid = n_rid + 1 end
     if sub(name, 1, 1) ~= ":" then
       if not is_token(name) then
         handle:respond({[":status"] = "400"}, "header name is not an RFC 7230 token\n")
@@ -127,6 +130,10 @@ function envoy_on_request(handle)
       if alpn == nil and CONFIG.alpn_header ~= "" and name == CONFIG.alpn_header then alpn = value end
     end
   end
+  if n_rid > 1 then
+    handle:respond({[":status"] = "400"}, "x-request-id appears more than once\n")
+    return
+  end
   for _, name in ipairs(drop) do headers:remove(name) end
 
   if requested == nil and alpn ~= nil then requested = CONFIG.alpn[alpn]
@@ -140,7 +147,10 @@ function envoy_on_request(handle)
   for h, v in pairs(claim_values) do headers:replace(h, v) end
   headers:replace(CONFIG.qos_header, class)
 
-  local names, parts = {}, {"mcp-session-v1\n"}
+  -- mesh.session v2: bound to the issue time, the method and x-request-id
+  local t = tostring(os.time())
+  local names, parts = {}, {"mcp-session-v2\nt:" .. t .. "\n:method:" .. (headers:get(":method") or "")
+                             .. "\nx-request-id:" .. (headers:get("x-request-id") or "") .. "\n"}
   for _, h in ipairs(CONFIG.signed) do
     local v = (h == CONFIG.qos_header) and class or claim_values[h]
     if v then
@@ -148,7 +158,7 @@ function envoy_on_request(handle)
       parts[#parts + 1] = h .. ":" .. v .. "\n"
     end
   end
-  headers:replace(CONFIG.sig_header, "v1;h=" .. concat(names, ",") .. ";s=" .. hmac_hex(concat(parts)))
+  headers:replace(CONFIG.sig_header, "v2;t=" .. t .. ";h=" .. concat(names, ",") .. ";s=" .. hmac_hex(concat(parts)))
   pcall(function() handle:clearRouteCache() end)
 end
 

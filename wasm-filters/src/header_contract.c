@@ -4,7 +4,9 @@
  * the session headers from the claims jwt_authn verified (read from its
  * dynamic metadata, which a client cannot write), strip tenant-scoped headers
  * outside the caller's tenant whitelist, compute the QoS class, and sign the
- * session headers (x-mcp-session-sig, HMAC-SHA256). Per response: map the
+ * session headers bound to this request (x-mcp-session-sig v2, HMAC-SHA256
+ * over the issue time, :method, x-request-id and the headers; mesh/session.py
+ * defines the canonical form). Per response: map the
  * gRPC status (or HTTP status) to an error class.
  *
  * The C side hard-codes no contract: header names, classes, levels, the
@@ -113,9 +115,12 @@ static int is_header_name(str_t s) {
     return 1;
 }
 
-/* A value we may put into a header: visible ASCII and SP/HTAB, no CTL. */
+/* A value we may put into a header unchanged (mesh.session.carriable): visible
+ * ASCII and SP/HTAB, no CTL, and no SP/HTAB at either end, which HTTP/1 would
+ * strip so that the signature no longer matched. */
 static int is_header_value(const char *p, size_t n) {
-    if (n > MAX_VALUE) return 0;
+    if (!n || n > MAX_VALUE) return 0;
+    if (p[0] == ' ' || p[0] == '\t' || p[n - 1] == ' ' || p[n - 1] == '\t') return 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
         if ((c < 0x20 && c != '\t') || c == 0x7f || c >= 0x80) return 0;
@@ -554,7 +559,8 @@ typedef struct { const char *k; size_t kn; const char *v; size_t vn; } out_pair;
 
 /* A top-level string claim of the payload map (Envoy serialises a map
  * property as header-map pairs; non-string values come as binary). Scans the
- * serialised buffer itself, so a token with any number of claims is fine. */
+ * serialised buffer itself, so a token with any number of claims is fine.
+ * -> 1 found, 0 absent, -1 present but not carriable in a header. */
 static int find_claim(const char *buf, size_t size, str_t name, const char **v, size_t *vn) {
     uint32_t n;
     if (!buf || size < 4) return 0;
@@ -567,7 +573,7 @@ static int find_claim(const char *buf, size_t size, str_t name, const char **v, 
         memcpy(&vl, buf + 8 + 8 * i, 4);
         if ((size_t)(end - data) < (size_t)kl + vl + 2) return 0;
         if (str_eq(name, data, kl)) {
-            if (!vl || !is_header_value(data + kl + 1, vl)) return 0;
+            if (!is_header_value(data + kl + 1, vl)) return -1;
             *v = data + kl + 1; *vn = vl;
             return 1;
         }
@@ -604,7 +610,11 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
     const char *tenant = NULL;
     size_t tenant_n = 0;
     for (int i = 0; i < c->n_claims; i++) {
-        if (!find_claim(payload, payload_n, c->claims[i].claim, &claim_val[i], &claim_n[i])) continue;
+        int found = find_claim(payload, payload_n, c->claims[i].claim, &claim_val[i], &claim_n[i]);
+        if (found < 0)   /* never written, never signed: the request goes on without it */
+            logmsg(LOG_WARN, "mcp header contract: a claim value is not carried (empty, control or non-ASCII "
+                             "bytes, whitespace at an end, or over 1 KiB)");
+        if (found <= 0) { claim_val[i] = NULL; continue; }
         if (str_eq(c->claims[i].header, c->tenant_header.p, c->tenant_header.n)) { tenant = claim_val[i]; tenant_n = claim_n[i]; }
     }
     const tenant_t *t = NULL;
@@ -614,10 +624,16 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
 
     /* 2. Which client headers go; remember the priority asked for. */
     int requested = -1, alpn_class = -1, have_alpn = 0;
+    str_t method = {"", 0}, request_id = {"", 0};   /* what the signature binds */
+    int n_request_id = 0;
     for (int i = 0; i < n; i++) {
         const char *k = hs[i].k;
         size_t kn = hs[i].kn;
         int drop = 0;
+        if (kn == 7 && memcmp(k, ":method", 7) == 0) { method.p = hs[i].v; method.n = (uint32_t)hs[i].vn; }
+        if (kn == 12 && memcmp(k, "x-request-id", 12) == 0 && n_request_id++ == 0) {
+            request_id.p = hs[i].v; request_id.n = (uint32_t)hs[i].vn;
+        }
         if (!(kn && k[0] == ':')) {                      /* pseudo-headers are the codec's */
             if (!is_token(k, kn)) {
                 local_reply(400, "mcp_header_contract_bad_header_name", "header name is not an RFC 7230 token\n");
@@ -638,6 +654,11 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
         }
         if (drop) dropped[n_dropped++] = i;
     }
+    if (n_request_id > 1) {   /* the backend could not tell which one was signed */
+        local_reply(400, "mcp_header_contract_request_id", "x-request-id appears more than once\n");
+        action = ACTION_PAUSE;
+        goto done;
+    }
 
 
     /* 3. QoS: asked (priority header, else the TLS ALPN, else the protocol: plaintext,
@@ -651,7 +672,7 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
     int ceiling = c->ceiling_class;
     const char *tier;
     size_t tn;
-    if (c->tier_claim.n && find_claim(payload, payload_n, c->tier_claim, &tier, &tn))
+    if (c->tier_claim.n && find_claim(payload, payload_n, c->tier_claim, &tier, &tn) > 0)
         for (int j = 0; j < c->n_tiers; j++)
             if (str_eq(c->tiers[j].key, tier, tn)) { ceiling = c->tiers[j].cls; break; }
     /* a larger level is a lower priority: take the lower of asked and allowed */
@@ -673,13 +694,31 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
         out[no].k = c->identity_header.p; out[no].kn = c->identity_header.n; out[no].v = id; out[no].vn = idn; no++;
     }
 
-    /* 5. Sign what was set (mesh.session's canonical form); always, so that
-     * even an anonymous request's QoS class cannot be upgraded by L7. */
+    /* 5. Sign what was set (mesh.session's v2 canonical form), bound to this
+     * request: issue time, method, x-request-id. Always, so that even an
+     * anonymous request's QoS class cannot be upgraded by L7 or replayed. */
+    uint64_t now_ns = 0;
+    proxy_get_current_time_nanoseconds(&now_ns);
+    char issued[21];   /* decimal unix seconds */
+    size_t in = sizeof issued;
+    uint64_t secs = now_ns / 1000000000ull;
+    do { issued[--in] = (char)('0' + secs % 10); secs /= 10; } while (secs);
+    const char *ip = issued + in;
+    size_t il = sizeof issued - in;
     hmac_sha256_ctx m = c->hmac;   /* key pads hashed once, at configure */
-    hmac_sha256_update(&m, "mcp-session-v1\n", 15);
-    char sig[8 + MAX_SIGNED * (MAX_NAME + 1) + 72];   /* names are <= MAX_NAME (configure checks) */
+    static const char V2[] = "mcp-session-v2\nt:", METHOD[] = "\n:method:", RID[] = "\nx-request-id:";
+    hmac_sha256_update(&m, V2, sizeof V2 - 1);
+    hmac_sha256_update(&m, ip, il);
+    hmac_sha256_update(&m, METHOD, sizeof METHOD - 1);
+    hmac_sha256_update(&m, method.p, method.n);
+    hmac_sha256_update(&m, RID, sizeof RID - 1);
+    hmac_sha256_update(&m, request_id.p, request_id.n);
+    hmac_sha256_update(&m, "\n", 1);
+    char sig[32 + MAX_SIGNED * (MAX_NAME + 1) + 72];   /* names are <= MAX_NAME (configure checks) */
     size_t sn = 5;
-    memcpy(sig, "v1;h=", 5);
+    memcpy(sig, "v2;t=", 5);
+    memcpy(sig + sn, ip, il); sn += il;
+    memcpy(sig + sn, ";h=", 3); sn += 3;
     for (int s = 0; s < c->n_signed; s++) {
         const str_t *h = &c->signed_hdrs[s];
         const char *val = NULL;

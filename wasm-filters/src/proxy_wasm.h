@@ -34,5 +34,6 @@ IMPORT(proxy_send_local_response) wasm_result proxy_send_local_response(uint32_t
                                                                         size_t details_size, const char *body,
                                                                         size_t body_size, const char *headers,
                                                                         size_t headers_size, int32_t grpc_status);
+IMPORT(proxy_get_current_time_nanoseconds) wasm_result proxy_get_current_time_nanoseconds(uint64_t *ret);
 
 #endif

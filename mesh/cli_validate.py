@@ -17,7 +17,7 @@ from dataclasses import asdict
 from mesh import analyze as analyzers
 from mesh import validation
 from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
+from mesh.parse import MAX_FILE_BYTES, parse_documents, read_config_file
 from mesh.diagnostics import ConfigError, Diagnostic
 from mesh.change_set import expand_paths, is_foreign, is_unmodelled_istio_kind, ordered
 
@@ -41,7 +41,11 @@ def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Dia
     resources = []
     if "-" in paths:   # `kubectl get vs -o yaml | mcpctl validate -`
         try:
-            resources.extend(parse_documents(sys.stdin.read(), file="<stdin>"))
+            text = sys.stdin.read(MAX_FILE_BYTES + 1)
+            if len(text) > MAX_FILE_BYTES:
+                raise ConfigError([Diagnostic(f"cannot read: over the limit of {MAX_FILE_BYTES} bytes",
+                                              file="<stdin>")])
+            resources.extend(parse_documents(text, file="<stdin>"))
         except ConfigError as e:
             found.extend(e.diagnostics)
     for p in paths:
@@ -49,12 +53,9 @@ def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Dia
             found.append(Diagnostic(f"no such file or directory: {p}", file=p))
     for path in expand_paths(p for p in paths if p != "-" and os.path.exists(p)):
         try:
-            with open(path, encoding="utf-8") as fh:
-                resources.extend(parse_documents(fh.read(), file=path))
+            resources.extend(parse_documents(read_config_file(path), file=path))
         except ConfigError as e:
             found.extend(e.diagnostics)
-        except (OSError, UnicodeDecodeError) as e:
-            found.append(Diagnostic(f"cannot read: {e}", file=path))
     kept = []
     for res in resources:
         if strict:

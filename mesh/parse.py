@@ -2,11 +2,21 @@
 
 Files and directories of YAML are parsed whole: every parse error of every
 file is collected before ConfigError is raised.
+
+Hostile input is bounded (a config directory is written by people and tools,
+not always carefully): only regular files of at most MAX_FILE_BYTES are read
+(a `.yaml` symlink to /dev/zero or a FIFO is an error, not a hang); anchors
+and aliases are expanded under go-yaml v3's "excessive aliasing" budget, the
+rule Kubernetes' YAML decoder applies, so 767 bytes of nested aliases (a
+"billion laughs") is rejected after a few thousand nodes instead of growing
+to gigabytes; a recursive alias and nesting deeper than MAX_DEPTH are errors.
 """
 from __future__ import annotations
 
+import errno
 import gc
 import os
+import stat
 from typing import Any, Iterable
 
 import yaml
@@ -22,6 +32,120 @@ except AttributeError:  # pragma: no cover
 YAML_SUFFIXES = (".yaml", ".yml")
 _SCALARS = yaml.constructor.SafeConstructor()
 
+MAX_FILE_BYTES = 64 << 20   # the 1,000-service benchmark directory is 5 MB in all
+MAX_DEPTH = 200             # Istio resources nest a dozen levels; Python recursion ends near 1,000
+
+# go-yaml v3 (decode.go, allowedAliasRatio): once more than 100 nodes were decoded
+# inside alias expansions and more than 1,000 in all, the share decoded inside
+# aliases may be 99 % up to 400,000 nodes, falling linearly to 10 % at 4,000,000.
+_ALIAS_RATIO_LOW, _ALIAS_RATIO_HIGH = 400_000, 4_000_000
+
+
+def _allowed_alias_ratio(decoded: int) -> float:
+    if decoded <= _ALIAS_RATIO_LOW:
+        return 0.99
+    if decoded >= _ALIAS_RATIO_HIGH:
+        return 0.10
+    return 0.99 - 0.89 * (decoded - _ALIAS_RATIO_LOW) / (_ALIAS_RATIO_HIGH - _ALIAS_RATIO_LOW)
+
+
+class _Unsafe(Exception):
+    """A document whose expansion is refused (aliasing, recursion, depth)."""
+
+    def __init__(self, message: str, line: int, field: str):
+        super().__init__(message)
+        self.message, self.line, self.field = message, line, field
+
+
+class _Budget:
+    """The work one file's documents may cost, counted as go-yaml counts it."""
+
+    def __init__(self):
+        self.decoded = 0          # nodes turned into Python values (every path, aliases expanded)
+        self.aliased = 0          # of those, nodes reached through an alias
+        self.seen: set[int] = set()    # collections decoded once: a second visit is through an alias
+        self.stack: set[int] = set()   # the collections being decoded: meeting one again is a cycle
+        self.alias_depth = 0
+
+    def enter(self, node: yaml.Node, path: str, depth: int) -> bool:
+        """Count one mapping or sequence; True if it is reached through an alias
+        (decoded before: the composer shares an anchored node between its uses)."""
+        key = id(node)
+        if key in self.stack:
+            raise _Unsafe("recursive alias: a node contains itself", node.start_mark.line + 1, path)
+        if depth > MAX_DEPTH:
+            raise _Unsafe(f"nested deeper than {MAX_DEPTH} levels", node.start_mark.line + 1, path)
+        alias = key in self.seen
+        self.seen.add(key)
+        self.count(node, path, alias)
+        return alias
+
+    def count(self, node: yaml.Node, path: str, alias: bool = False) -> None:
+        self.decoded += 1
+        if self.alias_depth or alias:
+            self.aliased += 1
+            if (self.aliased > 100 and self.decoded > 1000
+                    and self.aliased / self.decoded > _allowed_alias_ratio(self.decoded)):
+                raise _Unsafe(f"excessive aliasing: {self.aliased} of {self.decoded} nodes decoded "
+                              "came from anchors and aliases (a YAML alias bomb?)",
+                              node.start_mark.line + 1, path)
+
+
+def read_config_file(path: str) -> str:
+    """The text of one config file: a regular file of at most MAX_FILE_BYTES, UTF-8.
+
+    Opened non-blocking and checked on the open descriptor, so a FIFO or a device
+    swapped in between a stat and the open cannot block the reader either.
+    Raises ConfigError naming the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ConfigError([unreadable(path, e)]) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError([Diagnostic(f"cannot read: not a regular file ({_file_type(st.st_mode)}); "
+                                          "only regular files (or symlinks to them) are read", file=path)])
+        if st.st_size > MAX_FILE_BYTES:
+            raise ConfigError([Diagnostic(f"cannot read: {st.st_size} bytes, over the limit of "
+                                          f"{MAX_FILE_BYTES} bytes per file", file=path)])
+        chunks, size = [], 0
+        while True:      # read at most the cap (+1 to notice a file that grew meanwhile)
+            chunk = os.read(fd, min(1 << 20, MAX_FILE_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:
+                raise ConfigError([Diagnostic(f"cannot read: over the limit of {MAX_FILE_BYTES} "
+                                              "bytes per file", file=path)])
+    except OSError as e:
+        raise ConfigError([unreadable(path, e)]) from None
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError([Diagnostic(f"cannot read: not UTF-8 ({e.reason} at byte {e.start})",
+                                      file=path)]) from None
+
+
+def unreadable(path: str, e: OSError) -> Diagnostic:
+    """The diagnostic for a config file the OS would not let us read (stat or open)."""
+    reason = e.strerror or str(e)
+    if e.errno == errno.ELOOP:
+        reason += " (a symlink loop?)"
+    return Diagnostic(f"cannot read: {reason}", file=path)
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
 
 class _DuplicateKey(Exception):
     """A key given twice in one mapping: PyYAML keeps the last silently, the
@@ -32,20 +156,28 @@ class _DuplicateKey(Exception):
         self.key, self.field, self.line, self.first_line = key, field, line, first_line
 
 
-def _to_python(node: yaml.Node, path: str, lines: dict) -> Any:
+def _to_python(node: yaml.Node, path: str, lines: dict, budget: _Budget, depth: int = 0) -> Any:
     lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        out = {}
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            child = f"{path}.{key}" if path else str(key)
-            if key in out:
-                raise _DuplicateKey(key, child, key_node.start_mark.line + 1, lines[child])
-            out[key] = _to_python(value_node, child, lines)
-            lines[child] = key_node.start_mark.line + 1
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_to_python(v, f"{path}[{i}]", lines) for i, v in enumerate(node.value)]
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        alias = budget.enter(node, path, depth)
+        budget.stack.add(id(node))
+        budget.alias_depth += alias
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return [_to_python(v, f"{path}[{i}]", lines, budget, depth + 1) for i, v in enumerate(node.value)]
+            out = {}
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                child = f"{path}.{key}" if path else str(key)
+                if key in out:
+                    raise _DuplicateKey(key, child, key_node.start_mark.line + 1, lines[child])
+                out[key] = _to_python(value_node, child, lines, budget, depth + 1)
+                lines[child] = key_node.start_mark.line + 1
+            return out
+        finally:
+            budget.stack.discard(id(node))
+            budget.alias_depth -= alias
+    budget.count(node, path)
     # Scalars: the safe constructor resolves ints, bools, nulls and floats.
     value = _SCALARS.construct_object(node, deep=True)
     # The constructor memoizes every node it builds (constructed_objects):
@@ -77,16 +209,29 @@ def _parse_documents(text: str, file: str) -> list[Resource]:
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([Diagnostic(f"malformed YAML: {problem}", file=file, line=line)]) from None
     out, errors = [], []
+    budget = _Budget()      # one per file: aliases cannot cross documents, the work adds up
     for node in nodes:
         if node is None:
             continue
         lines: dict = {}
         line = node.start_mark.line + 1
         try:
-            doc = _to_python(node, "", lines)
+            doc = _to_python(node, "", lines, budget)
         except _DuplicateKey as dup:
             errors.append(Diagnostic(f"malformed YAML: key {dup.key!r} already set in this "
                                      f"mapping (line {dup.first_line})", file=file, line=dup.line, field=dup.field))
+            continue
+        except _Unsafe as bad:
+            # Name the resource when its head was readable (kind and name come before a spec).
+            head = node.value if isinstance(node, yaml.MappingNode) else []
+            meta = {str(k.value): v for k, v in head}
+            names = {str(k.value): str(v.value) for k, v in (meta["metadata"].value if isinstance(
+                meta.get("metadata"), yaml.MappingNode) else []) if isinstance(v, yaml.ScalarNode)}
+            kind = meta["kind"].value if isinstance(meta.get("kind"), yaml.ScalarNode) else None
+            ref = f"{kind}/{names.get('namespace') or 'default'}/{names['name']}" if kind and names.get("name") else ""
+            field = bad.field if len(bad.field) <= 120 else bad.field[:120] + "..."
+            errors.append(Diagnostic(f"refused YAML: {bad.message}", file=file, line=bad.line,
+                                     resource=ref, field=field))
             continue
         if doc is None:
             continue
@@ -138,13 +283,9 @@ def load_files(paths: Iterable[str]) -> MeshConfig:
     resources, errors = [], []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-            resources.extend(parse_documents(text, file=path))
+            resources.extend(parse_documents(read_config_file(path), file=path))
         except ConfigError as e:
             errors.extend(e.diagnostics)
-        except (OSError, UnicodeDecodeError) as e:
-            errors.append(Diagnostic(f"cannot read: {e}", file=path))
     if errors:
         raise ConfigError(errors)
     return MeshConfig(resources)

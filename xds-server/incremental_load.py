@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from mesh.resources import MeshConfig, Resource
-from mesh.parse import parse_documents, yaml_files
+from mesh.parse import parse_documents, read_config_file, unreadable, yaml_files
 from mesh.diagnostics import ConfigError, Diagnostic
 
 
@@ -39,6 +39,10 @@ class IncrementalLoader:
                 st = os.stat(path)
             except FileNotFoundError:
                 continue
+            except OSError as e:     # a symlink loop, a dangling permission: this file is rejected
+                seen[path] = (None, None, [unreadable(path, e)])
+                errors.extend(seen[path][2])
+                continue
             key = (st.st_mtime_ns, st.st_size, st.st_ino)
             cached = self._files.get(path)
             if cached is None or cached[0] != key:
@@ -56,11 +60,7 @@ class IncrementalLoader:
 
     @staticmethod
     def _parse(path: str) -> tuple[list[Resource] | None, list[Diagnostic]]:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-            return parse_documents(text, file=path), []
+        try:   # only a regular file, at most MAX_FILE_BYTES (a FIFO or /dev/zero is an error)
+            return parse_documents(read_config_file(path), file=path), []
         except ConfigError as e:
             return None, list(e.diagnostics)
-        except (OSError, UnicodeDecodeError) as e:
-            return None, [Diagnostic(f"cannot read: {e}", file=path)]

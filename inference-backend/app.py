@@ -27,7 +27,7 @@ from mesh.parse import parse_documents
 from mesh.validation import check
 from mesh.diagnostics import ConfigError, Diagnostic
 from mesh.qos import QosClass
-from mesh.session import MIN_KEY_BYTES
+from mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
 from inference_backend.grpc_service import add_to_server
@@ -61,6 +61,7 @@ class ServeOptions:
     kv_cache_mb: float = 64
     max_body_bytes: int = 64 << 20
     session_key_file: str | None = None
+    session_max_age: float = DEFAULT_MAX_AGE_S
     trace_file: str | None = None
     enable_profiler: bool = False
     labels: dict | None = None
@@ -104,7 +105,7 @@ class Server:
             if len(key) < MIN_KEY_BYTES:
                 raise ValueError(f"--session-key-file {opts.session_key_file}: the key has {len(key)} bytes; "
                                  f"at least {MIN_KEY_BYTES} are needed")
-        self.models = ModelServer(self.telemetry, session_key=key)
+        self.models = ModelServer(self.telemetry, session_key=key, session_max_age=opts.session_max_age)
         self.settings = self._initial_settings()
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None

@@ -52,6 +52,9 @@ def register(subparsers) -> None:
     p.add_argument("--kv-cache-mb", type=float, default=64, help="KV-cache budget of a decoder model (MiB)")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20, help="largest REST body (413 above)")
     p.add_argument("--session-key-file", help="verify the L6 session signature with this key (403 on mismatch)")
+    p.add_argument("--session-max-age", type=float, default=30.0, metavar="SECONDS",
+                   help="a session signature is accepted this long after the sidecar issued it "
+                        "(default 30; mesh.session allows 5 s of clock skew on top)")
     p.add_argument("--trace-file", help="write OpenTelemetry spans as JSON lines here")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="workload labels for the policy's selector.matchLabels")
@@ -107,6 +110,7 @@ def run(args) -> int:
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
             kv_cache_mb=args.kv_cache_mb, max_body_bytes=args.max_body_bytes, session_key_file=args.session_key_file,
+            session_max_age=args.session_max_age,
             trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
             watch_model=args.watch_model, drain_seconds=args.drain_seconds)
         return serve(opts)
@@ -118,7 +122,7 @@ def run(args) -> int:
 # Flags passed to every replica as given (the port flags are set per replica).
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
                  "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "max_body_bytes",
-                 "session_key_file", "trace_file", "log_level", "drain_seconds")
+                 "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds")
 _SWITCHES = ("watch_model", "enable_profiler")
 
 

@@ -99,7 +99,7 @@ def model_metadata(served) -> tuple[pb.ModelMetadataResponse, tuple]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: ModelServer, only_class: QosClass | None = None):
         self.server = server
-        self.admission = QosAdmission(server.session_key, server.telemetry, only_class)
+        self.admission = QosAdmission(server.session_key, server.telemetry, only_class, server.session_max_age)
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.server.live)

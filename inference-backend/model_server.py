@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mesh.scheduling import BatcherSettings
+from mesh.session import DEFAULT_MAX_AGE_S
 from inference_backend import builtin_models
 from inference_backend.batcher import DynamicBatcher, Pending, Result
 from inference_backend.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
@@ -224,10 +225,12 @@ class ServedModel:
 class ModelServer:
     """Every model this process serves, and its liveness/readiness."""
 
-    def __init__(self, telemetry: Telemetry, session_key: bytes | None = None):
+    def __init__(self, telemetry: Telemetry, session_key: bytes | None = None,
+                 session_max_age: float = DEFAULT_MAX_AGE_S):
         self.telemetry = telemetry
         self.models: dict[str, ServedModel] = {}
         self.session_key = session_key
+        self.session_max_age = session_max_age   # seconds a session signature stays valid
         self.live = True
         self.ready = False          # models loaded and warm
         self.draining = False       # shutting down: report not ready, still answer what arrives

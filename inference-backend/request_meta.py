@@ -6,7 +6,7 @@ import time
 from typing import Iterable, Mapping
 
 from mesh import headers as H
-from mesh.session import SessionError, verify_session
+from mesh.session import DEFAULT_MAX_AGE_S, SessionError, verify_session
 from inference_backend.batcher import Result
 from inference_backend.errors import InvalidArgument, PermissionDenied
 from mesh.qos import QosClass
@@ -43,8 +43,10 @@ class QosAdmission:
 
     LOG_EVERY_S = 10.0
 
-    def __init__(self, key: bytes | None, telemetry, only_class: QosClass | None = None):
+    def __init__(self, key: bytes | None, telemetry, only_class: QosClass | None = None,
+                 max_age: float = DEFAULT_MAX_AGE_S):
         self.key = key
+        self.max_age = max_age              # --session-max-age: how long a signature stays valid
         self.telemetry = telemetry
         self.only_class = only_class        # a priority worker's: see check_class
         self._last_log = 0.0
@@ -60,8 +62,9 @@ class QosAdmission:
             qos = raw
         else:
             try:
-                # The method rides as a pseudo-header, where mesh.session reads it when it binds one.
-                qos = verify_session([(":method", method), *pairs], self.key).qos_class
+                # The signature binds the method, x-request-id (in `pairs`) and its issue time
+                # (fresh for max_age, mesh.session's skew allowed): another request's is refused.
+                qos = verify_session(pairs, self.key, method=method, max_age=self.max_age).qos_class
             except SessionError as e:
                 raise PermissionDenied(f"session check failed: {e.reason}") from None
             except (UnicodeError, ValueError) as e:   # whatever a value holds: a reason, not a 500

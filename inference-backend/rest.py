@@ -85,7 +85,7 @@ def _requested_outputs(doc: dict, params: dict) -> tuple[list[str], dict[str, bo
 def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | None = None) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     routes = web.RouteTableDef()
-    admission = QosAdmission(server.session_key, server.telemetry, only_class)
+    admission = QosAdmission(server.session_key, server.telemetry, only_class, server.session_max_age)
 
     @routes.get("/v2/health/live")
     async def live(_):

@@ -19,7 +19,7 @@ from mesh.resources import MeshConfig, Resource
 from mesh.diagnostics import Diagnostic
 from mesh.header_contract import PLUGIN_NAME, ContractError, is_token, parse_plugin_config
 from mesh.validation import validator
-from mesh.validation.networking import Report
+from mesh.validation.report import Report
 from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
 
 SECURITY_VERSIONS = ("security.istio.io/v1", "security.istio.io/v1beta1")

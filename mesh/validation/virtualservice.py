@@ -13,7 +13,8 @@ from mesh.resources import MeshConfig, Resource
 from mesh.diagnostics import Diagnostic
 from mesh.headers import L7_READ_ONLY_HEADERS
 from mesh.validation import validator
-from mesh.validation.networking import Report, check_kind, hosts_header_ok, semantic
+from mesh.validation.networking import check_kind, hosts_header_ok
+from mesh.validation.report import Report, semantic
 from mesh.validation.envoy_format import header_value_error
 from mesh.validation.regex import regex_error
 

@@ -1,0 +1,104 @@
+"""ServiceEntry (networking.istio.io), after Istio's ValidateServiceEntry."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from mesh import hosts
+from mesh.diagnostics import Diagnostic
+from mesh.resources import MeshConfig, Resource
+from mesh.validation import validator
+from mesh.validation.networking import HTTP_PROTOCOLS, PROTOCOLS, TLS_PROTOCOLS, check_kind
+from mesh.validation.report import Report, semantic
+from mesh.validation.workload_entry import workload_entry
+
+
+@validator("ServiceEntry")
+def validate_service_entry(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
+    yield from semantic(_service_entry, check_kind(res), res)
+
+
+def _service_entry(rep: Report, res: Resource) -> None:
+    spec = res.spec
+    selector = spec.get("workloadSelector")
+    endpoints = spec.get("endpoints")
+    if selector is not None:
+        labels = selector.get("labels") or {}
+        for k, v in labels.items():
+            if "*" in k or "*" in str(v):
+                rep.error(f"spec.workloadSelector.labels.{k}", f"wildcard is not supported in selector: \"{k}={v}\"")
+        if not labels:
+            rep.warn("spec.workloadSelector", "service entry: workload selector specified without labels, "
+                                              "will be applied to all services in namespace")
+    if selector is not None and endpoints is not None:
+        rep.error("spec.workloadSelector", "only one of WorkloadSelector or Endpoints is allowed in Service Entry")
+    se_hosts = spec.get("hosts") or []
+    if not se_hosts:
+        rep.error("spec.hosts", "service entry must have at least one host")
+    for i, h in enumerate(se_hosts):
+        if h == "*":
+            rep.error(f"spec.hosts[{i}]", f"invalid host {h}")
+            continue
+        err = hosts.wildcard_domain_error(h)
+        if err:
+            rep.error(f"spec.hosts[{i}]", err)
+        partial = hosts.partial_wildcard_error(h)
+        if partial:
+            rep.warn(f"spec.hosts[{i}]", partial)
+    cidr = False
+    for i, a in enumerate(spec.get("addresses") or []):
+        cidr = cidr or "/" in a
+        err = hosts.ip_subnet_error(a)
+        if err:
+            rep.error(f"spec.addresses[{i}]", err)
+    resolution = spec.get("resolution") or "NONE"
+    if cidr and resolution not in ("NONE", "STATIC"):
+        rep.error("spec.addresses", "CIDR addresses are allowed only for NONE/STATIC resolution types")
+
+    port_names: set[str] = set()
+    port_numbers: set[int] = set()
+    for i, port in enumerate(spec.get("ports") or []):
+        p = f"spec.ports[{i}]"
+        name, number = port.get("name", ""), port.get("number", 0)
+        if name in port_names:
+            rep.error(f"{p}.name", f"service entry port name {name!r} already defined")
+        if number in port_numbers:
+            rep.error(f"{p}.number", f"service entry port {number} already defined")
+        port_names.add(name)
+        port_numbers.add(number)
+        if not hosts.is_k8s_name_label(name):
+            rep.error(f"{p}.name", f"invalid port name: {name}")
+        proto = port.get("protocol")
+        if proto and proto.lower() not in PROTOCOLS:
+            rep.error(f"{p}.protocol", f"unsupported protocol: {proto}")
+        rep.port(f"{p}.number", number)
+        if port.get("targetPort"):
+            rep.port(f"{p}.targetPort", port["targetPort"])
+            if resolution == "NONE":
+                rep.warn(f"{p}.targetPort", "targetPort has no effect when resolution mode is NONE")
+
+    if resolution == "NONE":
+        if endpoints:
+            rep.error("spec.endpoints", "no endpoints should be provided for resolution type none")
+        if selector is not None:
+            rep.warn("spec.workloadSelector", "workloadSelector should not be set when resolution mode is NONE")
+    elif resolution == "STATIC":
+        for i, ep in enumerate(endpoints or []):
+            workload_entry(rep, f"spec.endpoints[{i}]", ep, port_names, allow_fqdn=False)
+    else:  # DNS, DNS_ROUND_ROBIN
+        if not endpoints:
+            for i, h in enumerate(se_hosts):
+                if hosts.fqdn_error(h):
+                    rep.error(f"spec.hosts[{i}]", f"hosts must be FQDN if no endpoints are provided for resolution mode {resolution}")
+        if resolution == "DNS_ROUND_ROBIN" and len(endpoints or []) > 1:
+            rep.error("spec.endpoints", f"there must only be 0 or 1 endpoint for resolution mode {resolution}")
+        for i, ep in enumerate(endpoints or []):
+            workload_entry(rep, f"spec.endpoints[{i}]", ep, port_names, allow_fqdn=True)
+        if selector is not None:
+            rep.warn("spec.workloadSelector", f"workloadSelector should not be set when resolution mode is {resolution}")
+    if resolution != "NONE" and len(se_hosts) > 1:
+        for i, port in enumerate(spec.get("ports") or []):
+            proto = str(port.get("protocol") or "").lower()
+            if proto not in HTTP_PROTOCOLS and proto not in TLS_PROTOCOLS:
+                rep.error(f"spec.ports[{i}].protocol", "multiple hosts provided with non-HTTP, non-TLS ports")
+                break
+    rep.export_to("spec.exportTo", spec.get("exportTo"), res.namespace, service_entry=True)

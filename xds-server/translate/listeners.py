@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from envoy.config.core.v3 import base_pb2
+from envoy.config.core.v3 import base_pb2, protocol_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
@@ -79,6 +79,11 @@ def downstream_alpn_mutation(alpn: str = ""):
     return ext
 
 
+# Envoy's own default and Istio's EDGE-profile value. `mcpctl xds serve
+# --stream-idle-timeout` sets it for the process (tests use a short one).
+STREAM_IDLE_TIMEOUT_S: float = 300
+
+
 def http_connection_manager(stat_prefix: str, route_name: str, filters: list[HttpFilter],
                             gateway: bool, alpn: str = "") -> HCM:
     hcm = HCM(stat_prefix=stat_prefix, codec_type=HCM.AUTO)
@@ -88,11 +93,21 @@ def http_connection_manager(stat_prefix: str, route_name: str, filters: list[Htt
     hcm.rds.config_source.CopyFrom(ads_config_source())
     hcm.http_filters.extend(filters)
     # As istiod: gateways are the edge (they set X-Forwarded-For), paths are
-    # normalised before matching, and stream idle timeouts are off.
+    # normalised before matching.
     hcm.use_remote_address.value = gateway
     hcm.normalize_path.value = True
     hcm.path_with_escaped_slashes_action = HCM.KEEP_UNCHANGED
-    hcm.stream_idle_timeout.SetInParent()
+    # Not as istiod (which turns it off, 0s): a stream with no byte either way for
+    # this long is answered 408 / grpc-status 2 "stream timeout" and released, so a
+    # client that stops mid-body (a truncated gRPC-Web frame, chunked or h2c) or an
+    # upstream that waits forever on one cannot hold streams for ever.
+    hcm.stream_idle_timeout.FromMilliseconds(int(STREAM_IDLE_TIMEOUT_S * 1000))
+    # `end_user` is not `end-user` to Envoy or the Wasm filter, but CGI/WSGI-style
+    # upstreams read both as END_USER: drop every header with an underscore (and count
+    # it in http.PREFIX.dropped_headers_with_underscores) so no twin of a
+    # protected header gets through. Istio's EDGE profile rejects the request
+    # (REJECT_REQUEST); dropping keeps harmless requests working, as nginx does.
+    hcm.common_http_protocol_options.headers_with_underscores_action = protocol_pb2.HttpProtocolOptions.DROP_HEADER
     hcm.upgrade_configs.add(upgrade_type="websocket")
     if any(f.name == JWT_AUTHN_FILTER for f in filters):
         hcm.local_reply_config.CopyFrom(authn.bad_token_reply())

@@ -17,7 +17,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="bpf_command", metavar="ACTION", required=True)
 
     a = sub.add_parser("attach", help="load the tc programs onto an interface (replaces ours there)")
-    a.add_argument("--interface", "-i", required=True)
+    a.add_argument("--interface", "-i", required=True, help="network interface to attach the tc egress program to")
     a.add_argument("--dscp-port", action="append", default=[], metavar="PORT=DSCP",
                    help="mark TCP to or from PORT; DSCP is 0-63 or a QoS class name")
     a.add_argument("--dscp-cidr", action="append", default=[], metavar="CIDR=DSCP",
@@ -29,24 +29,24 @@ def register(subparsers) -> None:
                    help="time requests (first byte in -> first response byte out) on service ports")
     a.add_argument("--sample-port", action="append", default=[], type=str, metavar="PORT",
                    help="sample only these service ports (implies --sample)")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print the result as JSON")
     a.set_defaults(func=_attach)
 
     s = sub.add_parser("status", help="what is attached, its maps and the flows it classified")
-    s.add_argument("--interface", "-i")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--interface", "-i", help="only this interface (default: every interface with a program attached)")
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(func=_status)
 
     d = sub.add_parser("detach", help="remove our filters, pinned maps and the qdisc attach added")
-    d.add_argument("--interface", "-i", required=True)
+    d.add_argument("--interface", "-i", required=True, help="network interface to detach the programs from")
     d.set_defaults(func=_detach)
 
     lat = sub.add_parser("latency", help="read the sampler: p50/p99 per service port")
-    lat.add_argument("--interface", "-i", required=True)
+    lat.add_argument("--interface", "-i", required=True, help="interface whose first-byte latency samples to read")
     lat.add_argument("--seconds", type=float, default=5.0, help="how long to read (default 5)")
     lat.add_argument("--prometheus-port", type=int, default=0,
                      help="also serve the OpenTelemetry metrics for Prometheus on 127.0.0.1:PORT")
-    lat.add_argument("--json", action="store_true")
+    lat.add_argument("--json", action="store_true", help="print the latency summary as JSON")
     lat.set_defaults(func=_latency)
 
 

@@ -103,10 +103,10 @@ def register(subparsers) -> None:
     p.add_argument("--manifests", default=str(MANIFESTS),
                    help="the demo's manifests (config/ and steps/; default: the installed demo/manifests)")
     p.add_argument("--delta", action="store_true", help="the gateway uses Delta xDS")
-    p.add_argument("--xds-port", type=int, default=18000)
-    p.add_argument("--admin-port", type=int, default=18001)
-    p.add_argument("--gateway-port", type=int, default=18080)
-    p.add_argument("--envoy-admin-port", type=int, default=15000)
+    p.add_argument("--xds-port", type=int, default=18000, help="control plane ADS port (default 18000)")
+    p.add_argument("--admin-port", type=int, default=18001, help="control plane admin port (default 18001)")
+    p.add_argument("--gateway-port", type=int, default=18080, help="the gateway Envoy's HTTP port (default 18080)")
+    p.add_argument("--envoy-admin-port", type=int, default=15000, help="the gateway Envoy's admin port (default 15000)")
     p.add_argument("--upstream-port", type=int, default=18081, help="v1's port; v2 and v3 follow")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, config)")
     p.add_argument("--serve", action="store_true",

@@ -28,8 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, help="PATH.onnx, builtin:mlp or builtin:tiny-decoder")
     p.add_argument("--name", help="served model name (default: the file's or built-in's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--http-port", type=int, default=8080)
-    p.add_argument("--grpc-port", type=int, default=8081)
+    p.add_argument("--http-port", type=int, default=8080, help="KServe v2 REST port (default 8080)")
+    p.add_argument("--grpc-port", type=int, default=8081, help="KServe v2 gRPC port (default 8081)")
     p.add_argument("--priority-grpc-port", type=int, default=None,
                    help="start a priority worker, a second process serving only x-mcp-qos-class: "
                         "latency-critical (Envoy routes that class to it), with gRPC on this port; "
@@ -65,7 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
     p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
     p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
     p.set_defaults(func=run)
 
 

@@ -12,8 +12,39 @@ import sys
 from importlib.metadata import entry_points
 
 
+# `mcpctl --help` lists commands by what a user wants to do. Names only: the
+# parts register the commands themselves, so one not listed here (a new part)
+# still shows, under "Other".
+GROUPS = (
+    ("Check and author config", ("validate", "analyze", "route")),
+    ("Run the mesh", ("xds", "envoy", "serve", "console", "demo")),
+    ("Inspect running proxies", ("proxy-status", "proxy-config")),
+    ("Network QoS (eBPF) and the Wasm filter", ("bpf", "wasm")),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: a one-screen help with the commands grouped."""
+
+    def format_help(self) -> str:
+        commands = {}
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                commands = {a.dest: a.help or "" for a in action._choices_actions}
+        width = max((len(n) for n in commands), default=0) + 2
+        lines = [self.format_usage().rstrip(), "", self.description or "", ""]
+        for title, names in GROUPS + (("Other", tuple(sorted(set(commands) - {n for _, g in GROUPS for n in g}))),):
+            names = [n for n in names if n in commands]
+            if names:
+                lines.append(f"{title}:")
+                lines += [f"  {n.ljust(width)}{commands[n]}" for n in names]
+                lines.append("")
+        lines.append("Run `mcpctl COMMAND --help` for a command's flags.")
+        return "\n".join(lines) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mcpctl", description="MCP Mesh control tool")
+    parser = _Parser(prog="mcpctl", description="MCP Mesh control tool: an Istio-compatible mesh for model serving")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for ep in sorted(entry_points(group="mcpctl.commands"), key=lambda e: e.name):
         try:

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
         p = subparsers.add_parser(name, help=helptext, description=helptext)
         p.add_argument("paths", nargs="+", metavar="PATH",
                        help="YAML files or directories (recursive); - reads standard input")
-        p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+        p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format (default text)")
         p.add_argument("--strict", action="store_true",
                        help="reject kinds mesh does not model, as the control plane does")
         p.set_defaults(func=_run, analyze=(name == "analyze"))

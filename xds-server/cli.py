@@ -27,13 +27,13 @@ def register(subparsers) -> None:
     xds = subparsers.add_parser("xds", help="the xDS control plane")
     xsub = xds.add_subparsers(dest="xds_command", metavar="COMMAND", required=True)
     serve = xsub.add_parser("serve", help="serve ADS (SotW and Delta) from a watched config directory")
-    serve.add_argument("--config-dir", required=True)
+    serve.add_argument("--config-dir", required=True, help="the watched directory of YAML (Istio resources, WasmPlugins, ...)")
     serve.add_argument("--port", type=int, default=18000, help="ADS gRPC port")
     serve.add_argument("--admin-port", type=int, default=18001, help="admin HTTP port")
     serve.add_argument("--address", default="127.0.0.1")
-    serve.add_argument("--debounce-ms", type=int, default=100)
+    serve.add_argument("--debounce-ms", type=int, default=100, help="wait this long after a change before loading it (default 100)")
     serve.add_argument("--test-hooks", action="store_true", help="enable POST /debug/inject (tests only)")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
     serve.set_defaults(func=_serve)
 
     envoy = subparsers.add_parser("envoy", help="run Envoy attached to the control plane")
@@ -41,22 +41,23 @@ def register(subparsers) -> None:
     for name, func, helptext in (("bootstrap", _bootstrap, "print an Envoy bootstrap YAML for ADS"),
                                  ("run", _run_envoy, "run .venv/bin/envoy with that bootstrap")):
         p = esub.add_parser(name, help=helptext)
-        p.add_argument("--node-id", required=True)
-        p.add_argument("--cluster", default="")
+        p.add_argument("--node-id", required=True,
+                       help="the Envoy node id; router~IP~NAME.NS~NS.svc.cluster.local makes a gateway, sidecar~... a sidecar")
+        p.add_argument("--cluster", default="", help="the Envoy node cluster (service-cluster; default: the node id)")
         p.add_argument("--xds-address", required=True, help="HOST:PORT of the ADS server")
-        p.add_argument("--admin-port", type=int, default=15000)
+        p.add_argument("--admin-port", type=int, default=15000, help="Envoy's admin port on 127.0.0.1 (default 15000)")
         p.add_argument("--delta", action="store_true", help="Delta xDS instead of state of the world")
         p.add_argument("--label", action="append", help="node label KEY=VALUE (repeatable)")
-        p.add_argument("--namespace", default="")
+        p.add_argument("--namespace", default="", help="the proxy's namespace (node metadata NAMESPACE; default: from the node id)")
         if name == "run":
-            p.add_argument("--log-level", default="warning")
+            p.add_argument("--log-level", default="warning", help="Envoy's log level (default warning)")
             p.add_argument("--bootstrap-path", help="where to write the bootstrap (default: a temp file)")
             p.add_argument("envoy_args", nargs=argparse.REMAINDER, help="passed to envoy after --")
         p.set_defaults(func=func)
 
     ps = subparsers.add_parser("proxy-status", help="per proxy and type: SYNCED, STALE, NACKED")
-    ps.add_argument("--admin-address", default="127.0.0.1:18001")
-    ps.add_argument("--json", action="store_true")
+    ps.add_argument("--admin-address", default="127.0.0.1:18001", help="the control plane's admin HOST:PORT (default 127.0.0.1:18001)")
+    ps.add_argument("--json", action="store_true", help="print /debug/syncz as JSON instead of the table")
     ps.set_defaults(func=_proxy_status)
 
     from xds_server.explain.cli import register as register_explain

@@ -15,8 +15,8 @@ def _url(value: str) -> str:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("console", help="web console: proxies, routes, endpoints, latency, ModelInfer over gRPC-Web")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=15100)
+    p.add_argument("--host", default="127.0.0.1", help="address the console listens on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=15100, help="console HTTP port (default 15100)")
     p.add_argument("--xds-admin", default="http://127.0.0.1:18001", help="control plane admin URL (/debug/syncz)")
     p.add_argument("--backend", default="", help="inference backend HTTP URL (its /metrics feeds the latency plot)")
     p.add_argument("--grpc-web", default="http://127.0.0.1:8080", help="the Envoy listener the page sends gRPC-Web to")

@@ -6,6 +6,7 @@
 /debug/config_dump?node=ID    the node's snapshot as Envoy JSON
 /debug/tracez[?name=xds.push] recent OpenTelemetry spans
 /metrics                      Prometheus text (OpenTelemetry metrics)
+                              (every view: session keys and Wasm env values redacted)
 POST /debug/inject            test hook only (serve --test-hooks): raw resources over every snapshot
 """
 from __future__ import annotations
@@ -17,10 +18,13 @@ from google.protobuf import json_format
 
 from xds_server.sync import short_name
 
+from xds_server.redact import known_secrets, redact, redact_text
 
-def _json(data, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(data, indent=1, sort_keys=True), status=status,
-                        content_type="application/json")
+def _json(data, status: int = 200, secrets=()) -> web.Response:
+    # Every view is redacted (xds_server.redact): the session key is in the
+    # snapshots, and can be quoted back in a NACK or a diagnostic.
+    text = redact_text(json.dumps(redact(data), indent=1, sort_keys=True), secrets)
+    return web.Response(text=text, status=status, content_type="application/json")
 
 
 def make_app(server) -> web.Application:
@@ -29,10 +33,10 @@ def make_app(server) -> web.Application:
                       "generation": server.status["generation"]})
 
     async def syncz(request):
-        return _json(server.hub.tracker.syncz())
+        return _json(server.hub.tracker.syncz(), secrets=known_secrets(server.cache.config))
 
     async def configz(request):
-        return _json(server.status)
+        return _json(server.status, secrets=known_secrets(server.cache.config))
 
     async def config_dump(request):
         node_id = request.query.get("node", "")
@@ -46,10 +50,11 @@ def make_app(server) -> web.Application:
             out["resources"][short_name(type_url)] = {
                 name: {"version": r.version, "resource": json_format.MessageToDict(r.message)}
                 for name, r in by_name.items()}
-        return _json(out)
+        return _json(out, secrets=known_secrets(server.cache.config))
 
     async def tracez(request):
-        return _json(server.telemetry.recent_spans(request.query.get("name")))
+        return _json(server.telemetry.recent_spans(request.query.get("name")),
+                     secrets=known_secrets(server.cache.config))
 
     async def metrics(request):
         return web.Response(body=server.telemetry.prometheus_text(),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -11,6 +12,19 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+
+
+STREAM_IDLE_ENV = "MCP_XDS_STREAM_IDLE_TIMEOUT"
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or `localhost`: what only this host can reach."""
+    if address.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False          # another host name: may resolve to anything
 
 
 def _labels(values: list[str] | None) -> dict:
@@ -30,7 +44,15 @@ def register(subparsers) -> None:
     serve.add_argument("--config-dir", required=True, help="the watched directory of YAML (Istio resources, WasmPlugins, ...)")
     serve.add_argument("--port", type=int, default=18000, help="ADS gRPC port")
     serve.add_argument("--admin-port", type=int, default=18001, help="admin HTTP port")
-    serve.add_argument("--address", default="127.0.0.1")
+    serve.add_argument("--address", default="127.0.0.1",
+                       help="where ADS and admin listen; both are unauthenticated, so loopback only "
+                            "unless --allow-remote")
+    serve.add_argument("--allow-remote", action="store_true",
+                       help="allow a non-loopback --address (anyone who reaches these ports can subscribe as any "
+                            "proxy over ADS and read its config, header-contract session key included)")
+    serve.add_argument("--stream-idle-timeout", type=float, default=None,
+                       help="seconds a proxied HTTP stream may stay idle before Envoy answers and releases "
+                            f"it (HCM stream_idle_timeout; default 300, or ${STREAM_IDLE_ENV}; 0: off, as istiod)")
     serve.add_argument("--debounce-ms", type=int, default=100, help="wait this long after a change before loading it (default 100)")
     serve.add_argument("--test-hooks", action="store_true", help="enable POST /debug/inject (tests only)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
@@ -67,6 +89,23 @@ def register(subparsers) -> None:
 def _serve(args) -> int:
     from xds_server.server import XdsServer, serve
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not is_loopback(args.address) and not args.allow_remote:
+        print(f"mcpctl xds serve: refusing --address {args.address}: ADS and the admin port have no "
+              "authentication (the admin port shows every proxy's config); keep them on loopback or a "
+              "node-local address reachable only by the proxies, and pass --allow-remote to bind it anyway",
+              file=sys.stderr)
+        return 2
+    from xds_server.translate import listeners
+    idle = args.stream_idle_timeout
+    try:
+        idle = float(os.environ.get(STREAM_IDLE_ENV) or listeners.STREAM_IDLE_TIMEOUT_S) if idle is None else idle
+    except ValueError:
+        idle = -1
+    if not idle >= 0:
+        print(f"mcpctl xds serve: the stream idle timeout must be >= 0 seconds (0: off), "
+              f"from --stream-idle-timeout or ${STREAM_IDLE_ENV}", file=sys.stderr)
+        return 2
+    listeners.STREAM_IDLE_TIMEOUT_S = idle    # read by every HCM translated in this process
     if not os.path.isdir(args.config_dir):
         print(f"mcpctl xds serve: config directory {args.config_dir!r} does not exist", file=sys.stderr)
         return 2

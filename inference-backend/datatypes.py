@@ -60,6 +60,20 @@ def check_shape(name: str, shape) -> tuple[int, ...]:
     return out
 
 
+def check_input(model: str, specs, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+    """The declared name, datatype and shape against the model's `specs` (name -> (datatype,
+    shape), -1 any size): checked before any data is converted."""
+    spec = specs.get(name)
+    if spec is None:
+        raise InvalidArgument(f"model {model!r} has no input {name!r}; inputs are {', '.join(specs)}")
+    want_type, want_shape = spec
+    if datatype != want_type:
+        raise InvalidArgument(f"input {name!r}: datatype {datatype} given, model expects {want_type}")
+    if len(shape) != len(want_shape) or any(e != -1 and e != g for e, g in zip(want_shape, shape)):
+        raise InvalidArgument(f"input {name!r}: shape {list(shape)} does not match the model's "
+                              f"{list(want_shape)} (-1 is any size)")
+
+
 def from_raw(name: str, datatype: str, shape: tuple[int, ...], raw: bytes) -> np.ndarray:
     """Decode one raw tensor; the byte size must be exactly what shape and datatype imply."""
     count = element_count(shape)
@@ -96,21 +110,28 @@ def to_raw(array: np.ndarray) -> bytes:
 
 
 def from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndarray:
-    """Decode JSON `data` (flat or nested, as the protocol allows) or typed gRPC contents."""
+    """Decode JSON `data` (flat or nested, as the protocol allows) or typed gRPC contents.
+
+    The data's element count is checked against the declared shape before anything is
+    converted, and nesting deeper than the shape's rank is refused: a body whose data
+    runs past its shape costs as much as the shape, not as much as the body."""
     count = element_count(shape)
+    if isinstance(data, (list, tuple)) and len(data) > max(count, shape[0] if shape else 1):
+        # flat data has `count` items, nested data shape[0]: refused before walking it
+        raise InvalidArgument(f"input {name!r}: {len(data)} elements for shape {list(shape)} ({count})")
+    flat = _leaves(name, data, count, shape)
+    if len(flat) != count:
+        raise InvalidArgument(f"input {name!r}: {_count_text(flat, count)} elements for shape {list(shape)} ({count})")
     if datatype == "BYTES":
-        flat = list(_flatten(data))
-        if len(flat) != count:
-            raise InvalidArgument(f"input {name!r}: {len(flat)} elements for shape {list(shape)} ({count})")
+        if not all(isinstance(x, (str, bytes)) for x in flat):
+            raise InvalidArgument(f"input {name!r}: BYTES data must be strings")
         return np.array([x.encode() if isinstance(x, str) else bytes(x) for x in flat], dtype=object).reshape(shape)
     dtype = DTYPES[datatype]
     try:
-        arr = np.asarray(data if not isinstance(data, (list, tuple)) or _is_flat(data) else list(_flatten(data)))
+        arr = np.asarray(flat)
     except (ValueError, TypeError) as e:
         raise InvalidArgument(f"input {name!r}: data is not a list of {datatype} values ({e})") from None
     arr = arr.reshape(-1)
-    if arr.size != count:
-        raise InvalidArgument(f"input {name!r}: {arr.size} elements for shape {list(shape)} ({count})")
     if arr.size and arr.dtype.kind not in "biuf":
         raise InvalidArgument(f"input {name!r}: data holds {arr.dtype.kind!r} values, not {datatype}")
     if datatype == "BOOL":
@@ -125,16 +146,39 @@ def from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndar
     return arr.astype(dtype, copy=False).reshape(shape)
 
 
-def _is_flat(data) -> bool:
-    return not any(isinstance(x, (list, tuple)) for x in data)
+def _leaves(name: str, data, count: int, shape: tuple[int, ...]) -> list:
+    """The scalars of `data` in order, without recursion, walking no further than `count` + 1
+    of them, no deeper than the shape's rank and through no more lists than a nesting of
+    that shape has (plus `count` + 1, for a nesting other than the shape's)."""
+    if not isinstance(data, (list, tuple)):
+        return [data]
+    if not any(isinstance(x, (list, tuple)) for x in data):     # flat: the common case
+        return data if len(data) <= count else data[:count + 1]
+    max_depth, lists, prefix = max(1, len(shape)), count + 1, 1
+    for d in shape:
+        lists += prefix
+        prefix *= d
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, (list, tuple)):
+                lists -= 1
+                if len(stack) >= max_depth or lists < 0:
+                    raise InvalidArgument(f"input {name!r}: data is nested deeper or wider than its "
+                                          f"shape {list(shape)}")
+                stack.append(iter(x))
+                break
+            out.append(x)
+            if len(out) > count:
+                return out
+        else:
+            stack.pop()
+    return out
 
 
-def _flatten(data):
-    if isinstance(data, (list, tuple)):
-        for x in data:
-            yield from _flatten(x)
-    else:
-        yield data
+def _count_text(flat: list, count: int) -> str:
+    return f"more than {count}" if len(flat) > count else str(len(flat))
 
 
 def to_list(array: np.ndarray) -> list:

@@ -50,13 +50,12 @@ def _typed_contents(name: str, datatype: str, shape, contents: pb.InferTensorCon
     if field is None:
         raise InvalidArgument(f"input {name!r}: {datatype} cannot travel in typed contents; use raw_input_contents")
     values = getattr(contents, field)
+    count = datatypes.element_count(shape)
+    if len(values) != count:      # before converting any of them
+        raise InvalidArgument(f"input {name!r}: {len(values)} values in contents.{field} for shape {list(shape)} ({count})")
     if datatype == "BYTES":
         return datatypes.from_list(name, datatype, shape, list(values))
-    dtype = datatypes.DTYPES[datatype]
-    count = datatypes.element_count(shape)
-    if len(values) != count:
-        raise InvalidArgument(f"input {name!r}: {len(values)} values in contents.{field} for shape {list(shape)} ({count})")
-    return np.array(values, dtype=dtype).reshape(shape)
+    return np.array(values, dtype=datatypes.DTYPES[datatype]).reshape(shape)
 
 
 def decode_request(served, request: pb.ModelInferRequest) -> tuple[dict, dict, list[str]]:

@@ -17,6 +17,7 @@ from mesh.qos import QosClass
 from inference_backend import datatypes
 from inference_backend.errors import InferenceError, InvalidArgument, NotFound, TooLarge
 from inference_backend.model_server import ModelServer
+from inference_backend.rest_body import BodyDecoder
 from inference_backend.request_meta import QosAdmission, response_parameters, timing_pairs
 
 log = logging.getLogger("inference_backend")
@@ -30,62 +31,15 @@ def error_response(e: InferenceError) -> web.Response:
     return web.json_response({"error": e.message}, status=e.http_status)
 
 
-def _decode_inputs(served, doc: dict, binary: bytes) -> dict:
-    inputs = doc.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise InvalidArgument("request needs a non-empty 'inputs' list")
-    arrays, offset = {}, 0
-    for i, t in enumerate(inputs):
-        if not isinstance(t, dict):
-            raise InvalidArgument(f"inputs[{i}] must be an object")
-        name, datatype, shape = t.get("name"), t.get("datatype"), t.get("shape")
-        if not isinstance(name, str) or not isinstance(datatype, str) or not isinstance(shape, list) or \
-                not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-            raise InvalidArgument(f"inputs[{i}] needs name (string), datatype (string) and shape (list of integers)")
-        if name in arrays:
-            raise InvalidArgument(f"input {name!r} is given twice")
-        if datatype not in datatypes.DTYPES:
-            raise InvalidArgument(f"input {name!r}: unknown datatype {datatype!r}")
-        shape = datatypes.check_shape(name, shape)
-        served.model.check_input(name, datatype, shape)
-        params = t.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise InvalidArgument(f"input {name!r}: binary_data_size {size!r} runs past the "
-                                      f"{len(binary)} bytes of binary data")
-            arrays[name] = datatypes.from_raw(name, datatype, shape, binary[offset:offset + size])
-            offset += size
-        else:
-            if "data" not in t:
-                raise InvalidArgument(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
-            arrays[name] = datatypes.from_list(name, datatype, shape, t["data"])
-    if offset != len(binary):
-        raise InvalidArgument(f"{len(binary) - offset} bytes of binary data belong to no input")
-    return arrays
-
-
-def _requested_outputs(doc: dict, params: dict) -> tuple[list[str], dict[str, bool]]:
-    outputs = doc.get("outputs")
-    if outputs is None:
-        return [], {}
-    if not isinstance(outputs, list):
-        raise InvalidArgument("'outputs' must be a list")
-    names, binary = [], {}
-    default_binary = bool(params.get("binary_data_output", False))
-    for i, o in enumerate(outputs):
-        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
-            raise InvalidArgument(f"outputs[{i}] needs a name")
-        names.append(o["name"])
-        p = o.get("parameters") or {}
-        binary[o["name"]] = bool(p.get("binary_data", default_binary)) if isinstance(p, dict) else default_binary
-    return names, binary
-
-
 def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | None = None) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     routes = web.RouteTableDef()
     admission = QosAdmission(server.session_key, server.telemetry, only_class, server.session_max_age)
+    bodies = BodyDecoder(max_body_bytes)
+
+    async def close_bodies(_app):
+        bodies.close()
+    app.on_cleanup.append(close_bodies)
 
     @routes.get("/v2/health/live")
     async def live(_):
@@ -162,18 +116,10 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
             json_part, binary = body[:n], body[n:]
         else:
             json_part, binary = body, b""
-        try:
-            doc = json.loads(json_part)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise InvalidArgument(f"request body is not JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise InvalidArgument("request body must be a JSON object")
-        params = doc.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise InvalidArgument("'parameters' must be an object")
-        arrays = _decode_inputs(served, doc, binary)
-        names, binary_out = _requested_outputs(doc, params)
-        pending = served.prepare(arrays, names, params)
+        # large JSON is parsed in the parser process, never on this loop (rest_body)
+        decoded = await bodies.decode(json_part, binary, served.model)
+        doc, names, binary_out, params = decoded.doc, decoded.outputs, decoded.binary_outputs, decoded.parameters
+        pending = served.prepare(decoded.arrays, names, params)
         priority = admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
         result = await served.infer(pending, qos, priority)
         server.telemetry.request_duration.record((result.queue_us + result.compute_us) / 1e6,

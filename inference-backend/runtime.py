@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from inference_backend.datatypes import DTYPES, ORT_TYPES
+from inference_backend.datatypes import DTYPES, ORT_TYPES, check_input
 from inference_backend.errors import InvalidArgument
 
 log = logging.getLogger("inference_backend")
@@ -162,16 +162,15 @@ class OnnxModel:
         values = self.session.run(names, feeds)
         return dict(zip(names, values))
 
+    @property
+    def input_specs(self) -> dict[str, tuple[str, tuple]]:
+        """name -> (datatype, shape): what datatypes.check_input takes (plain, so it pickles
+        to the REST body parser process without onnxruntime)."""
+        return {n: (s.datatype, s.shape) for n, s in self.inputs.items()}
+
     def check_input(self, name: str, datatype: str, shape: tuple[int, ...]) -> TensorSpec:
-        spec = self.inputs.get(name)
-        if spec is None:
-            raise InvalidArgument(f"model {self.name!r} has no input {name!r}; inputs are {', '.join(self.inputs)}")
-        if datatype != spec.datatype:
-            raise InvalidArgument(f"input {name!r}: datatype {datatype} given, model expects {spec.datatype}")
-        if len(shape) != len(spec.shape) or any(e != -1 and e != g for e, g in zip(spec.shape, shape)):
-            raise InvalidArgument(f"input {name!r}: shape {list(shape)} does not match the model's "
-                                  f"{list(spec.shape)} (-1 is any size)")
-        return spec
+        check_input(self.name, self.input_specs, name, datatype, shape)
+        return self.inputs[name]
 
     def metadata(self) -> dict:
         return {

@@ -136,3 +136,87 @@ def test_non_ascii_session_header_is_403_not_500(keyed, value):
     assert "session check failed" in json.loads(body)["error"]
     assert metric(keyed, "mcp_inference_requests_total", protocol="http", code="PERMISSION_DENIED") == before + 1
     assert metric(keyed, "mcp_inference_requests_total", protocol="http", code="INTERNAL") == internal
+
+
+# -- item 5: no body stalls the loop that serves everyone; nesting and memory are bounded ------
+
+@pytest.fixture(scope="module")
+def plain():
+    with InferenceServer("builtin:mlp", admin=False) as server:
+        yield server
+
+
+def json_body(data: bytes, shape: bytes = b"[1, 64]") -> bytes:
+    return b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": ' + shape + b', "data": ' + data + b"}]}"
+
+
+class Probe(threading.Thread):
+    """Small gRPC infers back to back (bounded in count) while something else happens."""
+
+    def __init__(self, server):
+        super().__init__(daemon=True)
+        self.server, self.latencies, self.stop = server, [], threading.Event()
+
+    def run(self):
+        with grpc.insecure_channel(self.server.grpc) as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            req = pb.ModelInferRequest(model_name="mlp")
+            req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
+            req.raw_input_contents.append(np.zeros(64, np.float32).tobytes())
+            while not self.stop.is_set() and len(self.latencies) < 20_000:
+                t0 = time.monotonic()
+                stub.ModelInfer(req, timeout=60)
+                self.latencies.append(time.monotonic() - t0)
+
+
+def high_water_mark(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+
+
+def test_json_nested_990_deep_is_400_and_counted(plain):
+    before = metric(plain, "mcp_inference_requests_total", protocol="http", code="INVALID_ARGUMENT")
+    status, doc = rest(plain, body=json_body(b"[" * 990 + b"]" * 990))
+    assert status == 400 and "deeper than 64 levels" in doc["error"]
+    assert metric(plain, "mcp_inference_requests_total", protocol="http", code="INVALID_ARGUMENT") == before + 1
+
+
+def test_data_is_checked_against_the_declared_shape_before_conversion(plain):
+    status, doc = rest(plain, body=json_body(b"[" + b"1," * 200_000 + b"1]"))
+    assert status == 400 and "200001 elements for shape [1, 64]" in doc["error"]
+    status, doc = rest(plain, body=json_body(b"[[" + b"[1]," * 63 + b"[1]]]"))
+    assert status == 400 and "nested deeper or wider than its shape" in doc["error"]
+
+
+def test_a_60mb_json_body_does_not_stall_other_requests(plain):
+    """60 MB of JSON data under a [1, 64] shape: refused with a reason, while gRPC
+    requests on the same server keep being answered in well under a second."""
+    big = json_body(b"[" + b"1," * 30_000_000 + b"1]")
+    probe = Probe(plain)
+    probe.start()
+    time.sleep(0.3)
+    try:
+        status, doc = rest(plain, body=big, timeout=120)
+    finally:
+        time.sleep(0.2)
+        probe.stop.set()
+        probe.join(60)
+    assert status == 400 and "30000001 elements for shape [1, 64]" in doc["error"]
+    assert len(probe.latencies) > 10
+    assert max(probe.latencies) < 1.0, f"a probe waited {max(probe.latencies):.2f}s"
+
+
+def test_a_nested_json_bomb_is_413_and_server_memory_stays_bounded(plain):
+    """[[1],[1],...]: 40 MB of JSON that parses into ~900 MB of Python lists. The parser
+    process runs out of its allowance (413); the server process does not grow by it."""
+    before = high_water_mark(plain.proc.pid)
+    status, doc = rest(plain, body=json_body(b"[" + b"[1]," * 10_000_000 + b"[1]]"), timeout=120)
+    assert status == 413 and "more memory to parse" in doc["error"], doc
+    grown = high_water_mark(plain.proc.pid) - before
+    assert grown < 300 << 20, f"the server's peak memory grew by {grown >> 20} MiB"
+    # the next large body gets a parser again, and the answer is the same as inline
+    small = json_body(json.dumps([0.25] * 64).encode())
+    padded = small[:-1] + b" " * (300 << 10) + small[-1:]
+    s1, inline = rest(plain, body=small)
+    s2, parsed_aside = rest(plain, body=padded)
+    assert s1 == s2 == 200 and parsed_aside["outputs"] == inline["outputs"]

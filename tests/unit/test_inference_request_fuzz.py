@@ -12,7 +12,7 @@ from inference_backend.builtin_models import builtin_path
 from inference_backend.errors import InferenceError
 from inference_backend.model_server import ServedModel
 from inference_backend.request_meta import priority_param
-from inference_backend.rest import _decode_inputs, _requested_outputs
+from inference_backend.rest_body import decode_inputs, requested_outputs
 from inference_backend.runtime import OnnxModel
 from inference_backend.telemetry import Telemetry
 
@@ -87,11 +87,11 @@ def test_near_valid_requests_are_prepared_or_refused_with_a_reason(served, doc):
 def test_decoding_never_raises_anything_but_an_inference_error(served, doc, binary):
     doc = json.loads(json.dumps(doc, allow_nan=True))      # only what JSON can carry
     try:
-        arrays = _decode_inputs(served, doc, binary)
+        arrays = decode_inputs(doc, binary, served.name, served.model.input_specs)
         params = doc.get("parameters") or {}
         if not isinstance(params, dict):
             return
-        names, _ = _requested_outputs(doc, params)
+        names, _ = requested_outputs(doc, params, len(served.model.outputs))
         served.prepare(arrays, names, params)
         priority_param(params)
     except InferenceError as e:

@@ -1,6 +1,8 @@
 """Admin HTTP (aiohttp, on the control plane's loop), as istiod's debug endpoints.
 
-/healthz                      200 while serving; says whether a config is loaded
+/healthz                      200 while serving; says whether a config is loaded; 503 with
+                              the reason once the directory watch has stopped (no change
+                              would be applied any more)
 /debug/syncz                  per node and type: sent, acked, nacked + error
 /debug/configz                the config being served and the last rejected change set
 /debug/config_dump?node=ID    the node's snapshot as Envoy JSON
@@ -29,8 +31,12 @@ def _json(data, status: int = 200, secrets=()) -> web.Response:
 
 def make_app(server) -> web.Application:
     async def healthz(request):
-        return _json({"status": "ok", "config_loaded": server.cache.ready,
-                      "generation": server.status["generation"]})
+        body = {"status": "ok", "config_loaded": server.cache.ready,
+                "generation": server.status["generation"]}
+        failure = server.source.failure
+        if failure:
+            return _json({**body, "status": "unhealthy", "reason": failure}, 503)
+        return _json(body)
 
     async def syncz(request):
         return _json(server.hub.tracker.syncz(), secrets=known_secrets(server.cache.config))

@@ -20,6 +20,7 @@ from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
 from xds_server.cache import SnapshotCache
 from xds_server.translate import Translator
+from xds_server.settle import DEFAULT_SETTLE, weakenings
 from xds_server.watch import DirectorySource
 
 log = logging.getLogger("xds_server")
@@ -40,8 +41,11 @@ class XdsServer:
     def __init__(self, config_dir: str, port: int = 18000, admin_port: int = 18001,
                  address: str = "127.0.0.1", load=None, translate=None,
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
-                 telemetry: Telemetry | None = None):
+                 telemetry: Telemetry | None = None,
+                 settle: float = DEFAULT_SETTLE):
         self.config_dir = config_dir
+        self.settle = settle            # settle.py: how long a security weakening waits for its file
+        self._recheck: asyncio.TimerHandle | None = None
         self.port, self.admin_port, self.address = port, admin_port, address
         self.load = load or default_load()
         # The server owns its Translator (and so its translation cache); a
@@ -56,7 +60,7 @@ class XdsServer:
         self._generations = itertools.count(1)
         self._apply_lock: asyncio.Lock | None = None
         self.status: dict = {"config_dir": config_dir, "generation": "", "applied_at": 0.0,
-                             "resources": 0, "warnings": [], "rejected": None}
+                             "resources": 0, "warnings": [], "rejected": None, "held": None}
         self._grpc: grpc.aio.Server | None = None
         self._admin = None
 
@@ -88,6 +92,8 @@ class XdsServer:
                  "inotify" if self.source.inotify is not None else "polling")
 
     async def stop(self, grace: float = 0.5) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
         await self.source.stop()
         if self._admin is not None:
             await self._admin.cleanup()
@@ -105,6 +111,8 @@ class XdsServer:
                 config = await asyncio.to_thread(self.load, self.config_dir)
             except ConfigError as e:
                 self._reject(e.diagnostics)
+                return False
+            if self._held(config):
                 return False
             generation = f"g{next(self._generations)}"
             nodes = self.hub.nodes()
@@ -134,7 +142,7 @@ class XdsServer:
             m.config_applied.add(1)
             self.status.update(generation=generation, applied_at=time.time(), resources=len(config),
                                warnings=[diagnostic_dict(d) for d in getattr(config, "warnings", [])],
-                               rejected=None)
+                               rejected=None, held=None)
             log.info("applied %s: %d resources, %d node shapes", generation, len(config), len(snapshots))
             self.hub.notify_all()
             return True
@@ -150,6 +158,28 @@ class XdsServer:
                 if held is not None:
                     snap.diff(held, want)
         return snapshots
+
+    def _held(self, config) -> bool:
+        """The settle rule (settle.py): hold a change set that weakens a security resource
+        of a file written moments ago, and look again once that file has been quiet."""
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
+        found = weakenings(self.cache.config, config, self.settle)
+        if not found:
+            return False
+        wait = max(w.quiet_in for w in found)
+        self.status["held"] = {"at": time.time(), "until": time.time() + wait,
+                               "weakenings": [w.as_dict() for w in found]}
+        log.warning("change set in %s held for %.1f s (the settle rule): %s", self.config_dir, wait,
+                    "; ".join(f"{w.file}: {w.resource} {w.change}" for w in found))
+        loop = asyncio.get_running_loop()
+        self._recheck = loop.call_later(wait + 0.05, self._apply_later)
+        return True
+
+    def _apply_later(self) -> None:
+        self._recheck = None
+        self._rechecking = asyncio.get_running_loop().create_task(self.apply())   # kept: tasks are weakly held
 
     def _reject(self, diagnostics: list[Diagnostic]) -> None:
         self.telemetry.metrics.config_rejected.add(1)

@@ -7,6 +7,9 @@ symlink swaps. Where inotify is unavailable the fingerprint is polled.
 A change is applied once the directory has been still for `debounce`
 seconds (about 100 ms), so a `cp *.yaml` or a half-written file becomes
 one change set, loaded whole; `load` raising ConfigError rejects it whole.
+A file the OS will not stat (a symlink loop) is part of the fingerprint, and
+any error in one round is logged and the watch goes on; should the watch task
+end anyway, `failure` says why and /healthz turns 503.
 """
 from __future__ import annotations
 
@@ -22,13 +25,20 @@ log = logging.getLogger("xds_server.watch")
 
 
 def fingerprint(directory: str) -> tuple:
-    """What changes when any YAML file under `directory` is added, removed or written."""
+    """What changes when any YAML file under `directory` is added, removed or written.
+
+    A file that cannot be stat'ed (a symlink loop: ELOOP, no permission) is part of
+    the fingerprint with its errno: the loader reports it as a rejected file, and
+    the watch goes on (an OSError here once ended the watch task silently)."""
     out = []
     for path in yaml_files(directory) if os.path.isdir(directory) else []:
         try:
             st = os.stat(path)
         except FileNotFoundError:
             continue          # removed between listing and stat: the next poll sees it
+        except OSError as e:
+            out.append((path, "error", e.errno, 0))
+            continue
         out.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
     return tuple(out)
 
@@ -57,6 +67,7 @@ class DirectorySource:
         self.inotify = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._stopping = False
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -70,12 +81,30 @@ class DirectorySource:
                 log.info("inotify unavailable (%s); polling %s", e, self.directory)
                 self.inotify = None
         self._task = loop.create_task(self._watch())
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if not self._stopping:
+            log.error("the watch of %s stopped: %s; no further change will be applied",
+                      self.directory, self.failure)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the watch is not running (None while it runs, before start and after stop())."""
+        task = self._task
+        if task is None or not task.done() or self._stopping:
+            return None
+        if task.cancelled():
+            return "watch task cancelled"
+        exc = task.exception()
+        return f"watch task ended: {type(exc).__name__}: {exc}" if exc else "watch task ended"
 
     def _on_events(self) -> None:
         if self.inotify.drain():
             self._wake.set()
 
     async def stop(self) -> None:
+        self._stopping = True
         if self.inotify is not None:
             asyncio.get_running_loop().remove_reader(self.inotify.fd)
             self.inotify.close()
@@ -99,31 +128,41 @@ class DirectorySource:
 
     async def _watch(self) -> None:
         while True:
-            if self.inotify is not None:
-                await self._woken(self.safety_poll)
-            else:
-                await asyncio.sleep(self.poll)
-            now = await asyncio.to_thread(fingerprint, self.directory)
-            if now == self.seen:
-                continue
-            # Debounce: wait until nothing has changed for `debounce` seconds.
-            first_seen = time.monotonic()
-            if self.inotify is not None:
-                while (time.monotonic() - first_seen < self.max_debounce
-                       and await self._woken(self.debounce)):
-                    pass
-                now = await asyncio.to_thread(fingerprint, self.directory)
-            else:
-                still_since = time.monotonic()
-                while (time.monotonic() - still_since < self.debounce
-                       and time.monotonic() - first_seen < self.max_debounce):
-                    await asyncio.sleep(min(self.poll, self.debounce / 4))
-                    later = await asyncio.to_thread(fingerprint, self.directory)
-                    if later != now:
-                        now, still_since = later, time.monotonic()
-            self.seen = now
-            self.changes += 1
             try:
-                await self.on_change()
-            except Exception:  # a failed apply must not stop the watch
-                log.exception("applying the change in %s failed", self.directory)
+                await self._watch_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:     # one bad round (a file system error) must not end the watch
+                log.exception("watching %s failed; retrying", self.directory)
+                await asyncio.sleep(max(self.poll, self.debounce))
+
+    async def _watch_once(self) -> None:
+        """Wait for a change, debounce it, apply it."""
+        if self.inotify is not None:
+            await self._woken(self.safety_poll)
+        else:
+            await asyncio.sleep(self.poll)
+        now = await asyncio.to_thread(fingerprint, self.directory)
+        if now == self.seen:
+            return
+        # Debounce: wait until nothing has changed for `debounce` seconds.
+        first_seen = time.monotonic()
+        if self.inotify is not None:
+            while (time.monotonic() - first_seen < self.max_debounce
+                   and await self._woken(self.debounce)):
+                pass
+            now = await asyncio.to_thread(fingerprint, self.directory)
+        else:
+            still_since = time.monotonic()
+            while (time.monotonic() - still_since < self.debounce
+                   and time.monotonic() - first_seen < self.max_debounce):
+                await asyncio.sleep(min(self.poll, self.debounce / 4))
+                later = await asyncio.to_thread(fingerprint, self.directory)
+                if later != now:
+                    now, still_since = later, time.monotonic()
+        self.seen = now
+        self.changes += 1
+        try:
+            await self.on_change()
+        except Exception:  # a failed apply must not stop the watch
+            log.exception("applying the change in %s failed", self.directory)

@@ -1,0 +1,163 @@
+"""A small header-contract gateway for the adversarial tests (not a test module).
+
+The stack of tests/e2e/test_wasm_contract.py cut to what these tests attack: the
+real control plane (`mcpctl xds serve`) on a watched directory holding a Gateway,
+a ServiceEntry + VirtualService to one echo upstream, a RequestAuthentication
+(authn.yaml, inline JWKS) and the header-contract WasmPlugin (wasm.yaml,
+FAIL_CLOSE), and a real Envoy attached over ADS (SotW or Delta).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+import tempfile
+import time
+
+from harness.paths import HEADER_CONTRACT_WASM as WASM
+from harness.ports import free_port
+from harness.tokens import Issuer
+from harness.upstreams import EchoUpstream
+from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+
+KEY = hashlib.sha256(b"adversarial session key").digest()
+ISSUER, AUDIENCE = "https://issuer.mesh.test", "mesh-gateway"
+GW_LABELS = {"istio": "ingressgateway"}
+NODE = GATEWAY_NODE
+
+
+def texts(gw_port: int, upstream_port: int, issuer: Issuer) -> dict[str, str]:
+    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
+    plugin = {"sessionKey": base64.b64encode(KEY).decode(),
+              "tenants": {"acme": {"allowedHeaders": ["x-tenant-acme-*"]}}}
+    return {
+        "mesh.yaml": f"""apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: default}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: {gw_port}, name: http, protocol: HTTP}}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: reviews, namespace: default}}
+spec:
+  hosts: [reviews.mesh.local]
+  location: MESH_INTERNAL
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints:
+  - {{address: 127.0.0.1, ports: {{http: {upstream_port}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: reviews, namespace: default}}
+spec:
+  hosts: ["*"]
+  gateways: [gw]
+  http:
+  - route: [{{destination: {{host: reviews.mesh.local}}}}]
+""",
+        "authn.yaml": f"""apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata:
+  name: gateway-jwt
+  namespace: default
+spec:
+  selector:
+    matchLabels:
+      istio: ingressgateway
+  jwtRules:
+  - issuer: {ISSUER}
+    audiences: [{AUDIENCE}]
+    jwks: '{issuer.jwks}'
+""",
+        "wasm.yaml": f"""apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata:
+  name: header-contract
+  namespace: default
+spec:
+  selector:
+    matchLabels:
+      istio: ingressgateway
+  url: file://{WASM}
+  sha256: "{sha}"
+  phase: AUTHZ
+  pluginName: mcp-header-contract
+  failStrategy: FAIL_CLOSE
+  pluginConfig: {json.dumps(plugin)}
+""",
+    }
+
+
+class ContractStack:
+    """`with ContractStack(delta=False) as s:` -> s.cp, s.envoy, s.upstream, s.issuer, s.dir, s.get()."""
+
+    def __init__(self, delta: bool = False):
+        self.delta = delta
+
+    def __enter__(self) -> "ContractStack":
+        self.issuer = Issuer("adv-1", ISSUER, AUDIENCE)
+        self.dir = tempfile.mkdtemp(prefix="mesh-adversarial-")
+        self.gw_port = free_port()
+        self.upstream = EchoUpstream("v1").start()
+        self.texts = texts(self.gw_port, self.upstream.port, self.issuer)
+        for name, text in self.texts.items():
+            write_config(self.dir, name, text)
+        self.cp = ControlPlane(self.dir)
+        self.envoy = None
+        try:
+            self.cp.start()
+            self.envoy = mesh_envoy(self.cp, labels=GW_LABELS, namespace="default", delta=self.delta)
+            self.envoy.start()
+            self.cp.wait_synced(NODE, types=("CDS", "LDS", "ECDS"))
+            self.wait_serving()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.envoy is not None:
+            self.envoy.stop()
+        self.cp.close()
+        self.upstream.stop()
+        for name in os.listdir(self.dir):
+            os.remove(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
+
+    def get(self, headers: dict | None = None, timeout: float = 5.0) -> tuple[int, dict]:
+        """(status, the echo upstream's JSON or {}) for GET / through the gateway."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.gw_port, timeout=timeout)
+        try:
+            conn.request("GET", "/r", headers={"host": "reviews.example.com", **(headers or {})})
+            r = conn.getresponse()
+            data = r.read()
+            try:
+                return r.status, json.loads(data) if data else {}
+            except ValueError:
+                return r.status, {}
+        finally:
+            conn.close()
+
+    def wait_serving(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status, seen = self.get({"authorization": f"Bearer {self.issuer.token(sub='probe')}"})
+                if status == 200 and seen.get("headers", {}).get("end-user") == "probe":
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gateway not serving:\n{self.envoy.log_tail()}\n{self.cp.log_tail()}")
+            time.sleep(0.1)
+
+    def wasm_vm_stats(self) -> dict[str, int]:
+        """Envoy's counters of Wasm VMs created (a rebuilt VM raises them)."""
+        return {k: v for k, v in self.envoy.stats("wasm").items() if k.endswith(".created")}

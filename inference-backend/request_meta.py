@@ -57,8 +57,11 @@ class QosAdmission:
         """Session check (with a key), then the class the request is served at (None: the
         protocol's priority parameter or the default level). Cheap: before any body work."""
         pairs = wire_pairs(headers)
-        raw = next((v for k, v in pairs if k.lower() == H.QOS_CLASS), None)
+        raws = [v for k, v in pairs if k.lower() == H.QOS_CLASS]
+        raw = raws[0] if raws else None
         if self.key is None:
+            if len(raws) > 1:    # which one the sidecar set cannot be told: neither is taken
+                raise InvalidArgument(f"{H.QOS_CLASS} appears {len(raws)} times")
             qos = raw
         else:
             try:

@@ -138,6 +138,13 @@ def test_non_ascii_session_header_is_403_not_500(keyed, value):
     assert metric(keyed, "mcp_inference_requests_total", protocol="http", code="INTERNAL") == internal
 
 
+def test_without_a_key_a_twice_given_class_is_400_not_the_first_one(plain):
+    before = metric(plain, "mcp_inference_requests_total", protocol="http", code="INVALID_ARGUMENT")
+    status, body = raw_http(plain, b"x-mcp-qos-class: batch\r\nx-mcp-qos-class: latency-critical\r\n")
+    assert status == 400 and "x-mcp-qos-class appears 2 times" in json.loads(body)["error"]
+    assert metric(plain, "mcp_inference_requests_total", protocol="http", code="INVALID_ARGUMENT") == before + 1
+
+
 # -- item 5: no body stalls the loop that serves everyone; nesting and memory are bounded ------
 
 @pytest.fixture(scope="module")

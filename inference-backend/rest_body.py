@@ -162,9 +162,13 @@ def _parse_in_worker(json_part: bytes, binary: bytes, model: str, specs, max_out
                        f"(Inference-Header-Content-Length)") from None
 
 
-def _cap_memory(allowance: int) -> None:
-    """Parser process start: cap its address space at its size now plus `allowance`."""
+def _start_parser(allowance: int) -> None:
+    """Parser process start: end with the server (even a SIGKILLed one, as the priority
+    worker does), and cap its address space at its size now plus `allowance`."""
+    import ctypes
     import resource
+    import signal
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
     with open("/proc/self/status") as fh:
         vm = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + allowance, resource.getrlimit(resource.RLIMIT_AS)[1]))
@@ -189,7 +193,7 @@ class BodyDecoder:
         if self._pool is None:
             # spawn, not fork: this process runs gRPC's threads
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=_cap_memory,
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_start_parser,
                 initargs=(self.allowance,))
         pool = self._pool
         try:

@@ -114,12 +114,12 @@ def test_missing_path_is_an_error(tmp_path):
 
 
 def test_istio_kinds_mesh_does_not_model_warn_and_typos_fail(tmp_path):
-    authz = ("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: prod}\n"
-             "spec: {action: DENY, rules: [{}]}\n")
+    authz = ("apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: deny, namespace: prod}\n"
+             "spec: {accessLogging: [{}]}\n")
     (tmp_path / "authz.yaml").write_text(authz)
     r = mcpctl("validate", str(tmp_path))
     assert r.returncode == 0
-    assert lines(r.stdout, "warning: AuthorizationPolicy/prod/deny: kind: AuthorizationPolicy is an Istio kind")
+    assert lines(r.stdout, "warning: Telemetry/prod/deny: kind: Telemetry is an Istio kind")
     (tmp_path / "typo.yaml").write_text(GOOD_VS.replace("kind: VirtualService", "kind: VirtualServce"))
     r = mcpctl("validate", str(tmp_path))
     assert r.returncode == 1 and lines(r.stderr, "unknown kind 'VirtualServce'")

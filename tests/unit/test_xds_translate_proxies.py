@@ -183,7 +183,8 @@ def test_chain_is_cors_then_each_phase_in_order_then_fault_router(monkeypatch):
         "envoy.filters.http.cors",
         "test.wasm_plugins.AUTHN.8080", "test.authn.AUTHN.8080",       # Istio: AUTHN plugins before jwt_authn
         "test.grpc_web.PROTOCOL.8080",
-        "test.wasm_plugins.AUTHZ.8080", "test.wasm_plugins.STATS.8080", "test.wasm_plugins.UNSPECIFIED.8080",
+        "test.wasm_plugins.AUTHZ.8080", "test.rbac.AUTHZ.8080",        # Istio: AUTHZ plugins before RBAC
+        "test.wasm_plugins.STATS.8080", "test.wasm_plugins.UNSPECIFIED.8080",
         "envoy.filters.http.fault", "envoy.filters.http.router"]
 
 

@@ -4,7 +4,7 @@ which filters, in which phase, in what order.
     cors
     AUTHN        Wasm plugins of phase AUTHN, then jwt_authn (RequestAuthentication)
     PROTOCOL     the gRPC-Web frame check, grpc_web
-    AUTHZ        Wasm plugins of phase AUTHZ
+    AUTHZ        Wasm plugins of phase AUTHZ, then RBAC (AuthorizationPolicy: CUSTOM, AUDIT, DENY, ALLOW)
     STATS        Wasm plugins of phase STATS
     UNSPECIFIED  Wasm plugins without a phase
     fault, router (the router last, as Envoy and gRPC require)
@@ -37,14 +37,14 @@ from mesh.diagnostics import ConfigError, Diagnostic
 from mesh.resources import MeshConfig
 from xds_server.node import ProxyNode
 from xds_server.type_urls import Snapshot
-from xds_server.translate import authn, grpc_web, wasm_plugins
+from xds_server.translate import authn, grpc_web, rbac, wasm_plugins
 from xds_server.translate.phases import Phase
 
 # Per phase, the modules asked for filters, in order.
 CHAIN = (
     (Phase.AUTHN, (wasm_plugins, authn)),
     (Phase.PROTOCOL, (grpc_web,)),
-    (Phase.AUTHZ, (wasm_plugins,)),
+    (Phase.AUTHZ, (wasm_plugins, rbac)),
     (Phase.STATS, (wasm_plugins,)),
     (Phase.UNSPECIFIED, (wasm_plugins,)),
 )

@@ -9,15 +9,20 @@ from harness.ports import free_port
 
 
 class EchoUpstream:
-    """An HTTP/1.1 server on 127.0.0.1 answering JSON:
+    """An HTTP/1.1 server on `host` (127.0.0.1 unless given another loopback
+    address) answering JSON:
     {"upstream": name, "method", "path", "headers": {lower-case name: value}, "body"}.
+    With `metrics` set ({name: value}), GET /metrics answers them as Prometheus
+    text instead, like a model server reporting its load.
     """
 
-    def __init__(self, name: str, port: int | None = None, status: int = 200):
+    def __init__(self, name: str, port: int | None = None, status: int = 200, host: str = "127.0.0.1"):
         self.name = name
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.status = status
         self.requests: list[dict] = []
+        self.metrics: dict[str, float] | None = None
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -25,6 +30,14 @@ class EchoUpstream:
             disable_nagle_algorithm = True   # headers and body go in two writes: no 40 ms delayed-ACK stall
 
             def _answer(self):
+                if self.path == "/metrics" and upstream.metrics is not None:
+                    out = "".join(f"{k} {v}\n" for k, v in dict(upstream.metrics).items()).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "text/plain; version=0.0.4")
+                    self.send_header("content-length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                    return
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
                 seen = {"upstream": upstream.name, "method": self.command, "path": self.path,
@@ -48,7 +61,7 @@ class EchoUpstream:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = ThreadingHTTPServer((host, self.port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

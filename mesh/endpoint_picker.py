@@ -1,0 +1,40 @@
+"""The Gateway API Inference Extension's Endpoint Picker Protocol (v1.0.0):
+the names a proxy and an Endpoint Picker (EPP) agree on, defined once.
+
+Proxy -> EPP (ext_proc request): filter metadata `envoy.lb.subset_hint`
+{"x-gateway-destination-endpoint-subset": ["ip:port", ...]} limits the pick to
+those endpoints (an empty or ineligible list is a 503).
+
+EPP -> proxy: the `x-gateway-destination-endpoint` header AND dynamic metadata
+`envoy.lb` {"x-gateway-destination-endpoint": "ip:port[,ip:port...]"}, the
+same value in both (the first endpoint is the pick, the rest fallbacks in
+order); or an ImmediateResponse: 503 when nothing is eligible, 429 when a
+sheddable request meets a saturated pool.
+
+Proxy -> EPP on the response: metadata `envoy.lb`
+{"x-gateway-destination-endpoint-served": "ip:port"}, the endpoint that
+actually answered (after retries walked the fallback list).
+"""
+from __future__ import annotations
+
+DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
+DESTINATION_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+
+# gRPC health services the EPP answers (grpc.health.v1).
+HEALTH_SERVICES = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+
+# The InferenceObjective a request names (GIE's header), read by the picker.
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# The mesh's session-affinity key: requests of one chat session go where their KV cache is.
+SESSION_HEADER = "x-session-id"
+
+
+def format_endpoints(endpoints: list[str]) -> str:
+    return ",".join(endpoints)
+
+
+def parse_endpoints(value: str) -> list[str]:
+    return [e.strip() for e in value.split(",") if e.strip()]

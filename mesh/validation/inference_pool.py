@@ -1,0 +1,87 @@
+"""Validators for InferencePool (inference.networking.k8s.io/v1) and
+InferenceObjective (inference.networking.x-k8s.io/v1alpha2), after the Gateway
+API Inference Extension's CRDs (their OpenAPI rules and CEL validations)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from mesh.diagnostics import Diagnostic
+from mesh.inference_pool import (FAIL_CLOSE, FAIL_OPEN, OBJECTIVE_API_VERSIONS, OBJECTIVE_KIND, POOL_API_VERSION,
+                                 POOL_KIND)
+from mesh.resources import MeshConfig, Resource
+from mesh.validation import validator
+from mesh.validation.report import Report
+from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
+
+POOL = Obj({
+    "selector": Obj({"matchLabels": Map("string")}, required=("matchLabels",)),
+    "targetPorts": [Obj({"number": "int32"}, required=("number",))],
+    "endpointPickerRef": Obj({
+        "group": "string", "kind": "string", "name": "string",
+        "port": Obj({"number": "int32"}, required=("number",)),
+        "failureMode": Enum(FAIL_OPEN, FAIL_CLOSE),
+    }, required=("name",)),
+}, required=("selector", "targetPorts", "endpointPickerRef"))
+OBJECTIVE = Obj({
+    "priority": "int32",
+    "poolRef": Obj({"group": "string", "kind": "string", "name": "string"}, required=("name",)),
+}, required=("poolRef",))
+MAX_TARGET_PORTS = 8          # the CRD's maxItems
+MAX_SELECTOR_LABELS = 64
+
+
+def _schema(res: Resource, versions: tuple, schema) -> tuple[Report, bool]:
+    rep = Report(res)
+    if res.api_version not in versions:
+        rep.error("apiVersion", f"{res.kind} is not served at {res.api_version!r}; expected one of {', '.join(versions)}")
+    errs = SchemaErrors()
+    check(res.spec, schema, "spec", errs)
+    for path, message in errs.errors:
+        rep.error(path, message)
+    return rep, not errs.wrong_type
+
+
+@validator(POOL_KIND)
+def validate_inference_pool(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
+    rep, typed = _schema(res, (POOL_API_VERSION,), POOL)
+    spec = res.spec if isinstance(res.spec, dict) else {}
+    if typed:
+        labels = (spec.get("selector") or {}).get("matchLabels")
+        if labels is not None:
+            if not labels:
+                rep.error("spec.selector.matchLabels", "selector must name at least one label: "
+                                                       "an empty selector would select every workload")
+            elif len(labels) > MAX_SELECTOR_LABELS:
+                rep.error("spec.selector.matchLabels", f"at most {MAX_SELECTOR_LABELS} labels")
+            rep.labels("spec.selector.matchLabels", labels)
+        ports = spec.get("targetPorts")
+        if ports is not None:
+            if not 1 <= len(ports) <= MAX_TARGET_PORTS:
+                rep.error("spec.targetPorts", f"between 1 and {MAX_TARGET_PORTS} target ports are required")
+            seen = set()
+            for i, p in enumerate(ports):
+                rep.port(f"spec.targetPorts[{i}].number", p.get("number"))
+                if p.get("number") in seen:
+                    rep.error(f"spec.targetPorts[{i}].number", f"port number {p.get('number')} is listed twice: "
+                                                               "port numbers must be unique")
+                seen.add(p.get("number"))
+        ref = spec.get("endpointPickerRef") or {}
+        kind, group = ref.get("kind") or "Service", ref.get("group") or ""
+        if kind == "Service" and group == "" and "port" not in ref:
+            rep.error("spec.endpointPickerRef.port", "port is required when kind is 'Service' or unspecified")
+        if "port" in ref:
+            rep.port("spec.endpointPickerRef.port.number", (ref.get("port") or {}).get("number"))
+    yield from rep.out
+
+
+@validator(OBJECTIVE_KIND)
+def validate_inference_objective(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
+    rep, typed = _schema(res, OBJECTIVE_API_VERSIONS, OBJECTIVE)
+    if typed:
+        ref = (res.spec or {}).get("poolRef") or {}
+        if (ref.get("kind") or POOL_KIND) != POOL_KIND:
+            rep.error("spec.poolRef.kind", f"poolRef must name an {POOL_KIND}, not {ref.get('kind')!r}")
+        names = {r.name for r in config.of_kind(POOL_KIND) if r.namespace == res.namespace}
+        if ref.get("name") and ref["name"] not in names:
+            rep.warn("spec.poolRef.name", f"no InferencePool {res.namespace}/{ref['name']} in this configuration")
+    yield from rep.out

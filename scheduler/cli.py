@@ -1,0 +1,54 @@
+"""`mcpctl epp serve`: the Endpoint Picker (scheduler/README.md)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("epp", help="the Endpoint Picker for an InferencePool (Gateway API Inference Extension)")
+    sub = p.add_subparsers(dest="epp_command", required=True)
+    s = sub.add_parser("serve", help="serve Envoy ext_proc: pick a model server per request from live metrics")
+    s.add_argument("--config-dir", required=True,
+                   help="the watched directory the control plane reads (InferencePool, WorkloadEntries, "
+                        "InferenceObjectives)")
+    s.add_argument("--pool", required=True, help="the InferencePool to serve, NAMESPACE/NAME")
+    s.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--grpc-port", type=int, default=9002, help="ext_proc and gRPC health port (default 9002; 0: any)")
+    s.add_argument("--admin-port", type=int, default=0, help="HTTP port of /stats and /healthz (default: any free)")
+    s.add_argument("--metrics-interval-ms", type=float, default=50.0,
+                   help="how often each model server's /metrics is scraped (default 50)")
+    s.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
+    s.set_defaults(func=_serve)
+
+
+def _serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not os.path.isdir(args.config_dir):
+        print(f"mcpctl epp serve: --config-dir {args.config_dir}: not a directory", file=sys.stderr)
+        return 2
+    if "/" not in args.pool:
+        print(f"mcpctl epp serve: --pool {args.pool!r}: expected NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    from scheduler.server import serve
+
+    async def main():
+        task = asyncio.create_task(serve(args.config_dir, args.pool, args.grpc_port, args.admin_port,
+                                         args.address, args.metrics_interval_ms))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        print(f"mcpctl epp serve: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,171 @@
+"""One scheduling decision, as the Gateway API Inference Extension's
+scheduler shapes it: filters -> scorers -> picker. Pure: a request and the
+candidates' state in, a pick (an endpoint and its fallbacks) or a refusal out.
+
+Filters: ready endpoints, within the proxy's subset hint; when the pool is
+saturated a sheddable request is refused (429) -- the lowest class goes
+first -- and a critical one is kept to the least loaded endpoints.
+Scorers (each 0..1, weighted): queue (waiting + running + in flight from this
+picker, min-max normalised), KV-cache utilisation (1 - utilisation), prefix
+affinity (the share of the prompt's leading blocks this endpoint was sent
+before), session affinity (the endpoint the session used last).
+Picker: the highest total; ties go to the endpoint with fewer requests in
+flight, then round robin. The next best endpoints follow as fallbacks.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from scheduler.metrics import Load
+
+PREFIX_BLOCK_CHARS = 64          # GIE's prefix plugin hashes characters in blocks too
+MAX_PREFIX_BLOCKS = 256          # of a prompt's start: long prompts cost the same
+PREFIX_LRU_BLOCKS = 50_000       # remembered per endpoint
+SESSIONS_KEPT = 100_000
+
+
+@dataclass(frozen=True)
+class Weights:
+    queue: float = 2.0
+    kv_cache: float = 1.0
+    prefix: float = 3.0
+    session: float = 4.0
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """An endpoint is saturated when its queue or KV cache is past these
+    (GIE's defaults: queue depth 5, KV-cache utilisation 0.8); the pool is
+    saturated when every candidate is."""
+    queue_depth: float = 5.0
+    kv_utilisation: float = 0.8
+
+
+@dataclass
+class Request:
+    prompt: str = ""
+    session: str | None = None
+    sheddable: bool = False            # negative InferenceObjective priority, or the batch class
+    critical: bool = False             # latency-critical class or a positive priority
+    subset: tuple[str, ...] | None = None   # the proxy's subset hint (None: no hint)
+
+    def blocks(self) -> list[bytes]:
+        """Hash chain of the prompt's leading blocks: block i's hash covers blocks 0..i."""
+        out, h = [], b""
+        text = self.prompt[:PREFIX_BLOCK_CHARS * MAX_PREFIX_BLOCKS]
+        for i in range(0, len(text) - PREFIX_BLOCK_CHARS + 1, PREFIX_BLOCK_CHARS):
+            h = hashlib.blake2b(h + text[i:i + PREFIX_BLOCK_CHARS].encode(), digest_size=8).digest()
+            out.append(h)
+        return out
+
+
+@dataclass
+class Pick:
+    endpoints: list[str]                       # first: the pick; then fallbacks in order
+    scores: dict[str, float] = field(default_factory=dict)
+    prefix_hit: float = 0.0                    # share of the prompt's blocks the pick held
+    prompt_blocks: int = 0                     # how many blocks the prompt has (0: no prefix to match)
+
+
+@dataclass
+class Refusal:
+    status: int                                # 503: nothing eligible; 429: shed
+    reason: str
+
+
+class Scheduler:
+    """Holds what decisions learn from: per-endpoint prefix LRU, sessions, in-flight counts."""
+
+    def __init__(self, weights: Weights = Weights(), saturation: Saturation = Saturation(), fallbacks: int = 2):
+        self.weights, self.saturation, self.fallbacks = weights, saturation, fallbacks
+        self.prefixes: dict[str, OrderedDict] = {}
+        self.sessions: OrderedDict[str, str] = OrderedDict()
+        self.inflight: dict[str, int] = {}
+        self._rr = itertools.count()
+
+    # -- the decision -------------------------------------------------------------
+    def pick(self, request: Request, endpoints: list[str], loads: dict[str, Load]) -> Pick | Refusal:
+        candidates = [e for e in endpoints if (loads.get(e) or Load()).ready]
+        if request.subset is not None:
+            allowed = set(request.subset)
+            candidates = [e for e in candidates if e in allowed]
+            if not candidates:
+                return Refusal(503, "no ready endpoint in the subset hint")
+        if not candidates:
+            return Refusal(503, "no ready endpoint in the pool")
+        unsaturated = [e for e in candidates if not self._saturated(loads[e], e)]
+        if not unsaturated:
+            if request.sheddable:
+                return Refusal(429, "pool saturated: sheddable request dropped")
+        elif request.critical or request.sheddable:
+            # Critical requests avoid saturated endpoints; sheddable ones never add to them.
+            candidates = unsaturated
+        blocks = request.blocks()
+        scores = self._scores(request, blocks, candidates, loads)
+        start = next(self._rr)
+        order = sorted(range(len(candidates)), key=lambda i: (-scores[candidates[i]],
+                                                              self.inflight.get(candidates[i], 0),
+                                                              (i - start) % len(candidates)))
+        ranked = [candidates[i] for i in order]
+        chosen = ranked[0]
+        hit = self._prefix_share(chosen, blocks)
+        self._learn(request, blocks, chosen)
+        return Pick(ranked[:1 + self.fallbacks], scores, hit, len(blocks))
+
+    def started(self, endpoint: str) -> None:
+        self.inflight[endpoint] = self.inflight.get(endpoint, 0) + 1
+
+    def finished(self, endpoint: str) -> None:
+        n = self.inflight.get(endpoint, 0)
+        self.inflight[endpoint] = max(0, n - 1)
+
+    # -- filters and scorers --------------------------------------------------------
+    def _saturated(self, load: Load, endpoint: str) -> bool:
+        s = self.saturation
+        return load.waiting >= s.queue_depth or load.kv_utilisation >= s.kv_utilisation
+
+    def _queue(self, load: Load, endpoint: str) -> float:
+        return load.waiting + load.running + self.inflight.get(endpoint, 0)
+
+    def _scores(self, request: Request, blocks: list[bytes], candidates: list[str],
+                loads: dict[str, Load]) -> dict[str, float]:
+        w = self.weights
+        queues = {e: self._queue(loads[e], e) for e in candidates}
+        lo, hi = min(queues.values()), max(queues.values())
+        session_ep = self.sessions.get(request.session) if request.session else None
+        out = {}
+        for e in candidates:
+            queue = 1.0 if hi == lo else (hi - queues[e]) / (hi - lo)
+            kv = 1.0 - loads[e].kv_utilisation
+            prefix = self._prefix_share(e, blocks)
+            session = 1.0 if session_ep == e else 0.0
+            out[e] = w.queue * queue + w.kv_cache * kv + w.prefix * prefix + w.session * session
+        return out
+
+    def _prefix_share(self, endpoint: str, blocks: list[bytes]) -> float:
+        """The share of leading blocks (a prefix, so stop at the first miss) `endpoint` was sent."""
+        held = self.prefixes.get(endpoint)
+        if not blocks or not held:
+            return 0.0
+        n = 0
+        for b in blocks:
+            if b not in held:
+                break
+            n += 1
+        return n / len(blocks)
+
+    def _learn(self, request: Request, blocks: list[bytes], endpoint: str) -> None:
+        held = self.prefixes.setdefault(endpoint, OrderedDict())
+        for b in blocks:
+            held[b] = True
+            held.move_to_end(b)
+        while len(held) > PREFIX_LRU_BLOCKS:
+            held.popitem(last=False)
+        if request.session:
+            self.sessions[request.session] = endpoint
+            self.sessions.move_to_end(request.session)
+            while len(self.sessions) > SESSIONS_KEPT:
+                self.sessions.popitem(last=False)

@@ -1,0 +1,128 @@
+"""`mcpctl epp serve`: the Endpoint Picker process. One asyncio loop holds
+the ext_proc gRPC server (with the gRPC health services the protocol names),
+the metrics poller, the pool refresh and a small admin HTTP endpoint
+(`/stats`: picks per endpoint, refusals, decision time, prefix-hit rate)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from mesh import endpoint_picker as epp
+from scheduler.ext_proc import EndpointPicker
+from scheduler.metrics import MetricsPoller
+from scheduler.pool_source import PoolSource, PoolView
+from scheduler.scheduling import Pick, Refusal, Scheduler
+
+log = logging.getLogger("scheduler")
+POOL_REFRESH_S = 0.5
+
+
+class PickerState:
+    """What the servicer reads (the pool view, live loads, the scheduler) and what it reports."""
+
+    def __init__(self, source: PoolSource, poller: MetricsPoller, scheduler: Scheduler | None = None):
+        self.source, self.poller = source, poller
+        self.scheduler = scheduler or Scheduler()
+        self.picks: Counter = Counter()
+        self.refusals: Counter = Counter()
+        self.decisions, self.decision_s = 0, 0.0
+        self.prompts, self.prefix_hits = 0, 0.0
+
+    def view(self) -> PoolView | None:
+        return self.source.view
+
+    def loads(self):
+        return self.poller.loads
+
+    def refresh(self) -> None:
+        if self.source.refresh() and self.source.view is not None:
+            self.poller.set_endpoints(e.key for e in self.source.view.endpoints)
+
+    def record(self, result: Pick | Refusal, seconds: float) -> None:
+        self.decisions += 1
+        self.decision_s += seconds
+        if isinstance(result, Refusal):
+            self.refusals[result.status] += 1
+            return
+        self.picks[result.endpoints[0]] += 1
+        if result.prompt_blocks:
+            self.prompts += 1
+            self.prefix_hits += result.prefix_hit
+
+    def stats(self) -> dict:
+        view = self.view()
+        now = time.monotonic()
+        return {
+            "pool": view.pool.ref if view else None,
+            "endpoints": {k: {"ready": l.ready, "waiting": l.waiting, "running": l.running,
+                              "kv_utilisation": l.kv_utilisation, "age_ms": None if l.age_s(now) is None
+                              else round(l.age_s(now) * 1000, 1),
+                              "in_flight": self.scheduler.inflight.get(k, 0), "picked": self.picks[k]}
+                          for k, l in self.loads().items()},
+            "refused": {str(k): v for k, v in self.refusals.items()},
+            "decisions": self.decisions,
+            "mean_decision_us": round(self.decision_s / self.decisions * 1e6, 1) if self.decisions else None,
+            "prefix_hit_rate": round(self.prefix_hits / self.prompts, 4) if self.prompts else None,
+            "config_error": self.source.error,
+        }
+
+
+async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, address: str,
+                metrics_interval_ms: float, ready: asyncio.Event | None = None) -> None:
+    source = PoolSource(config_dir, pool)
+    poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
+    state = PickerState(source, poller)
+    state.refresh()
+    server = grpc.aio.server()
+    pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{address}:{grpc_port}")
+    if not bound:
+        raise OSError(f"cannot bind the ext_proc port {address}:{grpc_port}")
+    await server.start()
+
+    async def set_health():
+        serving = health_pb2.HealthCheckResponse.SERVING
+        await health_servicer.set("liveness", serving)
+        synced = serving if source.view is not None else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            await health_servicer.set(name, synced)
+
+    app = web.Application()
+    app.router.add_get("/stats", lambda _: web.json_response(state.stats()))
+    app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, address, admin_port)
+    await site.start()
+    admin = runner.addresses[0][1] if runner.addresses else admin_port
+    await set_health()
+    print(json.dumps({"event": "ready", "grpc_port": bound, "admin_port": admin,
+                      "pool": pool, "endpoints": [e.key for e in source.view.endpoints] if source.view else []}),
+          flush=True)
+    if ready is not None:
+        ready.set()
+    metrics_task = asyncio.create_task(poller.run())
+    try:
+        while True:
+            await asyncio.sleep(POOL_REFRESH_S)
+            state.refresh()
+            await set_health()
+            if metrics_task.done():
+                raise RuntimeError(f"metrics poller stopped: {metrics_task.exception()!r}")
+    finally:
+        metrics_task.cancel()
+        await server.stop(0.5)
+        await runner.cleanup()
+
+
+assert epp.HEALTH_SERVICES == ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")

@@ -115,6 +115,16 @@ def _connection_pool(rep: Report, p: str, cp: dict | None) -> None:
     ka = tcp.get("tcpKeepalive") or {}
     rep.duration(f"{p}.tcp.tcpKeepalive.time", ka.get("time"))
     rep.duration(f"{p}.tcp.tcpKeepalive.interval", ka.get("interval"))
+    h2ka = http.get("http2KeepAlive")
+    if h2ka is not None:
+        # Istio's validateConnectionPool: both durations are required.
+        for k in ("interval", "timeout"):
+            if h2ka.get(k) is None:
+                rep.error(f"{p}.http.http2KeepAlive.{k}", f"http2 keepalive {k} is required")
+            else:
+                rep.duration(f"{p}.http.http2KeepAlive.{k}", h2ka[k])
+        rep.warn(f"{p}.http.http2KeepAlive", "http2KeepAlive is not translated by this control plane: "
+                                             "Envoy sends no HTTP/2 PING frames to this destination")
 
 
 def _is_prime(x: int) -> bool:
@@ -160,6 +170,18 @@ def _load_balancer(rep: Report, p: str, lb: dict | None, outlier: dict | None) -
                                             "httpQueryParameterName): requests are spread at random")
     _locality_lb(rep, f"{p}.localityLbSetting", lb.get("localityLbSetting"), outlier)
     rep.duration(f"{p}.warmupDurationSecs", lb.get("warmupDurationSecs"))
+    warm = lb.get("warmup")
+    if warm is not None:
+        # Istio's validateLoadBalancer (the CRD says the same: duration required,
+        # minimumPercent 0..100, aggression > 0).
+        if warm.get("duration") is None:
+            rep.error(f"{p}.warmup.duration", "duration is required")
+        else:
+            rep.duration(f"{p}.warmup.duration", warm["duration"])
+        if (warm.get("minimumPercent") or 0) > 100:
+            rep.error(f"{p}.warmup.minimumPercent", "minimumPercent value should be less than or equal to 100")
+        if warm.get("aggression") is not None and warm["aggression"] <= 0:
+            rep.error(f"{p}.warmup.aggression", "aggression should be greater than 0")
 
 
 def _locality_lb(rep: Report, p: str, loc: dict | None, outlier: dict | None) -> None:
@@ -190,6 +212,11 @@ def _client_tls(rep: Report, p: str, tls: dict | None) -> None:
     if tls is None:
         return
     mode = tls.get("mode") or "DISABLE"
+    if mode == "ISTIO_MUTUAL":
+        # Istio originates mTLS with the workload's mesh certificate; without a
+        # mesh CA here the cluster would stay plaintext, so say so.
+        rep.warn(f"{p}.mode", "ISTIO_MUTUAL is not translated until the mesh CA lands: "
+                              "traffic to this destination is sent in plaintext")
     if tls.get("insecureSkipVerify"):
         if mode == "SIMPLE" and (tls.get("caCertificates") or tls.get("credentialName") or tls.get("subjectAltNames")):
             rep.error(p, "cannot specify CaCertificates or CredentialName or SubjectAltNames when InsecureSkipVerify is set true")

@@ -99,7 +99,8 @@ CONNECTION_POOL = {
     "http": {"http1MaxPendingRequests": "int32", "http2MaxRequests": "int32",
              "maxRequestsPerConnection": "int32", "maxRetries": "int32", "idleTimeout": "duration",
              "h2UpgradePolicy": Enum("DEFAULT", "DO_NOT_UPGRADE", "UPGRADE"),
-             "useClientProtocol": "bool", "maxConcurrentStreams": "int32"},
+             "useClientProtocol": "bool", "maxConcurrentStreams": "int32",
+             "http2KeepAlive": {"interval": "duration", "timeout": "duration"}},
 }
 OUTLIER_DETECTION = {
     "splitExternalLocalOriginErrors": "bool", "consecutiveLocalOriginFailures": "uint32",
@@ -159,7 +160,7 @@ SERVICE_ENTRY = {
     "ports": [Obj({"number": "uint32", "protocol": "string", "name": "string", "targetPort": "uint32"},
                   required=("number", "name"))],
     "location": Enum("MESH_EXTERNAL", "MESH_INTERNAL"),
-    "resolution": Enum("NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN"),
+    "resolution": Enum("NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN", "DYNAMIC_DNS"),
     "endpoints": [WORKLOAD_ENTRY], "workloadSelector": {"labels": Map("string")},
     "exportTo": ["string"], "subjectAltNames": ["string"],
 }

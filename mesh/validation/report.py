@@ -49,7 +49,7 @@ class Report:
         for k, v in (labels or {}).items():
             err = hosts.label_key_error(str(k)) or hosts.label_value_error(str(v))
             if err:
-                self.error(f"{path}.{k}", err)
+                self.error(f"{path}.{k}" if k != "" else path, err)
 
     def workload_selector(self, path: str, labels: dict | None) -> None:
         if labels is None:

@@ -35,6 +35,7 @@ JWT_RULE = Obj({
     "fromHeaders": [JWT_HEADER], "fromParams": ["string"], "fromCookies": ["string"],
     "outputPayloadToHeader": "string", "forwardOriginalToken": "bool",
     "outputClaimToHeaders": [CLAIM_TO_HEADER], "timeout": "duration",
+    "spaceDelimitedClaims": ["string"],
 }, required=("issuer",))
 REQUEST_AUTHENTICATION = Obj({"selector": SELECTOR, "targetRef": TARGET_REF, "targetRefs": [TARGET_REF],
                               "jwtRules": [JWT_RULE]},
@@ -71,7 +72,30 @@ def _shape(res: Resource, versions: tuple, schema) -> tuple[Report, bool]:
     return rep, not errs.errors
 
 
+# Istio's allowedTargetRefs (validatePolicyTargetReference), as Istio prints them.
+ALLOWED_TARGET_REFS = (("core", "v1", "Service"), ("networking.istio.io", "v1", "ServiceEntry"),
+                       ("gateway.networking.k8s.io", "v1", "Gateway"),
+                       ("gateway.networking.k8s.io", "v1", "GatewayClass"))
+
+
+def policy_target_ref(rep: Report, p: str, ref: dict) -> None:
+    """Istio's validatePolicyTargetReference: a name, no namespace (no
+    cross-namespace references), and a group/kind Istio can attach a policy to."""
+    if not ref.get("name"):
+        rep.error(f"{p}.name", "targetRef name must be set")
+    if ref.get("namespace"):
+        rep.error(f"{p}.namespace", "targetRef namespace must not be set; cross namespace referencing is not supported")
+    group, kind = ref.get("group") or "", ref.get("kind") or ""
+    if not any(kind == k and (group or "core") == g for g, _, k in ALLOWED_TARGET_REFS):
+        allowed = " ".join(f"{g}/{v}/{k}" for g, v, k in ALLOWED_TARGET_REFS)
+        rep.error(p, f"targetRef must be to one of [{allowed}] but was {group}/{kind}")
+
+
 def _target_refs(rep: Report, spec: dict) -> None:
+    if spec.get("targetRef"):
+        policy_target_ref(rep, "spec.targetRef", spec["targetRef"])
+    for i, ref in enumerate(spec.get("targetRefs") or []):
+        policy_target_ref(rep, f"spec.targetRefs[{i}]", ref)
     for ref in ("targetRef", "targetRefs"):
         if spec.get(ref):
             rep.warn(f"spec.{ref}", f"{ref} is not translated by this control plane: the resource applies "
@@ -140,6 +164,9 @@ def _jwt_rule(rep: Report, p: str, rule: dict) -> None:
         _header_name(rep, f"{p}.outputPayloadToHeader", rule["outputPayloadToHeader"])
     if rule.get("timeout") is not None:
         rep.duration(f"{p}.timeout", rule["timeout"])
+    if rule.get("spaceDelimitedClaims"):
+        rep.warn(f"{p}.spaceDelimitedClaims", "spaceDelimitedClaims is not translated by this control plane: "
+                                              "only Envoy's defaults (scope, permission) are split on spaces")
 
 
 def _module_file(url: str) -> str | None:
@@ -169,8 +196,13 @@ def _wasm_plugin(rep: Report, res: Resource) -> None:
     path = _module_file(url)
     if not url:
         rep.error("spec.url", "url field needs to be set")
+    elif urlsplit(url).scheme not in ("", "file", "http", "https", "oci"):
+        rep.error("spec.url", f"url contains unsupported scheme: {urlsplit(url).scheme}")
     elif path is None:
-        rep.error("spec.url", f"url scheme {urlsplit(url).scheme!r} is not fetched by this control plane; use file://")
+        # Istio accepts it (the agent fetches the module): valid on a cluster,
+        # so a warning, and the rest is still checked as Istio checks it.
+        rep.warn("spec.url", f"url scheme {urlsplit(url).scheme!r} is not fetched here (use file://): "
+                             "valid for Istio, and the mcp-mesh control plane rejects it")
     else:
         try:
             with open(path, "rb") as f:
@@ -184,9 +216,24 @@ def _wasm_plugin(rep: Report, res: Resource) -> None:
                 rep.error("spec.sha256", f"does not match {path} (sha256 {hashlib.sha256(data).hexdigest()})")
     if not sha:
         rep.warn("spec.sha256", "no sha256: the module loaded is not pinned")
+    # The CRD: imagePullSecret and pluginName at least 1 character when set.
+    for k, most in (("imagePullSecret", 253), ("pluginName", 256)):
+        if k in spec and not spec[k]:
+            rep.error(f"spec.{k}", f"spec.{k} in body should be at least 1 chars long")
+        elif len(spec.get(k) or "") > most:
+            rep.error(f"spec.{k}", f"{k} field must be less than {most if k == 'imagePullSecret' else 255} "
+                                   "characters long")
+    names: set[str] = set()
     for i, env in enumerate((spec.get("vmConfig") or {}).get("env") or []):
-        if not env.get("name"):
-            rep.error(f"spec.vmConfig.env[{i}].name", "spec.vmConfig.env invalid")
+        ep = f"spec.vmConfig.env[{i}]"
+        name = env.get("name")
+        if not name:
+            rep.error(f"{ep}.name", "spec.vmConfig.env invalid")
+        elif name in names:   # Istio's validateWasmPluginVMConfig
+            rep.error(f"{ep}.name", "duplicate env")
+        names.add(name)
+        if (env.get("valueFrom") or "INLINE") != "INLINE" and env.get("value"):
+            rep.error(f"{ep}.value", "value may only be set when valueFrom is INLINE")
     if (spec.get("type") or "HTTP") not in ("HTTP", "UNSPECIFIED_PLUGIN_TYPE"):
         rep.error("spec.type", "only HTTP plugins are translated by this control plane")
     if spec.get("pluginName") == PLUGIN_NAME:

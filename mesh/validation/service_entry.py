@@ -24,6 +24,8 @@ def _service_entry(rep: Report, res: Resource) -> None:
     if selector is not None:
         labels = selector.get("labels") or {}
         for k, v in labels.items():
+            if k == "":   # Istio's ValidateAlphaWorkloadSelector
+                rep.error("spec.workloadSelector.labels", f"empty key is not supported in selector: \"{k}={v}\"")
             if "*" in k or "*" in str(v):
                 rep.error(f"spec.workloadSelector.labels.{k}", f"wildcard is not supported in selector: \"{k}={v}\"")
         if not labels:
@@ -32,6 +34,7 @@ def _service_entry(rep: Report, res: Resource) -> None:
     if selector is not None and endpoints is not None:
         rep.error("spec.workloadSelector", "only one of WorkloadSelector or Endpoints is allowed in Service Entry")
     se_hosts = spec.get("hosts") or []
+    resolution = spec.get("resolution") or "NONE"
     if not se_hosts:
         rep.error("spec.hosts", "service entry must have at least one host")
     for i, h in enumerate(se_hosts):
@@ -41,7 +44,8 @@ def _service_entry(rep: Report, res: Resource) -> None:
         err = hosts.wildcard_domain_error(h)
         if err:
             rep.error(f"spec.hosts[{i}]", err)
-        partial = hosts.partial_wildcard_error(h)
+        # Partial wildcards are only a warning, and none at all for DYNAMIC_DNS.
+        partial = hosts.partial_wildcard_error(h) if resolution != "DYNAMIC_DNS" else None
         if partial:
             rep.warn(f"spec.hosts[{i}]", partial)
     cidr = False
@@ -50,7 +54,6 @@ def _service_entry(rep: Report, res: Resource) -> None:
         err = hosts.ip_subnet_error(a)
         if err:
             rep.error(f"spec.addresses[{i}]", err)
-    resolution = spec.get("resolution") or "NONE"
     if cidr and resolution not in ("NONE", "STATIC"):
         rep.error("spec.addresses", "CIDR addresses are allowed only for NONE/STATIC resolution types")
 
@@ -84,6 +87,8 @@ def _service_entry(rep: Report, res: Resource) -> None:
     elif resolution == "STATIC":
         for i, ep in enumerate(endpoints or []):
             workload_entry(rep, f"spec.endpoints[{i}]", ep, port_names, allow_fqdn=False)
+    elif resolution == "DYNAMIC_DNS":
+        _dynamic_dns(rep, res, se_hosts)
     else:  # DNS, DNS_ROUND_ROBIN
         if not endpoints:
             for i, h in enumerate(se_hosts):
@@ -92,6 +97,13 @@ def _service_entry(rep: Report, res: Resource) -> None:
         if resolution == "DNS_ROUND_ROBIN" and len(endpoints or []) > 1:
             rep.error("spec.endpoints", f"there must only be 0 or 1 endpoint for resolution mode {resolution}")
         for i, ep in enumerate(endpoints or []):
+            addr = ep.get("address") or ""
+            if addr.startswith("unix://"):
+                # Istio checks a DNS endpoint as an IP or an FQDN only: a unix
+                # socket cannot be resolved.
+                rep.error(f"spec.endpoints[{i}].address", f"endpoint address {addr!r} is not a valid FQDN or an IP address"
+                          .replace("'", '"'))
+                continue
             workload_entry(rep, f"spec.endpoints[{i}]", ep, port_names, allow_fqdn=True)
         if selector is not None:
             rep.warn("spec.workloadSelector", f"workloadSelector should not be set when resolution mode is {resolution}")
@@ -102,3 +114,27 @@ def _service_entry(rep: Report, res: Resource) -> None:
                 rep.error(f"spec.ports[{i}].protocol", "multiple hosts provided with non-HTTP, non-TLS ports")
                 break
     rep.export_to("spec.exportTo", spec.get("exportTo"), res.namespace, service_entry=True)
+
+
+def _dynamic_dns(rep: Report, res: Resource, se_hosts: list) -> None:
+    """Istio's ValidateServiceEntry, case DYNAMIC_DNS: wildcard hosts resolved
+    per request (dynamic forward proxy), so no addresses, no endpoints, and
+    only protocols that carry the host name (Host header or SNI)."""
+    spec, mode = res.spec, "DYNAMIC_DNS"
+    if not se_hosts:
+        rep.error("spec.hosts", f"at least one wildcard host must be provided for resolution type {mode}")
+    for i, h in enumerate(se_hosts):
+        if not str(h).startswith("*"):
+            rep.error(f"spec.hosts[{i}]", f"host must be wildcarded for resolution mode {mode}")
+    if spec.get("addresses"):
+        rep.error("spec.addresses", f"addresses cannot be set for resolution type {mode}. HTTP route domains will "
+                                    "only be generatedfrom the hosts field values")
+    if spec.get("endpoints"):
+        rep.error("spec.endpoints", f"endpoints cannot be set for resolution type {mode}. Destination IP address "
+                                    "determined from hostsfield values")
+    for i, port in enumerate(spec.get("ports") or []):
+        if str(port.get("protocol") or "").lower() not in ("http", "tls", "grpc", "http2"):
+            rep.error(f"spec.ports[{i}].protocol", f"only HTTP, TLS, GRPC, and HTTP2 protocols are supported for "
+                                                   f"resolution type {mode}")
+    rep.warn("spec.resolution", f"resolution {mode} is not translated by this control plane: "
+                                "no cluster resolves these hosts per request")

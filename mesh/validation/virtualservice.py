@@ -493,30 +493,82 @@ def _l4_match(rep: Report, p: str, m: dict) -> None:
 
 def _unreachable_rules(rep: Report, proto: str, routes: list) -> None:
     """Istio's analyzeUnreachable*Rules, reported as istioctl's IST0130/IST0131."""
+    def unused(n: int, name: str, reason: str) -> None:
+        rep.out.append(rep.res.diagnostic(f"spec.{proto}[{n}]", f"VirtualService rule {name} not used ({reason})",
+                                          code="IST0130", severity="warning"))
+
+    def ineffective(path: str, name: str, match: str, prior: str) -> None:
+        rep.out.append(rep.res.diagnostic(path, f"VirtualService rule {name} match {match} is not used "
+                                          f"(duplicate/overlapping match in rule {prior})", code="IST0131", severity="info"))
+
+    def route_name(n: int) -> str:
+        return f'"{routes[n]["name"]}"' if proto == "http" and routes[n].get("name") else f"#{n}"
+
     seen: dict[str, int] = {}
+    prefixes: list[tuple[int, int, dict]] = []   # (rule, match, match) of prefix URI matches, in order
     empty_at = -1
     for n, route in enumerate(routes):
-        name = f"{route['name']!r}".replace("'", '"') if proto == "http" and route.get("name") else f"#{n}"
+        name = route_name(n)
         matches = route.get("match") or []
         if not matches:
             if empty_at >= 0:
-                rep.out.append(rep.res.diagnostic(f"spec.{proto}[{n}]", f"VirtualService rule {name} not used "
-                               "(only the last rule can have no matches)", code="IST0130", severity="warning"))
+                unused(n, name, "only the last rule can have no matches")
             empty_at = n
             continue
         dupes = 0
         for k, m in enumerate(matches):
+            if empty_at >= 0:
+                unused(n, name, "route without matches defined before")
+                continue
             key = json.dumps({f: v for f, v in m.items() if f != "name"}, sort_keys=True)
             if key in seen:
                 dupes += 1
-                prior = routes[seen[key]]
-                prior_name = f'"{prior["name"]}"' if proto == "http" and prior.get("name") else f"#{seen[key]}"
-                mname = f'"{m["name"]}"' if m.get("name") else f"#{k}"
-                rep.out.append(rep.res.diagnostic(f"spec.{proto}[{n}].match[{k}]", f"VirtualService rule {name} match "
-                               f"{mname} is not used (duplicate/overlapping match in rule {prior_name})",
-                               code="IST0131", severity="info"))
-            else:
-                seen[key] = n
+                ineffective(f"spec.{proto}[{n}].match[{k}]", name, f'"{m["name"]}"' if m.get("name") else f"#{k}",
+                            route_name(seen[key]))
+                continue
+            seen[key] = n
+            if proto == "http" and (m.get("uri") or {}).get("prefix"):
+                prefixes.append((n, k, m))
         if dupes == len(matches):
-            rep.out.append(rep.res.diagnostic(f"spec.{proto}[{n}]", f"VirtualService rule {name} not used "
-                           "(all matches used by prior rules)", code="IST0130", severity="warning"))
+            unused(n, name, "all matches used by prior rules")
+    # Istio's genMatchHTTPRoutes/coveredValidation: a later prefix match that an
+    # earlier, shorter prefix (with the same other conditions) already takes.
+    for a, (na, ka, ma) in enumerate(prefixes):
+        for nb, kb, mb in prefixes[a + 1:]:
+            pa, pb = ma["uri"]["prefix"], mb["uri"]["prefix"]
+            if pa != pb and _prefix_covered(ma, mb):
+                mname_a = f'"{ma["name"]}"' if ma.get("name") else f"#{ka}"
+                mname_b = f'"{mb["name"]}"' if mb.get("name") else f"#{kb}"
+                ineffective(f"spec.http[{nb}].match[{kb}].uri.prefix", route_name(nb), f"{mname_b} of prefix {pb}",
+                            f"{mname_a} of prefix {pa} on {route_name(na)}")
+
+
+def _exact_or_prefix(sm: dict | None) -> str:
+    """Istio's assignExactOrPrefix."""
+    sm = sm or {}
+    if sm.get("exact"):
+        return "exact:" + sm["exact"]
+    if sm.get("prefix"):
+        return "prefix:" + sm["prefix"]
+    return ""
+
+
+def _prefix_covered(a: dict, b: dict) -> bool:
+    """Istio's coveredValidation(vA, vB): does earlier match `a` take every
+    request later match `b` would? Istio's rule, quirks kept: a method left
+    unset counts as exact GET, and a differing value is covered when a's value
+    starts with b's."""
+    if not b["uri"]["prefix"].startswith(a["uri"]["prefix"]) or (a.get("port") or 0) != (b.get("port") or 0):
+        return False
+    method_a, method_b = (_exact_or_prefix(m.get("method")) or "exact:GET" for m in (a, b))
+    if method_a != method_b and not method_a.startswith(method_b):
+        return False
+    auth_a, auth_b = _exact_or_prefix(a.get("authority")), _exact_or_prefix(b.get("authority"))
+    if auth_a != auth_b and not auth_a.startswith(auth_b):
+        return False
+    for kind in ("headers", "queryParams", "withoutHeaders"):
+        ma = {k: _exact_or_prefix(v) for k, v in (a.get(kind) or {}).items()}
+        mb = {k: _exact_or_prefix(v) for k, v in (b.get(kind) or {}).items()}
+        if len(ma) != len(mb) or any(k not in mb or (v != mb[k] and not v.startswith(mb[k])) for k, v in ma.items()):
+            return False
+    return True

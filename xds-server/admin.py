@@ -7,6 +7,7 @@
 /debug/configz                the config being served and the last rejected change set
 /debug/config_dump?node=ID    the node's snapshot as Envoy JSON
 /debug/tracez[?name=xds.push] recent OpenTelemetry spans
+/debug/certs                  the mesh CA's root and each node's certificate (no keys)
 /metrics                      Prometheus text (OpenTelemetry metrics)
                               (every view: session keys and Wasm env values redacted)
 POST /debug/inject            test hook only (serve --test-hooks): raw resources over every snapshot
@@ -77,10 +78,16 @@ def make_app(server) -> web.Application:
         server.inject(overrides)
         return _json({"injected": {short_name(t): sorted(v) for t, v in overrides.items()}})
 
+    async def certs(request):
+        # The mesh CA's root and each node's workload certificate: subject, SAN,
+        # validity, serial -- never key material (sds.IdentityService.debug_certs).
+        return _json(server.identity.debug_certs())
+
     app = web.Application()
     app.add_routes([web.get("/healthz", healthz), web.get("/debug/syncz", syncz),
                     web.get("/debug/configz", configz), web.get("/debug/config_dump", config_dump),
                     web.get("/debug/tracez", tracez), web.get("/metrics", metrics),
+                    web.get("/debug/certs", certs),
                     web.post("/debug/inject", inject)])
     return app
 

@@ -60,10 +60,19 @@ class AdsHub:
         self.shared = Shared(self.tracker, telemetry.metrics)
         self.streams: set[StreamRunner] = set()
         self._translating: dict[tuple, asyncio.Future] = {}
+        # sds.IdentityService: lays each node's SDS secrets over its shape's snapshot.
+        self.identity = None
 
     async def snapshot(self, node: ProxyNode) -> PreparedSnapshot | None:
-        """The node's snapshot; a new translation key is translated in a worker thread,
-        once, however many of its proxies connect meanwhile (the loop keeps serving)."""
+        """The node's snapshot (its shape's, plus its own SDS secrets)."""
+        snap = await self._shape_snapshot(node)
+        if self.identity is not None and snap is not None:
+            snap = self.identity.overlay(node, snap)   # cheap once issued (~1 ms to issue)
+        return snap
+
+    async def _shape_snapshot(self, node: ProxyNode) -> PreparedSnapshot | None:
+        """A new translation key is translated in a worker thread, once,
+        however many of its proxies connect meanwhile (the loop keeps serving)."""
         snap = self.cache.peek(node)
         if snap is not None or not self.cache.ready:
             return snap
@@ -104,6 +113,13 @@ class AdsHub:
     def notify_all(self) -> None:
         for r in list(self.streams):
             r.queue.put_nowait(PUSH)
+
+    def notify(self, node_ids) -> None:
+        """Push to these nodes' streams only (their secrets changed)."""
+        ids = set(node_ids)
+        for r in list(self.streams):
+            if r.stream.node is not None and r.stream.node.id in ids:
+                r.queue.put_nowait(PUSH)
 
 
 class StreamRunner:

@@ -13,15 +13,32 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def node_namespace(node_id: str, namespace: str = "") -> str:
+    """The namespace the control plane reads for a node (node.ProxyNode.from_proto's rule)."""
+    from xds_server.node import ProxyNode
+    from envoy.config.core.v3 import base_pb2
+    node = base_pb2.Node(id=node_id)
+    if namespace:
+        node.metadata.update({"NAMESPACE": namespace})
+    return ProxyNode.from_proto(node).namespace
+
+
 def envoy_bootstrap(node_id: str, xds_address: str, cluster: str = "", admin_port: int = 15000,
                     delta: bool = False, labels: dict | None = None, namespace: str = "",
-                    admin_address: str = "127.0.0.1") -> dict:
+                    admin_address: str = "127.0.0.1", service_account: str = "",
+                    identity_token: str = "") -> dict:
+    """identity_token: the node-bootstrap token (ca.node_token) that lets the control plane
+    issue this node the SVID of its namespace and service_account (sds.py)."""
     host, port = split_address(xds_address)
     metadata: dict = {}
     if labels:
         metadata["LABELS"] = {str(k): str(v) for k, v in labels.items()}
     if namespace:
         metadata["NAMESPACE"] = namespace
+    if service_account:
+        metadata["SERVICE_ACCOUNT"] = service_account
+    if identity_token:
+        metadata["IDENTITY_TOKEN"] = identity_token
     return {
         "node": {"id": node_id, "cluster": cluster or node_id, **({"metadata": metadata} if metadata else {})},
         "admin": {"address": {"socket_address": {"address": admin_address, "port_value": admin_port}}},

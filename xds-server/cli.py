@@ -54,6 +54,7 @@ def register(subparsers) -> None:
                        help="seconds a proxied HTTP stream may stay idle before Envoy answers and releases "
                             f"it (HCM stream_idle_timeout; default 300, or ${STREAM_IDLE_ENV}; 0: off, as istiod)")
     serve.add_argument("--debounce-ms", type=int, default=100, help="wait this long after a change before loading it (default 100)")
+    _identity_flags(serve)
     serve.add_argument("--test-hooks", action="store_true", help="enable POST /debug/inject (tests only)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
     serve.set_defaults(func=_serve)
@@ -71,6 +72,12 @@ def register(subparsers) -> None:
         p.add_argument("--delta", action="store_true", help="Delta xDS instead of state of the world")
         p.add_argument("--label", action="append", help="node label KEY=VALUE (repeatable)")
         p.add_argument("--namespace", default="", help="the proxy's namespace (node metadata NAMESPACE; default: from the node id)")
+        p.add_argument("--service-account", default="",
+                       help="the workload's service account (node metadata SERVICE_ACCOUNT; its SPIFFE identity is "
+                            "spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT; default: default)")
+        p.add_argument("--ca-dir", default="",
+                       help="the control plane's --ca-dir: write this node's bootstrap token (IDENTITY_TOKEN), "
+                            "without which it is issued no workload certificate")
         if name == "run":
             p.add_argument("--log-level", default="warning", help="Envoy's log level (default warning)")
             p.add_argument("--bootstrap-path", help="where to write the bootstrap (default: a temp file)")
@@ -109,8 +116,13 @@ def _serve(args) -> int:
     if not os.path.isdir(args.config_dir):
         print(f"mcpctl xds serve: config directory {args.config_dir!r} does not exist", file=sys.stderr)
         return 2
+    try:
+        identity = _identity(args)
+    except ValueError as e:
+        print(f"mcpctl xds serve: {e}", file=sys.stderr)
+        return 2
     server = XdsServer(args.config_dir, port=args.port, admin_port=args.admin_port, address=args.address,
-                       debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks)
+                       debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity)
     try:
         asyncio.run(serve(server))
     except OSError as e:
@@ -119,11 +131,51 @@ def _serve(args) -> int:
     return 0
 
 
+def _identity_flags(serve) -> None:
+    serve.add_argument("--ca-dir", default="",
+                       help="the mesh CA's state directory (root generated at first start, files 0600; the "
+                            "node-token key). Without it no workload certificates are issued")
+    serve.add_argument("--ca-cert", default="", help="an operator's CA certificate (chain up to the root), PEM: "
+                                                     "Istio's plugged-in CA (with --ca-key and --ca-dir)")
+    serve.add_argument("--ca-key", default="", help="the key of --ca-cert, PEM")
+    serve.add_argument("--trust-domain", default="cluster.local", help="SPIFFE trust domain (default cluster.local)")
+    serve.add_argument("--workload-cert-ttl", default="24h",
+                       help="workload certificate lifetime, e.g. 24h, 90m, 30s (default 24h); re-issued at half")
+
+
+def _identity(args):
+    """The SDS identity service from the serve flags (ValueError: a bad flag or CA state)."""
+    from xds_server.ca import CAError, MeshCA
+    from xds_server.sds import IdentityService
+    from mesh.validation.schema import duration_ns
+    ns = duration_ns(args.workload_cert_ttl)
+    if not ns or ns < 1_000_000_000:
+        raise ValueError(f"--workload-cert-ttl must be a duration of at least 1s, got {args.workload_cert_ttl!r}")
+    ca = None
+    if args.ca_cert or args.ca_key or args.ca_dir:
+        if not args.ca_dir:
+            raise ValueError("--ca-cert/--ca-key need --ca-dir too (it holds the node-token key)")
+        try:
+            ca = MeshCA.load_or_create(args.ca_dir, args.trust_domain, args.ca_cert, args.ca_key)
+        except (CAError, OSError) as e:
+            raise ValueError(f"mesh CA: {e}") from None
+    return IdentityService(ca, ns / 1e9)
+
+
 def _bootstrap_text(args) -> str:
-    from xds_server.bootstrap import bootstrap_yaml
+    from xds_server.bootstrap import bootstrap_yaml, node_namespace
+    token = ""
+    if args.ca_dir:
+        from xds_server.ca import CAError, node_token_from_dir
+        try:
+            token = node_token_from_dir(args.ca_dir, args.node_id, node_namespace(args.node_id, args.namespace),
+                                        args.service_account or "default")
+        except CAError as e:
+            raise ValueError(str(e)) from None
     return bootstrap_yaml(node_id=args.node_id, cluster=args.cluster, xds_address=args.xds_address,
                           admin_port=args.admin_port, delta=args.delta, labels=_labels(args.label),
-                          namespace=args.namespace)
+                          namespace=args.namespace, service_account=args.service_account,
+                          identity_token=token)
 
 
 def _bootstrap(args) -> int:

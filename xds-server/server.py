@@ -42,7 +42,7 @@ class XdsServer:
                  address: str = "127.0.0.1", load=None, translate=None,
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
                  telemetry: Telemetry | None = None,
-                 settle: float = DEFAULT_SETTLE):
+                 settle: float = DEFAULT_SETTLE, identity=None):
         self.config_dir = config_dir
         self.settle = settle            # settle.py: how long a security weakening waits for its file
         self._recheck: asyncio.TimerHandle | None = None
@@ -55,6 +55,10 @@ class XdsServer:
         # The process default unless given one: the translator and cache report there.
         self.telemetry = telemetry or default_telemetry()
         self.hub = AdsHub(self.cache, self.telemetry)
+        # SDS (sds.py): the mesh CA's certificates and credentialName secrets, per node.
+        from xds_server.sds import DEFAULT_WORKLOAD_TTL, IdentityService
+        self.identity = self.hub.identity = identity or IdentityService(None, DEFAULT_WORKLOAD_TTL)
+        self._rotation: asyncio.Task | None = None
         self.test_hooks = test_hooks
         self.source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)
         self._generations = itertools.count(1)
@@ -87,11 +91,17 @@ class XdsServer:
         if self._admin.addresses:                      # --admin-port 0: the port it got
             self.admin_port = self._admin.addresses[0][1]
         self.source.start()
+        if self.identity.ca is not None:
+            from xds_server.sds import rotation_loop, rotation_period
+            self._rotation = asyncio.get_running_loop().create_task(
+                rotation_loop(self.identity, self.hub, rotation_period(self.identity.ttl)))
         log.info("ADS on %s:%d, admin on %s:%d, watching %s (%s)", self.address, self.port,
                  self.address, self.admin_port, self.config_dir,
                  "inotify" if self.source.inotify is not None else "polling")
 
     async def stop(self, grace: float = 0.5) -> None:
+        if self._rotation is not None:
+            self._rotation.cancel()
         if self._recheck is not None:
             self._recheck.cancel()
         await self.source.stop()
@@ -134,6 +144,7 @@ class XdsServer:
                 span.set_attribute("xds.node_shapes", len(snapshots))
             m.translate_seconds.record(time.perf_counter() - started)
             self.cache.install(config, generation, snapshots)
+            self.identity.config = config          # credentialName secrets follow the config
             # The config and snapshots are a million long-lived objects: move them
             # out of the cyclic collector's sight, or every full collection (during
             # the next load, or mid-push) walks them all, for seconds on this box.

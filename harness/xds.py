@@ -64,7 +64,7 @@ class ControlPlane:
 
     def __init__(self, config_dir: str, port: int | None = None, admin_port: int | None = None,
                  test_hooks: bool = True, debounce_ms: int = 100, log_level: str = "info",
-                 log_path: str | None = None, new_session: bool = False):
+                 log_path: str | None = None, new_session: bool = False, extra_args: list[str] | None = None):
         self.config_dir = config_dir
         self.port = port or free_port()
         self.admin_port = admin_port or free_port()
@@ -72,6 +72,7 @@ class ControlPlane:
         self.debounce_ms = debounce_ms
         self.log_level = log_level
         self.new_session = new_session
+        self.extra_args = list(extra_args or [])     # more `mcpctl xds serve` flags (e.g. --ca-dir)
         self.proc: subprocess.Popen | None = None
         self._own_log = log_path is None
         self.log_path = log_path or tempfile.mktemp(prefix="xds-", suffix=".log")
@@ -87,6 +88,7 @@ class ControlPlane:
                 "--log-level", self.log_level]
         if self.test_hooks:
             args.append("--test-hooks")
+        args += self.extra_args
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=self.new_session)

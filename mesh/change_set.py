@@ -45,8 +45,15 @@ def is_unmodelled_istio_kind(res: Resource) -> bool:
     return res.kind not in validation.VALIDATORS
 
 
+# Core (v1) kinds mesh models: a kubernetes.io/tls Secret is what a Gateway's
+# credentialName names (xds_server.sds serves it).
+CORE_KINDS = {"Secret"}
+
+
 def is_foreign(res: Resource) -> bool:
     """A kind of an API group mesh does not model (a CRD, a Deployment ...)."""
+    if res.group == "" and res.kind in CORE_KINDS:
+        return False
     return res.group not in MESH_GROUPS
 
 

@@ -318,7 +318,9 @@ def test_destination_rule_tls_simple_and_mutual_from_files():
     assert mutual["tlsCertificates"] == [{"certificateChain": {"filename": "/c.pem"}, "privateKey": {"filename": "/c.key"}}]
     assert mutual["alpnProtocols"] == ["h2"]                       # a GRPC port
     assert "transportSocket" not in cluster(s, "outbound|80|plain|svc.mesh.local")   # DISABLE
-    assert "transportSocket" not in cluster(s, "outbound|80|mesh|svc.mesh.local")    # ISTIO_MUTUAL: not translated
+    istio = cluster(s, "outbound|80|mesh|svc.mesh.local")["transportSocket"]["typedConfig"]   # ISTIO_MUTUAL: SDS
+    assert istio["sni"] == "outbound_.80_.mesh_.svc.mesh.local"
+    assert istio["commonTlsContext"]["tlsCertificateSdsSecretConfigs"][0]["name"] == "default"
 
 
 def test_default_routes_hash_as_the_destination_rule_says():

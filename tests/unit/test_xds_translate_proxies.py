@@ -97,8 +97,8 @@ def hcm_of(listener) -> dict:
 # -- gateways --------------------------------------------------------------
 def test_gateway_servers_on_one_port_share_a_listener_and_route_config():
     s = snap(GATEWAY)
-    assert set(s[LISTENER]) == {"127.0.0.1_8080"}        # HTTPS servers are not translated yet
-    assert set(s[ROUTE]) == {"http.8080"}
+    assert set(s[LISTENER]) == {"127.0.0.1_8080", "127.0.0.1_8443"}   # 8443: credentialName over SDS
+    assert set(s[ROUTE]) == {"http.8080", "https.8443.https.public.edge"}
 
 
 def test_gateway_host_namespaces_admit_only_matching_virtual_service_hosts():
@@ -235,7 +235,8 @@ spec:
 def test_https_servers_get_a_tls_chain_and_route_config_each():
     s = snap(GATEWAY, MESH + "---" + TLS_GATEWAY)
     assert {"127.0.0.1_443", "127.0.0.1_80"} <= set(s[LISTENER])
-    assert "127.0.0.1_8443" not in s[LISTENER]             # credentialName (SDS): not translated
+    sds = json_format.MessageToDict(s[LISTENER]["127.0.0.1_8443"])["filterChains"][-1]["transportSocket"]
+    assert sds["typedConfig"]["commonTlsContext"]["tlsCertificateSdsSecretConfigs"][0]["name"] == "kubernetes://c-cert"
     assert {"https.443.https-a.tls.edge", "https.443.https-b.tls.edge"} <= set(s[ROUTE])
     lis = json_format.MessageToDict(s[LISTENER]["127.0.0.1_443"])
     assert [f["name"] for f in lis["listenerFilters"]] == ["envoy.filters.listener.tls_inspector"]

@@ -21,7 +21,7 @@ from google.protobuf import any_pb2
 
 from mesh.resources import Resource
 from mesh.qos import QosClass, qos_class_for
-from xds_server.translate import values
+from xds_server.translate import transport_sockets, values
 from xds_server.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS, Endpoint, MeshIndex, Service, ServicePort, labels_match
 from xds_server.translate.names import cluster_name
 
@@ -221,10 +221,19 @@ def _qos_bind(cluster: Cluster, qos: QosClass, opts: ClusterOptions) -> None:
     so.state = socket_option_pb2.SocketOption.STATE_PREBIND
 
 
-def _upstream_tls(cluster: Cluster, tls: dict, port: ServicePort, h2: bool) -> None:
-    """DestinationRule `tls` SIMPLE/MUTUAL with certificate files: originate TLS.
-    ISTIO_MUTUAL and credentialName (SDS) are not translated; DISABLE is plain."""
+def _upstream_tls(cluster: Cluster, tls: dict, port: ServicePort, h2: bool,
+                  service: Service | None = None, subset: str = "") -> None:
+    """DestinationRule `tls`: SIMPLE/MUTUAL with certificate files originate TLS;
+    ISTIO_MUTUAL the mesh's mTLS over SDS (transport_sockets.py: SNI
+    outbound_.PORT_.SUBSET_.HOST, the server's SAN checked against the rule's
+    subjectAltNames, else the ServiceEntry's); DISABLE is plain."""
     mode = str(tls.get("mode") or "").upper()
+    if mode == "ISTIO_MUTUAL" and service is not None:
+        sans = [str(s) for s in tls.get("subjectAltNames") or service.source.spec.get("subjectAltNames") or []]
+        ctx = transport_sockets.istio_mutual_upstream(
+            str(tls.get("sni") or transport_sockets.sni(service.host, port.number, subset)), sans, h2)
+        cluster.transport_socket.CopyFrom(transport_sockets.transport_socket(ctx))
+        return
     if mode not in ("SIMPLE", "MUTUAL"):
         return
     ctx = tls_pb2.UpstreamTlsContext()
@@ -293,7 +302,7 @@ def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: d
             _http_options(cluster, dr, pool, port, f"{base}.connectionPool")
         if policy.get("tls"):
             upgrade = str((pool.get("http") or {}).get("h2UpgradePolicy") or "").upper() == "UPGRADE"
-            _upstream_tls(cluster, policy["tls"], port, port.protocol in H2_PROTOCOLS or upgrade)
+            _upstream_tls(cluster, policy["tls"], port, port.protocol in H2_PROTOCOLS or upgrade, service, subset_name)
         qos = None
         if dr is not None:
             try:

@@ -68,11 +68,12 @@ class GatewayServer:
 
     @property
     def terminates_tls(self) -> bool:
-        """HTTPS whose certificate comes from files (SIMPLE or MUTUAL).
-        credentialName (SDS, Kubernetes secrets) is not translated."""
+        """HTTPS (SIMPLE or MUTUAL) whose certificate comes from files or from a
+        Secret named by credentialName (served over SDS: xds_server.sds)."""
         mode = str(self.tls.get("mode") or "SIMPLE").upper()
         return (self.protocol == "HTTPS" and mode in ("SIMPLE", "MUTUAL")
-                and bool(self.tls.get("serverCertificate")) and bool(self.tls.get("privateKey")))
+                and (bool(self.tls.get("credentialName"))
+                     or (bool(self.tls.get("serverCertificate")) and bool(self.tls.get("privateKey")))))
 
 
 @dataclass

@@ -30,7 +30,7 @@ from google.protobuf import any_pb2
 from mesh import headers as H
 from mesh.header_contract import JWT_AUTHN_FILTER
 from mesh.qos import ALPN_CLASSES
-from xds_server.translate import authn
+from xds_server.translate import authn, transport_sockets
 from xds_server.translate.clusters import ads_config_source
 from xds_server.translate.names import grpc_listener_name, listener_name
 from xds_server.translate.routes import CORS_FILTER, FAULT_FILTER
@@ -130,12 +130,17 @@ _TLS_VERSIONS = {"TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": commo
 
 
 def downstream_tls(tls: dict) -> tls_pb2.DownstreamTlsContext:
-    """A Gateway server's `tls` (SIMPLE or MUTUAL, certificates as files)."""
-    ctx = tls_pb2.DownstreamTlsContext()
+    """A Gateway server's `tls` (SIMPLE or MUTUAL, certificates as files or, by
+    credentialName, over SDS: transport_sockets.credential_downstream)."""
+    mutual = str(tls.get("mode") or "SIMPLE").upper() == "MUTUAL"
+    if tls.get("credentialName"):
+        ctx = transport_sockets.credential_downstream(str(tls["credentialName"]), mutual)
+    else:
+        ctx = tls_pb2.DownstreamTlsContext()
+        cert = ctx.common_tls_context.tls_certificates.add()
+        cert.certificate_chain.filename = str(tls["serverCertificate"])
+        cert.private_key.filename = str(tls["privateKey"])
     common = ctx.common_tls_context
-    cert = common.tls_certificates.add()
-    cert.certificate_chain.filename = str(tls["serverCertificate"])
-    cert.private_key.filename = str(tls["privateKey"])
     common.alpn_protocols.extend(["h2", "http/1.1"])
     params = common.tls_params
     params.tls_minimum_protocol_version = _TLS_VERSIONS.get(str(tls.get("minProtocolVersion") or "TLSV1_2").upper(),
@@ -144,7 +149,7 @@ def downstream_tls(tls: dict) -> tls_pb2.DownstreamTlsContext:
         params.tls_maximum_protocol_version = _TLS_VERSIONS.get(str(tls["maxProtocolVersion"]).upper(),
                                                                 common_pb2.TlsParameters.TLS_AUTO)
     params.cipher_suites.extend(str(c) for c in tls.get("cipherSuites") or [])
-    if str(tls.get("mode") or "SIMPLE").upper() == "MUTUAL":
+    if mutual and not tls.get("credentialName"):
         ctx.require_client_certificate.value = True
         if tls.get("caCertificates"):
             common.validation_context.trusted_ca.filename = str(tls["caCertificates"])

@@ -23,7 +23,9 @@ from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
 from xds_server.translate import http_filters
 from xds_server.translate.clusters import ClusterOptions, build_clusters
 from xds_server.translate.config_cache import ConfigTranslation
+from xds_server.translate.inbound import inbound
 from xds_server.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex
+from xds_server.translate.sidecar_scope import apply_egress, sidecar_for
 from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_head, filter_chain_tail
 from xds_server.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
 from xds_server.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
@@ -71,6 +73,8 @@ class Translator:
                 LISTENER: dict(self.listeners(state, node, plan)), ROUTE: dict(routes),
                 CLUSTER: dict(clusters), ENDPOINT: dict(assignments),
             }
+            if node.kind == "sidecar":
+                snapshot = self.sidecar(state, node, snapshot)
             http_filters.resources(config, node, snapshot)
             span.set_attribute("xds.translate.config_cached", config_hit)
             span.set_attribute("xds.translate.endpoints_only", state.derived)
@@ -140,6 +144,23 @@ class Translator:
         with state.lock:
             state.listeners[cache_key] = out
         return out
+
+    # -- a sidecar's Sidecar resource: inbound listeners, egress scope ----------
+    def sidecar(self, state: ConfigTranslation, node: ProxyNode, snapshot: Snapshot) -> Snapshot:
+        """Inbound listeners and clusters for the Sidecar's ingress ports (an
+        inbound listener replaces an outbound one of the same name), and only
+        what its egress hosts allow (sidecar_scope.py, inbound.py)."""
+        scope = sidecar_for(state.config, node)
+        if scope is None:
+            return snapshot
+        with state.lock:
+            idx, _ = state.view(node.namespace)
+        snapshot = apply_egress(snapshot, idx, scope, node)
+        listeners, clusters = inbound(state.config, node, scope, self.options.bind_address)
+        if listeners:
+            snapshot[LISTENER] = {**snapshot[LISTENER], **listeners}
+            snapshot[CLUSTER] = {**snapshot[CLUSTER], **clusters}
+        return snapshot
 
     # -- the per-config cache --------------------------------------------------
     def cached(self, config: MeshConfig) -> ConfigTranslation | None:

@@ -21,7 +21,11 @@ trailers-only error carries as headers; see xds-server/console/README.md.
 
 Before grpc_web, a Lua filter (grpc_web_frames.lua) answers a gRPC-Web body
 that is not whole frames with INVALID_ARGUMENT: upstreams may wait forever
-on one (grpcio's asyncio server does), and the caller with them.
+on one (grpcio's asyncio server does), and the caller with them. A body whose
+content-length says its message is over MAX_REQUEST_MESSAGE is answered
+RESOURCE_EXHAUSTED at once. What the filter cannot check (no content-length:
+chunked HTTP/1.1 or h2c; over FRAMES_CHECK_LIMIT) streams through, and the
+HCM's stream idle timeout (listeners.py) bounds a stall on either side.
 """
 from __future__ import annotations
 
@@ -41,6 +45,10 @@ from xds_server.translate.phases import Phase
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
 FRAMES_FILTER = "mcp.grpc_web.frames"          # a Lua filter; named apart from other Lua uses
 FRAMES_CHECK_LIMIT = 1 << 20                   # Envoy's default per-connection buffer limit
+# The largest request message a gRPC-Web body may declare (gRPC's default
+# max_receive_message_length): above it the gateway answers RESOURCE_EXHAUSTED
+# from the headers alone, before taking any of the body.
+MAX_REQUEST_MESSAGE = 4 << 20
 _LUA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grpc_web_frames.lua")
 
 
@@ -57,7 +65,8 @@ def grpc_web_filter() -> hcm_pb2.HttpFilter:
 @functools.cache
 def _frames_source() -> str:
     with open(_LUA, encoding="utf-8") as f:
-        return f.read().replace("__LIMIT__", str(FRAMES_CHECK_LIMIT))
+        return (f.read().replace("__LIMIT__", str(FRAMES_CHECK_LIMIT))
+                .replace("__MAX_MESSAGE__", str(MAX_REQUEST_MESSAGE)))
 
 
 def frames_filter() -> hcm_pb2.HttpFilter:

@@ -8,9 +8,14 @@
 --
 -- Only bodies with a content-length up to LIMIT are checked (buffered whole;
 -- browsers send gRPC-Web bodies at once, with a length); larger ones stream
--- through unchecked, within the listener's buffer limit either way.
+-- through unchecked, within the listener's buffer limit either way, unless
+-- the length says the message is over MAX_MESSAGE: then RESOURCE_EXHAUSTED,
+-- from the headers alone. A body without a length (chunked, h2c) streams
+-- through; the HCM's stream idle timeout bounds it if it stalls.
 local LIMIT = __LIMIT__
+local MAX_MESSAGE = __MAX_MESSAGE__
 local INVALID_ARGUMENT = "3"
+local RESOURCE_EXHAUSTED = "8"
 
 local ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 local B64 = {}
@@ -85,6 +90,12 @@ local function grpc_web_error(status, message)
                      math.floor(n / 256) % 256, n % 256) .. block
 end
 
+local function reply(handle, ctype, text, status, message)
+  local out = grpc_web_error(status, message)
+  handle:respond({[":status"] = "200", ["content-type"] = ctype:match("^[^;]+")},
+                 text and base64(out) or out)
+end
+
 function envoy_on_request(handle)
   local headers = handle:headers()
   local ctype = headers:get("content-type") or ""
@@ -92,12 +103,23 @@ function envoy_on_request(handle)
     return
   end
   local length = tonumber(headers:get("content-length") or "")
-  if length == nil or length > LIMIT then
+  if length == nil then
+    return
+  end
+  local text = ctype:sub(1, 25) == "application/grpc-web-text"
+  -- The one request message (unary and server-streaming calls send one) is at
+  -- least this long: the body less one frame header (base64: 3 bytes per 4).
+  local message = (text and math.floor(length * 3 / 4) or length) - 5
+  if message > MAX_MESSAGE then
+    reply(handle, ctype, text, RESOURCE_EXHAUSTED, string.format(
+      "gRPC-Web request message of about %d bytes is over the gateway's limit of %d", message, MAX_MESSAGE))
+    return
+  end
+  if length > LIMIT then
     return
   end
   local body = handle:body()
   local bytes = body and body:getBytes(0, body:length()) or ""
-  local text = ctype:sub(1, 25) == "application/grpc-web-text"
   if text then
     bytes = unbase64(bytes)
     if bytes == nil then
@@ -106,8 +128,6 @@ function envoy_on_request(handle)
   end
   local problem = framing_problem(bytes)
   if problem then
-    local reply = grpc_web_error(INVALID_ARGUMENT, "malformed gRPC-Web request: " .. problem)
-    handle:respond({[":status"] = "200", ["content-type"] = ctype:match("^[^;]+")},
-                   text and base64(reply) or reply)
+    reply(handle, ctype, text, INVALID_ARGUMENT, "malformed gRPC-Web request: " .. problem)
   end
 end

@@ -51,6 +51,16 @@ class Service:
     # only then can "a subset selects no endpoint" be said.
     endpoints_known: bool = False
 
+    def visible_from(self, namespace: str | None) -> bool:
+        """Whether any of its ServiceEntries is exported to `namespace` (exportTo:
+        none or "*" everywhere, "." its own namespace, "~" nowhere, else the list)."""
+        return namespace is None or any(_exported_to(se, namespace) for se in self.entries)
+
+
+def _exported_to(se: Resource, namespace: str) -> bool:
+    export_to = se.spec.get("exportTo") or ["*"]
+    return "*" in export_to or namespace in export_to or ("." in export_to and se.namespace == namespace)
+
 
 class Index:
     """Lookups every analyzer needs, built once per config."""
@@ -103,12 +113,14 @@ class Index:
         covering = [(p, dr) for p, dr in self.wildcard_rules if hosts.host_matches(p, host)]
         return [max(covering, key=lambda c: len(c[0]))[1]] if covering else []
 
-    def service_for(self, host: str) -> Service | None:
+    def service_for(self, host: str, namespace: str | None = None) -> Service | None:
+        """The registry's service for `host`, as seen from `namespace` (None: from
+        anywhere): Istio's GetDestinationHost honours the ServiceEntry's exportTo."""
         svc = self.services.get(host)
-        if svc is not None:
+        if svc is not None and svc.visible_from(namespace):
             return svc
         for pattern in self.wildcard_services:
-            if hosts.host_matches(pattern, host):
+            if hosts.host_matches(pattern, host) and self.services[pattern].visible_from(namespace):
                 return self.services[pattern]
         return None
 
@@ -231,7 +243,7 @@ def destination_hosts(index: Index) -> Iterator[Diagnostic]:
     for vs in index.virtual_services:
         for path, d in _destinations(vs):
             host = hosts.resolve_short_name(str(d.get("host", "")), vs.namespace)
-            if index.service_for(host) is None:
+            if index.service_for(host, vs.namespace) is None:
                 yield vs.diagnostic(f"{path}.host", f'Referenced host not found: "{d.get("host")}"',
                                     code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
 
@@ -243,7 +255,7 @@ def destination_ports(index: Index) -> Iterator[Diagnostic]:
     for vs in index.virtual_services:
         on_gateway = bool(vs.spec.get("gateways")) and hosts.MESH_GATEWAY not in vs.spec["gateways"]
         for path, d in _destinations(vs):
-            svc = index.service_for(hosts.resolve_short_name(str(d.get("host", "")), vs.namespace))
+            svc = index.service_for(hosts.resolve_short_name(str(d.get("host", "")), vs.namespace), vs.namespace)
             if svc is None or not svc.ports:
                 continue
             port = (d.get("port") or {}).get("number")
@@ -263,25 +275,53 @@ def _bound_gateways(vs: Resource) -> list[str]:
 def conflicting_hosts(index: Index) -> Iterator[Diagnostic]:
     """IST0109: two VirtualServices define the same host on the same gateway.
 
-    istioctl checks the mesh gateway only (istiod merges VirtualServices on
-    ingress gateways, in creation order). mcp-mesh reads a directory, which
-    has no creation order, so it rejects the duplicate on any gateway.
+    On the mesh gateway, as istioctl's ConflictingMeshGatewayHostsAnalyzer:
+    hosts are scoped by the VirtualService's exportTo (none or "*": every
+    namespace; "." its own), and a host exported to one namespace conflicts
+    with every host exported to all that it overlaps (`*.productpage.d` with
+    `*.d`, host.Name.Matches). istiod merges VirtualServices on named
+    gateways in creation order, which a directory does not have, so mcp-mesh
+    also rejects the same host twice on one named gateway.
     """
-    owners: dict[tuple[str, str], list[tuple[Resource, int]]] = defaultdict(list)
+    mesh: dict[tuple[str, str], list[tuple[Resource, int]]] = defaultdict(list)
+    named: dict[tuple[str, str], list[tuple[Resource, int]]] = defaultdict(list)
     for vs in index.virtual_services:
+        export_to = vs.spec.get("exportTo") or []
+        scopes = ["*"] if not export_to or "*" in export_to else \
+            sorted({vs.namespace if e == "." else e for e in export_to})
         for gw in dict.fromkeys(_bound_gateways(vs)):
             for i, h in enumerate(vs.spec.get("hosts") or []):
-                owners[(gw, hosts.resolve_short_name(h, vs.namespace))].append((vs, i))
-    for (gw, host), found in owners.items():
+                fqdn = _analyzer_fqdn(str(h), vs.namespace)
+                if gw == hosts.MESH_GATEWAY:
+                    for scope in scopes:
+                        mesh[(scope, fqdn)].append((vs, i))
+                else:
+                    named[(gw, fqdn)].append((vs, i))
+    groups = []
+    for (scope, fqdn), found in mesh.items():
+        if scope != "*":   # getExportToAllNamespacesVSListForScopedHost
+            found = found + [f for (sc, other), fs in mesh.items() if sc == "*" and hosts.hosts_overlap(fqdn, other)
+                             for f in fs]
+        groups.append(("mesh gateway", fqdn, found))
+    groups.extend((f"gateway {gw}", fqdn, found) for (gw, fqdn), found in named.items())
+    reported: set[tuple[str, str, int]] = set()
+    for where, fqdn, found in groups:
         if len({(v.namespace, v.name) for v, _ in found}) < 2:
             continue
         names = ",".join(sorted({f"{v.namespace}/{v.name}" for v, _ in found}))
-        where = "mesh gateway" if gw == hosts.MESH_GATEWAY else f"gateway {gw}"
         for vs, i in found:
+            if (where, vs.ref, i) in reported:
+                continue
+            reported.add((where, vs.ref, i))
             yield vs.diagnostic(f"spec.hosts[{i}]", f"The VirtualServices {names} associated with {where} define the "
-                                f"same host {host} which can lead to undefined behavior. This can be fixed by merging "
+                                f"same host {fqdn} which can lead to undefined behavior. This can be fixed by merging "
                                 "the conflicting VirtualServices into a single resource.",
                                 code=CONFLICTING_MESH_GATEWAY_VS_HOSTS)
+
+
+def _analyzer_fqdn(host: str, namespace: str) -> str:
+    """istioctl's ConvertHostToFQDN: a name without a dot is NAME.NS.svc.cluster.local."""
+    return host if host.startswith("*") or "." in host else hosts.resolve_short_name(host, namespace)
 
 
 def _server_host(h: str) -> str:
@@ -290,47 +330,66 @@ def _server_host(h: str) -> str:
 
 @analyzer
 def virtual_service_hosts_on_gateway(index: Index) -> Iterator[Diagnostic]:
-    """IST0132: a gateway-bound VirtualService host that none of its gateways' servers accept."""
+    """IST0132, as istioctl's GatewayAnalyzer: for each Gateway in spec.gateways,
+    a warning when none of the VirtualService's hosts is served by it. Gateway
+    hosts `ns/host` apply only to VirtualServices in `ns` (`./host`: the
+    Gateway's namespace, `*/host`: any), host.NamesForNamespace."""
     for vs in index.virtual_services:
-        refs = [(i, g, hosts.gateway_ref(g, vs.namespace)) for i, g in enumerate(vs.spec.get("gateways") or [])]
-        gws = [index.gateways[r] for _, _, r in refs if r in index.gateways]
-        if not gws:
-            continue
-        server_hosts = [_server_host(h).lower() for gw in gws for s in gw.spec.get("servers") or []
-                        for h in s.get("hosts") or []]
-        missing = [h for h in vs.spec.get("hosts") or []
-                   if not any(hosts.host_matches(sh, h.lower()) or hosts.host_matches(h.lower(), sh) for sh in server_hosts)]
-        if missing:
-            names = ",".join(f"{g.namespace}/{g.name}" for g in gws)
-            yield vs.diagnostic("spec.hosts", f"one or more host(s) [{','.join(missing)}] specified in a VirtualService "
-                                f"({vs.namespace}/{vs.name}) were not found in Gateway(s) [{names}]",
-                                code=VS_HOST_NOT_FOUND_IN_GATEWAY, severity="warning")
+        vs_hosts = [str(h) for h in vs.spec.get("hosts") or []]
+        for i, g in enumerate(vs.spec.get("gateways") or []):
+            ref = hosts.gateway_ref(g, vs.namespace)
+            gw = index.gateways.get(ref)
+            if ref == hosts.MESH_GATEWAY or gw is None:   # a missing gateway is IST0101's
+                continue
+            served = [h for s in gw.spec.get("servers") or [] for h in _hosts_for_namespace(
+                [str(x) for x in s.get("hosts") or []], gw.namespace, vs.namespace)]
+            if not any(hosts.hosts_overlap(gh.lower(), vh.lower()) for gh in served for vh in vs_hosts):
+                yield vs.diagnostic(f"spec.gateways[{i}]", f"one or more host [{' '.join(vs_hosts)}] defined in "
+                                    f"VirtualService {vs.namespace}/{vs.name} not found in Gateway {ref}.",
+                                    code=VS_HOST_NOT_FOUND_IN_GATEWAY, severity="warning")
+
+
+def _hosts_for_namespace(server_hosts: list[str], gateway_ns: str, vs_ns: str) -> list[str]:
+    """sanitizeServerHostNamespace then host.NamesForNamespace."""
+    out = []
+    for h in server_hosts:
+        ns, slash, name = h.partition("/")
+        if not slash:
+            out.append(h)
+        elif (gateway_ns if ns == "." else ns) in (vs_ns, "*"):
+            out.append(name)
+    return out
 
 
 @analyzer
 def conflicting_gateways(index: Index) -> Iterator[Diagnostic]:
-    """IST0145: Gateways with the same selector and port whose hosts overlap."""
-    by_key: dict[tuple, list[tuple[Resource, int, list[str]]]] = defaultdict(list)
+    """IST0145, as istioctl's ConflictingGatewayAnalyzer: servers of two Gateways
+    on one port and bind whose selectors pick the same workload, with a host in
+    common. The same selector, or one selector a subset of the other (istioctl
+    then looks for a Pod carrying both; with no Pod registry here, the workload
+    the larger selector names is taken to exist). mcp-mesh counts overlapping
+    hosts (`*.example.com` and `shop.example.com`), not only equal ones: both
+    would be one listener's filter chain."""
+    servers = []
     for gw in index.gateways.values():
-        selector = tuple(sorted((gw.spec.get("selector") or {}).items()))
+        selector = {str(k): str(v) for k, v in (gw.spec.get("selector") or {}).items()}
         for i, s in enumerate(gw.spec.get("servers") or []):
-            port = (s.get("port") or {}).get("number")
-            by_key[(selector, port)].append((gw, i, [_server_host(h).lower() for h in s.get("hosts") or []]))
-    for (selector, port), servers in by_key.items():
-        for a in range(len(servers)):
-            for b in range(a + 1, len(servers)):
-                ga, ia, ha = servers[a]
-                gb, ib, hb = servers[b]
-                if ga is gb:
-                    continue
-                overlap = sorted({x for x in ha for y in hb if hosts.hosts_overlap(x, y)})
-                if not overlap:
-                    continue
-                sel = ",".join(f"{k}={v}" for k, v in selector)
-                for gw, i, other in ((ga, ia, gb), (gb, ib, ga)):
-                    yield gw.diagnostic(f"spec.servers[{i}]", f"Conflict with gateways {other.namespace}/{other.name} "
-                                        f"(workload selector {sel}, port {port}, hosts {','.join(overlap)}).",
-                                        code=CONFLICTING_GATEWAYS)
+            servers.append((gw, i, selector, (s.get("port") or {}).get("number"), s.get("bind") or "",
+                            [str(h) for h in s.get("hosts") or []]))
+    for gw, i, selector, port, bind, own in servers:
+        others = sorted({f"{o.namespace}/{o.name}" for o, _, sel, p, b, hs in servers
+                         if o is not gw and p == port and b == bind and _same_workload(selector, sel)
+                         and any(hosts.hosts_overlap(_server_host(x).lower(), _server_host(y).lower())
+                                 for x in own for y in hs)})
+        if others:
+            sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            yield gw.diagnostic(f"spec.servers[{i}]", f"Conflict with gateways {','.join(others)} (workload selector "
+                                f"{sel}, port {port}, hosts {','.join(own)}).", code=CONFLICTING_GATEWAYS)
+
+
+def _same_workload(a: dict, b: dict) -> bool:
+    small, large = (a, b) if len(a) <= len(b) else (b, a)
+    return all(large.get(k) == v for k, v in small.items())
 
 
 @analyzer

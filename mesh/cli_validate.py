@@ -5,6 +5,10 @@ whole set, cross-resource (IST0101, IST0109, ...), after validation. Both
 skip kinds mesh does not model (a CRD, a Deployment) with a note, as
 istioctl does; the control plane's config directory rejects them instead
 (mesh.change_set.load_config). Exit 0 when clean (warnings allowed), 1 on errors.
+
+`-o log|json|yaml` print istioctl analyze's `--output` formats (and exit as
+istioctl does) so that CI scripts written for istioctl work unchanged; `-o text`
+(the default) is mesh's `file:line: severity: Kind/ns/name: field: message`.
 """
 from __future__ import annotations
 
@@ -14,12 +18,23 @@ import os
 import sys
 from dataclasses import asdict
 
+import yaml
+
 from mesh import analyze as analyzers
 from mesh import validation
 from mesh.resources import MeshConfig
 from mesh.parse import MAX_FILE_BYTES, parse_documents, read_config_file
 from mesh.diagnostics import ConfigError, Diagnostic
 from mesh.change_set import expand_paths, is_foreign, is_unmodelled_istio_kind, ordered
+from mesh.resources import Resource
+from mesh.validation.networking_schema import SPECS
+from mesh.validation.schema import SchemaErrors, check
+
+# istioctl's exit codes (istioctl/cmd/sysexits.go) for the istioctl formats.
+EXIT_DATA_ERROR = 65            # a file did not parse
+EXIT_ANALYZER_FOUND_ISSUES = 79  # an error-level message
+ISTIOCTL_FORMATS = ("log", "json", "yaml")
+DOCS = "https://istio.io/latest/docs/reference/config/analysis"
 
 
 def register(subparsers) -> None:
@@ -28,7 +43,11 @@ def register(subparsers) -> None:
         p = subparsers.add_parser(name, help=helptext, description=helptext)
         p.add_argument("paths", nargs="+", metavar="PATH",
                        help="YAML files or directories (recursive); - reads standard input")
-        p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format (default text)")
+        p.add_argument("-o", "--output", choices=("text", *ISTIOCTL_FORMATS), default="text",
+                       help="text (default): file:line: severity: resource: field: message; "
+                            + ("log, json, yaml: istioctl analyze's --output formats and exit codes"
+                               if name == "analyze" else "json, yaml: a summary and every diagnostic; "
+                               "log: as istioctl analyze prints it"))
         p.add_argument("--strict", action="store_true",
                        help="reject kinds mesh does not model, as the control plane does")
         p.set_defaults(func=_run, analyze=(name == "analyze"))
@@ -71,20 +90,91 @@ def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Dia
     diags = validation.validate(MeshConfig(kept))
     found.extend(diags)
     if analyze:
-        # Cross-resource checks over the resources that are well formed;
-        # istioctl analyze likewise reports both schema errors and analysis.
-        broken = {d.resource for d in diags if d.severity == "error"}
-        found.extend(analyzers.analyze(MeshConfig([r for r in kept if r.ref not in broken])))
+        # istioctl analyze reports a resource's schema errors and its references
+        # both: the analyzers read every resource whose values have the types
+        # they expect (a string where a list belongs would only add noise).
+        found.extend(analyzers.analyze(MeshConfig([r for r in kept if _readable(r)])))
     return ordered(found), len(kept)
+
+
+def _readable(res: Resource) -> bool:
+    """Whether the analyzers can read `res`: no value of the wrong type in its spec."""
+    schema = SPECS.get(res.kind)
+    if schema is None:
+        return True   # kinds the analyzers read by name only
+    if not isinstance(res.spec, dict):
+        return False
+    errs = SchemaErrors()
+    check(res.spec, schema, "spec", errs)
+    return not errs.wrong_type
+
+
+def istioctl_message(d: Diagnostic) -> dict | None:
+    """A diagnostic as istioctl's diag.Message.Unstructured: code, level, origin,
+    reference, message, documentationUrl. A rule with no IST code is Istio's
+    schema/webhook rule: IST0106 SchemaValidationError, or IST0133 SchemaWarning
+    for a warning; a note (info) with no code has no istioctl twin."""
+    code = d.code or {"error": "IST0106", "warning": "IST0133"}.get(d.severity)
+    if code is None or not d.resource:
+        return None
+    message = d.message
+    if not d.code:
+        message = f"Schema validation {d.severity}: " + (f"{d.field}: {d.message}" if d.field else d.message)
+    kind, _, name = d.resource.partition("/")
+    out = {"code": code, "level": d.severity.capitalize(), "origin": f"{kind} {name}"}
+    if d.file:
+        out["reference"] = d.file if d.file.endswith(".json") or not d.line else f"{d.file}:{d.line}"
+    out["message"] = message
+    out["documentationUrl"] = f"{DOCS}/{code.lower()}/?ref=istioctl-analyze"
+    return out
+
+
+def istioctl_log_line(m: dict) -> str:
+    """istioctl's log format: `Error [IST0101] (VirtualService ns/name file:line) message`."""
+    where = m["origin"] + (f" {m['reference']}" if m.get("reference") else "")
+    return f"{m['level']} [{m['code']}] ({where}) {m['message']}"
+
+
+def _print_istioctl(args: argparse.Namespace, diags: list[Diagnostic]) -> int:
+    messages, unparsed = [], []
+    for d in diags:
+        m = istioctl_message(d)
+        if m is not None:
+            messages.append(m)
+        elif not d.resource and d.severity == "error":
+            unparsed.append(d)
+    for d in unparsed:   # istioctl: "Error(s) adding files", on stderr
+        print(d, file=sys.stderr)
+    if args.output == "json":
+        print(json.dumps(messages, indent="\t", sort_keys=True))
+    elif args.output == "yaml":
+        sys.stdout.write(yaml.safe_dump(messages, sort_keys=True) if messages else "[]\n")
+    else:
+        if messages:
+            print("\n".join(istioctl_log_line(m) for m in messages))
+        else:
+            print("\u2714 No validation issues found when analyzing "
+                  + ", ".join(args.paths) + ".", file=sys.stderr)
+    if args.output != "log":
+        return 0   # istioctl decides its exit code from the log format only
+    if any(m["level"] == "Error" for m in messages):
+        return EXIT_ANALYZER_FOUND_ISSUES
+    return EXIT_DATA_ERROR if unparsed else 0
 
 
 def _run(args: argparse.Namespace) -> int:
     diags, checked = run(args.paths, args.analyze, args.strict)
+    if args.output == "log" or (args.analyze and args.output in ISTIOCTL_FORMATS):
+        return _print_istioctl(args, diags)
     errors = sum(d.severity == "error" for d in diags)
     warnings = sum(d.severity == "warning" for d in diags)
-    if args.output == "json":
-        json.dump({"resources": checked, "errors": errors, "warnings": warnings,
-                   "diagnostics": [asdict(d) for d in diags]}, sys.stdout, indent=2)
+    if args.output in ("json", "yaml"):   # validate: mesh's summary document
+        doc = {"resources": checked, "errors": errors, "warnings": warnings,
+               "diagnostics": [asdict(d) for d in diags]}
+        if args.output == "yaml":
+            sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+            return 1 if errors else 0
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for d in diags:

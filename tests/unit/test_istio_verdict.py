@@ -218,3 +218,88 @@ def test_malformed_yaml_is_still_an_error():
     with pytest.raises(ConfigError) as e:
         parse_documents("apiVersion: v1\nkind: X\nmetadata: {name: a}\nspec: {a: [x: y: z]}\n", file="bad.yaml")
     assert e.value.diagnostics[0].file == "bad.yaml" and e.value.diagnostics[0].line == 4
+
+
+# Analyzer inputs and the (code, resource, field) of every IST message they must give, no more.
+ANALYZER_TABLE = [
+    ("ist0132-namespace-scoped-gateway-hosts.yaml", [
+        ("IST0132", "VirtualService/bookinfo/shop", "spec.gateways[0]")]),
+    ("ist0109-exportto-and-wildcards.yaml", [
+        ("IST0101", "VirtualService/default/local-wildcard", "spec.http[0].route[0].destination.host"),
+        ("IST0101", "VirtualService/other/global-wildcard", "spec.http[0].route[0].destination.host"),
+        ("IST0101", "VirtualService/team-a/ratings", "spec.http[0].route[0].destination.host"),
+        ("IST0101", "VirtualService/team-b/ratings", "spec.http[0].route[0].destination.host"),
+        ("IST0109", "VirtualService/default/local-wildcard", "spec.hosts[0]"),
+        ("IST0109", "VirtualService/other/global-wildcard", "spec.hosts[0]")]),
+    ("ist0145-selector-subset.yaml", [
+        ("IST0145", "Gateway/istio-system/gw-a", "spec.servers[0]"),
+        ("IST0145", "Gateway/istio-system/gw-b", "spec.servers[0]")]),
+    ("ist0101-exportto-hides-service-entry.yaml", [
+        ("IST0101", "VirtualService/bookinfo/api", "spec.tls[0].route[0].destination.host")]),
+    ("ist0101-references-of-an-invalid-resource.yaml", [
+        ("IST0101", "VirtualService/bookinfo/reviews", "spec.http[0].route[0].destination.subset")]),
+]
+
+
+def analyzed(name: str) -> list:
+    from mesh.cli_validate import run
+    diags, _ = run([os.path.join(DATA, "analyze", name)], analyze=True)
+    return diags
+
+
+@pytest.mark.parametrize("name,expected", ANALYZER_TABLE, ids=[n for n, _ in ANALYZER_TABLE])
+def test_analyzer_table(name, expected):
+    """Each input gives exactly the IST codes istioctl analyze gives for it."""
+    diags = analyzed(name)
+    assert sorted((d.code, d.resource, d.field) for d in diags if d.code.startswith("IST")) == sorted(expected)
+
+
+def test_ist0132_honours_namespace_scoped_gateway_hosts():
+    """GatewayAnalyzer.analyzeVirtualService, vsHostInGateway: per gateway in
+    spec.gateways; sanitizeServerHostNamespace makes `./h` the Gateway's
+    namespace's, host.NamesForNamespace keeps `ns/h` for VirtualServices in ns.
+    Message "one or more host %v defined in VirtualService %s not found in Gateway %s."."""
+    [d] = [d for d in analyzed("ist0132-namespace-scoped-gateway-hosts.yaml") if d.code == "IST0132"]
+    assert (d.line, d.severity) == (26, "warning")
+    assert d.message == ("one or more host [shop.example.com] defined in VirtualService bookinfo/shop "
+                         "not found in Gateway istio-system/edge.")
+
+
+def test_ist0109_exportto_and_overlapping_wildcards():
+    """ConflictingMeshGatewayHostsAnalyzer: hosts scoped by exportTo
+    (initMeshGatewayHosts); a namespace-scoped host conflicts with each host
+    exported to all namespaces it Matches (getExportToAllNamespacesVSListForScopedHost):
+    `*.productpage.d` (exportTo ".") with `*.d`; one host in two namespaces,
+    each exported to ".", does not conflict."""
+    found = [d for d in analyzed("ist0109-exportto-and-wildcards.yaml") if d.code == "IST0109"]
+    assert {d.resource for d in found} == {"VirtualService/default/local-wildcard", "VirtualService/other/global-wildcard"}
+    assert all("VirtualServices default/local-wildcard,other/global-wildcard associated with mesh gateway define "
+               "the same host *.productpage.d" in d.message and d.severity == "error" for d in found)
+
+
+def test_ist0145_selector_subset():
+    """ConflictingGatewayAnalyzer.analyzeGateway: selectors equal, or one
+    containing the other (and a workload both select), on one port with a host
+    in common; message "Conflict with gateways %s (workload selector %s, port %s, hosts %v)."."""
+    found = {d.resource: d for d in analyzed("ist0145-selector-subset.yaml") if d.code == "IST0145"}
+    assert found["Gateway/istio-system/gw-b"].message == (
+        "Conflict with gateways istio-system/gw-a (workload selector app=edge,istio=ingressgateway, port 80, "
+        "hosts shop.example.com).")
+    assert found["Gateway/istio-system/gw-a"].line == 8
+
+
+def test_export_to_dot_hides_a_service_entry():
+    """util.GetDestinationHost over InitServiceEntryHostMap: a ServiceEntry with
+    exportTo ["."] is visible in its own namespace only, so a reference from
+    another namespace is IST0101 "Referenced host not found"."""
+    [d] = [d for d in analyzed("ist0101-exportto-hides-service-entry.yaml") if d.code == "IST0101"]
+    assert (d.resource, d.line, d.message) == ("VirtualService/bookinfo/api", 23,
+                                               'Referenced host not found: "api.example.com"')
+
+
+def test_references_of_an_invalid_resource_are_analyzed():
+    """istioctl analyze reports a resource's schema/webhook error and its
+    analyzer messages both (the analyzers run over every parsed resource)."""
+    diags = analyzed("ist0101-references-of-an-invalid-resource.yaml")
+    assert sorted((d.code, d.field, d.line) for d in diags if d.severity == "error") == [
+        ("", "spec.http[0].route[0].weight", 10), ("IST0101", "spec.http[0].route[0].destination.subset", 9)]

@@ -145,7 +145,7 @@ class MeshCA:
         ident = spiffe_id(self.trust_domain, namespace, service_account)
         key = ec.generate_private_key(ec.SECP256R1())
         serial = x509.random_serial_number()
-        not_before = now - CLOCK_SKEW
+        not_before = now - min(CLOCK_SKEW, dt.timedelta(seconds=ttl / 10))   # short test lifetimes stay short
         not_after = min(now + dt.timedelta(seconds=ttl), self.cert.not_valid_after_utc)
         cert = (x509.CertificateBuilder()
                 .subject_name(x509.Name([]))

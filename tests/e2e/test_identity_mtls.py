@@ -49,7 +49,10 @@ kind: DestinationRule
 metadata: {{name: b, namespace: shop}}
 spec:
   host: {host}
-  trafficPolicy: {{tls: {{mode: ISTIO_MUTUAL}}}}
+  trafficPolicy:
+    tls: {{mode: ISTIO_MUTUAL}}
+    # new upstream connections keep coming, so a rotated certificate is used on the wire
+    connectionPool: {{http: {{maxRequestsPerConnection: 20}}}}
 ---
 apiVersion: networking.istio.io/v1
 kind: Sidecar
@@ -96,6 +99,13 @@ class Stack:
         self.a = self._sidecar(A_NODE, "a").start()
         self.b = self._sidecar(B_NODE, "b").start()
         self.wait_serving()
+
+    def restart_control_plane(self) -> None:
+        """SIGKILL the control plane and start another on the same ports and CA dir."""
+        port, admin = self.cp.port, self.cp.admin_port
+        self.cp.kill()
+        self.cp.close()
+        self.cp = self._control_plane(port=port, admin_port=admin).start()
 
     def _control_plane(self, **kw) -> ControlPlane:
         return ControlPlane(self.config_dir, extra_args=["--ca-dir", self.ca_dir, "--workload-cert-ttl", self.ttl], **kw)
@@ -241,3 +251,60 @@ def test_debug_certs_shows_certificates_not_keys(stack):
     assert certs["nodes"][A_NODE]["spiffe_id"] == "spiffe://cluster.local/ns/shop/sa/a"
     assert certs["nodes"][B_NODE]["chain"][0]["san"] == ["spiffe://cluster.local/ns/shop/sa/b"]
     assert "PRIVATE KEY" not in text and "BEGIN" not in text
+
+
+@pytest.fixture(scope="module")
+def short_lived():
+    s = Stack(ttl="4s")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _stream(stack, seconds: float, rate: float) -> tuple[int, list, set]:
+    """Requests at a fixed rate over one keep-alive connection to A's sidecar:
+    (sent, failures, the client-certificate hashes B saw in XFCC)."""
+    conn = http.client.HTTPConnection("127.0.0.1", stack.svc_port, timeout=5)
+    sent, failures, hashes = 0, [], set()
+    start = time.monotonic()
+    try:
+        while (now := time.monotonic()) - start < seconds:
+            try:
+                status, seen = stack.call(conn=conn)
+            except (OSError, http.client.HTTPException) as e:
+                status, seen = 0, {"error": repr(e)}
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", stack.svc_port, timeout=5)
+            sent += 1
+            if status != 200:
+                failures.append((status, seen))
+            else:
+                xfcc = seen["headers"].get("x-forwarded-client-cert", "")
+                hashes.update(p for p in xfcc.split(";") if p.startswith("Hash="))
+            time.sleep(max(0.0, start + sent / rate - time.monotonic()))
+    finally:
+        conn.close()
+    return sent, failures, hashes
+
+
+def test_rotation_under_load_drops_nothing(short_lived):
+    stack = short_lived
+    serial = lambda: json.loads(stack.cp.get("/debug/certs")[1])["nodes"][A_NODE]["chain"][0]["serial"]
+    first = serial()
+    sent, failures, hashes = _stream(stack, 6.0, 100)
+    assert sent >= 400
+    assert failures == []
+    assert serial() != first                       # the control plane re-issued A's certificate...
+    assert len(hashes) >= 2, hashes                # ...and B saw A present more than one certificate
+
+
+def test_ca_state_survives_a_control_plane_restart(short_lived):
+    stack = short_lived
+    root = lambda: json.loads(stack.cp.get("/debug/certs")[1])["root"][0]["sha256"]
+    before = root()
+    stack.restart_control_plane()
+    assert root() == before                        # the same root, read back from --ca-dir
+    stack.wait_serving()
+    sent, failures, _ = _stream(stack, 2.0, 50)    # certificates issued before and after chain to it
+    assert failures == [] and sent >= 80

@@ -212,11 +212,6 @@ def _client_tls(rep: Report, p: str, tls: dict | None) -> None:
     if tls is None:
         return
     mode = tls.get("mode") or "DISABLE"
-    if mode == "ISTIO_MUTUAL":
-        # Istio originates mTLS with the workload's mesh certificate; without a
-        # mesh CA here the cluster would stay plaintext, so say so.
-        rep.warn(f"{p}.mode", "ISTIO_MUTUAL is not translated until the mesh CA lands: "
-                              "traffic to this destination is sent in plaintext")
     if tls.get("insecureSkipVerify"):
         if mode == "SIMPLE" and (tls.get("caCertificates") or tls.get("credentialName") or tls.get("subjectAltNames")):
             rep.error(p, "cannot specify CaCertificates or CredentialName or SubjectAltNames when InsecureSkipVerify is set true")

@@ -35,6 +35,7 @@ from inference_backend.model_server import ModelServer, resolve_model
 from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.rest import build_app
+from inference_backend import openai_api
 from inference_backend.telemetry import Telemetry
 
 log = logging.getLogger("inference_backend")
@@ -59,6 +60,8 @@ class ServeOptions:
     max_queue_delay_us: int | None = None
     intra_op_threads: int | None = None
     kv_cache_mb: float = 64
+    kv_idle_seconds: float = 5.0             # unreferenced KV blocks are dropped after this long (kv_blocks.py)
+    openai_models: dict | None = None        # OpenAI model name -> (served model, version): openai_api.py
     max_body_bytes: int = 64 << 20
     session_key_file: str | None = None
     session_max_age: float = DEFAULT_MAX_AGE_S
@@ -137,6 +140,7 @@ class Server:
             log.info("priority worker started; this process's %d threads now run at nice %d",
                      lower_own_priority(), PARENT_NICE)
         app = build_app(self.models, o.max_body_bytes, self.only_class)
+        openai_api.register(app, self.models, o.openai_models, self.only_class)   # /v1/...: the OpenAI API, /v1/load
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True).start()
@@ -167,7 +171,7 @@ class Server:
         self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
         served = await asyncio.to_thread(self.models.add, o.name or name, path, self.settings, o.device,
                                          o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
-                                         profile=o.enable_profiler)
+                                         profile=o.enable_profiler, kv_idle_s=o.kv_idle_seconds)
         m = served.model
         log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
                  served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,

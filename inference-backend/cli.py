@@ -50,6 +50,11 @@ def register(subparsers) -> None:
                    help="ONNX Runtime intra-op threads (default: CPU cores / replicas, "
                         "halved when the policy has a reserved lane)")
     p.add_argument("--kv-cache-mb", type=float, default=64, help="KV-cache budget of a decoder model (MiB)")
+    p.add_argument("--kv-idle-seconds", type=float, default=5.0,
+                   help="drop KV-cache blocks no sequence uses after this many idle seconds (default 5)")
+    p.add_argument("--openai-model", action="append", default=[], metavar="NAME=MODEL[:VERSION]",
+                   help="serve the served MODEL (only its VERSION, if given) under the OpenAI model name NAME "
+                        "on /v1/completions and /v1/chat/completions; repeatable")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20, help="largest REST body (413 above)")
     p.add_argument("--session-key-file", help="verify the L6 session signature with this key (403 on mismatch)")
     p.add_argument("--session-max-age", type=float, default=30.0, metavar="SECONDS",
@@ -101,6 +106,7 @@ def run(args) -> int:
         return run_replicas(args)
     from inference_backend.app import ServeOptions, serve
     from inference_backend.model_server import check_model_spec
+    from inference_backend.openai_api import parse_model_map
     try:
         check_model_spec(args.model)
         intra = args.intra_op_threads     # None: the cores, split between two lanes (model_server)
@@ -109,7 +115,9 @@ def run(args) -> int:
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
-            kv_cache_mb=args.kv_cache_mb, max_body_bytes=args.max_body_bytes, session_key_file=args.session_key_file,
+            kv_cache_mb=args.kv_cache_mb, kv_idle_seconds=args.kv_idle_seconds,
+            openai_models=parse_model_map(args.openai_model), max_body_bytes=args.max_body_bytes,
+            session_key_file=args.session_key_file,
             session_max_age=args.session_max_age,
             trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
             watch_model=args.watch_model, drain_seconds=args.drain_seconds)
@@ -121,7 +129,7 @@ def run(args) -> int:
 
 # Flags passed to every replica as given (the port flags are set per replica).
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
-                 "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "max_body_bytes",
+                 "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds")
 _SWITCHES = ("watch_model", "enable_profiler")
 
@@ -137,6 +145,8 @@ def _child_argv(args, skip: tuple = ()) -> list[str]:
             out.append("--" + name.replace("_", "-"))
     for label in args.label:
         out += ["--label", label]
+    for mapping in args.openai_model:
+        out += ["--openai-model", mapping]
     return out
 
 

@@ -4,12 +4,14 @@ A model is a decoder when it takes `past_key`/`past_value` and returns
 `present_key`/`present_value` (builtin:tiny-decoder, or any ONNX export in the
 same form). A request that carries the `sequence_id` parameter (Triton's name;
 with `sequence_start` / `sequence_end`) and no past tensors gets its past from
-the cache. The cache is bounded (LRU by bytes): a continuing sequence whose
-entry was evicted is a miss, and the server rebuilds the entry by running the
-sequence's full token history - slower, never wrong. Entries are tagged with
-the model version that computed them, so after a hot reload a sequence
+the cache (inference_backend.kv_blocks: blocks shared by token prefix). The
+cache is bounded: a continuing sequence whose entry was evicted is a miss, and
+the server rebuilds the entry by running the sequence's token history (less
+what prefix blocks are still cached) - slower, never wrong. Blocks are tagged
+with the model version that computed them, so after a hot reload a sequence
 continues (as a miss, recomputed) on the new weights. Hits, misses and tokens
-per second are therefore real measurements of the cache.
+per second are therefore real measurements of the cache. The OpenAI API's
+generations (inference_backend.generate) are sequences too, with ids of their own.
 """
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ import numpy as np
 from inference_backend.batcher import Pending
 from inference_backend.errors import InvalidArgument
 from inference_backend.executors import BatchExecutor, wanted_outputs
+from inference_backend.kv_blocks import KVCache  # noqa: F401  (re-exported: its home before blocks)
 from inference_backend.runtime import OnnxModel
 
 PAST = ("past_key", "past_value")
 PRESENT = ("present_key", "present_value")
 SEQUENCE_OUTPUTS_DEFAULT = ("logits", "next_token")
-MAX_HISTORIES = 100_000
 # Longest context (past + new tokens) a request may make the model attend over:
 # attention is quadratic in it, and one huge request must not exhaust memory.
 MAX_CONTEXT = 2048
@@ -36,75 +38,6 @@ MAX_CONTEXT = 2048
 def is_decoder(model: OnnxModel) -> bool:
     return all(n in model.inputs for n in PAST) and all(n in model.outputs for n in PRESENT) \
         and "input_ids" in model.inputs
-
-
-class KVCache:
-    """Per-sequence past key/value tensors, least recently used evicted past `capacity_bytes`."""
-
-    def __init__(self, capacity_bytes: int):
-        self.capacity_bytes = capacity_bytes
-        self._kv: collections.OrderedDict = collections.OrderedDict()
-        self._history: collections.OrderedDict = collections.OrderedDict()   # tokens fed so far
-        self.bytes = 0
-        self.hits = self.misses = self.evictions = 0
-        self._lock = threading.Lock()     # the compute thread writes; metrics read
-
-    def history_length(self, sid) -> int:
-        """For request threads (a racy read is fine: a history only grows)."""
-        h = self._history.get(sid)
-        return len(h) if h is not None else 0
-
-    def history(self, sid) -> list[int] | None:
-        h = self._history.get(sid)
-        if h is not None:
-            self._history.move_to_end(sid)
-        return h
-
-    def lookup(self, sid, version: str = ""):
-        """(key, value) computed by model `version`; another version's past is useless."""
-        entry = self._kv.get(sid)
-        if entry is None or entry[2] != version:
-            return None
-        self._kv.move_to_end(sid)
-        return entry[0], entry[1]
-
-    def store(self, sid, history: list[int], key: np.ndarray, value: np.ndarray, version: str = "") -> None:
-        with self._lock:
-            self._drop_kv(sid)
-            self._history[sid] = history
-            self._history.move_to_end(sid)
-            while len(self._history) > MAX_HISTORIES:
-                old, _ = self._history.popitem(last=False)
-                self._drop_kv(old)
-            size = key.nbytes + value.nbytes
-            if size > self.capacity_bytes:
-                return
-            self._kv[sid] = (key, value, version)
-            self.bytes += size
-            while self.bytes > self.capacity_bytes:
-                _, (k, v, _) = self._kv.popitem(last=False)
-                self.bytes -= k.nbytes + v.nbytes
-                self.evictions += 1
-
-    def end(self, sid) -> None:
-        with self._lock:
-            self._drop_kv(sid)
-            self._history.pop(sid, None)
-
-    def _drop_kv(self, sid) -> None:
-        kv = self._kv.pop(sid, None)
-        if kv is not None:
-            self.bytes -= kv[0].nbytes + kv[1].nbytes
-
-    def hit_rate(self) -> float:
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {"sequences": len(self._history), "cached": len(self._kv), "bytes": self.bytes,
-                    "capacity_bytes": self.capacity_bytes, "hits": self.hits, "misses": self.misses,
-                    "evictions": self.evictions, "hit_rate": self.hit_rate()}
 
 
 class TokenMeter:
@@ -184,55 +117,48 @@ class DecoderExecutor(BatchExecutor):
     def _round(self, items, outputs, params) -> tuple[float, float]:
         t0 = time.perf_counter()
         groups: dict[tuple, list] = collections.defaultdict(list)
+        empty = self.empty_past()
         for i, p in items:
             ctx = p.context
-            sid = ctx["sequence_id"]
-            new_ids = p.inputs["input_ids"]
-            history = None if ctx.get("start") else self.cache.history(sid)
-            hit, recomputed = None, 0
-            if history is None:
-                history, ids, past = [], new_ids, (self.empty_past(), self.empty_past())
-            else:
-                kv = self.cache.lookup(sid, self.model.version)
-                if kv is not None:
-                    hit, ids, past = True, new_ids, kv
-                    self.cache.hits += 1
-                else:
-                    hit, recomputed = False, len(history)
-                    self.cache.misses += 1
-                    ids = np.concatenate([np.asarray([history], np.int64), new_ids], axis=1)
-                    past = (self.empty_past(), self.empty_past())
-            groups[(past[0].shape[2], ids.shape[1])].append((i, p, sid, history, ids, past, hit, recomputed))
+            on_start = ctx.get("on_start")
+            if on_start is not None:
+                on_start()            # a generation's load accounting (inference_backend.generate)
+            plan = self.cache.plan(ctx["sequence_id"], p.inputs["input_ids"][0].tolist(), bool(ctx.get("start")),
+                                   self.model.version, empty)
+            groups[(plan.past_length, plan.ids.shape[1])].append((i, p, plan))
         assemble, compute = time.perf_counter() - t0, 0.0
-        for members in groups.values():
-            t1 = time.perf_counter()
-            feeds = {
-                "input_ids": np.concatenate([m[4] for m in members], axis=0),
-                "past_key": np.concatenate([m[5][0] for m in members], axis=0),
-                "past_value": np.concatenate([m[5][1] for m in members], axis=0),
-            }
-            names = sorted(set(SEQUENCE_OUTPUTS_DEFAULT) | set(PRESENT) | set(
-                n for m in members for n in wanted_outputs(self.model, m[1])))
-            t2 = time.perf_counter()
-            values = self.model.run(feeds, names)
-            t3 = time.perf_counter()
-            for row, (i, p, sid, history, ids, past, hit, recomputed) in enumerate(members):
-                ctx = p.context
-                key, value = (values[n][row:row + 1] for n in PRESENT)
-                new_tokens = p.inputs["input_ids"][0].tolist()
-                if ctx.get("end"):
-                    self.cache.end(sid)
-                else:
-                    self.cache.store(sid, history + new_tokens, np.ascontiguousarray(key), np.ascontiguousarray(value),
-                                     self.model.version)
-                asked = p.outputs or SEQUENCE_OUTPUTS_DEFAULT
-                outputs[i] = {n: values[n][row:row + 1] for n in asked}
-                params[i] = {"sequence_id": sid, "past_length": int(past[0].shape[2]),
-                             "kv_cache_hit": hit if hit is not None else False,
-                             "sequence_new": hit is None}
-                self.meter.add(generated=1, processed=len(new_tokens), recomputed=recomputed)
-            assemble += (t2 - t1) + (time.perf_counter() - t3)
-            compute += t3 - t2
+        pending_groups = list(groups.values())
+        try:
+            while pending_groups:
+                members = pending_groups[0]
+                t1 = time.perf_counter()
+                feeds = {
+                    "input_ids": np.concatenate([m[2].ids for m in members], axis=0),
+                    "past_key": np.concatenate([m[2].past_key for m in members], axis=0),
+                    "past_value": np.concatenate([m[2].past_value for m in members], axis=0),
+                }
+                names = sorted(set(SEQUENCE_OUTPUTS_DEFAULT) | set(PRESENT) | set(
+                    n for m in members for n in wanted_outputs(self.model, m[1])))
+                t2 = time.perf_counter()
+                values = self.model.run(feeds, names)
+                t3 = time.perf_counter()
+                pending_groups.pop(0)
+                for row, (i, p, plan) in enumerate(members):
+                    key, value = (values[n][row:row + 1] for n in PRESENT)
+                    self.cache.commit(plan, key, value, bool(p.context.get("end")))
+                    asked = p.outputs or SEQUENCE_OUTPUTS_DEFAULT
+                    outputs[i] = {n: values[n][row:row + 1] for n in asked}
+                    params[i] = {"sequence_id": plan.sid, "past_length": plan.past_length,
+                                 "kv_cache_hit": bool(plan.hit), "sequence_new": plan.hit is None,
+                                 "prefix_cached_tokens": plan.reused}
+                    self.meter.add(generated=1, processed=len(plan.new), recomputed=plan.recomputed)
+                assemble += (t2 - t1) + (time.perf_counter() - t3)
+                compute += t3 - t2
+        except BaseException:
+            for members in pending_groups:       # not run: give their blocks back
+                for _, _, plan in members:
+                    self.cache.abort(plan)
+            raise
         return assemble, compute
 
 

@@ -20,8 +20,9 @@ class LoadSampler:
     """Utilisation over the last sample interval, refreshed at most every 250 ms
     so that a response pays a dictionary lookup, not a system call."""
 
-    def __init__(self, busy_ns, completed, queue_depth, cpus: int | None = None):
+    def __init__(self, busy_ns, completed, queue_depth, cpus: int | None = None, named=None):
         self._busy_ns, self._completed, self._queue_depth = busy_ns, completed, queue_depth
+        self._named = named       # -> more named_metrics (waiting, running, kv_cache_utilization)
         self.cpus = cpus or os.cpu_count() or 1
         self._lock = threading.Lock()
         self._last = (time.monotonic(), self._cpu_s(), busy_ns(), completed())
@@ -51,7 +52,10 @@ class LoadSampler:
 
     def header_value(self) -> str:
         v = self.sample()
-        return format_text_report(v, {"queue_depth": float(self._queue_depth())})
+        named = {"queue_depth": float(self._queue_depth())}
+        if self._named is not None:
+            named.update(self._named())
+        return format_text_report(v, named)
 
 
 def format_text_report(fields: dict[str, float], named: dict[str, float] | None = None) -> str:

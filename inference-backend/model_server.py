@@ -23,6 +23,9 @@ from inference_backend import builtin_models
 from inference_backend.batcher import DynamicBatcher, Pending, Result
 from inference_backend.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
                                        sequence_context)
+from inference_backend.generate import GenerationLoad
+from inference_backend.kv_blocks import DEFAULT_IDLE_S
+from inference_backend.load_state import snapshot
 from inference_backend.errors import InvalidArgument, NotFound, Unavailable
 from inference_backend.executors import BatchExecutor
 from inference_backend.load_report import LoadSampler
@@ -61,19 +64,23 @@ class ReloadRecord:
 
 class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
-                 kv_cache_bytes: int = 64 << 20):
+                 kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S):
         self.name = name
         self.model = model
         self.telemetry = telemetry
         self.decoder = is_decoder(model)
-        self.kv_cache = KVCache(kv_cache_bytes) if self.decoder else None
+        self.kv_cache = KVCache(kv_cache_bytes, idle_s=kv_idle_s) if self.decoder else None
+        if self.kv_cache is not None:
+            self.kv_cache.start_reclaimer()
         self.tokens = TokenMeter() if self.decoder else None
+        self.generation_load = GenerationLoad() if self.decoder else None   # the OpenAI API's (generate.py)
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self)
         self.load = LoadSampler(lambda: self.batcher.busy_ns, lambda: self.batcher.completed,
-                                self.batcher.total_queued)
+                                self.batcher.total_queued, named=self._orca_named)
         self.version_count = 1
         self._reload_lock = threading.Lock()
         telemetry.add_gauge_source("queue_depth", self._queue_gauge)
+        telemetry.add_load_source(lambda: [(snapshot(self), self)])
         if self.decoder:
             attrs = {"model": name}
             telemetry.add_gauge_source("tokens_per_second", lambda: [(self.tokens.tokens_per_second(), attrs)])
@@ -88,6 +95,19 @@ class ServedModel:
         if is_decoder(model):
             return DecoderExecutor(model, self.kv_cache, self.tokens)
         return BatchExecutor(model)
+
+    def _orca_named(self) -> dict:
+        """Named metrics of the ORCA report beside queue_depth (load_state's terms)."""
+        snap = snapshot(self, by_level=False)
+        out = {"waiting": snap["waiting"], "running": snap["running"]}
+        if self.decoder:
+            out["kv_cache_utilization"] = snap["kv_cache_utilization"]
+        return out
+
+    def kv_cache_block_bytes(self) -> int:
+        """Bytes of one full KV block (keys + values) of this decoder."""
+        shape = self.model.inputs["past_key"].shape       # [B, heads, past, head_dim]
+        return 2 * shape[1] * shape[3] * 4 * self.kv_cache.block_tokens if shape[1] > 0 and shape[3] > 0 else 0
 
     def _queue_gauge(self):
         depth = self.batcher.queue_depth()
@@ -238,7 +258,7 @@ class ModelServer:
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
-            profile: bool = False) -> ServedModel:
+            profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S) -> ServedModel:
         if intra_op_threads is None:
             # Two lanes (the reserved one, see batcher.py) may run at once on this
             # session: each gets half the cores, so together they do not
@@ -251,7 +271,7 @@ class ModelServer:
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
-        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes)
+        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s)
         self.models[name] = served
         return served
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import re
 import stat
 from typing import Any, Iterable
 
@@ -28,6 +29,80 @@ try:  # the C loader is much faster on large configs
     _Loader = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover
     _Loader = yaml.SafeLoader
+
+
+
+# go-yaml reads two things differently from PyYAML (YAML 1.1), and a file the
+# API server accepts must load here the same way:
+#  - a plain scalar in a flow collection ends at ':' only when a blank follows
+#    (go-yaml scannerc.go, yaml_parser_scan_plain_scalar), so `[001:db8::]` is
+#    the string "001:db8::", where PyYAML ends it at ':' before ']' or ','
+#    and makes a mapping (or a parse error) of an IPv6 address;
+#  - no sexagesimal numbers: `1:20` is the string "1:20", not 80.
+class _GoResolver(yaml.resolver.Resolver):
+    pass
+
+
+_GoResolver.yaml_implicit_resolvers = {
+    first: [(tag, re.compile(rx.pattern
+                             .replace("\n                    |[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+", "")
+                             .replace("\n                    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\\.[0-9_]*", ""),
+                             rx.flags))
+            for tag, rx in entries]
+    for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()}
+
+
+class _GoFlowScanner(yaml.scanner.Scanner):
+    def scan_plain(self):
+        """PyYAML's scan_plain with go-yaml's end of a plain scalar."""
+        blanks = "\0 \t\r\n\x85\u2028\u2029"
+        chunks, spaces = [], []
+        start_mark = end_mark = self.get_mark()
+        indent = self.indent + 1
+        while self.peek() != "#":
+            length = 0
+            while True:
+                ch = self.peek(length)
+                if ch in blanks or (ch == ":" and self.peek(length + 1) in blanks) \
+                        or (self.flow_level and ch in ",?[]{}"):
+                    break
+                length += 1
+            if length == 0:
+                break
+            self.allow_simple_key = False
+            chunks.extend(spaces)
+            chunks.append(self.prefix(length))
+            self.forward(length)
+            end_mark = self.get_mark()
+            spaces = self.scan_plain_spaces(indent, start_mark)
+            if not spaces or self.peek() == "#" or (not self.flow_level and self.column < indent):
+                break
+        return yaml.tokens.ScalarToken("".join(chunks), True, start_mark, end_mark)
+
+
+class _GoFlowLoader(yaml.reader.Reader, _GoFlowScanner, yaml.parser.Parser, yaml.composer.Composer,
+                    yaml.constructor.SafeConstructor, _GoResolver):
+    def __init__(self, stream):
+        yaml.reader.Reader.__init__(self, stream)
+        _GoFlowScanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        _GoResolver.__init__(self)
+
+
+class _FastLoader(_Loader):
+    yaml_implicit_resolvers = _GoResolver.yaml_implicit_resolvers
+
+
+# Where the two scanners could differ: a ':' right before a flow indicator.
+# Only such texts pay for the pure-Python scanner.
+_FLOW_COLON = re.compile(r"\S:[,\[\]{}]")
+
+
+def _loader_for(text: str):
+    return _GoFlowLoader if _FLOW_COLON.search(text) else _FastLoader
+
 
 YAML_SUFFIXES = (".yaml", ".yml")
 _SCALARS = yaml.constructor.SafeConstructor()
@@ -200,9 +275,22 @@ def parse_documents(text: str, file: str = "<input>") -> list[Resource]:
             gc.enable()
 
 
+def _documents(doc, lines: dict, line: int) -> list[tuple]:
+    """A document, or the items of a `kind: List` (what `kubectl get -o yaml`
+    writes), each with its own field lines."""
+    if not (isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list)):
+        return [(doc, lines, line)]
+    out = []
+    for i, item in enumerate(doc["items"]):
+        prefix = f"items[{i}]"
+        sub = {k[len(prefix) + 1:]: v for k, v in lines.items() if k.startswith(prefix + ".")}
+        out.append((item, sub, lines.get(prefix, line)))
+    return out
+
+
 def _parse_documents(text: str, file: str) -> list[Resource]:
     try:
-        nodes = list(yaml.compose_all(text, Loader=_Loader))
+        nodes = list(yaml.compose_all(text, Loader=_loader_for(text)))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark else 0
@@ -233,35 +321,42 @@ def _parse_documents(text: str, file: str) -> list[Resource]:
             errors.append(Diagnostic(f"refused YAML: {bad.message}", file=file, line=bad.line,
                                      resource=ref, field=field))
             continue
-        if doc is None:
-            continue
-        if not isinstance(doc, dict):
-            errors.append(Diagnostic("a document must be a mapping with apiVersion, kind, metadata", file=file, line=line))
-            continue
-        meta = doc.get("metadata") or {}
-        if not isinstance(meta, dict):
-            errors.append(Diagnostic("metadata must be a mapping", file=file, line=lines.get("metadata", line), field="metadata"))
-            continue
-        kind = doc.get("kind")
-        name = meta.get("name")
-        ref = f"{kind}/{meta.get('namespace') or 'default'}/{name}"
-        for key in ("apiVersion", "kind"):
-            if not isinstance(doc.get(key), str) or not doc.get(key):
-                errors.append(Diagnostic(f"{key} is required", file=file, line=line, resource=ref, field=key))
-        if not isinstance(name, str) or not name:
-            errors.append(Diagnostic("metadata.name is required", file=file, line=lines.get("metadata", line), resource=ref, field="metadata.name"))
-        spec = doc.get("spec", {})
-        if spec is None:
-            spec = {}
-        if not isinstance(spec, dict):
-            errors.append(Diagnostic("spec must be a mapping", file=file, line=lines.get("spec", line), resource=ref, field="spec"))
-            continue
-        out.append(Resource(
-            api_version=str(doc.get("apiVersion") or ""), kind=str(kind or ""), name=str(name or ""),
-            namespace=str(meta.get("namespace") or "default"), spec=spec, file=file, line=line,
-            labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
-            lines=lines,
-        ))
+        for doc, lines, line in _documents(doc, lines, line):
+            if doc is None:
+                continue
+            if not isinstance(doc, dict):
+                errors.append(Diagnostic("a document must be a mapping with apiVersion, kind, metadata", file=file, line=line))
+                continue
+            meta = doc.get("metadata") or {}
+            if not isinstance(meta, dict):
+                errors.append(Diagnostic("metadata must be a mapping", file=file, line=lines.get("metadata", line), field="metadata"))
+                continue
+            kind = doc.get("kind")
+            name = meta.get("name")
+            ref = f"{kind}/{meta.get('namespace') or 'default'}/{name}"
+            for key in ("apiVersion", "kind"):
+                if not isinstance(doc.get(key), str) or not doc.get(key):
+                    errors.append(Diagnostic(f"{key} is required", file=file, line=line, resource=ref, field=key))
+            if not isinstance(name, str) or not name:
+                errors.append(Diagnostic("metadata.name is required", file=file, line=lines.get("metadata", line), resource=ref, field="metadata.name"))
+            spec = doc.get("spec", {})
+            api = str(doc.get("apiVersion") or "/")
+            if "spec" not in doc and ("/" not in api or api.startswith("discovery.k8s.io/")):
+                # A core (v1) kind such as Secret or Endpoints, and an EndpointSlice,
+                # keep their fields beside metadata (type, data, subsets, endpoints):
+                # they are its spec here.
+                spec = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+            if spec is None:
+                spec = {}
+            if not isinstance(spec, dict):
+                errors.append(Diagnostic("spec must be a mapping", file=file, line=lines.get("spec", line), resource=ref, field="spec"))
+                continue
+            out.append(Resource(
+                api_version=str(doc.get("apiVersion") or ""), kind=str(kind or ""), name=str(name or ""),
+                namespace=str(meta.get("namespace") or "default"), spec=spec, file=file, line=line,
+                labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+                lines=lines, status=doc["status"] if isinstance(doc.get("status"), dict) else {},
+            ))
     if errors:
         raise ConfigError(errors)
     return out

@@ -25,6 +25,7 @@ class Resource:
     labels: dict = field(default_factory=dict)
     annotations: dict = field(default_factory=dict)
     lines: dict = field(default_factory=dict, repr=False)  # field path -> line
+    status: dict = field(default_factory=dict, repr=False)  # what a Kubernetes object reports (a Pod's podIP)
 
     @property
     def ref(self) -> str:

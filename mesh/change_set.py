@@ -12,7 +12,7 @@ import os
 from typing import Iterable, Mapping
 
 from mesh import analyze as analyzers
-from mesh import validation
+from mesh import gateway_api, kube, validation
 from mesh.resources import MeshConfig, Resource
 from mesh.parse import load_dir, parse_documents, yaml_files
 from mesh.diagnostics import ConfigError, Diagnostic
@@ -24,6 +24,7 @@ from mesh.diagnostics import ConfigError, Diagnostic
 MESH_GROUPS = (
     "networking.istio.io", "security.istio.io", "extensions.istio.io",
     "telemetry.istio.io", "scheduling.mcp-mesh.io",
+    "gateway.networking.k8s.io", "inference.networking.k8s.io", "inference.networking.x-k8s.io",
 )
 
 
@@ -51,23 +52,64 @@ CORE_KINDS = {"Secret"}
 
 
 def is_foreign(res: Resource) -> bool:
-    """A kind of an API group mesh does not model (a CRD, a Deployment ...)."""
+    """A kind mesh does not model (a CRD, a ConfigMap ...): the Kubernetes
+    registry's kinds (Service, Pod, Deployment ...) are modelled."""
     if res.group == "" and res.kind in CORE_KINDS:
+        return False
+    if kube.is_registry_kind(res):
         return False
     return res.group not in MESH_GROUPS
 
 
-def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" = None) -> MeshConfig:
+def partition(resources: Iterable[Resource], strict: bool = False) -> tuple[list[Resource], list[Diagnostic]]:
+    """(the resources mesh checks, a note for each one passed over). Kinds
+    neither Istio nor the registry use are skipped with an info line, Istio
+    kinds mesh does not model with a warning -- in `mcpctl validate` and in
+    the control plane alike, so both give the same verdict on the same files;
+    `strict` keeps them all (and so rejects them as unknown kinds)."""
+    kept, notes = [], []
+    for res in resources:
+        if strict:
+            kept.append(res)
+        elif is_foreign(res):
+            notes.append(res.diagnostic("kind", f"skipping {res.api_version} {res.kind}: not a kind mesh validates",
+                                        severity="info"))
+        elif is_unmodelled_istio_kind(res):
+            notes.append(res.diagnostic("kind", f"{res.kind} is an Istio kind mcp-mesh does not model: "
+                                        "not validated and not translated here", severity="warning"))
+        else:
+            kept.append(res)
+    return kept, notes
+
+
+def expand(config: MeshConfig) -> tuple[MeshConfig, list[Diagnostic]]:
+    """`config` plus what its Kubernetes objects and Gateway API resources
+    stand for in Istio's terms (ServiceEntries, WorkloadEntries, Gateways,
+    VirtualServices: mesh.kube, mesh.gateway_api), and the conversion's notes."""
+    registry = kube.registry_resources(config)
+    routes, notes = gateway_api.gateway_api_resources(MeshConfig([*config.resources, *registry]))
+    if not registry and not routes:
+        return config, notes
+    return MeshConfig([*config.resources, *registry, *routes]), notes
+
+
+def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" = None,
+                 strict: bool = False) -> MeshConfig:
     """Validate and analyze `config`; raise ConfigError on any error.
 
     With `cache` (the control plane's, across change sets) only resources it
     has not validated before are validated again; the result is the same.
     The cross-resource analyzers always run on the whole set."""
-    found = validation.validate(config, cache)
+    kept, found = partition(config.resources, strict)
+    if len(kept) != len(config.resources):
+        config = MeshConfig(kept)
+    found += validation.validate(config, cache)
     errors = [d for d in found if d.severity == "error"]
     # Cross-resource analysis needs each resource to be well formed first;
     # running it on broken specs would only add noise to the real error.
     if not errors:
+        config, notes = expand(config)
+        found += notes
         found += analyzers.analyze(config)
         errors = [d for d in found if d.severity == "error"]
     if errors:
@@ -76,9 +118,10 @@ def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" 
     return config
 
 
-def load_config(directory: str) -> MeshConfig:
-    """The control plane's entry: one directory, every kind must be known."""
-    return check_config(load_dir(directory))
+def load_config(directory: str, strict: bool = False) -> MeshConfig:
+    """The control plane's entry: one directory (kinds mesh does not model are
+    skipped with a note, or with `strict` rejected as unknown)."""
+    return check_config(load_dir(directory), strict=strict)
 
 
 def load_texts(texts: Mapping[str, str]) -> MeshConfig:

@@ -25,7 +25,7 @@ from mesh import validation
 from mesh.resources import MeshConfig
 from mesh.parse import MAX_FILE_BYTES, parse_documents, read_config_file
 from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.change_set import expand_paths, is_foreign, is_unmodelled_istio_kind, ordered
+from mesh.change_set import expand, expand_paths, ordered, partition
 from mesh.resources import Resource
 from mesh.validation.networking_schema import SPECS
 from mesh.validation.schema import SchemaErrors, check
@@ -75,25 +75,18 @@ def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Dia
             resources.extend(parse_documents(read_config_file(path), file=path))
         except ConfigError as e:
             found.extend(e.diagnostics)
-    kept = []
-    for res in resources:
-        if strict:
-            kept.append(res)
-        elif is_foreign(res):
-            found.append(res.diagnostic("kind", f"skipping {res.api_version} {res.kind}: not a kind mesh validates",
-                                        severity="info"))
-        elif is_unmodelled_istio_kind(res):
-            found.append(res.diagnostic("kind", f"{res.kind} is an Istio kind mcp-mesh does not model: not validated "
-                                        "here, and the mcp-mesh control plane rejects it", severity="warning"))
-        else:
-            kept.append(res)
+    kept, skipped = partition(resources, strict)    # the control plane's rule, so both agree
+    found.extend(skipped)
     diags = validation.validate(MeshConfig(kept))
     found.extend(diags)
     if analyze:
         # istioctl analyze reports a resource's schema errors and its references
         # both: the analyzers read every resource whose values have the types
         # they expect (a string where a list belongs would only add noise).
-        found.extend(analyzers.analyze(MeshConfig([r for r in kept if _readable(r)])))
+        readable = MeshConfig([r for r in kept if _readable(r)])
+        expanded, notes = expand(readable)     # Kubernetes objects and Gateway API, as the control plane reads them
+        found.extend(notes)
+        found.extend(analyzers.analyze(expanded))
     return ordered(found), len(kept)
 
 

@@ -19,10 +19,18 @@ Validator = Callable[[Resource, MeshConfig], Iterable[Diagnostic]]
 VALIDATORS: dict[str, list[Validator]] = {}
 
 
-def validator(*kinds: str) -> Callable[[Validator], Validator]:
+# (API group, kind) -> validators, for kinds whose name another group uses too
+# (Gateway API's Gateway is not Istio's); looked up before VALIDATORS.
+GROUP_VALIDATORS: dict[tuple[str, str], list[Validator]] = {}
+
+
+def validator(*kinds: str, group: str | None = None) -> Callable[[Validator], Validator]:
     def register(fn: Validator) -> Validator:
         for kind in kinds:
-            VALIDATORS.setdefault(kind, []).append(fn)
+            if group is None:
+                VALIDATORS.setdefault(kind, []).append(fn)
+            else:
+                GROUP_VALIDATORS.setdefault((group, kind), []).append(fn)
         return fn
     return register
 
@@ -36,7 +44,7 @@ def validate_resource(res: Resource, config: MeshConfig) -> list[Diagnostic]:
     """One resource's diagnostics. Every registered validator reads only `res`
     (none looks at other resources through `config`; cross-resource checks are
     mesh.analyze's), so this is a pure function of the resource."""
-    fns = VALIDATORS.get(res.kind)
+    fns = GROUP_VALIDATORS.get((res.group, res.kind)) or VALIDATORS.get(res.kind)
     if not fns:
         return [res.diagnostic("kind", f"unknown kind {res.kind!r} ({res.api_version})")]
     out: list[Diagnostic] = []

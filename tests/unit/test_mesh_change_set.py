@@ -51,12 +51,16 @@ def test_unknown_kind_is_rejected_by_the_control_plane(tmp_path):
     assert "unknown kind 'VirtualSrvice'" in diag.message
 
 
-def test_kinds_mesh_does_not_model_are_rejected_in_a_config_directory(tmp_path):
-    # `mcpctl validate` skips a CRD with a note; the control plane's directory must not hold one.
+def test_kinds_mesh_does_not_model_are_skipped_with_a_note_and_strict_rejects_them(tmp_path):
+    # The same verdict as `mcpctl validate`: a CRD or ConfigMap is passed over, said once.
     crd = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: x.example.com}\nspec: {}\n"
     d = write(tmp_path, {"a.yaml": GOOD, "crd.yaml": crd})
+    config = load_config(d)
+    assert [r.kind for r in config] == ["ServiceEntry"]
+    [note] = [w for w in config.warnings if w.resource == "CustomResourceDefinition/default/x.example.com"]
+    assert note.severity == "info" and "skipping" in note.message
     with pytest.raises(ConfigError) as exc:
-        load_config(d)
+        load_config(d, strict=True)
     assert [d.resource for d in exc.value.diagnostics] == ["CustomResourceDefinition/default/x.example.com"]
 
 

@@ -58,7 +58,11 @@ def contract_config(jwks: str, session_key: bytes, module: Path, sha256: str, po
                      "sessionKey": base64.b64encode(session_key).decode(),
                      "tenantClaim": "tenant",
                      "tenants": {"acme": {"allowedHeaders": ["x-tenant-acme-*"]},
-                                 "other": {"allowedHeaders": ["x-tenant-other-*"]}}}},
+                                 "other": {"allowedHeaders": ["x-tenant-other-*"]}},
+                     # A safe default: only a token of a tier that allows it gets
+                     # latency-critical; anyone else asking is capped at standard.
+                     "qos": {"tierClaim": "tier", "tiers": {"gold": "latency-critical"},
+                             "ceiling": "standard"}}},
     }
     return "# The L6->L7 header contract on the reviews gateway (written by the demo).\n" + \
         yaml.safe_dump_all([authn, plugin], sort_keys=False)
@@ -97,7 +101,7 @@ def run(demo: Demo) -> list[Check]:
     demo.apply("virtualservice.yaml", demo.manifest("config/virtualservice.yaml"))
     demo.apply(CONFIG_FILE, contract_config(issuer.jwks, session_key, WASM, sha, demo.gateway_port),
                types=ADS_TYPES + ("ECDS",))       # the Wasm filter comes over ECDS
-    token = issuer.token(sub="jason", tenant="acme")
+    token = issuer.token(sub="jason", tenant="acme", tier="gold")
     # The listener is replaced (jwt_authn added) and the module loads: wait until the upstream sees a signature.
     demo.wait("the header contract to serve",
               lambda: H.SESSION_SIG in get(_bearer(token))[1].get("headers", {}), timeout=20)
@@ -134,6 +138,9 @@ def run(demo: Demo) -> list[Check]:
     hi_h = hi.get("headers", {})
     hi_verdict = _verify(hi_h, session_key)
     print(f"  X-LLM-Priority: high -> upstream saw {H.QOS_CLASS}: {hi_h.get(H.QOS_CLASS)}; verify_session: {hi_verdict}")
+    _, anon = get({"X-LLM-Priority": "high"})              # no token: the ceiling applies
+    anon_class = anon.get("headers", {}).get(H.QOS_CLASS)
+    print(f"  X-LLM-Priority: high without a token -> upstream saw {H.QOS_CLASS}: {anon_class} (ceiling)")
 
     # 5. tenant isolation: acme's own x-tenant-acme-* passes, another tenant's is removed.
     _, tn = get({**_bearer(token), "x-tenant-acme-region": "eu", "x-tenant-other-plan": "gold"})
@@ -141,7 +148,7 @@ def run(demo: Demo) -> list[Check]:
     print(f"  tenant acme sends x-tenant-acme-region, x-tenant-other-plan -> upstream saw"
           f" {', '.join(k for k in sorted(tn_h) if k.startswith(H.TENANT_HEADER_PREFIX)) or 'none'}")
     saved = demo.workdir / "token-jason.jwt"      # for --serve: curl -H "authorization: Bearer $(cat ...)"
-    saved.write_text(issuer.token(exp_in=3600, sub="jason", tenant="acme") + "\n")
+    saved.write_text(issuer.token(exp_in=3600, sub="jason", tenant="acme", tier="gold") + "\n")
     demo.urls["token sub=jason (1 h)"] = str(saved)
     print(f"  (module {WASM.name} sha256 {sha[:12]}…, step took {time.monotonic() - started:.1f} s)")
 
@@ -161,6 +168,7 @@ def run(demo: Demo) -> list[Check]:
         Check("X-LLM-Priority: high", "x-mcp-qos-class latency-critical, signed",
               f"{hi_h.get(H.QOS_CLASS)}, {hi_verdict.split(' (')[0]}",
               hi_h.get(H.QOS_CLASS) == "latency-critical" and f"{H.QOS_CLASS}=latency-critical" in hi_verdict),
+        Check("anonymous X-LLM-Priority: high", "capped at standard", str(anon_class), anon_class == "standard"),
         Check("cross-tenant header", "x-tenant-other-* removed, acme's kept",
               "removed" if "x-tenant-other-plan" not in tn_h else "passed",
               "x-tenant-other-plan" not in tn_h and tn_h.get("x-tenant-acme-region") == "eu"),

@@ -22,6 +22,8 @@ def test_cluster_table_columns_as_istioctl():
     out = pc.render("clusters", _view()["CDS"]).splitlines()
     assert out[0].split() == ["SERVICE", "FQDN", "PORT", "SUBSET", "DIRECTION", "TYPE", "DESTINATION", "RULE"]
     assert any(r.split()[:5] == ["reviews.shop.svc.cluster.local", "9080", "v2", "outbound", "EDS"] for r in out[1:])
+    # The DestinationRule the cluster was built from, read from istiod-style cluster metadata.
+    assert all(r.split()[5] == "reviews.shop" for r in out[1:] if r.startswith("reviews."))
 
 
 def test_listener_route_endpoint_tables():

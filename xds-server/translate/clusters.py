@@ -257,6 +257,16 @@ def _upstream_tls(cluster: Cluster, tls: dict, port: ServicePort, h2: bool,
     cluster.transport_socket.typed_config.Pack(ctx)
 
 
+def _istio_metadata(cluster: Cluster, service: Service, dr: Resource | None) -> None:
+    """As istiod: filter_metadata `istio` names the service and the
+    DestinationRule a cluster was built from (what `proxy-config cluster`'s
+    DESTINATION RULE column and other istioctl-era tools read)."""
+    md = {"services": [{"host": service.host, "name": service.host.split(".")[0], "namespace": service.namespace}]}
+    if dr is not None:
+        md["config"] = f"/apis/networking.istio.io/v1/namespaces/{dr.namespace}/destination-rule/{dr.name}"
+    cluster.metadata.filter_metadata["istio"].update(md)
+
+
 def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: dict | None,
                   opts: ClusterOptions) -> tuple[Cluster, endpoint_pb2.ClusterLoadAssignment | None]:
     subset_name = str(subset.get("name")) if subset else ""
@@ -268,6 +278,7 @@ def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: d
         selector = subset.get("labels") or {}
         endpoints = [e for e in endpoints if labels_match(selector, e.labels)]
     cluster = Cluster(name=name)
+    _istio_metadata(cluster, service, dr)
     cluster.connect_timeout.FromSeconds(int(DEFAULT_CONNECT_TIMEOUT))
     passthrough = _lb_policy(cluster, policy.get("loadBalancer") or {}, opts)
     pool = policy.get("connectionPool") or {}

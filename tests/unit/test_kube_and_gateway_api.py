@@ -171,3 +171,32 @@ def test_bad_gateway_api_input_names_file_line_and_field(bad, field):
     [d] = e.value.diagnostics
     assert d.file == "gw.yaml" and d.field == field and d.resource == "HTTPRoute/bookinfo/bookinfo"
     assert "start with '/'" in d.message
+
+
+def test_analyzers_see_services_and_workloads_of_the_registry():
+    """A host that exists only as a Kubernetes Service is found (no IST0101);
+    a subset no Deployment's pods carry is IST0173, as istioctl reports on a cluster."""
+    dr = """apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  host: reviews
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v3, labels: {version: v3}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{headers: {end-user: {exact: jason}}}]
+    route: [{destination: {host: reviews, subset: v1}}]
+  - route: [{destination: {host: ratings}}]
+"""
+    config = load_texts({**texts("bookinfo.yaml"), "dr.yaml": dr})
+    codes = {(w.code, w.field) for w in config.warnings if w.file == "dr.yaml"}
+    assert ("IST0173", "spec.subsets[1].labels") in codes
+    assert ("IST0101", "spec.http[1].route[0].destination.host") in codes        # ratings: no Service
+    assert not any(c == "IST0101" and "http[0]" in f for c, f in codes)           # reviews: a Service

@@ -200,3 +200,17 @@ spec:
     assert ("IST0173", "spec.subsets[1].labels") in codes
     assert ("IST0101", "spec.http[1].route[0].destination.host") in codes        # ratings: no Service
     assert not any(c == "IST0101" and "http[0]" in f for c, f in codes)           # reviews: a Service
+
+
+def test_grpc_route_matches_service_and_method_as_paths():
+    text = _route().replace("kind: HTTPRoute", "kind: GRPCRoute").replace(
+        "  - backendRefs: [{name: api, namespace: backend, port: 80}]\n",
+        "  - matches: [{method: {service: inference.GRPCInferenceService, method: ModelInfer}}]\n"
+        "    backendRefs: [{name: api, port: 80}]\n"
+        "  - matches: [{method: {service: inference.GRPCInferenceService}}]\n"
+        "    backendRefs: [{name: api, port: 80}]\n")
+    out, notes = gateway_api_resources(MeshConfig(parse_documents(text, "g.yaml")))
+    [vs] = [r for r in out if r.kind == "VirtualService"]
+    assert [h["match"][0]["uri"] for h in vs.spec["http"]] == [
+        {"exact": "/inference.GRPCInferenceService/ModelInfer"}, {"prefix": "/inference.GRPCInferenceService/"}]
+    assert vs.spec["http"][0]["route"][0]["destination"]["host"] == "api.apps.svc.cluster.local" and not notes

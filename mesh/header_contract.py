@@ -87,6 +87,24 @@ class TenantPolicy:
     strict: bool = False
 
 
+@dataclass(frozen=True)
+class ClassRemap:
+    """A decision loop's remap (scheduler/README.md "Decision loop"): requests the
+    filter would give `from_class` get `to_class` until `expires_at` (unix seconds).
+    Not user configuration: the control plane folds the loop's remaps in; the
+    filter applies one only before its expiry, and signs the class it gives."""
+    from_class: Q.QosClass
+    to_class: Q.QosClass
+    expires_at: float
+
+    def as_json(self) -> dict:
+        return {"from": self.from_class.header_value, "to": self.to_class.header_value,
+                "until_ns": int(self.expires_at * 1e9)}
+
+
+MAX_CLASS_REMAPS = 8   # the filter's bound
+
+
 @dataclass
 class HeaderContract:
     session_key: bytes
@@ -101,6 +119,7 @@ class HeaderContract:
     ceiling: Q.QosClass = Q.QosClass.LATENCY_CRITICAL
     error_classes: dict[int, str] = field(default_factory=dict)     # overrides of the mesh default
     http_error_classes: dict[int, str] = field(default_factory=dict)
+    class_remaps: tuple[ClassRemap, ...] = ()
 
     @property
     def signed_headers(self) -> list[str]:
@@ -118,6 +137,10 @@ class HeaderContract:
         have = {h for _, h in self.claims}
         merged = list(self.claims) + [(c, h) for c, h in extra if h not in have]
         return HeaderContract(**{**self.__dict__, "claims": merged})
+
+    def with_class_remaps(self, remaps) -> "HeaderContract":
+        """The decision loop's remaps laid over this contract (the first MAX_CLASS_REMAPS)."""
+        return HeaderContract(**{**self.__dict__, "class_remaps": tuple(remaps)[:MAX_CLASS_REMAPS]})
 
     def filter_config(self) -> dict:
         grpc = {str(code): cls for code, cls in DEFAULT_ERROR_CLASS_MAP.items()}
@@ -148,6 +171,7 @@ class HeaderContract:
                 "tiers": {t: c.header_value for t, c in self.tiers.items()},
                 "default": self.default_class.header_value,
                 "ceiling": self.ceiling.header_value,
+                **({"remap": [r.as_json() for r in self.class_remaps]} if self.class_remaps else {}),
             },
             "identity": {"header": H.DOWNSTREAM_SERVICE_CLUSTER, "property": list(IDENTITY_PROPERTY)},
             "errors": {

@@ -10,6 +10,7 @@
 /debug/certs                  the mesh CA's root and each node's certificate (no keys)
 /metrics                      Prometheus text (OpenTelemetry metrics)
                               (every view: session keys and Wasm env values redacted)
+/scheduler, POST|DELETE /scheduler/class-remap   the decision loop's remaps (scheduler_actions.py)
 POST /debug/inject            test hook only (serve --test-hooks): raw resources over every snapshot
 """
 from __future__ import annotations
@@ -89,6 +90,8 @@ def make_app(server) -> web.Application:
                     web.get("/debug/tracez", tracez), web.get("/metrics", metrics),
                     web.get("/debug/certs", certs),
                     web.post("/debug/inject", inject)])
+    from xds_server.scheduler_actions import routes as scheduler_routes   # the decision loop's API
+    app.add_routes(scheduler_routes(server))
     return app
 
 

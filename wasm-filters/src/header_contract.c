@@ -47,6 +47,8 @@ typedef struct { str_t key; int cls; } class_pair;      /* value -> class index 
 typedef struct { str_t claim; str_t header; } claim_map;
 typedef struct { str_t name; str_t allowed[MAX_ALLOWED]; int n_allowed; int strict; } tenant_t;
 typedef struct { str_t name; int64_t level; } qos_class;
+typedef struct { int from, to; int64_t until_ns; } class_remap;   /* the decision loop's, with expiry */
+#define MAX_REMAPS 8
 
 typedef struct {
     char *buf;                              /* owns the (in-place parsed) JSON text */
@@ -73,6 +75,7 @@ typedef struct {
     class_pair tiers[MAX_PAIRS]; int n_tiers;
     str_t protocol_path[MAX_PATH]; int n_protocol_path;
     int default_class, ceiling_class;
+    class_remap remaps[MAX_REMAPS]; int n_remaps;
     /* identity */
     str_t identity_header;
     str_t identity_path[MAX_PATH]; int n_identity_path;
@@ -312,6 +315,21 @@ static int parse_config_in(config_t *c, cfg_parse *cp) {
     TRY(get_str_list(cp, sec, "protocol_property", c->protocol_path, &c->n_protocol_path, MAX_PATH, 0, 0));
     TRY(get_class(cp, c, sec, "default", &c->default_class));
     TRY(get_class(cp, c, sec, "ceiling", &c->ceiling_class));
+    /* [{"from","to","until_ns"}]: the decision loop's remaps (optional) */
+    v = json_get(nodes, sec, "remap");
+    if (v) {
+        NEED(v->type == J_ARR && v->len <= MAX_REMAPS, "qos.remap: expected at most 8 entries");
+        for (const json_node *e = JSON_CHILD(nodes, v); e; e = JSON_NEXT(nodes, e)) {
+            class_remap *r = &c->remaps[c->n_remaps];
+            NEED(e->type == J_OBJ, "qos.remap: expected objects");
+            TRY(get_class(cp, c, e, "from", &r->from));
+            TRY(get_class(cp, c, e, "to", &r->to));
+            const json_node *u = json_get(nodes, e, "until_ns");
+            NEED(u && u->type == J_NUM && u->is_int && u->num > 0, "qos.remap.until_ns: expected a positive integer");
+            r->until_ns = u->num;
+            c->n_remaps++;
+        }
+    }
 
     sec = json_get(nodes, root, "identity");
     if (sec) {
@@ -677,6 +695,11 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
             if (str_eq(c->tiers[j].key, tier, tn)) { ceiling = c->tiers[j].cls; break; }
     /* a larger level is a lower priority: take the lower of asked and allowed */
     int cls = c->classes[requested].level >= c->classes[ceiling].level ? requested : ceiling;
+    uint64_t now_ns = 0;
+    proxy_get_current_time_nanoseconds(&now_ns);
+    /* the decision loop's remap, until it expires; the remapped class is the one signed */
+    for (int j = 0; j < c->n_remaps; j++)
+        if (c->remaps[j].from == cls && (int64_t)now_ns < c->remaps[j].until_ns) { cls = c->remaps[j].to; break; }
     str_t qos = c->classes[cls].name;
 
     /* 4. The session headers, the class and the verified identity. */
@@ -697,8 +720,6 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
     /* 5. Sign what was set (mesh.session's v2 canonical form), bound to this
      * request: issue time, method, x-request-id. Always, so that even an
      * anonymous request's QoS class cannot be upgraded by L7 or replayed. */
-    uint64_t now_ns = 0;
-    proxy_get_current_time_nanoseconds(&now_ns);
     char issued[21];   /* decimal unix seconds */
     size_t in = sizeof issued;
     uint64_t secs = now_ns / 1000000000ull;

@@ -100,7 +100,9 @@ def plugin_configuration(res: Resource, config: MeshConfig, node: ProxyNode) -> 
     cfg = res.spec.get("pluginConfig") or {}
     if res.spec.get("pluginName") == PLUGIN_NAME:
         contract = parse_plugin_config(cfg).with_claims(output_claims(config, node))
-        return contract.filter_json()
+        from xds_server.scheduler_actions import REMAPS     # the decision loop's remaps, with expiry
+        remaps = REMAPS.active()
+        return (contract.with_class_remaps(remaps) if remaps else contract).filter_json()
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
 
 

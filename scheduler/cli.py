@@ -23,6 +23,8 @@ def register(subparsers) -> None:
                    help="how often each model server's /metrics is scraped (default 50)")
     s.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     s.set_defaults(func=_serve)
+    from scheduler.loop.cli import register as register_loop     # `mcpctl scheduler run|status`
+    register_loop(subparsers)
 
 
 def _serve(args) -> int:

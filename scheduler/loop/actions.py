@@ -1,0 +1,98 @@
+"""Carrying a policy's actions out through the mesh (scheduler/README.md "Decision loop").
+
+  remap-class     the control plane's admin API (POST /scheduler/class-remap, loopback),
+                  which pushes the header-contract filter's configuration over ECDS
+  upgrade-flow    kept here as marked flows (status, /flows) for the Endpoint Picker's path
+  batcher-policy  the replica's admin API (POST /admin/policy), timed
+  class-weight, endpoint-weight   recorded, not carried yet (no mesh carrier: see the README)
+
+A remap is posted when it is new, changes, or has less than half its hold left: a
+policy that says the same thing every period does not push ECDS every period.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+
+from scheduler.decisions import Action
+
+
+class ActionApplier:
+    def __init__(self, control_plane_admin: str, replica_admin: dict[str, str] | None = None,
+                 timeout_s: float = 2.0):
+        self.control_plane = control_plane_admin           # host:port of xds-server's admin
+        self.replica_admin = dict(replica_admin or {})      # endpoint -> host:port of its admin API
+        self.timeout_s = timeout_s
+        self.remaps: dict[str, dict] = {}                   # from -> {"to", "expires_at"} as the control plane took it
+        self.flows: dict[str, dict] = {}                    # flow -> {"class", "reserved_threads", "expires_at"}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _post(self, url: str, body: dict) -> tuple[int, dict, float]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        started = time.perf_counter()
+        async with self._session.post(url, json=body) as r:
+            text = await r.text()
+        try:
+            doc = json.loads(text) if text else {}
+        except ValueError:
+            doc = {"body": text[:200]}
+        return r.status, doc, (time.perf_counter() - started) * 1e3
+
+    async def apply(self, actions: list[Action], now: float, flow_hold_s: float) -> list[dict]:
+        """One outcome per action: {"kind", "subject", "applied", "ms", "error"?, ...}."""
+        return list(await asyncio.gather(*(self._one(a, now, flow_hold_s) for a in actions)))
+
+    async def _one(self, a: Action, now: float, flow_hold_s: float) -> dict:
+        out = {"kind": a.kind, "subject": a.subject, "value": a.value, "applied": False}
+        try:
+            if a.kind == "remap-class":
+                return {**out, **await self._remap(a, now)}
+            if a.kind == "upgrade-flow":
+                self.flows[a.subject] = {"class": a.value, "reserved_threads": a.reserved_threads,
+                                         "expires_at": now + flow_hold_s}
+                return {**out, "applied": True, "expires_at": now + flow_hold_s}
+            if a.kind == "batcher-policy":
+                return {**out, **await self._batcher(a)}
+            return {**out, "note": "recorded; no mesh carrier for this kind yet"}
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return {**out, "error": f"{type(e).__name__}: {e}"}
+
+    async def _remap(self, a: Action, now: float) -> dict:
+        hold = a.hold_s or 60.0
+        have = self.remaps.get(a.subject)
+        if have and have["to"] == a.value and have["expires_at"] - now > hold / 2:
+            return {"applied": True, "unchanged": True, "expires_at": have["expires_at"]}
+        expires_at = now + hold
+        status, doc, ms = await self._post(f"http://{self.control_plane}/scheduler/class-remap",
+                                           {"from": a.subject, "to": a.value, "expires_at": expires_at})
+        if status != 200:
+            return {"error": f"control plane answered {status}: {doc.get('error', doc)}", "ms": ms}
+        self.remaps[a.subject] = {"to": a.value, "expires_at": expires_at}
+        return {"applied": True, "expires_at": expires_at, "ms": round(ms, 3),
+                "generation": doc.get("generation"), "republish_ms": doc.get("republish_ms")}
+
+    async def _batcher(self, a: Action) -> dict:
+        admin = self.replica_admin.get(a.subject)
+        if admin is None:
+            return {"error": f"no admin address for replica {a.subject} (--replica-admin)"}
+        try:
+            body = json.loads(a.value) if a.value.strip().startswith("{") else {"preset": a.value}
+        except ValueError as e:
+            return {"error": f"value: {e}"}
+        status, doc, ms = await self._post(f"http://{admin}/admin/policy", body)
+        if status != 200:
+            return {"error": f"replica answered {status}: {doc.get('error', doc)}", "ms": ms}
+        return {"applied": True, "ms": round(ms, 3)}
+
+    def expire(self, now: float) -> None:
+        for table in (self.remaps, self.flows):
+            for k in [k for k, v in table.items() if v["expires_at"] <= now]:
+                del table[k]
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

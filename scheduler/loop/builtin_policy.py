@@ -1,0 +1,36 @@
+"""The seed's decision table (scheduler/decisions.py), as plain Python: the built-in
+policy, and the reference the Wasm plugin of the same table is compared with."""
+from __future__ import annotations
+
+from mesh import qos as Q
+from scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
+
+MEMORY_HIGH = 0.90               # accelerator memory (or what stands in for it) above this ...
+REMAP_FROM, REMAP_TO = Q.QosClass.STANDARD.header_value, Q.QosClass.BATCH.header_value
+REMAP_HOLD_S = 60.0              # ... remaps standard -> batch for this long
+FLOW_RTT_MS, FLOW_PAYLOAD_BYTES = 50.0, 1 << 20
+FLOW_CLASS, FLOW_RESERVED_THREADS = Q.QosClass.LATENCY_CRITICAL.header_value, 2
+HIGH_CLASS, HIGH_WEIGHT = Q.QosClass.LATENCY_CRITICAL.header_value, 3.0   # X-LLM-Priority: high -> its class
+
+
+class BuiltinPolicy:
+    def __init__(self, hold_s: float = REMAP_HOLD_S):
+        self.hold_s = hold_s
+
+    def decide(self, signals: Signals) -> list[Action]:
+        out = []
+        hot = [r for r in signals.replicas if r.memory_fraction > MEMORY_HIGH]
+        if hot:
+            why = ", ".join(f"{r.endpoint} {r.memory_source} {r.memory_fraction:.0%}" for r in hot)
+            out.append(Action("remap-class", REMAP_FROM, REMAP_TO, hold_s=self.hold_s,
+                              reason=f"memory > {MEMORY_HIGH:.0%}: {why}"))
+        for f in signals.flows:
+            if f.rtt_ms < FLOW_RTT_MS and f.payload_bytes > FLOW_PAYLOAD_BYTES:
+                out.append(Action("upgrade-flow", f.flow, FLOW_CLASS, reserved_threads=FLOW_RESERVED_THREADS,
+                                  reason=f"rtt {f.rtt_ms:.1f} ms < {FLOW_RTT_MS:.0f}, payload {f.payload_bytes} B > 1 MB"))
+        out.append(Action("class-weight", HIGH_CLASS, weight=HIGH_WEIGHT, reason="X-LLM-Priority: high"))
+        return out
+
+    def score(self, request: RequestInfo, endpoints: list[EndpointInfo]) -> list[float]:
+        """Shorter queue and freer KV cache score higher (the table says nothing of scoring)."""
+        return [-(e.queue_depth + e.kv_utilisation) for e in endpoints]

@@ -1,0 +1,115 @@
+"""`mcpctl scheduler run` and `mcpctl scheduler status` (scheduler/README.md "Decision loop")."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def _pairs(values, flag: str) -> dict:
+    out = {}
+    for v in values or []:
+        k, sep, val = v.partition("=")
+        if not sep:
+            raise ValueError(f"{flag} {v!r}: expected ENDPOINT=VALUE")
+        out[k] = val
+    return out
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("scheduler", help="the decision loop: live signals in, a policy decides, the mesh acts")
+    sub = p.add_subparsers(dest="scheduler_command", required=True)
+    r = sub.add_parser("run", help="run the decision loop over an InferencePool")
+    r.add_argument("--config-dir", required=True, help="the watched directory (InferencePool, WorkloadEntries)")
+    r.add_argument("--pool", required=True, help="the InferencePool, NAMESPACE/NAME")
+    r.add_argument("--control-plane-admin", required=True, help="xds-server's admin address, HOST:PORT (loopback)")
+    r.add_argument("--period-ms", type=float, default=200.0, help="the loop's period (default 200)")
+    r.add_argument("--budget-ms", type=float, default=None, help="a policy call's time budget (default period/4)")
+    r.add_argument("--policy", default=None, help="a policy file (default: the built-in decision table)")
+    r.add_argument("--remap-hold-s", type=float, default=60.0, help="the built-in's remap hold (default 60)")
+    r.add_argument("--replica-admin", action="append", help="ENDPOINT=HOST:PORT of a replica's admin API")
+    r.add_argument("--replica-pid", action="append", help="ENDPOINT=PID (memory from its cgroup)")
+    r.add_argument("--admin-port", type=int, default=0, help="status HTTP port on 127.0.0.1 (default: any)")
+    r.add_argument("--log-level", default="INFO")
+    r.set_defaults(func=_run)
+    s = sub.add_parser("status", help="the loop's last decisions, their inputs, expiry and call cost")
+    s.add_argument("--admin", required=True, help="the loop's admin address, HOST:PORT")
+    s.add_argument("--json", action="store_true", help="the raw JSON")
+    s.set_defaults(func=_status)
+
+
+def _run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not os.path.isdir(args.config_dir) or "/" not in args.pool:
+        print("mcpctl scheduler run: --config-dir must be a directory and --pool NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    try:
+        admin = _pairs(args.replica_admin, "--replica-admin")
+        pids = {k: int(v) for k, v in _pairs(args.replica_pid, "--replica-pid").items()}
+    except ValueError as e:
+        print(f"mcpctl scheduler run: {e}", file=sys.stderr)
+        return 2
+    flows_fn = None          # per-flow kernel signals: not wired yet (scheduler/README.md "Decision loop")
+    from scheduler.loop.service import run
+
+    async def main():
+        task = asyncio.create_task(run(args.config_dir, args.pool, args.control_plane_admin, args.period_ms,
+                                       args.policy, args.admin_port, remap_hold_s=args.remap_hold_s,
+                                       budget_ms=args.budget_ms, replica_admin=admin, replica_pids=pids,
+                                       flows_fn=flows_fn))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    try:
+        asyncio.run(main())
+    except (OSError, ValueError) as e:
+        print(f"mcpctl scheduler run: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _status(args) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{args.admin}/status", timeout=5) as r:
+            doc = json.load(r)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"mcpctl scheduler status: {args.admin}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"policy {doc['policy']}  period {doc['period_ms']:.0f} ms  budget {doc['budget_ms']:.0f} ms  "
+          f"cycles {doc['cycles']}  failures {doc['failures']}")
+    print(f"jitter p50/p99 {doc['jitter_ms']['p50']}/{doc['jitter_ms']['p99']} ms  "
+          f"policy call p50/p99 {doc['policy_call_ms']['p50']}/{doc['policy_call_ms']['p99']} ms  "
+          f"cpu/cycle {doc['cycle_cpu_ms']['mean']} ms")
+    if doc.get("last_failure"):
+        f = doc["last_failure"]
+        print(f"last failure: cycle {f['cycle']} {f['reason']}: {f['detail']} (the last decision stood)")
+    for rm in doc["in_force"]["class_remaps"]:
+        print(f"in force: class {rm['from']} -> {rm['to']}, expires in {rm['expires_in_s']:.1f} s")
+    for fl in doc["in_force"]["flows"]:
+        print(f"in force: flow {fl['flow']} -> {fl['class']}, expires in {fl['expires_in_s']:.1f} s")
+    latest = doc.get("latest") or {}
+    for rep in (latest.get("inputs") or {}).get("replicas", []):
+        print(f"  replica {rep['endpoint']}: memory {rep['memory_fraction']:.1%} ({rep['memory_source']}), "
+              f"kv {rep['kv_utilisation']:.1%}, queue {rep['queue_depth']}, age {rep['age_ms']:.0f} ms")
+    print("decisions (newest last):")
+    for d in doc["decisions"][-8:]:
+        when = time.strftime("%H:%M:%S", time.localtime(d["at"]))
+        what = (f"FAILED {d['failure']['reason']}: {d['failure']['detail']}" if "failure" in d else
+                "; ".join(f"{a['kind']} {a['subject']}{' -> ' + a['value'] if a['value'] else ''}"
+                          f"{' (' + a['reason'] + ')' if a.get('reason') else ''}"
+                          f"{' error: ' + a['error'] if a.get('error') else ''}" for a in d.get("actions", [])))
+        print(f"  #{d['cycle']} {when} call {d['call_ms']:.3f} ms: {what or 'no action'}")
+    return 0

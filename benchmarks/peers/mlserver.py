@@ -2,8 +2,8 @@
 tiny onnxruntime runtime, serving the same ONNX file as `mcpctl serve`.
 
 MLServer's dependencies (FastAPI, pydantic, its own grpcio pins) may clash
-with ours, so it lives in its own venv under .cache/peer-venv, installed on
-first use. Anything that stops it from running here raises PeerUnavailable
+with ours, so it lives in its own venv under .cache/peers/mlserver, installed
+on first use. Anything that stops it from running here raises PeerUnavailable
 with the reason, and the benchmark reports that instead of a number.
 """
 from __future__ import annotations
@@ -12,36 +12,21 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchmarks.peers.common import HERE, PeerUnavailable, ensure_venv  # noqa: F401 - PeerUnavailable is re-exported
+
 MLSERVER_VERSION = "1.7.1"
-
-
-class PeerUnavailable(Exception):
-    pass
+REQUIREMENTS = [f"mlserver=={MLSERVER_VERSION}",
+                # uvloop 0.22 broke MLServer 1.7.1's worker start (get_event_loop in a new process)
+                "uvloop<0.22", "onnxruntime", "numpy"]
 
 
 def peer_venv(root: str) -> str:
-    """.cache/peer-venv with MLServer in it; created (from PyPI) if missing."""
-    venv = os.path.join(root, ".cache", "peer-venv")
-    exe = os.path.join(venv, "bin", "mlserver")
-    if os.path.exists(exe):
-        return venv
-    print(f"installing MLServer {MLSERVER_VERSION} into {venv} (first run only) ...", flush=True)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, timeout=120)
-        subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", f"mlserver=={MLSERVER_VERSION}",
-                        # uvloop 0.22 broke MLServer 1.7.1's worker start (get_event_loop in a new process)
-                        "uvloop<0.22",
-                        "onnxruntime", "numpy"], check=True, capture_output=True, timeout=600)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-        detail = getattr(e, "stderr", b"") or b""
-        raise PeerUnavailable(f"cannot install MLServer into {venv}: {e} {detail.decode()[-300:]}") from None
-    return venv
+    """.cache/peers/mlserver with MLServer in it; created (from PyPI) if missing."""
+    return ensure_venv(root, "mlserver", REQUIREMENTS)
 
 
 class MLServerPeer:
@@ -50,11 +35,15 @@ class MLServerPeer:
     `max_batch_size`/`max_batch_time` turn on MLServer's adaptive batching,
     its counterpart of our dynamic batcher."""
 
+    label = "mlserver"
+
     def __init__(self, root: str, name: str, onnx_path: str, inputs: list[dict], outputs: list[dict],
                  http_port: int, grpc_port: int, metrics_port: int,
                  max_batch_size: int = 0, max_batch_time_s: float = 0.0, intra_op_threads: int = 0):
         self.venv = peer_venv(root)
-        self.http_port = http_port
+        self.http_port, self.grpc_port = http_port, grpc_port
+        self.version = f"MLServer {MLSERVER_VERSION} (onnxruntime runtime" + (
+            f", adaptive batching {max_batch_size} / {max_batch_time_s * 1e6:.0f} us)" if max_batch_size > 1 else ")")
         self.dir = tempfile.mkdtemp(prefix="mlserver-peer-")
         model_dir = os.path.join(self.dir, name)
         os.makedirs(model_dir)
@@ -95,6 +84,12 @@ class MLServerPeer:
             time.sleep(0.2)
         self.stop()
         raise PeerUnavailable(f"mlserver not ready after {timeout:.0f}s: {self.log_tail()}")
+
+    def rest_url(self, model: str) -> str:
+        return f"http://127.0.0.1:{self.http_port}/v2/models/{model}"
+
+    def grpc_url(self, model: str) -> str:
+        return f"127.0.0.1:{self.grpc_port}/v2/models/{model}"
 
     def log_tail(self, n: int = 2000) -> str:
         try:

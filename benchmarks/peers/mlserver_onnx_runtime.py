@@ -2,7 +2,7 @@
 
 MLServer ships no ONNX runtime of its own; this is the peer of
 benchmarks/bench_inference.py. It is copied into the peer's model folder and
-imported by MLServer inside .cache/peer-venv, never by mcp-mesh itself.
+imported by MLServer inside .cache/peers/mlserver, never by mcp-mesh itself.
 """
 import numpy as np
 import onnxruntime as ort

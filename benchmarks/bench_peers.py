@@ -1,0 +1,434 @@
+"""`mcpctl serve` against the model servers users would pick instead, side by
+side in one run: Triton Inference Server, KServe's ModelServer and MLServer.
+
+Run from the repo root: `python -m benchmarks peers` (or
+`python -m benchmarks.bench_peers --help` for the knobs). Prints one table and
+writes artifacts/bench/peers.json.
+
+- Models, the same ONNX file for every server: `relu`, one Relu node on FP32
+  [-1, 256] (overhead-bound: onnxruntime runs it in microseconds, so the
+  figure is the server), and `mlp` (builtin:mlp, compute-bound: batch 1
+  reads 77 MB of weights; batching pays).
+- Servers, each with the batching it does best (BATCHING below): ours
+  (`mcpctl serve` as it is on disk); Triton (the tritonserver PyTriton ships,
+  which carries only the python backend: the ONNX file runs in onnxruntime
+  inside a python-backend model, under Triton's dynamic batcher); KServe's
+  ModelServer (onnxruntime in a sync predict(); its Python server has no
+  batcher, KServe batches in a sidecar); MLServer (its adaptive batching,
+  with the onnxruntime runtime of benchmarks/peers). Each peer lives in a venv
+  of its own under .cache/peers/NAME, installed from PyPI on first run.
+- Load: mcp-bench (closed loop, c requests in flight, one keep-alive
+  connection each over REST; over gRPC one channel at c=1 and 4 above) for
+  `--seconds` per run; each point is the median of `--rounds` runs, the
+  servers taking turns run by run (rotated each round), so a burst of other
+  work on this shared machine falls on every server alike.
+- Isolation: everything (servers and load) runs in a private network
+  namespace with only `lo` up, created here and removed at the end: KServe's
+  ModelServer binds 0.0.0.0 and nothing may listen on a public address.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = ("triton", "kserve", "mlserver")
+SERVERS = ("ours",) + PEERS
+MODELS = ("relu", "mlp")
+PROTOCOLS = ("rest", "grpc")
+CONCURRENCY = (1, 16, 64)
+
+RELU_WIDTH = 256
+MLP_IN, MLP_OUT = 64, 16
+
+# Per model, what each server does best with it (chosen by measuring here; see
+# inference-backend/README.md "Against the peers"). Ours: an L7SchedulingPolicy
+# preset. Triton: max_batch_size and max_queue_delay_microseconds of its
+# dynamic batcher (0: a batch leaves as soon as the instance is free, with
+# whatever queued meanwhile). MLServer: max_batch_size / max_batch_time of its
+# adaptive batcher (None: off; its batcher adds a queue hop and a wait that an
+# overhead-bound model does not win back). KServe: nothing to set.
+BATCHING = {
+    "relu": {"ours": ["--qos-policy", "latency-critical"], "triton": (64, 0), "mlserver": None},
+    "mlp": {"ours": ["--qos-policy", "balanced"], "triton": (32, 0), "mlserver": (32, 2000)},
+}
+
+
+# -- models ------------------------------------------------------------------
+
+def build_relu():
+    """One Relu node, FP32 INPUT0 [-1, 256] -> OUTPUT0 [-1, 256], built with
+    onnx.helper as inference-backend/builtin_models.py builds its models."""
+    from onnx import TensorProto, helper
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["INPUT0"], ["OUTPUT0"])], "peers_relu",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", RELU_WIDTH])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", RELU_WIDTH])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="mcp-mesh")
+
+
+def model_files() -> dict[str, str]:
+    """The ONNX file of each model: the built-in where the server has one,
+    else (relu) built here into the same cache."""
+    from inference_backend import builtin_models
+    out = {"mlp": builtin_models.builtin_path("mlp")}
+    if "relu" in builtin_models.BUILDERS:
+        out["relu"] = builtin_models.builtin_path("relu")
+    else:
+        import onnx
+        path = os.path.join(builtin_models.cache_dir(), "peers-relu.onnx")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            onnx.save(build_relu(), path)
+        out["relu"] = path
+    return out
+
+
+def model_spec(name: str, path: str) -> dict:
+    width_in, width_out = (RELU_WIDTH, RELU_WIDTH) if name == "relu" else (MLP_IN, MLP_OUT)
+    return {"name": name, "onnx_path": path,
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, width_in]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, width_out]}]}
+
+
+# -- servers -----------------------------------------------------------------
+
+class Ours:
+    """`mcpctl serve` (as it is on disk) with the model's preset."""
+
+    label = "ours"
+
+    def __init__(self, model: dict, flags: list[str]):
+        from harness.ports import free_port
+        from inference_backend.bench.serve_process import ServeProcess
+        self.flags = flags
+        self.proc = ServeProcess(model["onnx_path"], free_port(), free_port(), "--name", model["name"], *flags)
+        self.version = f"mcpctl serve @ {git_version()} ({' '.join(flags)})"
+
+    def start(self):
+        self.proc.start(timeout=90)
+        return self
+
+    def rest_url(self, model: str) -> str:
+        return f"http://127.0.0.1:{self.proc.http_port}/v2/models/{model}"
+
+    def grpc_url(self, model: str) -> str:
+        return f"127.0.0.1:{self.proc.grpc_port}/v2/models/{model}"
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def git_version() -> str:
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def make_server(label: str, model: dict):
+    """The server `label` for one model (its batching from BATCHING); peers
+    may raise PeerUnavailable (not installable, not startable)."""
+    from harness.ports import free_port
+    batching = BATCHING[model["name"]]
+    if label == "ours":
+        return Ours(model, batching["ours"])
+    if label == "triton":
+        from benchmarks.peers.triton import TritonPeer
+        max_batch, delay = batching["triton"]
+        return TritonPeer(ROOT, [{**model, "max_batch": max_batch, "max_queue_delay_us": delay}],
+                          free_port(), free_port(), free_port())
+    if label == "kserve":
+        from benchmarks.peers.kserve import KServePeer
+        return KServePeer(ROOT, [model], free_port(), free_port())
+    if label == "mlserver":
+        from benchmarks.peers.mlserver import MLServerPeer
+        size, delay = batching["mlserver"] or (0, 0)
+        return MLServerPeer(ROOT, model["name"], model["onnx_path"], model["inputs"], model["outputs"],
+                            free_port(), free_port(), free_port(), max_batch_size=size,
+                            max_batch_time_s=delay / 1e6)
+    raise ValueError(f"unknown server {label!r}")
+
+
+def install_peers(peers: list[str]) -> dict[str, str]:
+    """Create the peers' venvs (needs PyPI, so before entering the namespace);
+    returns {peer: why it cannot run} for those that failed."""
+    from benchmarks.peers import kserve, mlserver, triton
+    from benchmarks.peers.common import PeerUnavailable, ensure_venv
+    reqs = {"triton": triton.REQUIREMENTS, "kserve": kserve.REQUIREMENTS, "mlserver": mlserver.REQUIREMENTS}
+    failed = {}
+    for p in peers:
+        try:
+            ensure_venv(ROOT, p, reqs[p])
+        except PeerUnavailable as e:
+            failed[p] = str(e)
+    return failed
+
+
+# -- the private network namespace -------------------------------------------
+
+NETNS_PREFIX = "mcppeers"
+
+
+def create_netns() -> str:
+    """A namespace of our own with only `lo` up; the creator's pid in the name
+    so that a later run removes only those whose creator is gone."""
+    remove_stale_netns()
+    name = f"{NETNS_PREFIX}{os.getpid()}x{uuid.uuid4().hex[:4]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
+    except subprocess.CalledProcessError:
+        remove_netns(name)
+        raise
+    return name
+
+
+def remove_netns(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def remove_stale_netns() -> None:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        name = (line.split() or [""])[0]
+        pid = name[len(NETNS_PREFIX):].split("x")[0] if name.startswith(NETNS_PREFIX) else ""
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            remove_netns(name)
+
+
+# -- load --------------------------------------------------------------------
+
+def bench_argv(url: str, grpc: bool, c: int, seconds: float, width: int) -> list[str]:
+    """mcp-bench's command line for one run (inputs given: the peers' metadata differ)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "mcp-bench")
+    argv = [exe, "-u", url, "-c", str(c), "--duration", str(seconds), "--warmup", str(max(20, 2 * c)),
+            "--input", f"INPUT0:FP32:1,{width}", "--timeout", "10", "--output-format", "json"]
+    if grpc:
+        argv += ["--grpc", "--connections", "1" if c == 1 else "4"]
+    return argv
+
+
+def parse_run(out: str) -> dict:
+    """One mcp-bench JSON result -> the point this benchmark keeps."""
+    res = json.loads(out)
+    row = res["rows"][0]
+    return {"rps": row["throughput_rps"], "p50_ms": row["latency_ms"]["p50"], "p99_ms": row["latency_ms"]["p99"],
+            "errors": row["errors"], "error_classes": row.get("error_classes") or {}}
+
+
+def run_load(argv: list[str], timeout: float) -> dict:
+    """mcp-bench in a process of its own: its Python work stays out of ours."""
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        return {"rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1,
+                "error_classes": {"mcp-bench": (p.stderr or p.stdout).strip()[-300:]}}
+    return parse_run(p.stdout)
+
+
+def median_point(runs: list[dict]) -> dict:
+    """The median of each figure over a point's rounds (errors summed)."""
+    def med(key):
+        vals = [r[key] for r in runs if r[key] is not None]
+        return statistics.median(vals) if vals else None
+    classes: dict = {}
+    for r in runs:
+        for k, v in r["error_classes"].items():
+            classes[k] = v if isinstance(v, str) else classes.get(k, 0) + v
+    return {"rps": med("rps"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "errors": sum(r["errors"] for r in runs), "error_classes": classes,
+            "rounds": [{k: r[k] for k in ("rps", "p50_ms", "p99_ms")} for r in runs]}
+
+
+def turn_order(labels: list[str], round_no: int) -> list[str]:
+    """Servers take turns, the first rotating each round."""
+    k = round_no % len(labels) if labels else 0
+    return labels[k:] + labels[:k]
+
+
+# -- results -----------------------------------------------------------------
+
+def ratio(ours: dict | None, peer: dict | None) -> float | None:
+    """Our throughput over the peer's; None where either has no clean figure."""
+    if not ours or not peer or ours["errors"] or peer["errors"] or not ours["rps"] or not peer["rps"]:
+        return None
+    return round(ours["rps"] / peer["rps"], 2)
+
+
+def floors(points: list[dict]) -> list[dict]:
+    """Issue 16 item 1's floors on these points: >= 2x KServe's throughput at
+    c=1 (the overhead-bound model), ahead of every peer at c=16 and c=64
+    (both models); and, for reference, REST c=1 p50 <= 0.5 ms (relu)."""
+    out = []
+    for p in points:
+        key = f"{p['model']} {p['protocol']} c={p['concurrency']}"
+        servers = p["servers"]
+        if p["concurrency"] == 1 and p["model"] == "relu" and "kserve" in servers:
+            r = ratio(servers.get("ours"), servers["kserve"])
+            out.append({"floor": ">= 2x KServe at c=1", "where": key, "value": r,
+                        "holds": r is not None and r >= 2})
+        if p["concurrency"] == 1 and p["model"] == "relu" and p["protocol"] == "rest" and servers.get("ours"):
+            p50 = servers["ours"]["p50_ms"]
+            out.append({"floor": "REST p50 <= 0.5 ms at c=1", "where": key, "value": p50,
+                        "holds": p50 is not None and p50 <= 0.5})
+        if p["concurrency"] in (16, 64):
+            for peer in PEERS:
+                if peer in servers:
+                    r = ratio(servers.get("ours"), servers[peer])
+                    out.append({"floor": f"ahead of {peer}", "where": key, "value": r,
+                                "holds": r is not None and r > 1})
+    return out
+
+
+def cell(pt: dict | None, ours: dict | None = None) -> str:
+    if pt is None:
+        return "-"
+    if pt["errors"] and not pt["rps"]:
+        return "failed"
+    fmt = lambda v: "-" if v is None else (f"{v:.2f}" if v < 10 else f"{v:.0f}")  # noqa: E731
+    s = f"{pt['rps']:.0f}/s {fmt(pt['p50_ms'])}/{fmt(pt['p99_ms'])}"
+    if pt["errors"]:
+        s += f" ({pt['errors']} err)"
+    if ours is not None:
+        r = ratio(ours, pt)
+        s += f" x{r:.2f}" if r is not None else " x-"
+    return s
+
+
+def table(result: dict) -> str:
+    """One row per model x protocol x concurrency: each server's req/s and
+    p50/p99 (ms); a peer's cell ends with ours / theirs (throughput)."""
+    servers = [s for s in SERVERS if s in result["servers"]]
+    head = ["model", "proto", "c"] + [s if s == "ours" else f"{s} (ours/it)" for s in servers]
+    rows = []
+    for p in result["points"]:
+        ours = p["servers"].get("ours")
+        rows.append([p["model"], p["protocol"], str(p["concurrency"])] +
+                    [cell(p["servers"].get(s), None if s == "ours" else ours) for s in servers])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
+    lines = [fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)]
+    lines.append("cells: req/s p50/p99 ms, then x ours/peer req/s")
+    for f in result["floors"]:
+        v = "-" if f["value"] is None else f"{f['value']:.2f}" + (" ms" if "p50" in f["floor"] else "x")
+        lines.append(f"floor {f['floor']:<26} {f['where']:<18} {v:>9}  {'holds' if f['holds'] else 'MISSED'}")
+    for s, why in result["unavailable"].items():
+        lines.append(f"{s}: unavailable: {why[:300]}")
+    return "\n".join(lines)
+
+
+# -- run ---------------------------------------------------------------------
+
+def measure_model(model: dict, labels: list[str], protocols: list[str], levels: list[int], seconds: float,
+                  rounds: int, result: dict) -> None:
+    """Start every server for `model`, run the points, stop them."""
+    from benchmarks.peers.common import PeerUnavailable
+    started = {}
+    try:
+        for label in labels:
+            if label in result["unavailable"]:
+                continue
+            print(f"  starting {label} ({model['name']}) ...", flush=True)
+            try:
+                started[label] = make_server(label, model).start()
+                result["servers"].setdefault(label, {})[model["name"]] = started[label].version
+            except (PeerUnavailable, RuntimeError, TimeoutError) as e:
+                if label == "ours":
+                    raise
+                result["unavailable"][label] = f"{model['name']}: {e}"
+                print(f"  {label} unavailable: {str(e)[:300]}", flush=True)
+        width = RELU_WIDTH if model["name"] == "relu" else MLP_IN
+        for proto in protocols:
+            for c in levels:
+                runs: dict[str, list[dict]] = {s: [] for s in started}
+                for rnd in range(rounds):
+                    for label in turn_order(list(started), rnd):
+                        srv = started[label]
+                        url = srv.grpc_url(model["name"]) if proto == "grpc" else srv.rest_url(model["name"])
+                        runs[label].append(run_load(bench_argv(url, proto == "grpc", c, seconds, width),
+                                                    timeout=seconds + 60))
+                point = {"model": model["name"], "protocol": proto, "concurrency": c,
+                         "servers": {s: median_point(r) for s, r in runs.items()}}
+                result["points"].append(point)
+                print(f"  {model['name']} {proto} c={c}: " + "  ".join(
+                    f"{s} {cell(p)}" for s, p in point["servers"].items()), flush=True)
+    finally:
+        for srv in started.values():
+            srv.stop()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    env = os.environ.get
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_peers", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", default=env("PEERS", ",".join(PEERS)), help="comma list of triton,kserve,mlserver "
+                    "(env PEERS); '' for ours alone")
+    ap.add_argument("--models", default=env("PEER_MODELS", ",".join(MODELS)), help="relu,mlp (env PEER_MODELS)")
+    ap.add_argument("--protocols", default=env("PEER_PROTOCOLS", ",".join(PROTOCOLS)), help="rest,grpc (env PEER_PROTOCOLS)")
+    ap.add_argument("--concurrency", default=env("PEER_CONCURRENCY", ",".join(map(str, CONCURRENCY))),
+                    help="comma list (env PEER_CONCURRENCY)")
+    ap.add_argument("--seconds", type=float, default=float(env("PEER_SECONDS", "2")), help="per run (env PEER_SECONDS)")
+    ap.add_argument("--rounds", type=int, default=int(env("PEER_ROUNDS", "2")), help="runs per point, median kept "
+                    "(env PEER_ROUNDS)")
+    ap.add_argument("--json", default=os.path.join(ROOT, "artifacts", "bench", "peers.json"), help="where to write")
+    a = ap.parse_args(argv)
+    a.peers = [p for p in a.peers.split(",") if p]
+    a.models = [m for m in a.models.split(",") if m]
+    a.protocols = [p for p in a.protocols.split(",") if p]
+    a.concurrency = [int(c) for c in a.concurrency.split(",") if c]
+    for what, got, known in (("peer", a.peers, PEERS), ("model", a.models, MODELS), ("protocol", a.protocols, PROTOCOLS)):
+        bad = set(got) - set(known)
+        if bad:
+            ap.error(f"unknown {what} {', '.join(sorted(bad))}; known: {', '.join(known)}")
+    if a.seconds <= 0 or a.rounds < 1 or any(c < 1 for c in a.concurrency):
+        ap.error("--seconds > 0, --rounds >= 1 and concurrency >= 1")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if os.geteuid() != 0:
+        print("bench_peers needs root: it runs every server in a private network namespace", file=sys.stderr)
+        return 2
+    from harness.bpf_env import in_netns
+    t0 = time.monotonic()
+    result = {"config": {"peers": args.peers, "models": args.models, "protocols": args.protocols,
+                         "concurrency": args.concurrency, "seconds": args.seconds, "rounds": args.rounds,
+                         "batching": BATCHING, "cpus": os.cpu_count()},
+              "load_average_start": os.getloadavg(), "servers": {}, "unavailable": {}, "points": []}
+    result["unavailable"].update(install_peers(args.peers))
+    files = model_files()
+    ns = create_netns()
+    print(f"network namespace {ns} (lo only); servers and load run inside it", flush=True)
+    try:
+        with in_netns(ns):
+            for name in args.models:
+                measure_model(model_spec(name, files[name]), ["ours", *args.peers], args.protocols,
+                              args.concurrency, args.seconds, args.rounds, result)
+    finally:
+        remove_netns(ns)
+    result["floors"] = floors(result["points"])
+    result["load_average_end"] = os.getloadavg()
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    print()
+    for s, by_model in result["servers"].items():
+        print(f"{s}: {'; '.join(sorted(set(by_model.values())))}")
+    print(table(result))
+    la0, la1 = result["load_average_start"], result["load_average_end"]
+    print(f"\nload average {la0[0]:.2f} at start, {la1[0]:.2f} at end; {result['wall_s']} s")
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {os.path.relpath(args.json, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -159,8 +159,10 @@ class StreamRunner:
                         "xds.node": stream.node.id, "xds.protocol": protocol, "xds.trigger": trigger,
                         "xds.responses": len(responses), "xds.bytes": sum(len(r) for r in responses),
                     }).end()
-                for resp in responses:
-                    yield resp
+                # Popped, not iterated: a loop variable would keep the last response
+                # (megabytes: a whole RDS or EDS) alive in this frame until the next event.
+                while responses:
+                    yield responses.pop(0)
         finally:
             reader.cancel()
             self.hub.streams.discard(self)
@@ -180,19 +182,37 @@ class StreamRunner:
             log.debug("%s read ended: %s", self.stream.protocol, e)
 
 
+async def _write_all(responses, context) -> None:
+    """Write each response and let go of it once gRPC has taken it.
+
+    Not a generator handler: grpc.aio's loop over a handler's generator keeps
+    the last message it wrote bound until the next one comes, and so would an
+    `async for` here; on an idle stream that is its last push, ~5 MB per
+    proxy of the 1,000-service mesh (measured: 142 MB of 30 streams' RSS).
+    """
+    try:
+        while True:
+            try:
+                await context.write(await anext(responses))
+            except StopAsyncIteration:
+                return
+    finally:   # cancelled mid-write: the stream still leaves the hub now, not at GC
+        await responses.aclose()
+
+
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
-    """Yields serialized responses (bytes); `add_to_server` registers it with a pass-through serializer."""
+    """Writes serialized responses (bytes); `add_to_server` registers it with a pass-through serializer."""
 
     def __init__(self, hub: AdsHub):
         self.hub = hub
 
     async def StreamAggregatedResources(self, request_iterator, context):
-        async for resp in StreamRunner(self.hub, SotwStream(self.hub.shared), context.peer()).run(request_iterator):
-            yield resp
+        runner = StreamRunner(self.hub, SotwStream(self.hub.shared), context.peer())
+        await _write_all(runner.run(request_iterator), context)
 
     async def DeltaAggregatedResources(self, request_iterator, context):
-        async for resp in StreamRunner(self.hub, DeltaStream(self.hub.shared), context.peer()).run(request_iterator):
-            yield resp
+        runner = StreamRunner(self.hub, DeltaStream(self.hub.shared), context.peer())
+        await _write_all(runner.run(request_iterator), context)
 
 
 def _passthrough(wire: bytes) -> bytes:

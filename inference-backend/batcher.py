@@ -27,6 +27,25 @@ whatever the main instance is computing. Being made of levels 1..N only,
 its batches are never back-filled with lower levels (their compute time is
 the high requests' own). The main instance keeps Triton's rules: it takes
 the highest level first and fills the rest of the batch from lower levels.
+
+Idle dispatch (`idle_dispatch=True`; `mcpctl serve` turns it on unless
+`--no-fast-path`). Triton's max_queue_delay_microseconds is an upper bound on
+how long a batch may wait for more requests. When the instance forming the
+batch is idle and no request is on its way into the queue (`arriving`: the
+front ends count requests they have read and not yet submitted), waiting
+cannot grow the batch except by requests not yet received, so the batch
+leaves at once, as with max_queue_delay 0. While the instance computes,
+requests still gather and leave together when it is free, and a request that
+is being decoded when the instance frees up is still waited for (up to the
+delay). Every batch formed is one Triton's rules allow: (level, arrival)
+order, at most max_batch_size rows, never older than the delay. What differs
+is only that a lone request on an idle server does not pay the delay.
+
+Inline runs (`try_inline`). For a model whose batch-1 run is cheaper than a
+thread hop (`executor.inline_ok`, measured at warm-up), a request that finds
+the main instance idle, the queue empty and nothing arriving is run on the
+calling thread (the event loop): the batch it would have formed is the same
+one-request batch, minus the hand-over to the compute thread and back.
 """
 from __future__ import annotations
 
@@ -90,12 +109,18 @@ class Observer(Protocol):
 
 class DynamicBatcher:
     def __init__(self, name: str, executor: Executor, settings: BatcherSettings,
-                 observer: Observer | None = None):
+                 observer: Observer | None = None, idle_dispatch: bool = False):
         self.name = name
         self.executor = executor
         self.settings = settings
         self.observer = observer
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # One lock, three conditions, so that a submit wakes only the thread that
+        # has something to do: the main instance, the lane (levels 1..N only), the
+        # timeout reaper (only for a nearer deadline).
+        self._cond = threading.Condition(lock)
+        self._lane_cond = threading.Condition(lock)
+        self._reap_cond = threading.Condition(lock)
         self._fresh: dict[int, collections.deque] = {}
         self._delayed: dict[int, collections.deque] = {}
         self._count: dict[int, int] = collections.defaultdict(int)
@@ -106,6 +131,10 @@ class DynamicBatcher:
         self.lane_busy_ns = 0              # the reserved lane's
         self.lane_batches = 0
         self.completed = 0
+        self.idle_dispatch = idle_dispatch
+        self.arriving = 0                  # requests read by a front end, not yet submitted (idle dispatch)
+        self.inline_runs = 0
+        self._main_busy = False            # the main instance is running a batch (its thread or inline)
         self._lane: threading.Thread | None = None
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
@@ -117,6 +146,13 @@ class DynamicBatcher:
 
     # -- called from request threads ------------------------------------------------
     def submit(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> concurrent.futures.Future:
+        policy = self._admit(p, qos_class, priority)
+        with self._cond:
+            self._enqueue(p, policy)
+        return p.future
+
+    def _admit(self, p: Pending, qos_class: str | None, priority: int | None):
+        """The request's level, checks and deadline (no lock)."""
         s = self.settings
         try:
             p.level = s.level_for(qos_class, priority)
@@ -128,20 +164,62 @@ class DynamicBatcher:
         p.arrival_ns = time.monotonic_ns()
         timeout = policy.timeout_us(p.timeout_us)
         p.deadline_ns = p.arrival_ns + timeout * 1000 if timeout else 0
+        return policy
+
+    def _enqueue(self, p: Pending, policy) -> None:
+        """Queue `p` (the lock is held)."""
+        if self._stopping:
+            raise Unavailable(f"model {self.name!r} is shutting down")
+        if policy.max_queue_size and self._count[p.level] >= policy.max_queue_size:
+            reason = f"priority level {p.level} queue of model {self.name!r} is full ({policy.max_queue_size} requests)"
+            if self.observer:
+                self.observer.on_reject(p.level, "queue_full")
+            raise Overloaded(reason)
+        self._fresh.setdefault(p.level, collections.deque()).append(p)
+        self._count[p.level] += 1
+        if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
+            self._next_deadline = p.deadline_ns
+            self._reap_cond.notify()
+        self._cond.notify()
+        if self._lane is not None and p.level <= self.settings.reserved_lane_levels:
+            self._lane_cond.notify()
+
+    def try_inline(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> bool:
+        """Run `p` on the calling thread when it would form a batch of its own at once on an
+        idle main instance (see the module docstring), else submit it: True when it ran
+        here, False when it is queued. Either way `p.future` carries its answer."""
+        if not (self.idle_dispatch and self.arriving == 0 and not self._main_busy
+                and getattr(self.executor, "inline_ok", False)):
+            self.submit(p, qos_class, priority)
+            return False
+        policy = self._admit(p, qos_class, priority)
         with self._cond:
-            if self._stopping:
-                raise Unavailable(f"model {self.name!r} is shutting down")
-            if policy.max_queue_size and self._count[p.level] >= policy.max_queue_size:
-                reason = f"priority level {p.level} queue of model {self.name!r} is full ({policy.max_queue_size} requests)"
-                if self.observer:
-                    self.observer.on_reject(p.level, "queue_full")
-                raise Overloaded(reason)
-            self._fresh.setdefault(p.level, collections.deque()).append(p)
-            self._count[p.level] += 1
-            if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
-                self._next_deadline = p.deadline_ns
-            self._cond.notify_all()
-        return p.future
+            if self._main_busy or self._stopping or any(self._count.values()):
+                self._enqueue(p, policy)        # something to share a batch with, or to wait behind
+                return False
+            self._main_busy = True
+            self.in_flight = 1
+            executor = self.executor
+        self.inline_runs += 1
+        try:
+            self._run(executor, [p])
+        finally:
+            with self._cond:
+                self._main_busy = False
+                if any(self._count.values()):
+                    self._cond.notify()
+        return True
+
+    def arrived(self) -> None:
+        """A front end read a request it will submit (or refuse): `departed()` follows."""
+        self.arriving += 1
+
+    def departed(self, submitting: bool = False) -> None:
+        """`submitting`: the request is submitted next (its submit wakes the instance)."""
+        self.arriving -= 1
+        if not submitting and self.arriving == 0 and self.idle_dispatch and any(self._count.values()):
+            with self._cond:            # a batch may have been waiting for this one
+                self._cond.notify()
 
     def update_settings(self, settings: BatcherSettings) -> None:
         """Take new settings for every batch formed from now on; queued requests keep
@@ -149,7 +227,12 @@ class DynamicBatcher:
         with self._cond:
             self.settings = settings
             self._start_lane()
-            self._cond.notify_all()
+            self._notify_all()
+
+    def _notify_all(self) -> None:
+        self._cond.notify_all()
+        self._lane_cond.notify_all()
+        self._reap_cond.notify_all()
 
     def _start_lane(self) -> None:
         on = bool(self.settings.reserved_lane_levels)
@@ -174,7 +257,7 @@ class DynamicBatcher:
         """Serve what is queued, then end the compute thread."""
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+            self._notify_all()
         self._thread.join(timeout)
         if self._lane:
             self._lane.join(timeout)
@@ -187,7 +270,7 @@ class DynamicBatcher:
                 now = time.monotonic_ns()
                 self._expire(now)
                 wait = (self._next_deadline - now) / 1e9 if self._next_deadline else None
-                self._cond.wait(wait if wait is None else max(wait, 0.0005))
+                self._reap_cond.wait(wait if wait is None else max(wait, 0.0005))
     def _ordered(self, top: int = 0):
         for level in sorted(set(self._fresh) | set(self._delayed)):
             if top and level > top:
@@ -256,6 +339,8 @@ class DynamicBatcher:
             return None, None
         if overflow or rows >= s.max_batch_size or s.max_queue_delay_us == 0 or self._stopping:
             return batch, None
+        if self.idle_dispatch and self.arriving <= 0:
+            return batch, None          # this instance is idle and nothing can join in time
         if s.preferred_batch_sizes:
             # Triton: the largest preferred size a prefix of the queue reaches goes now.
             total, best = 0, 0
@@ -286,19 +371,26 @@ class DynamicBatcher:
                         batch, wait = None, None   # lane switched off by a policy update: idle
                     else:
                         batch, wait = self._form(now, top)
+                    if batch and not lane and self._main_busy:
+                        batch, wait = None, None    # an inline run holds the main instance
                     if batch:
                         self._take(batch)
                         if not lane:
                             self.in_flight = len(batch)
+                            self._main_busy = True
                         break
                     if self._stopping and not self.total_queued():
                         return
                     if self._next_deadline:
                         until_deadline = max(0.0, (self._next_deadline - now) / 1e9)
                         wait = until_deadline if wait is None else min(wait, until_deadline)
-                    self._cond.wait(wait)
+                    (self._lane_cond if lane else self._cond).wait(wait)
                 executor = self.executor
-            self._run(executor, batch, lane)
+            try:
+                self._run(executor, batch, lane)
+            finally:
+                if not lane:
+                    self._main_busy = False
 
     def _run(self, executor: Executor, batch: list[Pending], lane: bool = False) -> None:
         start = time.monotonic_ns()

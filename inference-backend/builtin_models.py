@@ -7,6 +7,9 @@ from memory; a batch of 32 reads them once for 32 rows, so per item it is an
 order of magnitude cheaper - the regime where dynamic batching pays, as with
 a real model on a GPU.
 
+`builtin:relu`: one Relu node on FP32 [-1, 256]: overhead-bound (ORT runs it in
+microseconds), so serving it measures the server, not the model.
+
 `builtin:tiny-decoder`: one causal self-attention block over a byte
 vocabulary with a KV cache: input_ids INT64 [B, T], past_key/past_value FP32
 [B, 2, P, 32] -> logits FP32 [B, 256] (last position), next_token INT64 [B],
@@ -123,7 +126,21 @@ def build_tiny_decoder() -> onnx.ModelProto:
                              producer_name="mcp-mesh", doc_string="builtin:tiny-decoder")
 
 
-BUILDERS = {"mlp": build_mlp, "tiny-decoder": build_tiny_decoder}
+RELU_WIDTH = 256
+
+
+def build_relu() -> onnx.ModelProto:
+    """`builtin:relu`: one Relu node, FP32 INPUT0 [-1, 256] -> OUTPUT0 [-1, 256]. ORT runs it in
+    microseconds, so serving it measures the server's own per-request overhead."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["INPUT0"], ["OUTPUT0"])], "mcp_relu",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", RELU_WIDTH])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", RELU_WIDTH])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             producer_name="mcp-mesh", doc_string="builtin:relu")
+
+
+BUILDERS = {"mlp": build_mlp, "tiny-decoder": build_tiny_decoder, "relu": build_relu}
 
 
 def builtin_path(name: str) -> str:

@@ -40,8 +40,9 @@ class BatchExecutor:
     # a batch on the same session while the main instance computes another.
     concurrent_runs = True
 
-    def __init__(self, model: OnnxModel):
+    def __init__(self, model: OnnxModel, inline_ok: bool = False):
         self.model = model
+        self.inline_ok = inline_ok      # cheap enough to run on the event loop (batcher.try_inline)
 
     def run_batch(self, batch: list[Pending]):
         t0 = time.perf_counter()

@@ -130,10 +130,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _prepare(self, request: pb.ModelInferRequest, metadata):
         """Everything before the batcher: admission, session check, decoding."""
         served = self.server.get(request.model_name, request.model_version)
-        qos = self.admission.admit(metadata, served.name)
-        arrays, params, outputs = decode_request(served, request)
-        pending = served.prepare(arrays, outputs, params)
-        priority = self.admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
+        with served.arrival():
+            qos = self.admission.admit(metadata, served.name)
+            arrays, params, outputs = decode_request(served, request)
+            pending = served.prepare(arrays, outputs, params)
+            priority = self.admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
         return served, pending, qos, priority
 
     def _respond(self, request: pb.ModelInferRequest, served, pending, result) -> tuple[pb.ModelInferResponse, list]:

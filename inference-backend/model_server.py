@@ -9,6 +9,7 @@ no request fails; the batch being computed finishes on the old session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -33,6 +34,10 @@ from inference_backend.runtime import OnnxModel
 from inference_backend.telemetry import Telemetry
 
 log = logging.getLogger("inference_backend")
+# A model whose batch-1 run (measured at warm-up) takes at most this long runs a lone
+# request on the event loop (batcher.try_inline): cheaper than handing it to the compute
+# thread and back, and short enough not to hold up the next request's parsing.
+INLINE_MAX_US = 100
 
 
 def check_model_spec(spec: str) -> None:
@@ -64,7 +69,7 @@ class ReloadRecord:
 
 class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
-                 kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S):
+                 kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True):
         self.name = name
         self.model = model
         self.telemetry = telemetry
@@ -74,7 +79,9 @@ class ServedModel:
             self.kv_cache.start_reclaimer()
         self.tokens = TokenMeter() if self.decoder else None
         self.generation_load = GenerationLoad() if self.decoder else None   # the OpenAI API's (generate.py)
-        self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self)
+        self.fast_path = fast_path
+        self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
+                                      idle_dispatch=fast_path)
         self.load = LoadSampler(lambda: self.batcher.busy_ns, lambda: self.batcher.completed,
                                 self.batcher.total_queued, named=self._orca_named)
         self.version_count = 1
@@ -94,7 +101,7 @@ class ServedModel:
     def _executor_for(self, model: OnnxModel):
         if is_decoder(model):
             return DecoderExecutor(model, self.kv_cache, self.tokens)
-        return BatchExecutor(model)
+        return BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US)
 
     def _orca_named(self) -> dict:
         """Named metrics of the ORCA report beside queue_depth (load_state's terms)."""
@@ -179,8 +186,23 @@ class ServedModel:
             n, key = 1, ("unbatched", object())
         return Pending(inputs=inputs, outputs=tuple(outputs), rows=n, key=key, timeout_us=timeout or None)
 
+    @contextlib.contextmanager
+    def arrival(self):
+        """Around a front end's decoding of one request: the batcher's idle dispatch waits
+        for a request being decoded (it will join the batch), not for one never coming."""
+        b = self.batcher
+        b.arrived()
+        try:
+            yield
+        except BaseException:
+            b.departed()            # refused: a batch waiting for it need not wait
+            raise
+        b.departed(submitting=True)
+
     async def infer(self, pending: Pending, qos_class: str | None, priority: int | None) -> Result:
-        future = self.batcher.submit(pending, qos_class, priority)
+        if self.batcher.try_inline(pending, qos_class, priority):     # ran here, or queued
+            return pending.future.result()
+        future = pending.future
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -258,7 +280,7 @@ class ModelServer:
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
-            profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S) -> ServedModel:
+            profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True) -> ServedModel:
         if intra_op_threads is None:
             # Two lanes (the reserved one, see batcher.py) may run at once on this
             # session: each gets half the cores, so together they do not
@@ -271,7 +293,7 @@ class ModelServer:
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
-        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s)
+        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path)
         self.models[name] = served
         return served
 

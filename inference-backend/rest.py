@@ -8,13 +8,12 @@ with no outputs listed) and as JSON `data` otherwise.
 """
 from __future__ import annotations
 
-import json
 import logging
 
 from aiohttp import web
 
 from mesh.qos import QosClass
-from inference_backend import datatypes
+from inference_backend import datatypes, fastjson
 from inference_backend.errors import InferenceError, InvalidArgument, NotFound, TooLarge
 from inference_backend.model_server import ModelServer
 from inference_backend.rest_body import BodyDecoder
@@ -100,27 +99,29 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
 
     async def _infer(request):
         served = _model(request)
-        qos = admission.admit(request.headers.items(), served.name, request.method)
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise TooLarge(f"request body exceeds {max_body_bytes} bytes") from None
-        header_len = request.headers.get(HEADER_LENGTH)
-        if header_len is not None:
+        with served.arrival():          # the batcher's idle dispatch waits for this one
+            qos = admission.admit(request.headers.items(), served.name, request.method)
             try:
-                n = int(header_len)
-            except ValueError:
-                raise InvalidArgument(f"{HEADER_LENGTH} {header_len!r} is not an integer") from None
-            if not 0 <= n <= len(body):
-                raise InvalidArgument(f"{HEADER_LENGTH} {n} is outside the {len(body)}-byte body")
-            json_part, binary = body[:n], body[n:]
-        else:
-            json_part, binary = body, b""
-        # large JSON is parsed in the parser process, never on this loop (rest_body)
-        decoded = await bodies.decode(json_part, binary, served.model)
-        doc, names, binary_out, params = decoded.doc, decoded.outputs, decoded.binary_outputs, decoded.parameters
-        pending = served.prepare(decoded.arrays, names, params)
-        priority = admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise TooLarge(f"request body exceeds {max_body_bytes} bytes") from None
+            header_len = request.headers.get(HEADER_LENGTH)
+            if header_len is not None:
+                try:
+                    n = int(header_len)
+                except ValueError:
+                    raise InvalidArgument(f"{HEADER_LENGTH} {header_len!r} is not an integer") from None
+                if not 0 <= n <= len(body):
+                    raise InvalidArgument(f"{HEADER_LENGTH} {n} is outside the {len(body)}-byte body")
+                view = memoryview(body)         # the tensors are decoded in place (np.frombuffer), not copied
+                json_part, binary = bytes(view[:n]), view[n:]
+            else:
+                json_part, binary = body, b""
+            # large JSON is parsed in the parser process, never on this loop (rest_body)
+            decoded = await bodies.decode(json_part, binary, served.model)
+            doc, names, binary_out, params = decoded.doc, decoded.outputs, decoded.binary_outputs, decoded.parameters
+            pending = served.prepare(decoded.arrays, names, params)
+            priority = admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
         result = await served.infer(pending, qos, priority)
         server.telemetry.request_duration.record((result.queue_us + result.compute_us) / 1e6,
                                                  {"model": served.name, "priority_level": str(result.level)})
@@ -137,14 +138,15 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
                 d["parameters"] = {"binary_data_size": len(raw)}
                 chunks.append(raw)
             else:
-                d["data"] = datatypes.to_list(array)
+                data = fastjson.output_data(array)
+                d["data"] = datatypes.to_list(array) if data is None else data
             out_docs.append(d)
         response = {"model_name": served.name, "model_version": result.version,
                     "outputs": out_docs, "parameters": response_parameters(result)}
         if "id" in doc:
             response["id"] = doc["id"]
         headers = dict(timing_pairs(result, served.load.header_value()))
-        text = json.dumps(response).encode()
+        text = fastjson.dumps(response)
         if chunks:
             headers[HEADER_LENGTH] = str(len(text))
             return web.Response(body=text + b"".join(chunks), headers=headers,

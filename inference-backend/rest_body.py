@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import multiprocessing
 import re
 from typing import NamedTuple
 
 import numpy as np
 
-from inference_backend import datatypes
+from inference_backend import datatypes, fastjson
 from inference_backend.errors import InvalidArgument, Overloaded, TooLarge
 
 MAX_JSON_DEPTH = 64                 # a tensor's rank (numpy: <= 64) plus the document's own levels
@@ -59,10 +58,11 @@ def json_depth(text: bytes, limit: int = MAX_JSON_DEPTH) -> int:
 
 
 def parse_json(text: bytes) -> dict:
-    if json_depth(text) > MAX_JSON_DEPTH:
+    # Fewer brackets than the limit cannot nest deeper than it: the scan is for the rest.
+    if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
         raise InvalidArgument(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
-        doc = json.loads(text)
+        doc = fastjson.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidArgument(f"request body is not JSON: {e}") from None
     except RecursionError:          # not reached after json_depth; kept so it can never be a 500
@@ -198,7 +198,7 @@ class BodyDecoder:
         pool = self._pool
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                pool, _parse_in_worker, json_part, binary, model.name, model.input_specs, len(model.outputs))
+                pool, _parse_in_worker, json_part, bytes(binary), model.name, model.input_specs, len(model.outputs))
         except concurrent.futures.process.BrokenProcessPool:
             if self._pool is pool:      # it died (killed?): the next large body starts another
                 self._pool = None

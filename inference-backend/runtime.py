@@ -92,6 +92,7 @@ class OnnxModel:
     warmup_seconds: float
     intra_op_threads: int
     batch_dim: bool = True          # dim 0 of every input/output is the batch
+    batch1_us: float = float("inf")  # median batch-1 run after warm-up (model_server.INLINE_MAX_US)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -156,6 +157,12 @@ class OnnxModel:
         for b in (batches if self.batch_dim else (1,)):
             self.session.run(None, self.example_inputs(b))
         self.warmup_seconds = time.perf_counter() - t0
+        feeds, runs = self.example_inputs(1), []
+        for _ in range(7):
+            t = time.perf_counter()
+            self.session.run(None, feeds)
+            runs.append(time.perf_counter() - t)
+        self.batch1_us = sorted(runs)[len(runs) // 2] * 1e6
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
         names = output_names or list(self.outputs)

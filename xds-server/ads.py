@@ -23,6 +23,7 @@ from google.protobuf import message
 
 from xds_server.ads_protocol import DeltaStream, Shared, SotwStream, Stream
 from xds_server.cache import PreparedSnapshot, SnapshotCache, translation_key
+from xds_server.memory import Trimmer, WriteBudget
 from xds_server.node import ProxyNode
 from xds_server.sync import SyncTracker
 from xds_server.telemetry import Telemetry
@@ -60,6 +61,9 @@ class AdsHub:
         self.shared = Shared(self.tracker, telemetry.metrics)
         self.streams: set[StreamRunner] = set()
         self._translating: dict[tuple, asyncio.Future] = {}
+        # Bytes in gRPC's hands at once, and the heap handed back after a burst (memory.py).
+        self.writes = WriteBudget()
+        self.trimmer = Trimmer(self.writes)
         # sds.IdentityService: lays each node's SDS secrets over its shape's snapshot.
         self.identity = None
 
@@ -88,6 +92,7 @@ class AdsHub:
             log.exception("translating for %s failed", node.id)
             return None
         self.cache.offer(node, generation, snap)
+        self.trimmer.request()
         return self.cache.peek(node) or snap
 
     def nodes(self) -> list[ProxyNode]:
@@ -111,8 +116,11 @@ class AdsHub:
         return out
 
     def notify_all(self) -> None:
+        """A new config is installed: every stream pushes what changed for it; the heap
+        its translation (in a worker thread) freed is handed back once they have."""
         for r in list(self.streams):
             r.queue.put_nowait(PUSH)
+        self.trimmer.request()
 
     def notify(self, node_ids) -> None:
         """Push to these nodes' streams only (their secrets changed)."""
@@ -182,7 +190,7 @@ class StreamRunner:
             log.debug("%s read ended: %s", self.stream.protocol, e)
 
 
-async def _write_all(responses, context) -> None:
+async def _write_all(responses, context, budget: WriteBudget) -> None:
     """Write each response and let go of it once gRPC has taken it.
 
     Not a generator handler: grpc.aio's loop over a handler's generator keeps
@@ -193,7 +201,7 @@ async def _write_all(responses, context) -> None:
     try:
         while True:
             try:
-                await context.write(await anext(responses))
+                await budget.write(context, await anext(responses))
             except StopAsyncIteration:
                 return
     finally:   # cancelled mid-write: the stream still leaves the hub now, not at GC
@@ -208,29 +216,46 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     async def StreamAggregatedResources(self, request_iterator, context):
         runner = StreamRunner(self.hub, SotwStream(self.hub.shared), context.peer())
-        await _write_all(runner.run(request_iterator), context)
+        await _write_all(runner.run(request_iterator), context, self.hub.writes)
 
     async def DeltaAggregatedResources(self, request_iterator, context):
         runner = StreamRunner(self.hub, DeltaStream(self.hub.shared), context.peer())
-        await _write_all(runner.run(request_iterator), context)
+        await _write_all(runner.run(request_iterator), context, self.hub.writes)
 
 
-def _passthrough(wire: bytes) -> bytes:
-    return wire
+class Wire:
+    """A response not yet joined: the shared body and this stream's nonce field.
+
+    Joined (one copy of the body) by the serializer inside `context.write`,
+    once the write budget has admitted it, so that 2,000 streams pushing a
+    5 MB body hold 2,000 references, not 2,000 copies, while they wait.
+    """
+    __slots__ = ("body", "tail")
+
+    def __init__(self, body: bytes, tail: bytes):
+        self.body, self.tail = body, tail
+
+    def __len__(self) -> int:
+        return len(self.body) + len(self.tail)
+
+
+def _join(wire) -> bytes:
+    return wire.body + wire.tail if isinstance(wire, Wire) else wire
 
 
 def add_to_server(hub: AdsHub, server) -> None:
     """Register ADS on a grpc.aio server; the method names are Envoy's, the wire is protobuf."""
+    hub.shared.wire = Wire
     servicer = AdsServicer(hub)
     handlers = {
         "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
             servicer.StreamAggregatedResources,
             request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
-            response_serializer=_passthrough),
+            response_serializer=_join),
         "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
             servicer.DeltaAggregatedResources,
             request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
-            response_serializer=_passthrough),
+            response_serializer=_join),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "envoy.service.discovery.v3.AggregatedDiscoveryService", handlers),))

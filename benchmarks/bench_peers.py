@@ -47,16 +47,21 @@ CONCURRENCY = (1, 16, 64)
 RELU_WIDTH = 256
 MLP_IN, MLP_OUT = 64, 16
 
-# Per model, what each server does best with it (chosen by measuring here; see
-# inference-backend/README.md "Against the peers"). Ours: an L7SchedulingPolicy
-# preset. Triton: max_batch_size and max_queue_delay_microseconds of its
+# Per model, what each server does best with it, chosen by measuring each
+# setting here (see inference-backend/README.md "Against the peers"). Ours: an
+# L7SchedulingPolicy preset (balanced, the default; env PEER_OURS_FLAGS_RELU /
+# _MLP override). Triton: max_batch_size and max_queue_delay_microseconds of its
 # dynamic batcher (0: a batch leaves as soon as the instance is free, with
-# whatever queued meanwhile). MLServer: max_batch_size / max_batch_time of its
-# adaptive batcher (None: off; its batcher adds a queue hop and a wait that an
-# overhead-bound model does not win back). KServe: nothing to set.
+# whatever queued meanwhile). MLServer: its adaptive batcher (max_batch_size,
+# max_batch_time in us; None: off) and parallel_workers (0: inference on its
+# event loop, which an overhead-bound model prefers to a hop to a worker
+# process; 1: one worker, which with batching did best on the MLP). KServe:
+# nothing to set (no batcher in its Python server).
 BATCHING = {
-    "relu": {"ours": ["--qos-policy", "latency-critical"], "triton": (64, 0), "mlserver": None},
-    "mlp": {"ours": ["--qos-policy", "balanced"], "triton": (32, 0), "mlserver": (32, 2000)},
+    "relu": {"ours": os.environ.get("PEER_OURS_FLAGS_RELU", "--qos-policy balanced").split(),
+             "triton": (64, 0), "mlserver": {"batch": None, "parallel_workers": 0}},
+    "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced").split(),
+            "triton": (32, 0), "mlserver": {"batch": (32, 2000), "parallel_workers": 1}},
 }
 
 
@@ -150,10 +155,11 @@ def make_server(label: str, model: dict):
         return KServePeer(ROOT, [model], free_port(), free_port())
     if label == "mlserver":
         from benchmarks.peers.mlserver import MLServerPeer
-        size, delay = batching["mlserver"] or (0, 0)
+        size, delay = batching["mlserver"]["batch"] or (0, 0)
         return MLServerPeer(ROOT, model["name"], model["onnx_path"], model["inputs"], model["outputs"],
                             free_port(), free_port(), free_port(), max_batch_size=size,
-                            max_batch_time_s=delay / 1e6)
+                            max_batch_time_s=delay / 1e6,
+                            parallel_workers=batching["mlserver"]["parallel_workers"])
     raise ValueError(f"unknown server {label!r}")
 
 

@@ -41,9 +41,11 @@ class KServePeer:
         self.http_port, self.grpc_port = http_port, grpc_port
         self.version = f"KServe ModelServer {installed_version(self.venv, 'kserve')} (onnxruntime, no server batching)"
         self.dir = tempfile.mkdtemp(prefix="kserve-peer-")
-        argv = [os.path.join(self.venv, "bin", "python"), os.path.join(HERE, "kserve_onnx_server.py"),
+        # run from a copy: from benchmarks/peers/ this module would shadow the kserve package
+        script = shutil.copy(os.path.join(HERE, "kserve_onnx_server.py"), self.dir)
+        argv = [os.path.join(self.venv, "bin", "python"), script,
                 "--http_port", str(http_port), "--grpc_port", str(grpc_port), "--workers", str(workers),
-                "--intra_op_threads", str(intra_op_threads)]
+                "--intra_op_threads", str(intra_op_threads), "--configure_logging", "false"]
         for m in models:
             argv += ["--model", f"{m['name']}={m['onnx_path']}"]
         ready = f"http://127.0.0.1:{http_port}/v2/models/{models[0]['name']}/ready"

@@ -15,6 +15,7 @@ import argparse
 import onnxruntime as ort
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 from kserve import model_server
+from kserve.utils.utils import generate_uuid
 
 
 class OnnxModel(Model):
@@ -39,7 +40,8 @@ class OnnxModel(Model):
             # binary (raw_output_contents) over gRPC, JSON data over REST, as KServe's own servers do
             out.set_data_from_numpy(value, binary_data=payload.from_grpc)
             outputs.append(out)
-        return InferResponse(response_id=payload.id, model_name=self.name, infer_outputs=outputs,
+        # a request without an id gets one, as KServe's own predictors do (get_predict_response)
+        return InferResponse(response_id=payload.id or generate_uuid(), model_name=self.name, infer_outputs=outputs,
                              from_grpc=payload.from_grpc)
 
 
@@ -55,5 +57,6 @@ if __name__ == "__main__":
         m.load()
         models.append(m)
     ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=args.workers,
-                # no per-request access or latency log lines (ours logs none either)
-                enable_latency_logging=False, configure_logging=False).start(models)
+                # no per-request latency log line (ours logs none); --configure_logging false
+                # (read by kserve's own parser) leaves the access log unconfigured, so silent
+                enable_latency_logging=False).start(models)

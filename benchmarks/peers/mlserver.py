@@ -33,23 +33,28 @@ class MLServerPeer:
     """`mlserver start` on 127.0.0.1 with one model, `name`, from `onnx_path`.
 
     `max_batch_size`/`max_batch_time` turn on MLServer's adaptive batching,
-    its counterpart of our dynamic batcher."""
+    its counterpart of our dynamic batcher; `parallel_workers` is MLServer's
+    setting of that name (0: no inference worker processes)."""
 
     label = "mlserver"
 
     def __init__(self, root: str, name: str, onnx_path: str, inputs: list[dict], outputs: list[dict],
                  http_port: int, grpc_port: int, metrics_port: int,
-                 max_batch_size: int = 0, max_batch_time_s: float = 0.0, intra_op_threads: int = 0):
+                 max_batch_size: int = 0, max_batch_time_s: float = 0.0, intra_op_threads: int = 0,
+                 parallel_workers: int = 1):
         self.venv = peer_venv(root)
         self.http_port, self.grpc_port = http_port, grpc_port
         self.version = f"MLServer {MLSERVER_VERSION} (onnxruntime runtime" + (
-            f", adaptive batching {max_batch_size} / {max_batch_time_s * 1e6:.0f} us)" if max_batch_size > 1 else ")")
+            f", adaptive batching {max_batch_size} / {max_batch_time_s * 1e6:.0f} us" if max_batch_size > 1 else "") + (
+            f", parallel_workers {parallel_workers})")
         self.dir = tempfile.mkdtemp(prefix="mlserver-peer-")
         model_dir = os.path.join(self.dir, name)
         os.makedirs(model_dir)
         shutil.copy(os.path.join(HERE, "mlserver_onnx_runtime.py"), model_dir)
         settings = {"host": "127.0.0.1", "http_port": http_port, "grpc_port": grpc_port,
-                    "metrics_port": metrics_port, "debug": False, "parallel_workers": 1,
+                    "metrics_port": metrics_port, "debug": False,
+                    # 0: inference on the server's own event loop; N: in N worker processes
+                    "parallel_workers": parallel_workers,
                     "model_repository_root": self.dir}
         model = {"name": name, "implementation": "mlserver_onnx_runtime.OnnxRuntime",
                  "inputs": inputs, "outputs": outputs,

@@ -1,0 +1,147 @@
+"""benchmarks/bench_peers.py's logic, without servers: what it asks mcp-bench
+for, how it reads the answer and folds rounds, the ratios and floors it
+judges, the table, and the peers' generated configuration."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks import bench_peers as bp
+from benchmarks.peers import common, kserve, triton
+
+
+def run_json(rps, p50, p99, errors=0, classes=None):
+    return json.dumps({"run": {}, "rows": [{"throughput_rps": rps, "errors": errors, "error_classes": classes or {},
+                                            "latency_ms": {"p50": p50, "p99": p99}}]})
+
+
+def pt(rps, p50=1.0, p99=2.0, errors=0):
+    return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "errors": errors, "error_classes": {}}
+
+
+def test_parse_run_keeps_throughput_latency_and_errors():
+    got = bp.parse_run(run_json(812.5, 1.2, 4.5, 3, {"http_503": 3}))
+    assert got == {"rps": 812.5, "p50_ms": 1.2, "p99_ms": 4.5, "errors": 3, "error_classes": {"http_503": 3}}
+
+
+def test_median_point_takes_each_figures_median_and_sums_errors():
+    runs = [pt(100, 1, 9), pt(300, 3, 7, errors=2), pt(200, 2, 8)]
+    runs[1]["error_classes"] = {"timeout": 2}
+    m = bp.median_point(runs)
+    assert (m["rps"], m["p50_ms"], m["p99_ms"], m["errors"]) == (200, 2, 8, 2)
+    assert m["error_classes"] == {"timeout": 2} and len(m["rounds"]) == 3
+
+
+def test_median_point_skips_missing_latencies():
+    m = bp.median_point([pt(0, None, None, errors=1), pt(50, 4, 6)])
+    assert m["p50_ms"] == 4 and m["p99_ms"] == 6
+
+
+def test_turn_order_rotates_the_first_server():
+    labels = ["ours", "triton", "kserve"]
+    assert [bp.turn_order(labels, r)[0] for r in range(4)] == ["ours", "triton", "kserve", "ours"]
+    assert sorted(bp.turn_order(labels, 1)) == sorted(labels)
+
+
+def test_bench_argv_rest_and_grpc():
+    rest = bp.bench_argv("http://127.0.0.1:1/v2/models/relu", False, 16, 2.0, 256)
+    assert rest[rest.index("-c") + 1] == "16" and "--grpc" not in rest
+    assert rest[rest.index("--input") + 1] == "INPUT0:FP32:1,256"
+    assert rest[rest.index("--output-format") + 1] == "json"
+    grpc1 = bp.bench_argv("127.0.0.1:2/v2/models/relu", True, 1, 2.0, 256)
+    grpc64 = bp.bench_argv("127.0.0.1:2/v2/models/relu", True, 64, 2.0, 256)
+    assert grpc1[grpc1.index("--connections") + 1] == "1"
+    assert grpc64[grpc64.index("--connections") + 1] == "4"
+    assert int(grpc64[grpc64.index("--warmup") + 1]) >= 64
+
+
+def test_ratio_is_none_without_clean_figures():
+    assert bp.ratio(pt(300), pt(100)) == 3.0
+    assert bp.ratio(pt(300), pt(100, errors=1)) is None
+    assert bp.ratio(pt(300), None) is None
+    assert bp.ratio(pt(300), pt(0)) is None
+
+
+def point(model, proto, c, **servers):
+    return {"model": model, "protocol": proto, "concurrency": c, "servers": servers}
+
+
+def test_floors_judge_kserve_at_c1_and_every_peer_at_c16_c64():
+    points = [
+        point("relu", "rest", 1, ours=pt(1000, p50=0.4), kserve=pt(400), triton=pt(2000)),
+        point("relu", "grpc", 1, ours=pt(700, p50=0.8), kserve=pt(400)),
+        point("mlp", "rest", 1, ours=pt(100), kserve=pt(90)),          # c=1 floor: overhead-bound model only
+        point("mlp", "rest", 16, ours=pt(500), triton=pt(400), kserve=pt(600), mlserver=pt(500)),
+    ]
+    got = {(f["floor"], f["where"]): (f["value"], f["holds"]) for f in bp.floors(points)}
+    assert got[(">= 2x KServe at c=1", "relu rest c=1")] == (2.5, True)
+    assert got[(">= 2x KServe at c=1", "relu grpc c=1")] == (1.75, False)
+    assert got[("REST p50 <= 0.5 ms at c=1", "relu rest c=1")] == (0.4, True)
+    assert not any(w == "mlp rest c=1" for _, w in got)
+    assert got[("ahead of triton", "mlp rest c=16")] == (1.25, True)
+    assert got[("ahead of kserve", "mlp rest c=16")][1] is False
+    assert got[("ahead of mlserver", "mlp rest c=16")] == (1.0, False)   # level is not ahead
+
+
+def test_table_has_a_row_per_point_a_ratio_per_peer_and_the_floors():
+    result = {"servers": {"ours": {}, "kserve": {}, "mlserver": {}},
+              "points": [point("relu", "rest", 16, ours=pt(900, 1.5, 4.0), kserve=pt(300, 5.0, 12.0),
+                               mlserver={**pt(0, None, None, errors=5), "error_classes": {"x": 5}})],
+              "unavailable": {"triton": "cannot install"}}
+    result["floors"] = bp.floors(result["points"])
+    text = bp.table(result)
+    row = next(line for line in text.splitlines() if line.startswith("relu"))
+    assert "900/s 1.50/4.00" in row and "300/s 5.00/12 x3.00" in row and "failed" in row
+    assert "floor ahead of kserve" in text and "holds" in text and "MISSED" in text
+    assert "triton: unavailable: cannot install" in text
+
+
+def test_parse_args_defaults_and_env(monkeypatch):
+    a = bp.parse_args([])
+    assert a.peers == list(bp.PEERS) and a.models == ["relu", "mlp"] and a.concurrency == [1, 16, 64]
+    monkeypatch.setenv("PEERS", "kserve")
+    monkeypatch.setenv("PEER_CONCURRENCY", "1,8")
+    a = bp.parse_args(["--protocols", "grpc"])
+    assert a.peers == ["kserve"] and a.concurrency == [1, 8] and a.protocols == ["grpc"]
+    assert bp.parse_args(["--peers", ""]).peers == []
+    with pytest.raises(SystemExit):
+        bp.parse_args(["--peers", "torchserve"])
+
+
+def test_relu_model_is_one_relu_node_with_a_batch_dimension():
+    import onnx
+    m = bp.build_relu()
+    onnx.checker.check_model(m)
+    assert [n.op_type for n in m.graph.node] == ["Relu"]
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and dims[1].dim_value == 256
+
+
+def test_triton_model_config_leaves_the_batch_dimension_out():
+    spec = bp.model_spec("mlp", "/m/mlp.onnx")
+    cfg = triton.model_config("mlp", "/m/mlp.onnx", spec["inputs"], spec["outputs"], 32, 0)
+    assert 'name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ]' in cfg
+    assert 'name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ]' in cfg
+    assert "max_batch_size: 32" in cfg and "max_queue_delay_microseconds: 0" in cfg
+    assert 'backend: "python"' in cfg and 'string_value: "/m/mlp.onnx"' in cfg
+    unbatched = triton.model_config("mlp", "/m/mlp.onnx", spec["inputs"], spec["outputs"], 0, 0)
+    assert "dims: [ -1, 64 ]" in unbatched and "dynamic_batching" not in unbatched
+
+
+def test_venv_marker_must_match_the_requirements(tmp_path):
+    venv = str(tmp_path / "v")
+    assert not common.venv_ready(venv, ["a==1"])
+    os.makedirs(venv)
+    with open(os.path.join(venv, "mcp-peer.json"), "w") as f:
+        json.dump({"requirements": ["a==1"]}, f)
+    assert common.venv_ready(venv, ["a==1"])
+    assert not common.venv_ready(venv, ["a==2"])
+
+
+def test_kserve_private_netns_check_reads_interfaces():
+    dev = ("Inter-|   Receive\n face |bytes    packets\n"
+           "    lo: 1 2 0 0 0 0 0 0 1 2 0 0 0 0 0 0\n  eth0: 1 2 0 0 0 0 0 0 1 2 0 0 0 0 0 0\n")
+    assert kserve.interfaces(dev) == ["lo", "eth0"]
+    assert kserve.interfaces(dev.replace("  eth0: 1 2 0 0 0 0 0 0 1 2 0 0 0 0 0 0\n", "")) == ["lo"]

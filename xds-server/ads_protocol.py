@@ -157,7 +157,7 @@ class Stream:
             resp = self._respond(type_url, snap, force=False)
             if resp is not None:
                 out.append(resp)
-                pass  # UNDO-CHECK
+                out.extend(self._warm_endpoints(type_url, snap))
         return out
 
     def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool) -> bytes | None:

@@ -50,7 +50,7 @@ metadata: {{name: b, namespace: shop}}
 spec:
   host: {host}
   trafficPolicy:
-    tls: {{mode: ISTIO_MUTUAL}}
+    tls: {{mode: {tls}}}
     # new upstream connections keep coming, so a rotated certificate is used on the wire
     connectionPool: {{http: {{maxRequestsPerConnection: 20}}}}
 ---
@@ -91,14 +91,17 @@ class Stack:
         os.makedirs(self.config_dir)
         self.svc_port, self.b_in = free_port(), free_port()
         self.app_b = EchoUpstream("b").start()
-        write_config(self.config_dir, "mesh.yaml", MESH.format(host=HOST, svc_port=self.svc_port, b_in=self.b_in,
-                                                               app_b=self.app_b.port))
+        self.write_mesh("ISTIO_MUTUAL")
         self.set_mode("STRICT", wait=False)
         self.ttl = ttl
         self.cp = self._control_plane().start()
         self.a = self._sidecar(A_NODE, "a").start()
         self.b = self._sidecar(B_NODE, "b").start()
         self.wait_serving()
+
+    def write_mesh(self, tls: str) -> None:
+        write_config(self.config_dir, "mesh.yaml", MESH.format(host=HOST, svc_port=self.svc_port, b_in=self.b_in,
+                                                               app_b=self.app_b.port, tls=tls))
 
     def restart_control_plane(self) -> None:
         """SIGKILL the control plane and start another on the same ports and CA dir."""
@@ -242,6 +245,44 @@ def test_strict_refuses_plaintext_and_foreign_ca_permissive_accepts_plaintext(st
         assert stack.call()[0] == 200
     finally:
         stack.set_mode("STRICT")
+
+
+def _switch(stack, tls: str, mode: str) -> float:
+    """Write the DestinationRule's tls and the PeerAuthentication mode at once; seconds from the
+    control plane taking them until A -> B answers 200 again on a new connection."""
+    before = stack.cp.configz()["generation"]
+    stack.write_mesh(tls)
+    write_config(stack.config_dir, "peer.yaml", PEER_AUTH.format(mode=mode))
+    stack.cp.wait_generation_change(before)
+    start = time.monotonic()
+    while time.monotonic() - start < 20:
+        try:
+            if stack.call()[0] == 200:
+                return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return float("inf")
+
+
+def test_switching_between_plaintext_and_mtls_settles_at_once(stack):
+    """DISABLE <-> ISTIO_MUTUAL/STRICT: A's updated cluster warms on the endpoints it already had
+    (the control plane sends them again after CDS); it used to wait out Envoy's 15 s initial fetch
+    timeout, keeping the old transport meanwhile: 503 'connection termination' from B's new listener."""
+    try:
+        for tls, mode in (("DISABLE", "DISABLE"), ("ISTIO_MUTUAL", "STRICT")):
+            took = _switch(stack, tls, mode)
+            assert took < 3.0, f"{tls}/{mode}: A -> B answered 200 only after {took:.1f} s"
+            time.sleep(0.5)
+            sent, failures, _ = _stream(stack, 1.5, 100)
+            assert failures == [] and sent >= 100, failures[:3]
+            status, seen = stack.call()
+            peer = seen["headers"].get("x-envoy-downstream-service-cluster")
+            assert peer == ("spiffe://cluster.local/ns/shop/sa/a" if tls == "ISTIO_MUTUAL" else None)
+    finally:
+        stack.write_mesh("ISTIO_MUTUAL")
+        stack.set_mode("STRICT")
+        stack.wait_serving()
 
 
 def test_debug_certs_shows_certificates_not_keys(stack):

@@ -91,11 +91,14 @@ def route_names(lis: listener_pb2.Listener) -> list[str]:
     return out
 
 
-def node(i: int, prefix: str, labels: dict) -> base_pb2.Node:
+def node(i: int, prefix: str, labels: dict, shapes: int = 1) -> base_pb2.Node:
+    """Client i's node; with `shapes` > 1 its cluster is one of that many (the
+    cluster is part of the control plane's translation key: one snapshot per shape)."""
     meta = struct_pb2.Struct()
     meta.update({"LABELS": labels})
+    cluster = prefix if shapes <= 1 else f"{prefix}-shape-{i % shapes}"
     return base_pb2.Node(id=f"router~127.0.0.{i % 250 + 1}~{prefix}-{i}.default~default.svc.cluster.local",
-                         cluster=prefix, metadata=meta)
+                         cluster=cluster, metadata=meta)
 
 
 def emit(**event) -> None:
@@ -105,7 +108,7 @@ def emit(**event) -> None:
 class Client:
     def __init__(self, i: int, args):
         self.i, self.args = i, args
-        self.node = node(i, args.prefix, dict(kv.split("=", 1) for kv in args.label))
+        self.node = node(i, args.prefix, dict(kv.split("=", 1) for kv in args.label), args.shapes)
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.first = True
         self.subscribed: dict[str, set] = {ENDPOINT: set(), ROUTE: set()}
@@ -190,7 +193,7 @@ class Client:
 
 
 async def main(args) -> None:
-    clients = [Client(i, args) for i in range(args.clients)]
+    clients = [Client(args.offset + i, args) for i in range(args.clients)]
     events = [asyncio.Event() for _ in clients]
     tasks = [asyncio.create_task(c.run(e)) for c, e in zip(clients, events)]
     await asyncio.gather(*(e.wait() for e in events))
@@ -222,4 +225,6 @@ if __name__ == "__main__":
     p.add_argument("--mode", choices=("sotw", "delta"), default="sotw")
     p.add_argument("--prefix", default="bench-gw")
     p.add_argument("--label", action="append", default=["istio=ingressgateway"])
+    p.add_argument("--shapes", type=int, default=1, help="spread the clients over this many node shapes")
+    p.add_argument("--offset", type=int, default=0, help="first client number (several processes, unique ids)")
     asyncio.run(main(p.parse_args()))

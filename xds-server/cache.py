@@ -98,16 +98,27 @@ class PreparedSnapshot:
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot, generation: str = "",
-                      previous: "PreparedSnapshot | None" = None) -> "PreparedSnapshot":
+                      previous: "PreparedSnapshot | None" = None,
+                      packed_by_id: dict | None = None) -> "PreparedSnapshot":
         """Pack every resource; one that is the very message object `previous`
-        packed (translation reuses them: read-only) keeps its packing and version."""
+        packed (translation reuses them: read-only) keeps its packing and version.
+        `packed_by_id` (id(message) -> PreparedResource) shares packings between
+        the snapshots of different node shapes, which translation gives the same
+        message objects: 20 shapes of one gateway hold one packed copy, not 20."""
         out = {}
+        shared = packed_by_id if packed_by_id is not None else {}
         for type_url, by_name in snapshot.items():
             before = previous.of_type(type_url) if previous is not None else {}
             packed = out[type_url] = {}
             for name, msg in sorted(by_name.items()):
                 old = before.get(name)
-                packed[name] = old if old is not None and old.message is msg else prepare(name, msg)
+                if old is None or old.message is not msg:
+                    old = shared.get(id(msg))
+                    if old is None or old.message is not msg or old.name != name:
+                        old = prepare(name, msg)
+                packed[name] = old
+                if packed_by_id is not None:
+                    packed_by_id[id(msg)] = old
         return cls(out, generation)
 
     def of_type(self, type_url: str) -> dict[str, PreparedResource]:
@@ -153,6 +164,11 @@ class SnapshotCache:
         self.generation = ""
         self.overrides: dict[str, dict[str, message.Message]] = {}
         self._by_key: dict[tuple, PreparedSnapshot] = {}
+        # id(message) -> PreparedResource for the snapshots being served and built
+        # (from_snapshot); each entry keeps its message alive, so an id is never reused
+        # while it is here. Replaced by each build's own at install.
+        self._packed: dict[int, PreparedResource] = {}
+        self._building: dict[int, PreparedResource] | None = None
         self.translations = 0   # how many times translate() ran (tests, metrics)
 
     @property
@@ -166,6 +182,7 @@ class SnapshotCache:
         that fails to translate for any node is rejected whole.
         """
         out: dict[tuple, PreparedSnapshot] = {}
+        self._building = {}
         for node in nodes:
             key = translation_key(node)
             if key not in out:
@@ -174,6 +191,7 @@ class SnapshotCache:
 
     def install(self, config, generation: str, snapshots: dict[tuple, PreparedSnapshot]) -> None:
         self.config, self.generation, self._by_key = config, generation, dict(snapshots)
+        self._packed, self._building = self._building or {}, None
 
     def snapshot_for(self, node: ProxyNode) -> PreparedSnapshot | None:
         """The node's snapshot, translated now if its key is new (None before any config)."""
@@ -203,6 +221,7 @@ class SnapshotCache:
         self.overrides = overrides
         if self.config is not None:
             self._by_key = self.build(self.config, self.generation, nodes)
+            self._packed, self._building = self._building or {}, None
 
     def _prepare(self, config, node: ProxyNode, generation: str) -> PreparedSnapshot:
         from xds_server import telemetry
@@ -216,6 +235,9 @@ class SnapshotCache:
                 snapshot = {t: dict(by_name) for t, by_name in snapshot.items()}
                 for t, by_name in self.overrides.items():
                     snapshot.setdefault(t, {}).update(by_name)
-            prepared = PreparedSnapshot.from_snapshot(snapshot, generation, self._by_key.get(translation_key(node)))
+            # A build packs into its own map; a shape translated between builds shares the served one's.
+            packed = self._building if self._building is not None else self._packed
+            prepared = PreparedSnapshot.from_snapshot(snapshot, generation, self._by_key.get(translation_key(node)),
+                                                      packed)
             span.set_attribute("xds.resources", sum(len(v) for v in prepared.resources.values()))
             return prepared

@@ -58,9 +58,14 @@ def test_examples_boot_in_envoy_and_the_gateway_answers_as_written():
                                                      kind="router", namespace="bookinfo",
                                                      labels={"istio": "ingressgateway"}))
     assert any(n.endswith(f"_{http_port}") for n in snap[LISTENER])       # the Gateway servers' port
-    with Envoy(static_bootstrap(snap)) as envoy:
+    bootstrap = static_bootstrap(snap)
+    booted = {lis["name"] for lis in bootstrap["static_resources"]["listeners"]}
+    # The HTTPS server's certificate comes from credentialName over SDS (per node, from the
+    # control plane): a static bootstrap cannot fetch it, so that listener is left out.
+    assert booted == set(snap[LISTENER]) - {f"127.0.0.1_{https_port}"}
+    with Envoy(bootstrap) as envoy:
         dump = envoy.admin("/config_dump?resource=static_listeners")[1]
-        for name in snap[LISTENER]:
+        for name in booted:
             assert f'"name": "{name}"' in dump
         assert envoy.proc.poll() is None
         # gateway.yaml: plain HTTP for api.example.com redirects to HTTPS (tls.httpsRedirect).

@@ -12,7 +12,7 @@ import json
 
 from google.protobuf import json_format
 
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, Snapshot
 
 
 def _json(msg) -> dict:
@@ -54,5 +54,45 @@ def static_resources(snapshot: Snapshot) -> dict:
     return {"listeners": listeners, "clusters": clusters}
 
 
+def _ads_secrets(obj) -> set[str]:
+    """Names of the secrets `obj` (Envoy JSON) asks for over SDS on the ADS stream."""
+    found = set()
+    if isinstance(obj, dict):
+        if "ads" in (obj.get("sdsConfig") or {}) and obj.get("name"):
+            found.add(obj["name"])
+        for v in obj.values():
+            found |= _ads_secrets(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            found |= _ads_secrets(v)
+    return found
+
+
+def _static_secret_refs(obj) -> None:
+    """An SDS reference without sdsConfig names a secret of the bootstrap's static_resources."""
+    if isinstance(obj, dict):
+        if "ads" in (obj.get("sdsConfig") or {}):
+            del obj["sdsConfig"]
+        for v in obj.values():
+            _static_secret_refs(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _static_secret_refs(v)
+
+
 def static_bootstrap(snapshot: Snapshot, node_id: str = "static", cluster: str = "mcp-mesh") -> dict:
-    return {"node": {"id": node_id, "cluster": cluster}, "static_resources": static_resources(snapshot)}
+    """The snapshot as a bootstrap without ADS. Secrets the snapshot holds
+    (type SECRET) become static secrets; a filter chain or cluster that needs a
+    secret only the control plane's SDS serves per node (a workload
+    certificate, a credentialName not in the snapshot) is left out -- a static
+    Envoy cannot fetch it, and Envoy refuses to start with the reference."""
+    resources = static_resources(snapshot)
+    secrets = {name: _json(msg) for name, msg in snapshot.get(SECRET, {}).items()}
+    for lis in resources["listeners"]:
+        lis["filterChains"] = [c for c in lis.get("filterChains") or [] if _ads_secrets(c) <= secrets.keys()]
+    resources["listeners"] = [lis for lis in resources["listeners"] if lis["filterChains"]]
+    resources["clusters"] = [c for c in resources["clusters"] if _ads_secrets(c) <= secrets.keys()]
+    _static_secret_refs(resources)
+    if secrets:
+        resources["secrets"] = list(secrets.values())
+    return {"node": {"id": node_id, "cluster": cluster}, "static_resources": resources}

@@ -1,4 +1,4 @@
-"""`mcpctl epp serve`: the Endpoint Picker (scheduler/README.md)."""
+"""`mcpctl epp serve`: the Endpoint Picker; `mcpctl policy build|run`: policy plugins (scheduler/README.md)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +9,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from scheduler.plugins.commands import register_policy
+    register_policy(subparsers)          # `mcpctl policy`: registered here, no entry point of its own
     p = subparsers.add_parser("epp", help="the Endpoint Picker for an InferencePool (Gateway API Inference Extension)")
     sub = p.add_subparsers(dest="epp_command", required=True)
     s = sub.add_parser("serve", help="serve Envoy ext_proc: pick a model server per request from live metrics")

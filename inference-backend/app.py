@@ -35,7 +35,7 @@ from inference_backend.model_server import ModelServer, resolve_model
 from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.rest import build_app
-from inference_backend import openai_api
+from inference_backend import openai_api, triton_rpcs
 from inference_backend.telemetry import Telemetry
 
 log = logging.getLogger("inference_backend")
@@ -70,6 +70,7 @@ class ServeOptions:
     labels: dict | None = None
     watch_model: bool = False
     drain_seconds: float = 1.0
+    model_control_mode: str = "none"         # Triton's: explicit allows repository load / unload
     fast_path: bool = True                   # idle dispatch + inline runs (batcher.py); off: --no-fast-path
 
 
@@ -110,6 +111,7 @@ class Server:
                 raise ValueError(f"--session-key-file {opts.session_key_file}: the key has {len(key)} bytes; "
                                  f"at least {MIN_KEY_BYTES} are needed")
         self.models = ModelServer(self.telemetry, session_key=key, session_max_age=opts.session_max_age)
+        self.models.model_control_mode = opts.model_control_mode
         self.settings = self._initial_settings()
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -148,6 +150,7 @@ class Server:
         http_port = self._runner.addresses[0][1]
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.models, self._grpc, self.only_class)
+        triton_rpcs.add_to_server(self.models, self._grpc)     # ModelConfig, ModelStatistics, repository
         # grpc.health.v1 for Envoy's gRPC health checks (NOT_SERVING until the model is warm),
         # reflection for grpcurl.
         self._health = health.aio.HealthServicer()

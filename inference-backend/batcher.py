@@ -103,7 +103,8 @@ class Executor(Protocol):
 
 
 class Observer(Protocol):
-    def on_batch(self, batch: list[Pending], result_times: tuple[int, int, int], rows: int) -> None: ...
+    def on_batch(self, batch: list[Pending], result_times: tuple[int, int, int], rows: int,
+                 version: str = "") -> None: ...
     def on_reject(self, level: int, reason: str) -> None: ...
 
 
@@ -427,7 +428,7 @@ class DynamicBatcher:
                     pass
         self.completed += len(batch)
         if self.observer:
-            self.observer.on_batch(batch, (start, assemble_us, compute_us), rows)
+            self.observer.on_batch(batch, (start, assemble_us, compute_us), rows, version)
 
     def _busy(self, lane: bool, ns: int) -> None:
         if lane:

@@ -70,6 +70,8 @@ def register(subparsers) -> None:
     p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
     p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
     p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
+    p.add_argument("--model-control-mode", default="none", choices=("none", "explicit"),
+                   help="Triton's: explicit allows repository load / unload of the served model (default none)")
     p.add_argument("--no-fast-path", action="store_true",
                    help="plain Triton batching: a lone request waits max_queue_delay, every batch runs on the "
                         "compute thread (for comparison; README: fast path)")
@@ -123,7 +125,8 @@ def run(args) -> int:
             session_key_file=args.session_key_file,
             session_max_age=args.session_max_age,
             trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
-            watch_model=args.watch_model, drain_seconds=args.drain_seconds, fast_path=not args.no_fast_path)
+            watch_model=args.watch_model, drain_seconds=args.drain_seconds, fast_path=not args.no_fast_path,
+            model_control_mode=args.model_control_mode)
         return serve(opts)
     except (ValueError, OSError) as e:
         print(f"mcpctl serve{worker}: {e}", file=sys.stderr)
@@ -133,7 +136,8 @@ def run(args) -> int:
 # Flags passed to every replica as given (the port flags are set per replica).
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
                  "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
-                 "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds")
+                 "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
+                 "model_control_mode")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path")
 
 

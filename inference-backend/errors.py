@@ -47,3 +47,8 @@ class TooLarge(InferenceError):
 
 class Internal(InferenceError):
     code, http_status = grpc.StatusCode.INTERNAL, 500
+
+
+class Unsupported(InferenceError):
+    """A request for a feature this server does not offer (Triton's UNSUPPORTED)."""
+    code, http_status = grpc.StatusCode.UNIMPLEMENTED, 400

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 import numpy as np
@@ -137,7 +138,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             priority = self.admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
         return served, pending, qos, priority
 
-    def _respond(self, request: pb.ModelInferRequest, served, pending, result) -> tuple[pb.ModelInferResponse, list]:
+    def _respond(self, request: pb.ModelInferRequest, served, pending, result, t0: int) -> tuple[pb.ModelInferResponse, list]:
+        t_out = time.monotonic_ns()
         t = self.server.telemetry
         t.request_duration.record((result.queue_us + result.compute_us) / 1e6,
                                   {"model": served.name, "priority_level": str(result.level)})
@@ -150,12 +152,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             spec = served.model.outputs[name]
             response.outputs.add(name=name, datatype=spec.datatype, shape=list(array.shape))
             response.raw_output_contents.append(datatypes.to_raw(array))
+        end = time.monotonic_ns()
+        served.stats.on_success(result.version, pending.rows, result.batch_size, end - t0, result.queue_us * 1000,
+                                result.assemble_us * 1000, result.compute_us * 1000, end - t_out)
         return response, timing_pairs(result, served.load.header_value())
 
     async def _infer(self, request: pb.ModelInferRequest, metadata) -> tuple[pb.ModelInferResponse, list]:
-        served, pending, qos, priority = self._prepare(request, metadata)
-        result = await served.infer(pending, qos, priority)
-        return self._respond(request, served, pending, result)
+        t0 = time.monotonic_ns()
+        served = None
+        try:
+            served, pending, qos, priority = self._prepare(request, metadata)
+            result = await served.infer(pending, qos, priority)
+        except InferenceError:
+            if served is None:      # found, then refused: Triton counts it as the model's failure
+                served = self.server.models.get(request.model_name)
+            if served is not None:
+                served.stats.on_failure(served.model.version, time.monotonic_ns() - t0)
+            raise
+        return self._respond(request, served, pending, result, t0)
 
     def _count(self, request: pb.ModelInferRequest, code: grpc.StatusCode) -> None:
         """Refusals and failures are counted like answers (mcp_inference_requests_total{code})."""

@@ -31,6 +31,7 @@ from inference_backend.errors import InvalidArgument, NotFound, Unavailable
 from inference_backend.executors import BatchExecutor
 from inference_backend.load_report import LoadSampler
 from inference_backend.runtime import OnnxModel
+from inference_backend.statistics import ModelStatistics
 from inference_backend.telemetry import Telemetry
 
 log = logging.getLogger("inference_backend")
@@ -80,6 +81,9 @@ class ServedModel:
         self.tokens = TokenMeter() if self.decoder else None
         self.generation_load = GenerationLoad() if self.decoder else None   # the OpenAI API's (generate.py)
         self.fast_path = fast_path
+        self.stats = ModelStatistics(name)          # Triton's ModelStatistics (statistics.py)
+        self.stats.add_version(model.version)
+        self.loaded = True                          # False after a repository unload (repository.py)
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
                                       idle_dispatch=fast_path)
         self.load = LoadSampler(lambda: self.batcher.busy_ns, lambda: self.batcher.completed,
@@ -122,8 +126,9 @@ class ServedModel:
                 for level in range(1, self.batcher.settings.priority_levels + 1)]
 
     # -- batcher observer -------------------------------------------------------------
-    def on_batch(self, batch: list[Pending], times, rows: int) -> None:
-        start, _, compute_us = times
+    def on_batch(self, batch: list[Pending], times, rows: int, version: str = "") -> None:
+        start, assemble_us, compute_us = times
+        self.stats.on_batch(version or self.model.version, rows, assemble_us * 1000, compute_us * 1000)
         t = self.telemetry
         t.batch_size.record(rows, {"model": self.name})
         t.compute_duration.record(compute_us / 1e6, {"model": self.name})
@@ -227,6 +232,7 @@ class ServedModel:
                                       f"({[s.describe() for s in new.inputs.values()]}); not swapped")
             if is_decoder(new) != self.decoder:
                 raise InvalidArgument("a decoder can only be replaced by a decoder")
+            self.stats.add_version(new.version)
             self.batcher.set_executor(self._executor_for(new))
             self.model = new
             self.version_count += 1
@@ -277,6 +283,7 @@ class ModelServer:
         self.ready = False          # models loaded and warm
         self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
+        self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
@@ -306,6 +313,16 @@ class ModelServer:
         served.check_version(version)
         if not self.ready:
             raise Unavailable(f"model {name!r} is not ready")
+        if not served.loaded:
+            raise Unavailable(f"model {name!r} is unloaded (POST /v2/repository/models/{name}/load serves it again)")
+        return served
+
+    def lookup(self, name: str, version: str = "") -> ServedModel:
+        """A known model, loaded or not (its configuration and statistics outlive an unload)."""
+        served = self.models.get(name)
+        if served is None:
+            raise NotFound(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}")
+        served.check_version(version)
         return served
 
     @property

@@ -9,11 +9,12 @@ with no outputs listed) and as JSON `data` otherwise.
 from __future__ import annotations
 
 import logging
+import time
 
 from aiohttp import web
 
 from mesh.qos import QosClass
-from inference_backend import datatypes, fastjson
+from inference_backend import datatypes, fastjson, triton_http
 from inference_backend.errors import InferenceError, InvalidArgument, NotFound, TooLarge
 from inference_backend.model_server import ModelServer
 from inference_backend.rest_body import BodyDecoder
@@ -98,7 +99,15 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
             return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
 
     async def _infer(request):
+        t0 = time.monotonic_ns()
         served = _model(request)
+        try:
+            return await _answer(request, served, t0)
+        except InferenceError:
+            served.stats.on_failure(served.model.version, time.monotonic_ns() - t0)
+            raise
+
+    async def _answer(request, served, t0: int):
         with served.arrival():          # the batcher's idle dispatch waits for this one
             qos = admission.admit(request.headers.items(), served.name, request.method)
             try:
@@ -128,6 +137,7 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
         server.telemetry.requests.add(1, {"model": served.name, "protocol": "http", "code": "OK"})
         server.telemetry.record_spans(served.name, result.level, pending.arrival_ns, result,
                                       str(doc.get("id", "")), "http")
+        t_out = time.monotonic_ns()
         all_binary = not names and bool(params.get("binary_data_output", False))
         out_docs, chunks = [], []
         for name, array in result.outputs.items():
@@ -147,6 +157,9 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
             response["id"] = doc["id"]
         headers = dict(timing_pairs(result, served.load.header_value()))
         text = fastjson.dumps(response)
+        end = time.monotonic_ns()
+        served.stats.on_success(result.version, pending.rows, result.batch_size, end - t0, result.queue_us * 1000,
+                                result.assemble_us * 1000, result.compute_us * 1000, end - t_out)
         if chunks:
             headers[HEADER_LENGTH] = str(len(text))
             return web.Response(body=text + b"".join(chunks), headers=headers,
@@ -158,5 +171,6 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
         return web.Response(body=server.telemetry.prometheus_text(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    app.add_routes(triton_http.routes(server))      # before /v2/models/{name}: /v2/models/stats
     app.add_routes(routes)
     return app

@@ -1,0 +1,66 @@
+"""Triton's model-repository extension over the models this process serves
+(RepositoryIndex / RepositoryModelLoad / RepositoryModelUnload, POST /v2/repository/...).
+
+The repository is the models the server knows (`--model`: one per process). Index
+entries are Triton's: name, version, state READY or UNAVAILABLE, reason ("unloaded").
+Unload stops serving the model at once (infer, metadata and ready answer UNAVAILABLE /
+503 / not ready) while requests already queued are still answered; its session stays
+in memory, so a load serves it again at once. A load of a model that is being served
+is a no-op (a new file or version is `POST /admin/reload`). A model the process does
+not know cannot be loaded (NOT_FOUND / 404: nothing here can fetch one), and the
+`config` / `file:` load parameters (Triton's overrides) are refused as unsupported.
+
+As in Triton, load and unload are refused unless the model control mode is explicit
+(`--model-control-mode explicit`; default none): on the serving port any client could
+otherwise take the model out of service.
+"""
+from __future__ import annotations
+
+import logging
+
+from inference_backend.errors import InvalidArgument, Unsupported
+
+log = logging.getLogger("inference_backend")
+
+
+def index(server, ready_only: bool = False) -> list[dict]:
+    out = []
+    for name, served in sorted(server.models.items()):
+        ready = served.loaded and server.ready
+        if ready_only and not ready:
+            continue
+        entry = {"name": name, "version": served.model.version, "state": "READY" if ready else "UNAVAILABLE"}
+        if not ready:
+            entry["reason"] = "unloaded" if not served.loaded else "loading"
+        out.append(entry)
+    return out
+
+
+def _check_parameters(parameters: dict) -> None:
+    for key in parameters:
+        if key == "config" or key.startswith("file:"):
+            raise InvalidArgument(f"load parameter {key!r} (a configuration or file override) is not supported; "
+                                  f"use POST /admin/reload or /admin/policy on the admin port")
+
+
+def _check_mode(server) -> None:
+    if getattr(server, "model_control_mode", "none") != "explicit":
+        raise Unsupported("explicit model load / unload is not allowed: the model control mode is none "
+                          "(mcpctl serve --model-control-mode explicit)")
+
+
+def load(server, name: str, parameters: dict | None = None) -> None:
+    _check_mode(server)
+    _check_parameters(parameters or {})
+    served = server.lookup(name)
+    if not served.loaded:
+        served.loaded = True
+        log.info("model %s loaded (repository load): serving again", name)
+
+
+def unload(server, name: str, parameters: dict | None = None) -> None:
+    _check_mode(server)
+    served = server.lookup(name)
+    if served.loaded:
+        served.loaded = False
+        log.info("model %s unloaded (repository unload): not serving; queued requests are still answered", name)

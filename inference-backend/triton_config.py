@@ -1,0 +1,79 @@
+"""A served model and its batcher in Triton's model_config.proto terms (ModelConfig RPC,
+GET /v2/models/NAME/config).
+
+What maps to what:
+- max_batch_size: the batcher's max_batch_size when every input and output is batched
+  on dim 0 (dims then leave the batch dimension out, as Triton's do), else 0 (dims are
+  the full shapes);
+- input / output: name, data_type (TYPE_FP32 ...; BYTES is TYPE_STRING), dims (-1 for a
+  variable dimension);
+- dynamic_batching: preferred_batch_size, max_queue_delay_microseconds,
+  priority_levels, default_priority_level, default_queue_policy and
+  priority_queue_policy (timeout_action, default_timeout_microseconds,
+  allow_timeout_override, max_queue_size), exactly the settings the batcher runs with
+  (preset, policy file or POST /admin/policy: the current ones);
+- instance_group: one instance of kind KIND_GPU (CUDA / TensorRT) or KIND_CPU; the
+  reserved lane (a second compute thread for levels 1..N only) and the fast path are
+  not Triton fields: they are in `parameters` (reserved_lane_levels, idle_dispatch),
+  with execution_provider;
+- platform onnxruntime_onnx, backend onnxruntime; not decoupled; no response cache.
+"""
+from __future__ import annotations
+
+from google.protobuf import json_format
+
+from inference_backend.protos import triton_extensions_pb2 as tpb
+
+DATA_TYPES = {"BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
+              "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
+              "INT64": "TYPE_INT64", "FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64",
+              "BYTES": "TYPE_STRING", "BF16": "TYPE_BF16"}
+
+
+def _queue_policy(p) -> dict:
+    return {"timeout_action": p.timeout_action, "default_timeout_microseconds": p.default_timeout_us,
+            "allow_timeout_override": p.allow_timeout_override, "max_queue_size": p.max_queue_size}
+
+
+def config_doc(served) -> dict:
+    """Triton's JSON form of the model's configuration."""
+    m, s = served.model, served.batcher.settings
+    batched = m.batch_dim
+    dims = (lambda shape: list(shape[1:])) if batched else (lambda shape: list(shape))
+    return {
+        "name": served.name, "platform": "onnxruntime_onnx", "backend": "onnxruntime",
+        "max_batch_size": s.max_batch_size if batched else 0,
+        "input": [{"name": t.name, "data_type": DATA_TYPES[t.datatype], "dims": dims(t.shape)}
+                  for t in m.inputs.values()],
+        "output": [{"name": t.name, "data_type": DATA_TYPES[t.datatype], "dims": dims(t.shape)}
+                   for t in m.outputs.values()],
+        "dynamic_batching": {
+            "preferred_batch_size": list(s.preferred_batch_sizes),
+            "max_queue_delay_microseconds": s.max_queue_delay_us,
+            "preserve_ordering": False,
+            "priority_levels": s.priority_levels,
+            "default_priority_level": s.default_priority_level,
+            "default_queue_policy": _queue_policy(s.default_queue_policy),
+            "priority_queue_policy": {str(level): _queue_policy(p) for level, p in sorted(s.queue_policies.items())},
+        },
+        "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_CPU" if m.device == "cpu" else "KIND_GPU",
+                            "count": 1, "gpus": [] if m.device == "cpu" else [_device_id(m)]}],
+        "default_model_filename": "model.onnx",
+        "parameters": {
+            "execution_provider": {"string_value": m.provider},
+            "reserved_lane_levels": {"string_value": str(s.reserved_lane_levels)},
+            "idle_dispatch": {"string_value": "true" if served.batcher.idle_dispatch else "false"},
+            "qos_policy": {"string_value": s.name},
+        },
+        "model_transaction_policy": {"decoupled": False},
+        "response_cache": {"enable": False},
+    }
+
+
+def _device_id(model) -> int:
+    kind, _, index = model.requested_device.partition(":")
+    return int(index) if index.isdigit() else 0
+
+
+def config_message(served) -> tpb.ModelConfig:
+    return json_format.ParseDict(config_doc(served), tpb.ModelConfig())

@@ -90,7 +90,13 @@ def test_demo_serve_keeps_everything_running_until_sigterm():
         assert "stopping" in rest
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            # SIGTERM first: the demo stops what it started (a SIGKILL would orphan its
+            # control plane and Envoys, each in a session of its own).
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "mcp-demo-" not in ps

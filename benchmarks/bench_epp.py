@@ -1,0 +1,425 @@
+"""The Endpoint Picker vs Envoy's own balancers, side by side in one run.
+
+Multi-turn chat sessions with shared system prompts (benchmarks/epp_sessions.py,
+open loop) through one Envoy gateway to 2-3 `builtin:tiny-decoder` replicas
+(each on its own loopback address, the same port, as Pods), three ways:
+
+  least_request  Envoy LEAST_REQUEST (what the pool gets today)
+  orca_wrr       Envoy client-side weighted round robin on the replicas' ORCA
+                 `endpoint-load-metrics` answers
+  epp            ext_proc to `mcpctl epp serve`, override_host on its pick
+
+Every variant gets fresh replicas (cold KV caches) and exactly the same work
+(the same sessions at the same times, greedy answers). Measured per variant:
+TTFT (first SSE data chunk) and whole-request p50/p99 from each request's due
+time, generated tokens/s, the prefix-cache hit rate from the replicas' own
+counters (`GET /v1/load`: prefix_cache_hits / prefix_cache_queries, prompt
+tokens) and, for the EPP, its own estimate (`/stats`), refusals by class.
+Then the EPP's overhead per request: the same request through Envoy with the
+picker vs through Envoy without it (and direct), to a trivial upstream.
+
+`python -m benchmarks epp` (or `python -m benchmarks.bench_epp --help`);
+writes artifacts/bench/epp.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, replace
+
+from benchmarks.epp_sessions import (Workload, make_sessions, percentile, prefix_hits, request_body,
+                                     run_sessions, summarise)
+from harness.envoy import Envoy
+from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
+from harness.ports import free_port, port_is_free
+from harness.processes import stop_processes
+from harness.upstreams import EchoUpstream
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+VARIANTS = ("least_request", "orca_wrr", "epp")
+BASELINE = "least_request"
+IDLE_METRICS = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0.0}
+
+
+def _hosts(n: int) -> list[str]:
+    return [f"127.0.0.{2 + i}" for i in range(n)]
+
+
+def _shared_port(hosts: list[str]) -> int:
+    for _ in range(50):
+        port = free_port(hosts[0])
+        if all(port_is_free(port, h) for h in hosts):
+            return port
+    raise RuntimeError("no port free on every replica address")
+
+
+def _get_json(url: str, timeout: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.load(r)
+
+
+def _read_ready(proc: subprocess.Popen, what: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {proc.returncode}")
+            continue
+        if line.startswith("{"):
+            doc = json.loads(line)
+            if doc.get("event") == "ready":
+                return doc
+    raise TimeoutError(f"{what} not ready after {timeout}s")
+
+
+class Replicas:
+    """`mcpctl serve --model builtin:tiny-decoder` on 127.0.0.2, .3, ... and one shared HTTP port."""
+
+    def __init__(self, n: int, kv_cache_mb: float, threads: int):
+        self.hosts = _hosts(n)
+        self.port = _shared_port(self.hosts)
+        self.procs = []
+        for h in self.hosts:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:tiny-decoder", "--host", h,
+                 "--http-port", str(self.port), "--grpc-port", str(free_port(h)), "--drain-seconds", "0",
+                 "--kv-cache-mb", str(kv_cache_mb), "--intra-op-threads", str(threads), "--log-level", "ERROR"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT))
+        try:
+            for h, p in zip(self.hosts, self.procs):
+                _read_ready(p, f"replica {h}")
+        except Exception:
+            self.stop()
+            raise
+
+    @property
+    def endpoints(self) -> list[tuple[str, int]]:
+        return [(h, self.port) for h in self.hosts]
+
+    def loads(self) -> list[dict]:
+        return [_get_json(f"http://{h}:{self.port}/v1/load") for h in self.hosts]
+
+    def stop(self) -> None:
+        stop_processes(self.procs, grace=5)
+
+
+def write_pool(directory: str, hosts: list[str], port: int) -> None:
+    """The InferencePool and one WorkloadEntry per replica, as tests/e2e/test_endpoint_picker.py writes them."""
+    docs = [f"""apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {{name: decoders, namespace: inference}}
+spec:
+  selector: {{matchLabels: {{app: decoder}}}}
+  targetPorts: [{{number: {port}}}]
+  endpointPickerRef: {{name: epp, port: {{number: 9002}}, failureMode: FailClose}}
+"""] + [f"""apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: decoder-{i}, namespace: inference}}
+spec: {{address: {h}, labels: {{app: decoder}}}}
+""" for i, h in enumerate(hosts)]
+    with open(os.path.join(directory, "pool.yaml"), "w") as f:
+        f.write("---\n".join(docs))
+
+
+class Picker:
+    """`mcpctl epp serve` for the pool in `directory`; ready once every endpoint has been scraped."""
+
+    def __init__(self, directory: str, endpoints: int, metrics_interval_ms: float | None = None):
+        interval = ["--metrics-interval-ms", str(metrics_interval_ms)] if metrics_interval_ms else []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory,
+             "--pool", "inference/decoders", "--grpc-port", "0", "--admin-port", "0", "--log-level", "WARNING",
+             *interval],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        try:
+            ready = _read_ready(self.proc, "mcpctl epp serve")
+            self.port, self.admin = ready["grpc_port"], ready["admin_port"]
+            deadline = time.monotonic() + 20
+            while True:
+                eps = self.stats()["endpoints"]
+                if len(eps) == endpoints and all(e["ready"] for e in eps.values()):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the picker never saw its endpoints ready: {eps}")
+                time.sleep(0.05)
+        except Exception:
+            self.stop()
+            raise
+
+    def stats(self) -> dict:
+        return _get_json(f"http://127.0.0.1:{self.admin}/stats")
+
+    def stop(self) -> None:
+        stop_processes([self.proc], grace=5)
+
+
+def _gateway(variant: str, pool: list[tuple[str, int]], directory: str,
+             metrics_interval_ms: float | None) -> tuple[Envoy, Picker | None, int]:
+    port = free_port()
+    picker = None
+    if variant == "epp":
+        write_pool(directory, sorted({h for h, _ in pool}), pool[0][1])
+        picker = Picker(directory, len(pool), metrics_interval_ms)
+        bootstrap = gateway_bootstrap({port: False}, pool, picker.port, route_timeout_s=60)
+    else:
+        bootstrap = balanced_gateway_bootstrap(port, pool, variant, route_timeout_s=60)
+    try:
+        envoy = Envoy(bootstrap).start()
+    except Exception:
+        if picker:
+            picker.stop()
+        raise
+    return envoy, picker, port
+
+
+def run_variant(variant: str, w: Workload, args) -> dict:
+    """One phase on fresh replicas (and a fresh picker): the raw results and counters."""
+    sessions = make_sessions(w)
+    replicas = Replicas(args.replicas, args.kv_cache_mb, args.threads)
+    directory = tempfile.mkdtemp(prefix="bench-epp-")
+    envoy = picker = None
+    try:
+        envoy, picker, port = _gateway(variant, replicas.endpoints, directory, args.metrics_interval_ms)
+        before = replicas.loads()
+        results, wall = asyncio.run(run_sessions(f"http://127.0.0.1:{port}/v1/chat/completions", sessions, w))
+        phase = {"sessions": sessions, "results": results, "wall_s": wall, "loadavg_1m": os.getloadavg()[0]}
+        after = replicas.loads()
+        phase["hits"], phase["queries"] = prefix_hits(before, after)
+        phase["prompt_tokens_per_replica"] = [
+            sum(m["prefix_cache_queries"] for m in a["models"]) - sum(m["prefix_cache_queries"] for m in b["models"])
+            for b, a in zip(before, after)]
+        if picker is not None:
+            s = picker.stats()
+            phase["epp"] = {k: s.get(k) for k in ("prefix_hit_rate", "decisions", "mean_decision_us", "refused")}
+            phase["epp"]["picked"] = [v["picked"] for v in s["endpoints"].values()]
+        return phase
+    finally:
+        if envoy:
+            envoy.stop()
+        if picker:
+            picker.stop()
+        replicas.stop()
+
+
+def combine(variant: str, phases: list[dict]) -> dict:
+    """The rounds of one variant as one set of figures (percentiles over every request)."""
+    results = [r for p in phases for r in p["results"]]
+    sessions = [s for p in phases for s in p["sessions"]]
+    wall = sum(p["wall_s"] for p in phases)
+    hits, queries = sum(p["hits"] for p in phases), sum(p["queries"] for p in phases)
+    out = {"variant": variant, "rounds": len(phases), "wall_s": round(wall, 2),
+           "loadavg_1m": [round(p["loadavg_1m"], 2) for p in phases],
+           **asdict(summarise(results, sessions, wall)),
+           "prefix_hit_rate": hits / queries if queries else None,
+           "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+           "prompt_tokens_per_replica": [p["prompt_tokens_per_replica"] for p in phases]}
+    if any("epp" in p for p in phases):
+        out["epp"] = [p.get("epp") for p in phases]
+    return out
+
+
+# -- the picker's own cost: the same request through Envoy with and without it ---------------
+def _timed_post(conn: http.client.HTTPConnection, body: bytes) -> float:
+    t = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", body=body,
+                 headers={"content-type": "application/json", "x-session-id": "overhead"})
+    r = conn.getresponse()
+    r.read()
+    if r.status != 200:
+        raise RuntimeError(f"status {r.status}")
+    return (time.perf_counter() - t) * 1e6
+
+
+def overhead(requests: int) -> dict:
+    """Per-request latency (µs) to trivial echo upstreams: direct, through Envoy balancing
+    alone (round robin), through Envoy asking a null ext_proc server (the gRPC conversation
+    alone), through Envoy asking the picker; interleaved request by request."""
+    hosts = _hosts(2)
+    port = _shared_port(hosts)
+    ups = [EchoUpstream(f"echo-{h}", port=port, host=h) for h in hosts]
+    for u in ups:
+        u.metrics = dict(IDLE_METRICS)
+        u.start()
+    directory = tempfile.mkdtemp(prefix="bench-epp-overhead-")
+    write_pool(directory, hosts, port)
+    picker = plain = with_epp = with_null = null = None
+    try:
+        picker = Picker(directory, 2)
+        pool = [(h, port) for h in hosts]
+        plain_port, epp_port, null_port, null_grpc = free_port(), free_port(), free_port(), free_port()
+        null = subprocess.Popen([sys.executable, "-m", "benchmarks.epp_null_processor", str(null_grpc),
+                                 f"{hosts[0]}:{port}"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        null.stdout.readline()
+        plain = Envoy(balanced_gateway_bootstrap(plain_port, pool, "round_robin")).start()
+        with_epp = Envoy(gateway_bootstrap({epp_port: False}, pool, picker.port)).start()
+        with_null = Envoy(gateway_bootstrap({null_port: False}, pool, null_grpc)).start()
+        body = request_body([{"role": "system", "content": "You are assistant 0 of the mesh. " + "x" * 400},
+                             {"role": "user", "content": "How does the picker choose a replica?"}], 16)
+        targets = {"direct": (hosts[0], port), "envoy": ("127.0.0.1", plain_port),
+                   "envoy+null_ext_proc": ("127.0.0.1", null_port), "envoy+epp": ("127.0.0.1", epp_port)}
+        conns = {k: http.client.HTTPConnection(h, p, timeout=5) for k, (h, p) in targets.items()}
+        lat = {k: [] for k in targets}
+        names = list(targets)
+        for i in range(requests + 50):
+            for j in range(len(names)):
+                k = names[(i + j) % len(names)]       # rotate the order: no target always goes first
+                us = _timed_post(conns[k], body)
+                if i >= 50:                           # the first 50 rounds warm connections and caches
+                    lat[k].append(us)
+        for c in conns.values():
+            c.close()
+        stats = picker.stats()
+        p50 = {k: statistics.median(v) for k, v in lat.items()}
+        return {"requests": requests,
+                "p50_us": {k: round(v, 1) for k, v in p50.items()},
+                "p99_us": {k: round(percentile(v, 99), 1) for k, v in lat.items()},
+                "epp_overhead_p50_us": round(p50["envoy+epp"] - p50["envoy"], 1),
+                "epp_overhead_p99_us": round(percentile(lat["envoy+epp"], 99) - percentile(lat["envoy"], 99), 1),
+                "envoy_vs_direct_p50_us": round(p50["envoy"] - p50["direct"], 1),
+                "null_ext_proc_overhead_p50_us": round(p50["envoy+null_ext_proc"] - p50["envoy"], 1),
+                "epp_mean_decision_us": stats.get("mean_decision_us"),
+                "loadavg_1m": round(os.getloadavg()[0], 2)}
+    finally:
+        for e in (with_epp, with_null, plain):
+            if e:
+                e.stop()
+        stop_processes([null], grace=2)
+        if picker:
+            picker.stop()
+        for u in ups:
+            u.stop()
+
+
+# -- the report ----------------------------------------------------------------------------------
+ROWS = (("TTFT p50 (ms)", "ttft_p50_ms", "lower"), ("TTFT p99 (ms)", "ttft_p99_ms", "lower"),
+        ("request p50 (ms)", "total_p50_ms", "lower"), ("request p99 (ms)", "total_p99_ms", "lower"),
+        ("tokens/s", "tokens_per_s", "higher"), ("prefix-hit rate (replicas)", "prefix_hit_rate", "higher"),
+        ("cached share (usage)", "cached_share", "higher"), ("OK requests", "ok", "higher"),
+        ("failed", "failed", "lower"), ("abandoned turns", "abandoned_turns", "lower"))
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def table(results: dict[str, dict]) -> str:
+    names = list(results)
+    others = [n for n in names if n != BASELINE]
+    head = f"{'':28}" + "".join(f"{n:>15}" for n in names) + "".join(f"{n + '/LR':>15}" for n in others)
+    lines = [head]
+    for label, key, _ in ROWS:
+        vals = [results[n].get(key) for n in names]
+        base = results.get(BASELINE, {}).get(key)
+        ratios = [(results[n].get(key) / base) if isinstance(base, (int, float)) and base and
+                  isinstance(results[n].get(key), (int, float)) else None for n in others]
+        lines.append(f"{label:28}" + "".join(f"{_fmt(v):>15}" for v in vals) +
+                     "".join(f"{_fmt(r) + 'x' if r is not None else '-':>15}" for r in ratios))
+    for n in names:
+        refused = results[n].get("refused_by_class") or {}
+        if refused:
+            lines.append(f"refused {n}: " + ", ".join(f"{c} {s}: {k}" for c, by in sorted(refused.items())
+                                                       for s, k in sorted(by.items())))
+    lines.append("load average (1 min) at the end of each phase: " +
+                 "; ".join(f"{n} {', '.join(str(x) for x in results[n]['loadavg_1m'])}" for n in names))
+    return "\n".join(lines)
+
+
+def floors(results: dict[str, dict], over: dict | None) -> dict[str, dict]:
+    out = {}
+    lr, epp = results.get(BASELINE), results.get("epp")
+    if lr and epp:
+        if lr.get("prefix_hit_rate") is not None and epp.get("prefix_hit_rate") is not None:
+            ratio = epp["prefix_hit_rate"] / lr["prefix_hit_rate"] if lr["prefix_hit_rate"] else float("inf")
+            out["prefix_hit_rate >= 2x least_request"] = {"value": round(ratio, 3), "holds": ratio >= 2.0}
+        if lr.get("ttft_p99_ms") and epp.get("ttft_p99_ms"):
+            ratio = epp["ttft_p99_ms"] / lr["ttft_p99_ms"]
+            out["ttft p99 <= least_request"] = {"value": round(ratio, 3), "holds": ratio <= 1.0}
+    if over:
+        out["epp overhead p50 <= 1 ms"] = {"value": over["epp_overhead_p50_us"],
+                                           "holds": over["epp_overhead_p50_us"] <= 1000}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_epp", description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of every variant, interleaved (default 2): a noisy minute hits all of them")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
+    p.add_argument("--replicas", type=int, default=2, choices=(2, 3))
+    p.add_argument("--rate", type=float, default=3.0, help="sessions started per second (default 3)")
+    p.add_argument("--seconds", type=float, default=20.0,
+                   help="sessions start over this long, per round (default 20)")
+    p.add_argument("--think", type=float, default=0.5, help="seconds between an answer and the next turn")
+    p.add_argument("--groups", type=int, default=8, help="distinct shared system prompts (default 8)")
+    p.add_argument("--kv-cache-mb", type=float, default=64, help="each replica's KV-cache budget (default 64)")
+    p.add_argument("--threads", type=int, default=1, help="each replica's intra-op threads (default 1)")
+    p.add_argument("--metrics-interval-ms", type=float, default=None,
+                   help="the picker's scrape interval (default: its own default)")
+    p.add_argument("--overhead-requests", type=int, default=1000,
+                   help="requests per target in the overhead measurement (0: skip it)")
+    p.add_argument("--out", default=str(ROOT / "artifacts" / "bench" / "epp.json"))
+    args = p.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variant(s): {', '.join(sorted(unknown))}")
+    w = Workload(sessions=max(1, int(args.rate * args.seconds)), rate=args.rate, think_s=args.think,
+                 groups=args.groups)
+    print(f"{w.sessions} sessions at {w.rate}/s, {args.replicas} replicas, kv-cache {args.kv_cache_mb} MB each, "
+          f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    phases: dict[str, list[dict]] = {v: [] for v in variants}
+    for rnd in range(args.rounds):
+        w_round = replace(w, seed=w.seed + rnd)      # each round new sessions, the same for every variant
+        order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]   # no variant always first
+        for v in order:
+            t = time.monotonic()
+            p = run_variant(v, w_round, args)
+            phases[v].append(p)
+            ok = sum(1 for r in p["results"] if r.status == 200 and not r.error)
+            print(f"  round {rnd + 1} {v}: {ok}/{len(p['results'])} OK, hit rate "
+                  f"{_fmt(p['hits'] / p['queries'] if p['queries'] else None)}, load average {p['loadavg_1m']:.1f} "
+                  f"({time.monotonic() - t:.0f} s)", flush=True)
+    results = {v: combine(v, phases[v]) for v in variants}
+    over = overhead(args.overhead_requests) if args.overhead_requests else None
+    print()
+    print(table(results))
+    if over:
+        print(f"\nEPP overhead per request (echo upstream, {over['requests']} each, interleaved): "
+              f"p50 direct {over['p50_us']['direct']:.0f} µs, envoy {over['p50_us']['envoy']:.0f} µs, "
+              f"envoy+null ext_proc {over['p50_us']['envoy+null_ext_proc']:.0f} µs, "
+              f"envoy+epp {over['p50_us']['envoy+epp']:.0f} µs -> EPP +{over['epp_overhead_p50_us']:.0f} µs p50, "
+              f"+{over['epp_overhead_p99_us']:.0f} µs p99; of which a Python ext_proc answering without deciding "
+              f"+{over['null_ext_proc_overhead_p50_us']:.0f} µs; the decision alone "
+              f"{over['epp_mean_decision_us']} µs mean)")
+    verdict = floors(results, over)
+    print()
+    for name, f in verdict.items():
+        print(f"floor {name}: {f['value']} -> {'holds' if f['holds'] else 'MISSED'}")
+    doc = {"workload": {**asdict(w), "replicas": args.replicas, "kv_cache_mb": args.kv_cache_mb,
+                        "replica_threads": args.threads},
+           "cpus": os.cpu_count(), "variants": results, "overhead": over, "floors": verdict,
+           "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,8 +5,9 @@ candidates' state in, a pick (an endpoint and its fallbacks) or a refusal out.
 Filters: ready endpoints, within the proxy's subset hint; when the pool is
 saturated a sheddable request is refused (429) -- the lowest class goes
 first -- and a critical one is kept to the least loaded endpoints.
-Scorers (each 0..1, weighted): queue (waiting + running + in flight from this
-picker, min-max normalised), KV-cache utilisation (1 - utilisation), prefix
+Scorers (each 0..1, weighted): queue (the larger of waiting + running and
+this picker's in flight there; 1 for the least loaded, 0 at QUEUE_SPREAD
+requests more), KV-cache utilisation (1 - utilisation), prefix
 affinity (the share of the prompt's leading blocks this endpoint was sent
 before), session affinity (the endpoint the session used last).
 Picker: the highest total; ties go to the endpoint with fewer requests in
@@ -25,14 +26,24 @@ PREFIX_BLOCK_CHARS = 64          # GIE's prefix plugin hashes characters in bloc
 MAX_PREFIX_BLOCKS = 256          # of a prompt's start: long prompts cost the same
 PREFIX_LRU_BLOCKS = 50_000       # remembered per endpoint
 SESSIONS_KEPT = 100_000
+# The queue score falls from 1 (the least loaded candidate) to 0 at this many requests more:
+# absolute, not min-max (with two candidates min-max is all or nothing for a difference of
+# one request). One request more costs less than a held prefix, two more outweigh it: in
+# benchmarks/bench_epp.py a spread of 4 let shared system prompts pile 60/40 onto one
+# replica; 2 kept the picks even at the same prefix-hit rate.
+QUEUE_SPREAD = 2.0
 
 
 @dataclass(frozen=True)
 class Weights:
-    queue: float = 2.0
+    # Prefix affinity is what saves work (a cached prefix is prefill not run); session
+    # affinity only adds to it what blocks cannot see (a prompt shorter than a block), so it
+    # stays below the queue's full weight: a session moves off a replica QUEUE_SPREAD requests
+    # busier (scheduler/README.md "Benchmark").
+    queue: float = 3.0
     kv_cache: float = 1.0
     prefix: float = 3.0
-    session: float = 4.0
+    session: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,17 +139,20 @@ class Scheduler:
         return load.waiting >= s.queue_depth or load.kv_utilisation >= s.kv_utilisation
 
     def _queue(self, load: Load, endpoint: str) -> float:
-        return load.waiting + load.running + self.inflight.get(endpoint, 0)
+        # What this picker sent and has not seen finish is also in the server's running count
+        # once scraped: the larger of the two counts each request once, and covers the 50 ms
+        # before the scrape (the sum counted this picker's requests twice).
+        return max(load.waiting + load.running, self.inflight.get(endpoint, 0))
 
     def _scores(self, request: Request, blocks: list[bytes], candidates: list[str],
                 loads: dict[str, Load]) -> dict[str, float]:
         w = self.weights
         queues = {e: self._queue(loads[e], e) for e in candidates}
-        lo, hi = min(queues.values()), max(queues.values())
+        lo = min(queues.values())
         session_ep = self.sessions.get(request.session) if request.session else None
         out = {}
         for e in candidates:
-            queue = 1.0 if hi == lo else (hi - queues[e]) / (hi - lo)
+            queue = max(0.0, 1.0 - (queues[e] - lo) / QUEUE_SPREAD)
             kv = 1.0 - loads[e].kv_utilisation
             prefix = self._prefix_share(e, blocks)
             session = 1.0 if session_ep == e else 0.0

@@ -285,6 +285,33 @@ def test_switching_between_plaintext_and_mtls_settles_at_once(stack):
         stack.wait_serving()
 
 
+def test_auto_mtls_to_tls_mode_istio_endpoints_with_sans_from_service_accounts(stack):
+    """No DestinationRule tls: the endpoint labelled security.istio.io/tlsMode=istio gets
+    ISTIO_MUTUAL (transport_socket_matches), its SAN checked against the endpoint's serviceAccount."""
+    def mesh(sa: str) -> str:
+        text = MESH.format(host=HOST, svc_port=stack.svc_port, b_in=stack.b_in, app_b=stack.app_b.port, tls="X")
+        text = text.replace("    tls: {mode: X}\n", "").replace('  subjectAltNames: ["spiffe://cluster.local/ns/shop/sa/b"]\n', "")
+        return text.replace("endpoints: [{address: 127.0.0.1, ",
+                            f"endpoints: [{{address: 127.0.0.1, serviceAccount: {sa}, "
+                            "labels: {security.istio.io/tlsMode: istio}, ")
+    try:
+        for sa, ok in (("b", True), ("someone-else", False)):
+            before = stack.cp.configz()["generation"]
+            write_config(stack.config_dir, "mesh.yaml", mesh(sa))
+            stack.cp.wait_generation_change(before)
+            time.sleep(1.0)
+            status, seen = stack.call()
+            if ok:       # B's listener is STRICT: only mTLS passes, and B saw A's identity
+                assert status == 200, seen
+                assert seen["headers"]["x-envoy-downstream-service-cluster"] == "spiffe://cluster.local/ns/shop/sa/a"
+            else:        # B presents sa/b, not the endpoint's declared account: A refuses it
+                assert status == 503, seen
+    finally:
+        stack.write_mesh("ISTIO_MUTUAL")
+        time.sleep(1.0)
+        stack.wait_serving()
+
+
 def test_debug_certs_shows_certificates_not_keys(stack):
     status, text = stack.cp.get("/debug/certs")
     assert status == 200

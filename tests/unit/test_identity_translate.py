@@ -195,3 +195,100 @@ data: {tls.crt: "%%%"}
 """)
     assert any("data.tls.crt: not valid base64" in e for e in errs), errs
     assert any("needs data['tls.key']" in e for e in errs), errs
+
+
+IDENTITIES = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: d, namespace: shop}
+spec:
+  hosts: [d.shop.svc.cluster.local]
+  ports: [{number: 9070, name: http, protocol: HTTP}]
+  resolution: STATIC
+  subjectAltNames: ["spiffe://cluster.local/ns/shop/sa/legacy"]
+  workloadSelector: {labels: {app: d}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: e, namespace: shop}
+spec:
+  hosts: [e.shop.svc.cluster.local]
+  ports: [{number: 9060, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.2, serviceAccount: inline}]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: d-1, namespace: shop}
+spec: {address: 127.0.0.3, serviceAccount: d-sa, labels: {app: d, security.istio.io/tlsMode: istio}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: d-2, namespace: shop}
+spec: {address: 127.0.0.4, labels: {app: d}}
+"""
+D = "outbound|9070||d.shop.svc.cluster.local"
+
+
+def _sans(ctx) -> list[str]:
+    return [m.matcher.exact for m in ctx.common_tls_context.combined_validation_context
+            .default_validation_context.match_typed_subject_alt_names]
+
+
+def test_istio_mutual_sans_are_every_endpoints_service_account_as_istiod():
+    dr = """
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: d, namespace: shop}
+spec: {host: d.shop.svc.cluster.local, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: e, namespace: shop}
+spec: {host: e.shop.svc.cluster.local, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}}
+"""
+    snap = translate(load_texts({"m.yaml": BASE + "---" + IDENTITIES + dr}), B)
+    ctx = _unpack(snap[CLUSTER][D].transport_socket.typed_config, tls_pb2.UpstreamTlsContext)
+    # WorkloadEntry d-1's account, and the ServiceEntry's own; d-2 has none.
+    assert _sans(ctx) == ["spiffe://cluster.local/ns/shop/sa/d-sa", "spiffe://cluster.local/ns/shop/sa/legacy"]
+    e = _unpack(snap[CLUSTER]["outbound|9060||e.shop.svc.cluster.local"].transport_socket.typed_config,
+                tls_pb2.UpstreamTlsContext)
+    assert _sans(e) == ["spiffe://cluster.local/ns/shop/sa/inline"]     # an inline endpoint's account
+    # The rule's own subjectAltNames replace them.
+    own = dr.replace("{mode: ISTIO_MUTUAL}", '{mode: ISTIO_MUTUAL, subjectAltNames: ["spiffe://x/ns/y/sa/z"]}')
+    snap = translate(load_texts({"m.yaml": BASE + "---" + IDENTITIES + own}), B)
+    ctx = _unpack(snap[CLUSTER][D].transport_socket.typed_config, tls_pb2.UpstreamTlsContext)
+    assert _sans(ctx) == ["spiffe://x/ns/y/sa/z"]
+
+
+def test_auto_mtls_matches_tls_mode_istio_endpoints_without_a_destination_rule():
+    from xds_server.type_urls import ENDPOINT
+    snap = translate(load_texts({"m.yaml": BASE + "---" + IDENTITIES}), B)
+    cluster = snap[CLUSTER][D]
+    assert not cluster.HasField("transport_socket")
+    istio, plain = cluster.transport_socket_matches
+    assert (istio.name, dict(istio.match), plain.name, dict(plain.match)) == \
+        ("tlsMode-istio", {"tlsMode": "istio"}, "tlsMode-disabled", {})
+    ctx = _unpack(istio.transport_socket.typed_config, tls_pb2.UpstreamTlsContext)
+    assert ctx.sni == "outbound_.9070_._.d.shop.svc.cluster.local"
+    assert "spiffe://cluster.local/ns/shop/sa/d-sa" in _sans(ctx)
+    assert plain.transport_socket.name == "envoy.transport_sockets.raw_buffer"
+    marked = {lb.endpoint.address.socket_address.address:
+              dict(lb.metadata.filter_metadata["envoy.transport_socket_match"])
+              for loc in snap[ENDPOINT][D].endpoints for lb in loc.lb_endpoints}
+    assert marked == {"127.0.0.3": {"tlsMode": "istio"}, "127.0.0.4": {}}
+    # A service none of whose endpoints has a sidecar stays plaintext.
+    assert not snap[CLUSTER]["outbound|9060||e.shop.svc.cluster.local"].transport_socket_matches
+
+
+@pytest.mark.parametrize("extra", [
+    "---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: default, namespace: shop}\n"
+    "spec: {mtls: {mode: DISABLE}}\n",
+    "---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: d, namespace: shop}\n"
+    "spec: {host: d.shop.svc.cluster.local, trafficPolicy: {tls: {mode: DISABLE}}}\n",
+], ids=["namespace-DISABLE", "destination-rule-DISABLE"])
+def test_no_auto_mtls_when_disabled(extra):
+    snap = translate(load_texts({"m.yaml": BASE + "---" + IDENTITIES + extra}), B)
+    cluster = snap[CLUSTER][D]
+    assert not cluster.transport_socket_matches and not cluster.HasField("transport_socket")

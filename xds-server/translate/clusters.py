@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, protocol_pb2, socket_option_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.v3 import percent_pb2
@@ -22,7 +23,8 @@ from google.protobuf import any_pb2
 from mesh.resources import Resource
 from mesh.qos import QosClass, qos_class_for
 from xds_server.translate import transport_sockets, values
-from xds_server.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS, Endpoint, MeshIndex, Service, ServicePort, labels_match
+from xds_server.translate.index import (H2_PROTOCOLS, ROOT_NAMESPACE, TCP_PROTOCOLS, Endpoint, MeshIndex, Service,
+                                        ServicePort, labels_match)
 from xds_server.translate.names import cluster_name
 
 Cluster = cluster_pb2.Cluster
@@ -50,6 +52,58 @@ _GRPC_LB = {Cluster.ROUND_ROBIN, Cluster.RING_HASH}
 class ClusterOptions:
     grpc: bool = False                    # proxyless gRPC flavour
     upstream_bind_address: str = "127.0.0.1"
+    trust_domain: str = "cluster.local"   # of the SPIFFE ids built from service accounts
+
+
+# Istio's auto mTLS: an endpoint labelled security.istio.io/tlsMode=istio has a
+# sidecar; the label becomes endpoint metadata a cluster's transport_socket_matches select on.
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
+
+
+def service_sans(service: Service, trust_domain: str) -> list[str]:
+    """The identities a service's endpoints may present (istiod's ServiceAccounts): the
+    ServiceEntry's subjectAltNames plus spiffe://TD/ns/NS/sa/SA of every endpoint with a
+    serviceAccount (WorkloadEntries, and through the Kubernetes registry Pods/Deployments)."""
+    sans = {str(s) for s in service.source.spec.get("subjectAltNames") or []}
+    for ep in service.endpoints:
+        if ep.service_account:
+            sans.add(f"spiffe://{trust_domain}/ns/{ep.namespace or service.namespace}/sa/{ep.service_account}")
+    return sorted(sans)
+
+
+def _service_mtls_disabled(idx: MeshIndex, service: Service) -> bool:
+    """istiod's best-effort service mTLS mode: the namespace-wide PeerAuthentication of the
+    service's namespace, else the root namespace's; DISABLE turns auto mTLS off."""
+    for ns in (service.namespace, ROOT_NAMESPACE):
+        for pa in sorted(idx.config.of_kind("PeerAuthentication"), key=lambda r: r.name):
+            if pa.namespace == ns and not (pa.spec.get("selector") or {}).get("matchLabels"):
+                mode = str((pa.spec.get("mtls") or {}).get("mode") or "UNSET").upper()
+                if mode != "UNSET":
+                    return mode == "DISABLE"
+    return False
+
+
+def _auto_mtls(cluster: Cluster, idx: MeshIndex, service: Service, port: ServicePort, endpoints: list,
+               h2: bool, subset: str, opts: ClusterOptions) -> None:
+    """No DestinationRule tls: ISTIO_MUTUAL to the endpoints labelled tlsMode=istio, plaintext
+    to the others (istiod's autoDetected mTLS: matches tlsMode-istio, then tlsMode-disabled).
+    Not for MESH_EXTERNAL services nor when the service's namespace DISABLEs mTLS. istiod adds
+    the matches to every such cluster; here only where an endpoint carries the label (with none,
+    the default raw_buffer match is what Envoy would pick anyway)."""
+    if str(service.source.spec.get("location") or "").upper() == "MESH_EXTERNAL" \
+            or not any(e.labels.get(TLS_MODE_LABEL) == "istio" for e in endpoints) \
+            or _service_mtls_disabled(idx, service):
+        return
+    ctx = transport_sockets.istio_mutual_upstream(transport_sockets.sni(service.host, port.number, subset),
+                                                  service_sans(service, opts.trust_domain), h2)
+    istio = cluster.transport_socket_matches.add(name="tlsMode-istio")
+    istio.match.update({"tlsMode": "istio"})
+    istio.transport_socket.CopyFrom(transport_sockets.transport_socket(ctx))
+    plain = cluster.transport_socket_matches.add(name="tlsMode-disabled")
+    plain.match.SetInParent()
+    plain.transport_socket.name = "envoy.transport_sockets.raw_buffer"
+    plain.transport_socket.typed_config.Pack(raw_buffer_pb2.RawBuffer())
 
 
 def ads_config_source() -> config_source_pb2.ConfigSource:
@@ -107,6 +161,8 @@ def load_assignment(name: str, service: Service, port: ServicePort,
         lb.endpoint.address.CopyFrom(_address(host, ep.port_for(port)))
         if ep.weight:
             lb.load_balancing_weight.value = ep.weight
+        if ep.labels.get(TLS_MODE_LABEL):      # what transport_socket_matches select on
+            lb.metadata.filter_metadata[TRANSPORT_SOCKET_MATCH].update({"tlsMode": ep.labels[TLS_MODE_LABEL]})
     # As istiod: a locality weighs the sum of its endpoints' weights. Envoy uses
     # it only with locality-weighted LB; gRPC drops a locality without one.
     for loc in cla.endpoints:
@@ -222,14 +278,14 @@ def _qos_bind(cluster: Cluster, qos: QosClass, opts: ClusterOptions) -> None:
 
 
 def _upstream_tls(cluster: Cluster, tls: dict, port: ServicePort, h2: bool,
-                  service: Service | None = None, subset: str = "") -> None:
+                  service: Service | None = None, subset: str = "", trust_domain: str = "cluster.local") -> None:
     """DestinationRule `tls`: SIMPLE/MUTUAL with certificate files originate TLS;
     ISTIO_MUTUAL the mesh's mTLS over SDS (transport_sockets.py: SNI
     outbound_.PORT_.SUBSET_.HOST, the server's SAN checked against the rule's
-    subjectAltNames, else the ServiceEntry's); DISABLE is plain."""
+    subjectAltNames, else the service's identities: service_sans); DISABLE is plain."""
     mode = str(tls.get("mode") or "").upper()
     if mode == "ISTIO_MUTUAL" and service is not None:
-        sans = [str(s) for s in tls.get("subjectAltNames") or service.source.spec.get("subjectAltNames") or []]
+        sans = [str(s) for s in tls.get("subjectAltNames") or []] or service_sans(service, trust_domain)
         ctx = transport_sockets.istio_mutual_upstream(
             str(tls.get("sni") or transport_sockets.sni(service.host, port.number, subset)), sans, h2)
         cluster.transport_socket.CopyFrom(transport_sockets.transport_socket(ctx))
@@ -311,9 +367,12 @@ def build_cluster(idx: MeshIndex, service: Service, port: ServicePort, subset: d
     if not opts.grpc:
         if port.protocol not in TCP_PROTOCOLS:
             _http_options(cluster, dr, pool, port, f"{base}.connectionPool")
+        upgrade = str((pool.get("http") or {}).get("h2UpgradePolicy") or "").upper() == "UPGRADE"
+        h2 = port.protocol in H2_PROTOCOLS or upgrade
         if policy.get("tls"):
-            upgrade = str((pool.get("http") or {}).get("h2UpgradePolicy") or "").upper() == "UPGRADE"
-            _upstream_tls(cluster, policy["tls"], port, port.protocol in H2_PROTOCOLS or upgrade, service, subset_name)
+            _upstream_tls(cluster, policy["tls"], port, h2, service, subset_name, opts.trust_domain)
+        else:
+            _auto_mtls(cluster, idx, service, port, endpoints, h2, subset_name, opts)
         qos = None
         if dr is not None:
             try:
@@ -344,6 +403,12 @@ def build_clusters(idx: MeshIndex, opts: ClusterOptions) -> tuple[dict, dict]:
     return clusters, assignments
 
 
+def _identities(service: Service) -> tuple:
+    """What of a service's endpoints its clusters are built from: service accounts, tlsMode labels."""
+    return (tuple(sorted({(e.namespace, e.service_account) for e in service.endpoints})),
+            tuple(sorted({e.labels.get(TLS_MODE_LABEL, "") for e in service.endpoints})))
+
+
 def reassign(old: MeshIndex, new: MeshIndex, assignments: dict) -> dict | None:
     """EDS after an endpoint-only change: `assignments` (built from `old`) with
     the ClusterLoadAssignments of every service whose endpoints differ in
@@ -366,6 +431,8 @@ def reassign(old: MeshIndex, new: MeshIndex, assignments: dict) -> dict | None:
             continue
         if svc.resolution != "STATIC" or before.resolution != "STATIC":
             return None
+        if _identities(before) != _identities(svc):
+            return None     # the clusters' SAN checks and auto mTLS follow the endpoints' identities
         if out is None:
             out = dict(assignments)
         subsets = _subsets(new, svc)

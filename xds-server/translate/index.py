@@ -36,6 +36,8 @@ class Endpoint:
     labels: dict
     weight: int = 0
     locality: str = ""
+    service_account: str = ""   # WorkloadEntry / endpoint `serviceAccount` (the SAN mTLS checks)
+    namespace: str = ""         # the WorkloadEntry's, else the ServiceEntry's
 
     def port_for(self, port: ServicePort) -> int:
         return int(self.ports.get(port.name) or port.target_port or port.number)
@@ -225,7 +227,8 @@ def _endpoint(spec: dict) -> Endpoint:
     return Endpoint(address=str(spec.get("address") or ""),
                     ports={str(k): int(v) for k, v in (spec.get("ports") or {}).items()},
                     labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
-                    weight=int(spec.get("weight") or 0), locality=str(spec.get("locality") or ""))
+                    weight=int(spec.get("weight") or 0), locality=str(spec.get("locality") or ""),
+                    service_account=str(spec.get("serviceAccount") or ""))
 
 
 def build_index(config: MeshConfig, proxy_namespace: str | None = None) -> MeshIndex:
@@ -234,11 +237,14 @@ def build_index(config: MeshConfig, proxy_namespace: str | None = None) -> MeshI
     for se in config.of_kind("ServiceEntry"):
         spec = se.spec
         endpoints = [_endpoint(e) for e in spec.get("endpoints") or [] if isinstance(e, dict)]
+        for ep in endpoints:
+            ep.namespace = se.namespace
         selector = (spec.get("workloadSelector") or {}).get("labels")
         if selector:
             # WorkloadEntries in the ServiceEntry's namespace whose labels match.
             for we in workload_entries:
                 ep = _endpoint(we.spec)
+                ep.namespace = we.namespace
                 ep.labels = {**{str(k): str(v) for k, v in we.labels.items()}, **ep.labels}
                 if we.namespace == se.namespace and labels_match(selector, ep.labels):
                     endpoints.append(ep)

@@ -45,7 +45,7 @@ generator bottleneck would show up as such.
    with the server's own queue and compute p99 of the high stream (where
    the time went) and the low load served and shed (that it saturates).
 
-3. Peer. MLServer 1.7 (its own venv under .cache/peer-venv, installed on
+3. Peer. MLServer 1.7 (its own venv under .cache/peers/mlserver, installed on
    first run) with a minimal onnxruntime runtime and its adaptive batching
    set like ours (same max batch, same max queue delay), serving the same
    ONNX file: throughput and p99 at equal concurrency, REST both.

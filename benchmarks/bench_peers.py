@@ -47,8 +47,8 @@ CONCURRENCY = (1, 16, 64)
 RELU_WIDTH = 256
 MLP_IN, MLP_OUT = 64, 16
 
-# Per model, what each server does best with it, chosen by measuring each
-# setting here (see inference-backend/README.md "Against the peers"). Ours: an
+# Per model, what each server does best with it (what was tried here is in
+# inference-backend/README.md "Against the peers"). Ours: an
 # L7SchedulingPolicy preset (balanced, the default; env PEER_OURS_FLAGS_RELU /
 # _MLP override). Triton: max_batch_size and max_queue_delay_microseconds of its
 # dynamic batcher (0: a batch leaves as soon as the instance is free, with

@@ -23,7 +23,9 @@ from inference_backend.request_meta import QosAdmission, response_parameters, ti
 log = logging.getLogger("inference_backend")
 SERVER_NAME = "mcp-mesh-inference"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "schedule_policy", "sequence", "model_stream_infer", "orca_load_report", "hot_reload"]
+EXTENSIONS = ["binary_tensor_data", "schedule_policy", "sequence", "model_stream_infer", "orca_load_report", "hot_reload",
+              # Triton's names: perf_analyzer reads server-side statistics only when "statistics" is listed
+              "model_configuration", "statistics", "model_repository", "parameters"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 

@@ -4,6 +4,16 @@ Providers are tried TensorRT > CUDA > CPU, as far as the installed
 onnxruntime offers them (the `gpu` extra brings onnxruntime-gpu/tensorrt);
 the one the session actually got is reported in model metadata and logs.
 
+GPU providers (never exercised on the machine this was written on; benchmarks/gpu_check.sh
+checks them where a GPU is): TensorRT keeps its built engines on disk
+(`trt_engine_cache_path`, under the model cache), so a restart or a replica loads
+an engine instead of spending minutes building it; with `cuda_graph=True` the CUDA
+provider captures the graph on the first run and replays it (ONNX Runtime's
+`enable_cuda_graph`: fixed shapes and bound buffers only, so it is for the GPU
+check's fixed-batch runs, not the dynamic batcher); runs on a GPU provider use I/O
+binding, with the outputs bound to host memory, so ONNX Runtime copies each
+output once, device to its final numpy buffer.
+
 Threads, for a server (not a notebook): each model instance has one compute
 thread that runs one batch at a time, so inter-op parallelism is 1 and the
 graph runs sequentially (the built-ins are chains; parallel branches would
@@ -31,7 +41,24 @@ PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExec
 DEVICE_SHORT = {"TensorrtExecutionProvider": "tensorrt", "CUDAExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
 
 
-def provider_plan(device: str) -> list:
+def trt_cache_dir() -> str:
+    root = os.environ.get("MCP_MESH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mcp-mesh")
+    return os.path.join(root, "trt-engines")
+
+
+def gpu_provider_options(provider: str, dev_id: int, cuda_graph: bool = False) -> dict:
+    if provider == "TensorrtExecutionProvider":
+        cache = trt_cache_dir()
+        os.makedirs(cache, exist_ok=True)
+        return {"device_id": dev_id, "trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
+                "trt_timing_cache_enable": True, "trt_timing_cache_path": cache}
+    options = {"device_id": dev_id}
+    if cuda_graph:
+        options["enable_cuda_graph"] = "1"
+    return options
+
+
+def provider_plan(device: str, cuda_graph: bool = False) -> list:
     """Providers to offer ORT for `--device auto|cpu|cuda:N|tensorrt:N`, best first."""
     available = set(ort.get_available_providers())
     kind, _, index = device.partition(":")
@@ -53,7 +80,7 @@ def provider_plan(device: str) -> list:
         if p == "CPUExecutionProvider":
             plan.append(p)
         else:
-            plan.append((p, {"device_id": dev_id}))
+            plan.append((p, gpu_provider_options(p, dev_id, cuda_graph)))
     if "CPUExecutionProvider" not in [x if isinstance(x, str) else x[0] for x in plan]:
         plan.append("CPUExecutionProvider")
     return plan
@@ -166,8 +193,21 @@ class OnnxModel:
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
         names = output_names or list(self.outputs)
+        if self.provider != "CPUExecutionProvider":
+            return self.run_bound(feeds, names)
         values = self.session.run(names, feeds)
         return dict(zip(names, values))
+
+    def run_bound(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """A run with I/O binding: inputs copied to the device once, outputs bound to host
+        memory, so each comes back in one device-to-host copy into its numpy buffer."""
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in names:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        return dict(zip(names, (v.numpy() for v in binding.get_outputs())))
 
     @property
     def input_specs(self) -> dict[str, tuple[str, tuple]]:

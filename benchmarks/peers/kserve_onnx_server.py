@@ -31,7 +31,16 @@ class OnnxModel(Model):
         self.ready = True
         return True
 
+    def __getstate__(self):
+        # --workers > 1 pickles the models into each REST worker process; a
+        # session does not pickle, so each worker opens its own on first use
+        state = dict(self.__dict__)
+        state["session"] = None
+        return state
+
     def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        if self.session is None:
+            self.load()
         feeds = {i.name: i.as_numpy() for i in payload.inputs}
         results = self.session.run(self.outputs, feeds)
         outputs = []

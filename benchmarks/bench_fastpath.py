@@ -68,7 +68,7 @@ def body_file(model: str) -> str:
 def h2load(url: str, body: str, c: int) -> dict:
     """REST closed loop with h2load; p50/p99 from its per-request log (microseconds)."""
     log = tempfile.NamedTemporaryFile(prefix="h2load-", suffix=".log", delete=False).name
-    cmd = ["h2load", "--h1", "-c", str(c), "-D", str(SECONDS), "--warm-up-time", "1", f"--log-file={log}",
+    cmd = ["h2load", "--h1", "-c", str(c), "-D", str(max(1, round(SECONDS))), "--warm-up-time", "1", f"--log-file={log}",
            "-d", body, "-H", "content-type: application/json", f"{url}/infer"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 60).stdout
     try:

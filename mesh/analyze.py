@@ -406,3 +406,79 @@ def subsets_select_endpoints(index: Index) -> Iterator[Diagnostic]:
                     yield dr.diagnostic(f"spec.subsets[{i}].labels", f"The Subset {subset.get('name')} defined in the "
                                         "DestinationRule does not select any endpoints (ServiceEntry endpoints or "
                                         "WorkloadEntries).", code=DR_SUBSET_NOT_SELECT_PODS, severity="warning")
+
+
+@analyzer
+def inference_pools(index: Index) -> Iterator[Diagnostic]:
+    """InferencePools and the routes to them, where Istio writes status
+    conditions (warnings: the change set still applies):
+
+    - IST0101: an HTTPRoute backendRef names an InferencePool that does not
+      exist (ResolvedRefs=False): that backend's share of the rule answers 500;
+    - a pool whose selector matches no workload of its namespace (WorkloadEntry,
+      Pod, Deployment ...), or only workloads without an address: its cluster
+      has no endpoint and the picker nothing to pick (503);
+    - IST0101: its endpointPickerRef Service does not exist (ResolvedRefs=False
+      InvalidExtensionRef): every request fails (FailClose) or goes unpicked
+      (FailOpen); the Service lacks the port, or the port is not HTTP/2
+      (ext_proc is gRPC: `appProtocol: http2` or a `grpc-` port name); a kind
+      other than Service is not supported.
+    """
+    from mesh import kube
+    from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from
+    group = "inference.networking.k8s.io"
+    config = index.config
+    pools = {(r.namespace, r.name): r for r in config.of_kind(POOL_KIND) if r.group == group}
+    for route in config.of_kind("HTTPRoute"):
+        if route.group != "gateway.networking.k8s.io":
+            continue
+        for i, rule in enumerate(route.spec.get("rules") or []):
+            for j, ref in enumerate(rule.get("backendRefs") or []):
+                if (ref.get("group"), ref.get("kind")) != (group, POOL_KIND):
+                    continue
+                key = (str(ref.get("namespace") or route.namespace), str(ref.get("name") or ""))
+                if key not in pools:
+                    yield route.diagnostic(f"spec.rules[{i}].backendRefs[{j}].name",
+                                           f'Referenced InferencePool not found: "{key[0]}/{key[1]}" (this '
+                                           "backend's share of the rule answers 500)",
+                                           code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
+    labels_by_ns: dict[str, list[dict]] = defaultdict(list)
+    for we in config.of_kind("WorkloadEntry"):
+        labels_by_ns[we.namespace].append({**(we.labels or {}), **{str(k): str(v) for k, v in
+                                                                   (we.spec.get("labels") or {}).items()}})
+    for w in kube.workloads(config):
+        labels_by_ns[w.namespace].append(w.labels)
+    for res in pools.values():
+        pool = pool_from(res)
+        if pool.selector and not any(_selects(pool.selector, labels) for labels in labels_by_ns[res.namespace]):
+            yield res.diagnostic("spec.selector.matchLabels", "The selector matches no workload (WorkloadEntry, Pod, "
+                                 f"Deployment ...) in namespace {res.namespace}: the pool has no endpoint",
+                                 severity="warning")
+        elif pool.selector and not pool_endpoints(config, pool):
+            yield res.diagnostic("spec.selector.matchLabels", "The workloads the selector matches have no address "
+                                 f"(a Pod's status.podIP, or the {kube.ADDRESSES_ANNOTATION} annotation): "
+                                 "the pool has no endpoint", severity="warning")
+        picker = pool.picker
+        if picker is None:
+            continue
+        if (picker.group, picker.kind) != ("", "Service"):
+            yield res.diagnostic("spec.endpointPickerRef.kind", f"endpointPickerRef kind {picker.group}/{picker.kind} "
+                                 "is not supported (only Service): no picker is consulted", severity="warning")
+            continue
+        host = kube.service_host(picker.name, res.namespace)
+        svc = index.service_for(host, res.namespace)
+        if svc is None:
+            yield res.diagnostic("spec.endpointPickerRef.name", f'Referenced endpoint picker Service not found: '
+                                 f'"{res.namespace}/{picker.name}" (requests to the pool '
+                                 f'{"go unpicked" if picker.failure_mode == "FailOpen" else "fail"})',
+                                 code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
+            continue
+        protocols = {str(p.get("protocol") or "").upper() for se in svc.entries for p in se.spec.get("ports") or []
+                     if p.get("number") == picker.port}
+        if not protocols:
+            yield res.diagnostic("spec.endpointPickerRef.port.number", f'Referenced host:port not found: "{host}:'
+                                 f'{picker.port}"', code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
+        elif not protocols & {"HTTP2", "GRPC"}:
+            yield res.diagnostic("spec.endpointPickerRef.port.number", f"port {picker.port} of {host} is not declared "
+                                 "HTTP/2 (appProtocol: http2, or a grpc- port name): Envoy's ext_proc speaks gRPC "
+                                 "to the endpoint picker", severity="warning")

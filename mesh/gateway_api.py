@@ -25,13 +25,22 @@ Where Istio would write a status condition, a warning says so:
   URLRewrite, RequestMirror. backendRefs: Services (`NAME.NS.svc.cluster.local`)
   and Istio `Hostname`s, weighted; a reference into another namespace needs a
   ReferenceGrant there, else that backend's share answers 500.
+- An HTTPRoute backendRef to an InferencePool (`inference.networking.k8s.io`;
+  a GRPCRoute's is InvalidKind), as istiod's inference-pool controller: the pool gets a shadow Service `POOL-ip-HASH`
+  (here a ServiceEntry `POOL-ip-HASH.NS.svc.cluster.local`, one HTTP port
+  54321 holding every `ADDRESS:TARGETPORT` of the pool, labelled with its
+  endpoint picker as istiod labels the Service) and the route goes to that
+  port; xds_server.translate.inference_pool reads the labels. A pool that
+  does not exist is a backend whose share answers 500 (mesh.analyze says why).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from mesh import hosts
 from mesh.diagnostics import Diagnostic
+from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from
 from mesh.kube import SYNTHESIZED_FROM, service_host
 from mesh.resources import MeshConfig, Resource
 
@@ -41,6 +50,17 @@ CONTROLLER_CLASSES = ("istio",)
 ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
 KINDS = ("Gateway", "GatewayClass", "ReferenceGrant", *ROUTE_KINDS)
 _PROTOCOLS = {"HTTP": "HTTP", "HTTPS": "HTTPS", "TLS": "TLS", "TCP": "TCP", "GRPC": "GRPC"}
+
+# InferencePool backends, as istiod's inference-pool controller names and labels
+# the shadow Service it creates for a pool (pilot/pkg/config/kube/gateway).
+INFERENCE_GROUP = "inference.networking.k8s.io"
+POOL_SERVICE_PORT = 54321                 # the shadow Service's first (dummy) port
+POOL_NAME_LABEL = "istio.io/inferencepool-name"
+PICKER_SERVICE_LABEL = "istio.io/inferencepool-extension-service"
+PICKER_PORT_LABEL = "istio.io/inferencepool-extension-port"
+PICKER_FAILURE_MODE_LABEL = "istio.io/inferencepool-extension-failure-mode"
+SERVICE_SEMANTICS_LABEL = "internal.istio.io/service-semantics"
+INFERENCE_POOL_SEMANTICS = "inferencepool"
 
 
 def is_gateway_api(res: Resource) -> bool:
@@ -161,6 +181,22 @@ def _granted(config: MeshConfig, route: Resource, kind: str, group: str, namespa
     return False
 
 
+def pool_service_name(pool: str) -> str:
+    """istiod's InferencePoolServiceName: POOL-ip-<first 8 hex of sha256(POOL)>,
+    the pool name cut so that the whole fits a Service name (63)."""
+    digest = hashlib.sha256(pool.encode()).hexdigest()[:8]
+    return f"{pool[:63 - len('-ip-') - len(digest)]}-ip-{digest}"
+
+
+def pool_host(pool: str, namespace: str) -> str:
+    return service_host(pool_service_name(pool), namespace)
+
+
+def _pool(config: MeshConfig, namespace: str, name: str) -> Resource | None:
+    return next((r for r in config.of_kind(POOL_KIND)
+                 if r.group == INFERENCE_GROUP and r.namespace == namespace and r.name == name), None)
+
+
 def _destination(config: MeshConfig, route: Resource, ref: dict, path: str,
                  notes: list[Diagnostic]) -> dict | None:
     kind, group = ref.get("kind") or "Service", ref.get("group") or ""
@@ -170,6 +206,15 @@ def _destination(config: MeshConfig, route: Resource, ref: dict, path: str,
         host = service_host(name, namespace)
     elif (group, kind) == ("networking.istio.io", "Hostname"):
         host = name
+    elif (group, kind) == (INFERENCE_GROUP, POOL_KIND) and route.kind == "HTTPRoute":
+        if _pool(config, namespace, name) is None:
+            return None               # its share answers 500; mesh.analyze reports the missing pool
+        if not _granted(config, route, kind, group, namespace, name):
+            notes.append(_status(route, path, "ResolvedRefs", "RefNotPermitted",
+                                 f"{kind} {namespace}/{name} is in another namespace and no ReferenceGrant there allows it"))
+            return None
+        # As istiod: the pool's shadow Service, its first port (a backendRef port is not used).
+        return {"host": pool_host(name, namespace), "port": {"number": POOL_SERVICE_PORT}}
     else:
         notes.append(_status(route, path, "ResolvedRefs", "InvalidKind", f"backend kind {group}/{kind} is not supported"))
         return None
@@ -363,11 +408,43 @@ def _routes(config: MeshConfig, listeners: dict, out: list[Resource], notes: lis
                           {"hosts": hostnames, "gateways": gateways, "http": http}))
 
 
+def _pool_services(config: MeshConfig, out: list[Resource]) -> None:
+    """A shadow ServiceEntry for every InferencePool a converted route sends to
+    (istiod creates the shadow Service only for pools with a Gateway parent):
+    one HTTP port holding every ADDRESS:TARGETPORT of the pool
+    (mesh.inference_pool.pool_endpoints), as istiod builds only the first
+    port's cluster and merges every target port's endpoints into it; the
+    labels say which endpoint picker serves the pool and how it fails."""
+    routed = set()
+    for vs in out:
+        for http in vs.spec.get("http") or [] if vs.kind == "VirtualService" else []:
+            for d in [rd.get("destination") or {} for rd in http.get("route") or []] + [http.get("mirror") or {}]:
+                routed.add(str(d.get("host")))
+    for res in config.of_kind(POOL_KIND):
+        if res.group != INFERENCE_GROUP or pool_host(res.name, res.namespace) not in routed:
+            continue
+        pool = pool_from(res)
+        port = "http-0"
+        labels = {POOL_NAME_LABEL: res.name, SERVICE_SEMANTICS_LABEL: INFERENCE_POOL_SEMANTICS}
+        if pool.picker is not None:
+            labels.update({PICKER_SERVICE_LABEL: pool.picker.name, PICKER_PORT_LABEL: str(pool.picker.port),
+                           PICKER_FAILURE_MODE_LABEL: pool.picker.failure_mode})
+        endpoints = [{"address": e.address, "ports": {port: e.port}, "labels": dict(e.labels)}
+                     for e in pool_endpoints(config, pool)]
+        se = _synth(res, "ServiceEntry", pool_service_name(res.name), {
+            "hosts": [pool_host(res.name, res.namespace)], "location": "MESH_INTERNAL", "resolution": "STATIC",
+            "ports": [{"number": POOL_SERVICE_PORT, "name": port, "protocol": "HTTP"}], "endpoints": endpoints})
+        se.labels = labels
+        out.append(se)
+
+
 def gateway_api_resources(config: MeshConfig) -> tuple[list[Resource], list[Diagnostic]]:
     """The Istio Gateways and VirtualServices the Gateway API resources of
-    `config` stand for, and the status-like diagnostics of the conversion."""
+    `config` stand for (and the shadow ServiceEntries of the InferencePools
+    their routes send to), and the status-like diagnostics of the conversion."""
     out: list[Resource] = []
     notes: list[Diagnostic] = []
     listeners = _gateways(config, out, notes)
     _routes(config, listeners, out, notes)
+    _pool_services(config, out)
     return out, notes

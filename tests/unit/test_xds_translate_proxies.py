@@ -185,6 +185,7 @@ def test_chain_is_cors_then_each_phase_in_order_then_fault_router(monkeypatch):
         "test.grpc_web.PROTOCOL.8080",
         "test.wasm_plugins.AUTHZ.8080", "test.rbac.AUTHZ.8080",        # Istio: AUTHZ plugins before RBAC
         "test.wasm_plugins.STATS.8080", "test.wasm_plugins.UNSPECIFIED.8080",
+        "test.endpoint_picker.UNSPECIFIED.8080",                        # Istio: the InferencePool ext_proc last
         "envoy.filters.http.fault", "envoy.filters.http.router"]
 
 

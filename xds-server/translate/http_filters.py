@@ -6,7 +6,8 @@ which filters, in which phase, in what order.
     PROTOCOL     the gRPC-Web frame check, grpc_web
     AUTHZ        Wasm plugins of phase AUTHZ, then RBAC (AuthorizationPolicy: CUSTOM, AUDIT, DENY, ALLOW)
     STATS        Wasm plugins of phase STATS
-    UNSPECIFIED  Wasm plugins without a phase
+    UNSPECIFIED  Wasm plugins without a phase, then ext_proc to an InferencePool's
+                 endpoint picker (disabled but on routes to a pool)
     fault, router (the router last, as Envoy and gRPC require)
 
 cors goes first so that preflights need no token and replies made by later
@@ -37,7 +38,7 @@ from mesh.diagnostics import ConfigError, Diagnostic
 from mesh.resources import MeshConfig
 from xds_server.node import ProxyNode
 from xds_server.type_urls import Snapshot
-from xds_server.translate import authn, grpc_web, rbac, wasm_plugins
+from xds_server.translate import authn, endpoint_picker, grpc_web, rbac, wasm_plugins
 from xds_server.translate.phases import Phase
 
 # Per phase, the modules asked for filters, in order.
@@ -47,6 +48,7 @@ CHAIN = (
     (Phase.AUTHZ, (wasm_plugins, rbac)),
     (Phase.STATS, (wasm_plugins,)),
     (Phase.UNSPECIFIED, (wasm_plugins,)),
+    (Phase.UNSPECIFIED, (endpoint_picker,)),     # last: the picker sees the request as routed
 )
 FILTER_MODULES = tuple(dict.fromkeys(m for _, modules in CHAIN for m in modules))
 

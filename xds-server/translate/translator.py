@@ -20,7 +20,7 @@ from mesh.resources import MeshConfig
 from xds_server import telemetry
 from xds_server.node import ProxyNode
 from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
-from xds_server.translate import http_filters
+from xds_server.translate import endpoint_picker, http_filters, inference_pool
 from xds_server.translate.clusters import ClusterOptions, build_clusters
 from xds_server.translate.config_cache import ConfigTranslation
 from xds_server.translate.inbound import inbound
@@ -93,7 +93,8 @@ class Translator:
             found = state.clusters.get((copts, view))
             if found is None:
                 with telemetry.tracer().start_as_current_span("xds.translate.clusters"):
-                    found = state.clusters[(copts, view)] = build_clusters(idx, copts)
+                    found = state.clusters[(copts, view)] = inference_pool.override_host(
+                        idx, build_clusters(idx, copts), copts.grpc)
         return found
 
     # -- RDS -------------------------------------------------------------------
@@ -106,7 +107,8 @@ class Translator:
             hit = found is not None
             if found is None:
                 with telemetry.tracer().start_as_current_span("xds.translate.routes"):
-                    found = state.routes[key] = _route_plan(idx, node, state)
+                    routes, plan = _route_plan(idx, node, state)
+                    found = state.routes[key] = (endpoint_picker.with_picker(idx, node, routes), plan)
         return found[0], found[1], hit
 
     # -- LDS -------------------------------------------------------------------

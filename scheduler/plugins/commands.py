@@ -25,7 +25,7 @@ def register_policy(subparsers) -> None:
     r.add_argument("--request", help="score(): RequestInfo as JSON")
     r.add_argument("--endpoints", help="score(): a JSON list of EndpointInfo")
     r.add_argument("--fuel", type=int, default=100_000_000, help="fuel per call (0: metering off)")
-    r.add_argument("--deadline-ms", type=float, default=100.0, help="wall-clock budget per call (0: none)")
+    r.add_argument("--deadline-ms", type=float, default=500.0, help="wall-clock budget per call (0: none)")
     r.add_argument("--memory-mb", type=int, default=256, help="linear-memory limit")
     r.add_argument("--cache-dir", help="where built and compiled components are kept (default ~/.cache/mcp-mesh/policy)")
     r.set_defaults(func=_run)

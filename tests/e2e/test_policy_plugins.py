@@ -114,7 +114,7 @@ def _healthy(name="ok") -> Signals:
 
 
 def test_looping_plugin_is_cut_off_and_the_previous_decision_stands():
-    host = _misbehaving()                                       # default limits: fuel 100 M, 100 ms
+    host = _misbehaving()                                       # default limits: fuel 100 M, 500 ms
     before = host.decide(_healthy())
     assert before.ok and before.actions[0].reason == "healthy: ok"
     t0 = time.perf_counter()

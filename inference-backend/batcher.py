@@ -41,11 +41,14 @@ delay). Every batch formed is one Triton's rules allow: (level, arrival)
 order, at most max_batch_size rows, never older than the delay. What differs
 is only that a lone request on an idle server does not pay the delay.
 
-Inline runs (`try_inline`). For a model whose batch-1 run is cheaper than a
-thread hop (`executor.inline_ok`, measured at warm-up), a request that finds
-the main instance idle, the queue empty and nothing arriving is run on the
-calling thread (the event loop): the batch it would have formed is the same
-one-request batch, minus the hand-over to the compute thread and back.
+Deferred submits and inline runs (`submit_deferred` + `flush`). The event
+loop queues every request it decodes in one turn without waking the compute
+thread, then flushes once: the requests read together leave together (one
+wake-up, not one per request). For a model whose batch-1 run is cheaper than
+a thread hop (`executor.inline_ok`, measured at warm-up), the flush runs those
+batches itself, on the loop, while the main instance is idle: the same
+batches the compute thread would have formed, minus the hand-over to it and
+back. Otherwise the flush wakes the compute thread (and the lane).
 """
 from __future__ import annotations
 
@@ -167,8 +170,8 @@ class DynamicBatcher:
         p.deadline_ns = p.arrival_ns + timeout * 1000 if timeout else 0
         return policy
 
-    def _enqueue(self, p: Pending, policy) -> None:
-        """Queue `p` (the lock is held)."""
+    def _enqueue(self, p: Pending, policy, wake: bool = True) -> None:
+        """Queue `p` (the lock is held); `wake`: tell the compute threads now."""
         if self._stopping:
             raise Unavailable(f"model {self.name!r} is shutting down")
         if policy.max_queue_size and self._count[p.level] >= policy.max_queue_size:
@@ -181,35 +184,46 @@ class DynamicBatcher:
         if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
             self._next_deadline = p.deadline_ns
             self._reap_cond.notify()
+        if not wake:
+            return
         self._cond.notify()
         if self._lane is not None and p.level <= self.settings.reserved_lane_levels:
             self._lane_cond.notify()
 
-    def try_inline(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> bool:
-        """Run `p` on the calling thread when it would form a batch of its own at once on an
-        idle main instance (see the module docstring), else submit it: True when it ran
-        here, False when it is queued. Either way `p.future` carries its answer."""
-        if not (self.idle_dispatch and self.arriving == 0 and not self._main_busy
-                and getattr(self.executor, "inline_ok", False)):
-            self.submit(p, qos_class, priority)
-            return False
+    def submit_deferred(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> None:
+        """Queue `p` without waking anyone: the caller (the event loop) calls `flush()` once
+        it has taken every request it can read this turn, so they leave as one batch."""
         policy = self._admit(p, qos_class, priority)
         with self._cond:
-            if self._main_busy or self._stopping or any(self._count.values()):
-                self._enqueue(p, policy)        # something to share a batch with, or to wait behind
-                return False
-            self._main_busy = True
-            self.in_flight = 1
-            executor = self.executor
-        self.inline_runs += 1
-        try:
-            self._run(executor, [p])
-        finally:
+            self._enqueue(p, policy, wake=False)
+
+    def flush(self) -> None:
+        """After a turn of deferred submits: run what is queued here, in batches, when the
+        model is cheap enough and the main instance idle (inline runs, module docstring);
+        else wake the compute threads once."""
+        inline = self.idle_dispatch and getattr(self.executor, "inline_ok", False)
+        while inline:
             with self._cond:
-                self._main_busy = False
-                if any(self._count.values()):
-                    self._cond.notify()
-        return True
+                if self._main_busy or self._stopping:
+                    break
+                batch, _ = self._form(time.monotonic_ns())
+                if not batch:           # nothing queued, or a batch waiting for a request being decoded
+                    break
+                self._take(batch)
+                self._main_busy = True
+                self.in_flight = len(batch)
+                executor = self.executor
+            self.inline_runs += 1
+            try:
+                self._run(executor, batch)
+            finally:
+                with self._cond:
+                    self._main_busy = False
+        with self._cond:
+            if any(self._count.values()):
+                self._cond.notify()
+                if self._lane is not None:
+                    self._lane_cond.notify()
 
     def arrived(self) -> None:
         """A front end read a request it will submit (or refuse): `departed()` follows."""

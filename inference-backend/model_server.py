@@ -81,6 +81,7 @@ class ServedModel:
         self.tokens = TokenMeter() if self.decoder else None
         self.generation_load = GenerationLoad() if self.decoder else None   # the OpenAI API's (generate.py)
         self.fast_path = fast_path
+        self._flush_scheduled = False
         self.stats = ModelStatistics(name)          # Triton's ModelStatistics (statistics.py)
         self.stats.add_version(model.version)
         self.loaded = True                          # False after a repository unload (repository.py)
@@ -191,6 +192,10 @@ class ServedModel:
             n, key = 1, ("unbatched", object())
         return Pending(inputs=inputs, outputs=tuple(outputs), rows=n, key=key, timeout_us=timeout or None)
 
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.batcher.flush()
+
     @contextlib.contextmanager
     def arrival(self):
         """Around a front end's decoding of one request: the batcher's idle dispatch waits
@@ -205,9 +210,15 @@ class ServedModel:
         b.departed(submitting=True)
 
     async def infer(self, pending: Pending, qos_class: str | None, priority: int | None) -> Result:
-        if self.batcher.try_inline(pending, qos_class, priority):     # ran here, or queued
-            return pending.future.result()
-        future = pending.future
+        b = self.batcher
+        if not b.idle_dispatch:
+            future = b.submit(pending, qos_class, priority)
+        else:
+            b.submit_deferred(pending, qos_class, priority)
+            if not self._flush_scheduled:       # once per loop turn: after every request read in it
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            future = pending.future
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -95,17 +95,35 @@ def test_requests_arriving_while_the_instance_computes_batch_together():
     b.stop()
 
 
-def test_cheap_model_runs_a_lone_request_on_the_callers_thread():
+def test_cheap_model_runs_a_turns_requests_as_one_batch_on_the_flushing_thread():
     rec = Recorder(inline_ok=True)
     b = DynamicBatcher("m", rec, BatcherSettings(**SLOW), idle_dispatch=True)
-    p = req("a")
-    assert b.try_inline(p)
-    assert p.future.done() and p.future.result().outputs["y"].tolist() == [[2.0] * 4]
-    assert rec.runs == [(["a"], threading.current_thread().name)] and b.inline_runs == 1
+    ps = [req(t) for t in "abc"]
+    for p in ps:
+        b.submit_deferred(p)
+    assert rec.runs == []                       # nothing woken, nothing run yet
+    b.flush()                                   # the loop's turn is over
+    assert all(p.future.done() for p in ps) and ps[1].future.result().outputs["y"].tolist() == [[2.0] * 4]
+    assert rec.runs == [(["a", "b", "c"], threading.current_thread().name)] and b.inline_runs == 1
     b.stop()
 
 
-def test_inline_is_refused_while_the_instance_is_busy_and_the_request_queues():
+def test_deferred_requests_wait_for_the_flush_then_the_compute_thread_takes_them():
+    rec = Recorder(inline_ok=False)              # not cheap: the compute thread runs it
+    b = DynamicBatcher("m", rec, BatcherSettings(**SLOW), idle_dispatch=True)
+    ps = [req(t) for t in "ab"]
+    for p in ps:
+        b.submit_deferred(p)
+    time.sleep(0.2)
+    assert rec.runs == []                       # one wake-up per turn, not one per request
+    b.flush()
+    for p in ps:
+        p.future.result(5)
+    assert rec.runs == [(["a", "b"], "batcher-m")] and b.inline_runs == 0
+    b.stop()
+
+
+def test_no_inline_run_while_the_instance_is_busy():
     rec = Recorder(inline_ok=True)
     b = DynamicBatcher("m", rec, BatcherSettings(**SLOW), idle_dispatch=True)
     rec.gate.clear()
@@ -113,21 +131,13 @@ def test_inline_is_refused_while_the_instance_is_busy_and_the_request_queues():
     first = b.submit(req("first"))
     assert rec.started.wait(5)
     p = req("a")
-    assert not b.try_inline(p)        # queued behind the running batch, on the compute thread
+    b.submit_deferred(p)
+    b.flush()                                   # busy: left to the compute thread
+    assert not p.future.done()
     rec.gate.set()
     first.result(5), p.future.result(5)
     assert rec.runs == [(["first"], "batcher-m"), (["a"], "batcher-m")] and b.inline_runs == 0
     b.stop()
-
-
-def test_no_inline_for_a_model_that_is_not_cheap_or_without_the_fast_path():
-    for rec, idle in ((Recorder(inline_ok=False), True), (Recorder(inline_ok=True), False)):
-        b = DynamicBatcher("m", rec, BatcherSettings(**dict(SLOW, max_queue_delay_us=0)), idle_dispatch=idle)
-        p = req("a")
-        assert not b.try_inline(p)        # submitted instead
-        p.future.result(5)
-        assert rec.runs == [(["a"], "batcher-m")]
-        b.stop()
 
 
 def test_json_fast_path_keeps_the_standard_librarys_answers():

@@ -31,8 +31,11 @@ def register(subparsers) -> None:
     r.add_argument("--control-plane-admin", required=True, help="xds-server's admin address, HOST:PORT (loopback)")
     r.add_argument("--period-ms", type=float, default=200.0, help="the loop's period (default 200)")
     r.add_argument("--budget-ms", type=float, default=None, help="a policy call's time budget (default period/4)")
-    r.add_argument("--policy", default=None, help="a policy file (default: the built-in decision table)")
-    r.add_argument("--remap-hold-s", type=float, default=60.0, help="the built-in's remap hold (default 60)")
+    r.add_argument("--policy", default=None, help="FILE.py|FILE.wasm: a Wasm policy plugin (hot-swapped on change); "
+                   "builtin-python: the seed table in plain Python; python:FILE.py: a plain Python file "
+                   "in-process; default: the seed table as a Wasm plugin")
+    r.add_argument("--remap-hold-s", type=float, default=None,
+                   help="override the policy's remap hold (default: the policy's own, 60 s in the seed table)")
     r.add_argument("--replica-admin", action="append", help="ENDPOINT=HOST:PORT of a replica's admin API")
     r.add_argument("--replica-pid", action="append", help="ENDPOINT=PID (memory from its cgroup)")
     r.add_argument("--admin-port", type=int, default=0, help="status HTTP port on 127.0.0.1 (default: any)")
@@ -93,6 +96,14 @@ def _status(args) -> int:
     print(f"jitter p50/p99 {doc['jitter_ms']['p50']}/{doc['jitter_ms']['p99']} ms  "
           f"policy call p50/p99 {doc['policy_call_ms']['p50']}/{doc['policy_call_ms']['p99']} ms  "
           f"cpu/cycle {doc['cycle_cpu_ms']['mean']} ms")
+    plug = doc.get("plugin")
+    if plug:
+        cost = plug["cost_us"]["decide"]
+        print(f"plugin {plug['source']}  calls {plug['calls']}  failures {plug['failures'] or '{}'}  "
+              f"decide p50/p99 {cost['p50']}/{cost['p99']} us fuel {cost['fuel_last']}  "
+              f"swaps {plug['swaps']} (failed {plug['swap_failures']})")
+        if plug.get("last_error"):
+            print(f"plugin last error: {plug['last_error']}")
     if doc.get("last_failure"):
         f = doc["last_failure"]
         print(f"last failure: cycle {f['cycle']} {f['reason']}: {f['detail']} (the last decision stood)")

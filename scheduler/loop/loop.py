@@ -18,6 +18,7 @@ from collections import deque
 
 from scheduler.decisions import Signals
 from scheduler.loop.actions import ActionApplier
+from scheduler.loop.policy import PolicyFailed
 from scheduler.loop.signals import ReplicaReader
 
 log = logging.getLogger("scheduler.loop")
@@ -88,6 +89,9 @@ class DecisionLoop:
             actions = await asyncio.wait_for(asyncio.to_thread(self.policy.decide, signals), self.budget_s)
             call_ms = (time.perf_counter() - started) * 1e3
             failure = None
+        except PolicyFailed as e:             # a Wasm plugin cut off (fuel, deadline, trap, memory, ...)
+            call_ms, actions = (time.perf_counter() - started) * 1e3, None
+            failure = {"reason": f"plugin:{e.reason}", "detail": e.detail}
         except asyncio.TimeoutError:
             call_ms, actions = (time.perf_counter() - started) * 1e3, None
             failure = {"reason": "over_budget", "detail": f"no answer within {self.budget_s * 1e3:.0f} ms"}
@@ -101,7 +105,7 @@ class DecisionLoop:
                              "flows": [dataclasses.asdict(f) for f in signals.flows],
                              "read_errors": dict(self.reader.errors)}}
         if failure is not None:
-            self.failures[failure["reason"]] += 1
+            self.failures[failure["reason"]] = self.failures.get(failure["reason"], 0) + 1
             self.last_failure = {**failure, "at": now, "cycle": self.cycles}
             log.warning("policy %s: %s (%s); the last decision stands", self.policy_name,
                         failure["reason"], failure["detail"])
@@ -142,6 +146,7 @@ class DecisionLoop:
                           for k, v in self.applier.flows.items()],
                 "decided_in_cycle": self.in_force["cycle"] if self.in_force else None,
             },
+            "plugin": self.policy.stats() if callable(getattr(self.policy, "stats", None)) else None,
             "latest": getattr(self, "latest", None),
             "decisions": list(self.history),
         }
@@ -149,3 +154,5 @@ class DecisionLoop:
     async def close(self) -> None:
         await self.reader.close()
         await self.applier.close()
+        if callable(getattr(self.policy, "close", None)):
+            self.policy.close()

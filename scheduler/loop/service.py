@@ -46,9 +46,10 @@ def make_app(loop: DecisionLoop) -> web.Application:
 
 async def run(config_dir: str, pool_ref: str, control_plane_admin: str, period_ms: float = 200.0,
               policy_file: str | None = None, admin_port: int = 0, address: str = "127.0.0.1",
-              remap_hold_s: float = 60.0, budget_ms: float | None = None,
+              remap_hold_s: float | None = None, budget_ms: float | None = None,
               replica_admin: dict | None = None, replica_pids: dict | None = None, flows_fn=None) -> None:
-    policy, name = load_policy(policy_file, hold_s=remap_hold_s)
+    # a Wasm plugin's build + compile can take ~30-60 s cold: load it before the loop, off the event loop
+    policy, name = await asyncio.to_thread(load_policy, policy_file, remap_hold_s, None, True)
     pool = PoolSource(config_dir, pool_ref)
     pool.refresh()
 

@@ -29,6 +29,9 @@ pytestmark = pytest.mark.e2e
 HOSTS = ("127.0.0.2", "127.0.0.3")
 KEY = hashlib.sha256(b"decision loop key").digest()
 PERIOD_MS, HOLD_S = 200, 2.0
+# the Wasm seed table is the default policy: its component is built (componentize-py) and compiled
+# once into the same cache tests/e2e/test_policy_plugins.py uses; later runs load it in ~0.3 s
+POLICY_CACHE = os.path.join(os.path.dirname(__file__), "..", "..", ".cache", "policy-tests")
 
 
 def _shared_port() -> int:
@@ -117,7 +120,8 @@ class Loop:
             [sys.executable, "-m", "mesh.cli", "scheduler", "run", "--config-dir", pool_dir,
              "--pool", "inference/decoders", "--control-plane-admin", cp_admin, "--period-ms", str(PERIOD_MS),
              "--remap-hold-s", str(HOLD_S), "--log-level", "WARNING", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "MCP_POLICY_CACHE": POLICY_CACHE})   # the seed plugin, built/compiled once
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(self.proc.stderr.read())
@@ -242,6 +246,10 @@ def test_memory_over_90_percent_remaps_standard_to_batch_then_restores(stack):
         out = subprocess.run([sys.executable, "-m", "mesh.cli", "scheduler", "status", "--admin", loop.admin],
                              capture_output=True, text=True, timeout=20).stdout
         assert "kv-budget" in out and "standard -> batch" in out, out
+        # the default policy is the seed table as a Wasm plugin, its calls and cost in the status
+        assert st["policy"].startswith("wasm:seed table"), st["policy"]
+        assert st["plugin"]["calls"]["decide"] >= st["cycles"] - 1 and st["plugin"]["failures"] == {}
+        assert st["plugin"]["cost_us"]["decide"]["p50"] > 0 and "plugin " in out and "decide p50/p99" in out, out
         for t in threads:
             t.join(60)
         # memory drops (idle KV blocks go after 5 s) and the hold runs out: standard again
@@ -265,7 +273,8 @@ def decide(signals):
         time.sleep(1.0)
     return [Action("remap-class", "standard", "batch", hold_s=4.0, reason="test policy")]
 """)
-    loop = Loop(stack["pool_dir"], f"127.0.0.1:{stack['cp'].admin_port}", "--policy", str(policy), "--budget-ms", "50")
+    loop = Loop(stack["pool_dir"], f"127.0.0.1:{stack['cp'].admin_port}", "--policy", f"python:{policy}",
+                "--budget-ms", "50")
     try:
         _wait(lambda: _qos_seen(stack["gw"]) == "batch", 3, "the policy's remap never applied")
         decided = loop.status()["in_force"]["decided_in_cycle"]

@@ -47,6 +47,9 @@ def register(subparsers) -> None:
     lat.add_argument("--prometheus-port", type=int, default=0,
                      help="also serve the OpenTelemetry metrics for Prometheus on 127.0.0.1:PORT")
     lat.add_argument("--json", action="store_true", help="print the latency summary as JSON")
+    lat.add_argument("--flow-ring", metavar="PATH", help="also write each sample (flow, rtt, request bytes) into "
+                     "the shared-memory flow ring at PATH (mesh/flow_ring.py; created if missing) for the "
+                     "decision loop (`mcpctl scheduler run --flow-ring PATH`)")
     lat.set_defaults(func=_latency)
 
 
@@ -133,10 +136,19 @@ def _latency(args) -> int:
         start_http_server(args.prometheus_port, addr="127.0.0.1")
         provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
         instrument(provider.get_meter("mcp_mesh.bpf"), stats)
-    with open_pinned(args.interface, stats) as reader:
+    ring = writer = None
+    if args.flow_ring:
+        from mesh.flow_ring import MappedRing
+        import os as _os
+        ring = MappedRing(args.flow_ring, create=not _os.path.exists(args.flow_ring))
+        writer = ring.writer()
+    with open_pinned(args.interface, stats, flow_ring=writer) as reader:
         deadline = time.monotonic() + args.seconds
         while time.monotonic() < deadline:
             reader.poll(100)
+    if ring is not None:
+        writer.close()
+        ring.close()
     summary = stats.summary()
     if args.json:
         print(json.dumps({str(p): v for p, v in summary.items()}, indent=2))

@@ -91,14 +91,18 @@ class RingReader:
     bcc's own, through libbcc's ring_buffer API.
     """
 
-    def __init__(self, map_fd: int, stats: LatencyStats, owned_fd: bool = False):
+    def __init__(self, map_fd: int, stats: LatencyStats, owned_fd: bool = False, flow_ring=None):
         from bcc.libbcc import _RINGBUF_CB_TYPE, lib
         self._lib, self.stats, self._fd, self._owned = lib, stats, map_fd, owned_fd
+        self.flow_ring = flow_ring          # a mesh.flow_ring.FlowRingWriter: each sample as a flow record
 
         def on_event(_ctx, data, size):
             if size >= ct.sizeof(LatencyEvent):
                 e = ct.cast(data, ct.POINTER(LatencyEvent)).contents
                 stats.add(e.port, e.latency_ns)
+                if self.flow_ring is not None:
+                    self.flow_ring.write_raw(bytes(e.saddr), bytes(e.daddr), e.sport, e.dport, e.family,
+                                             e.latency_ns // 1000, e.payload_bytes, e.ts_ns)
             return 0
 
         self._cb = _RINGBUF_CB_TYPE(on_event)     # keep a reference: libbcc calls it
@@ -127,7 +131,7 @@ class RingReader:
         self.close()
 
 
-def open_pinned(ifname: str, stats: LatencyStats) -> RingReader:
+def open_pinned(ifname: str, stats: LatencyStats, flow_ring=None) -> RingReader:
     """A reader on the ring buffer `mcpctl bpf attach --sample` pinned for `ifname`."""
     from bpf.attach import pin_dir
     from bpf.syscall import obj_get
@@ -135,7 +139,7 @@ def open_pinned(ifname: str, stats: LatencyStats) -> RingReader:
     if not os.path.exists(path):
         raise FileNotFoundError(f"no latency sampler attached to {ifname} ({path} missing); "
                                 f"run `mcpctl bpf attach --interface {ifname} --sample`")
-    return RingReader(obj_get(path), stats, owned_fd=True)
+    return RingReader(obj_get(path), stats, owned_fd=True, flow_ring=flow_ring)
 
 
 class LatencyExporter:

@@ -67,7 +67,11 @@ class CidrKey(ct.Structure):
 
 class LatencyEvent(ct.Structure):
     _fields_ = [("latency_ns", ct.c_uint64), ("port", ct.c_uint16), ("family", ct.c_uint8),
-                ("pad", ct.c_uint8 * 5)]
+                ("pad", ct.c_uint8 * 5),
+                # c/latency.h: the flow (client -> server; struct flow_key), request bytes, time
+                ("saddr", ct.c_uint8 * 16), ("daddr", ct.c_uint8 * 16), ("sport", ct.c_uint16),
+                ("dport", ct.c_uint16), ("flow_pad", ct.c_uint32), ("payload_bytes", ct.c_uint64),
+                ("ts_ns", ct.c_uint64)]
 
 
 def mapped_address(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bytes:

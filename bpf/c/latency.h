@@ -17,10 +17,19 @@ struct latency_event {
     u16 port;           /* the service (local) port */
     u8 family;
     u8 pad[5];
+    /* the flow and what it carried (for the decision loop's flow ring, mesh/flow_ring.py) */
+    struct flow_key flow;   /* client -> server, as the request travelled */
+    u64 payload_bytes;      /* request bytes seen before the response's first byte */
+    u64 ts_ns;              /* bpf_ktime_get_ns at the response's first byte */
+};
+
+struct latency_open_v {
+    u64 t0;
+    u64 bytes;
 };
 
 /* Keyed client -> server, as the request travels. */
-BPF_TABLE("lru_hash", struct flow_key, u64, latency_open, 16384);
+BPF_TABLE("lru_hash", struct flow_key, struct latency_open_v, latency_open, 16384);
 BPF_HASH(sample_ports, u16, u8, 256);
 BPF_RINGBUF_OUTPUT(latency_events, 16);   /* 16 pages */
 
@@ -38,9 +47,14 @@ static __always_inline void sample_request_in(struct qos_config *cfg, struct pkt
 {
     if (!p->is_tcp || p->payload_len == 0 || !is_service_port(cfg, p->flow.dport))
         return;
-    u64 now = bpf_ktime_get_ns();
-    /* BPF_NOEXIST: a request already open keeps its first byte's time. */
-    latency_open.insert(&p->flow, &now);
+    /* a request already open keeps its first byte's time and counts the bytes */
+    struct latency_open_v *open = latency_open.lookup(&p->flow);
+    if (open) {
+        __sync_fetch_and_add(&open->bytes, (u64)p->payload_len);
+        return;
+    }
+    struct latency_open_v v = {.t0 = bpf_ktime_get_ns(), .bytes = p->payload_len};
+    latency_open.insert(&p->flow, &v);
 }
 
 static __always_inline void sample_response_out(struct qos_config *cfg, struct pkt *p)
@@ -52,17 +66,21 @@ static __always_inline void sample_response_out(struct qos_config *cfg, struct p
     __builtin_memcpy(k.daddr, p->flow.saddr, 16);
     k.sport = p->flow.dport;
     k.dport = p->flow.sport;
-    u64 *start = latency_open.lookup(&k);
+    struct latency_open_v *start = latency_open.lookup(&k);
     if (!start)
         return;
-    u64 t0 = *start;
+    u64 t0 = start->t0, bytes = start->bytes;
     latency_open.delete(&k);
     struct latency_event *e = latency_events.ringbuf_reserve(sizeof(*e));
     if (!e)
         return;                     /* ring full: the sample is dropped, traffic is not */
-    e->latency_ns = bpf_ktime_get_ns() - t0;
+    u64 now = bpf_ktime_get_ns();
+    e->latency_ns = now - t0;
     e->port = p->flow.sport;
     e->family = p->family;
     __builtin_memset(e->pad, 0, sizeof(e->pad));
+    e->flow = k;
+    e->payload_bytes = bytes;
+    e->ts_ns = now;
     latency_events.ringbuf_submit(e, 0);
 }

@@ -38,6 +38,8 @@ def register(subparsers) -> None:
                    help="override the policy's remap hold (default: the policy's own, 60 s in the seed table)")
     r.add_argument("--replica-admin", action="append", help="ENDPOINT=HOST:PORT of a replica's admin API")
     r.add_argument("--replica-pid", action="append", help="ENDPOINT=PID (memory from its cgroup)")
+    r.add_argument("--flow-ring", metavar="PATH", help="per-flow kernel signals: the shared-memory flow ring "
+                   "`mcpctl bpf latency --flow-ring PATH` writes (mesh/flow_ring.py)")
     r.add_argument("--admin-port", type=int, default=0, help="status HTTP port on 127.0.0.1 (default: any)")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=_run)
@@ -58,7 +60,10 @@ def _run(args) -> int:
     except ValueError as e:
         print(f"mcpctl scheduler run: {e}", file=sys.stderr)
         return 2
-    flows_fn = None          # per-flow kernel signals: not wired yet (scheduler/README.md "Decision loop")
+    flows_fn = None
+    if args.flow_ring:
+        from scheduler.loop.flows import FlowSource
+        flows_fn = FlowSource.at(args.flow_ring)
     from scheduler.loop.service import run
 
     async def main():

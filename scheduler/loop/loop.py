@@ -146,6 +146,7 @@ class DecisionLoop:
                           for k, v in self.applier.flows.items()],
                 "decided_in_cycle": self.in_force["cycle"] if self.in_force else None,
             },
+            "flow_ring": self.flows_fn.stats() if callable(getattr(self.flows_fn, "stats", None)) else None,
             "plugin": self.policy.stats() if callable(getattr(self.policy, "stats", None)) else None,
             "latest": getattr(self, "latest", None),
             "decisions": list(self.history),

@@ -1,0 +1,64 @@
+"""The shared-memory flow ring (mesh/flow_ring.py), socket-free: the seed's layout, wraparound,
+a slow reader (drops counted, traffic never waits), a file-backed mmap shared by two mappings,
+and the loop's FlowSource turning samples into FlowSignals with their age."""
+import struct
+
+import pytest
+
+from mesh import flow_ring as R
+from scheduler.loop.flows import FlowSource
+
+
+def _ring():
+    buf = bytearray(R.SIZE)
+    R.init(buf)
+    return buf, R.FlowRingWriter(buf), R.FlowRingReader(buf)
+
+
+def test_layout_is_the_seeds():
+    buf, w, _ = _ring()
+    assert struct.unpack_from("<I", buf, 0)[0] == 0x52494E47 and R.RING_OFF == 0x1000 and R.RING_BYTES == 65536
+    w.write("10.0.0.1", 40000, "10.0.0.2", 8000, rtt_us=1234, payload_bytes=1_500_000, ts_ns=99)
+    assert struct.unpack_from("<QQ", buf, 0x8) == (1, 0)           # producer at 0x8, consumer at 0x10
+    rec = buf[0x1000:0x1040]
+    assert rec[:16] == b"\0" * 10 + b"\xff\xff" + bytes([10, 0, 0, 1])
+    assert struct.unpack_from("<HHBxxxII QQ".replace(" ", ""), rec, 32) == (40000, 8000, 4, 1234, 0, 1_500_000, 99)
+    with pytest.raises(ValueError):
+        R.FlowRingReader(bytearray(R.SIZE))                          # no magic
+
+
+def test_wraparound_keeps_order_across_the_ring_end():
+    buf, w, r = _ring()
+    seen = []
+    for k in range(3 * R.SLOTS + 17):
+        assert w.write("127.0.0.1", 1000 + k % 50000, "127.0.0.2", 80, k, k * 10, k)
+        if k % 300 == 299:
+            seen += r.read()
+    seen += r.read()
+    assert [s.rtt_us for s in seen] == list(range(3 * R.SLOTS + 17)) and r.drops == 0
+    assert seen[-1].flow == f"127.0.0.1:{1000 + (3 * R.SLOTS + 16) % 50000}->127.0.0.2:80"
+
+
+def test_a_slow_reader_drops_new_records_and_counts_them():
+    buf, w, r = _ring()
+    ok = [w.write("::1", 5, "::1", 6, i, 0, i) for i in range(R.SLOTS + 100)]
+    assert ok.count(True) == R.SLOTS and r.drops == 100 and r.pending() == R.SLOTS
+    got = r.read()
+    assert [s.rtt_us for s in got] == list(range(R.SLOTS)) and got[0].src == "[::1]:5"
+    assert w.write("::1", 5, "::1", 6, 7, 0, 7) and [s.rtt_us for s in r.read()] == [7]
+
+
+def test_a_file_backed_ring_is_shared_between_mappings_and_the_loop_ages_flows(tmp_path):
+    path = str(tmp_path / "flows.ring")
+    a, b = R.MappedRing(path, create=True), R.MappedRing(path)
+    w = a.writer()
+    now = [10_000_000_000]
+    src = FlowSource(b.reader(), keep_s=1.0, clock_ns=lambda: now[0])
+    w.write("127.0.0.1", 41000, "127.0.0.1", 8080, rtt_us=800, payload_bytes=2 << 20, ts_ns=now[0] - 5_000_000)
+    w.write("127.0.0.1", 41001, "127.0.0.1", 8080, rtt_us=90_000, payload_bytes=10, ts_ns=now[0])
+    flows = {f.flow: f for f in src()}
+    f = flows["127.0.0.1:41000->127.0.0.1:8080"]
+    assert (f.rtt_ms, f.payload_bytes, f.age_ms) == (0.8, 2 << 20, 5.0) and len(flows) == 2
+    now[0] += 998_000_000                                             # older than keep_s: gone
+    assert [f.flow for f in src()] == ["127.0.0.1:41001->127.0.0.1:8080"]
+    assert src.stats() == {"samples": 2, "drops": 0, "flows": 1}

@@ -9,6 +9,9 @@ name, class or map.
 
     pluginConfig:
       sessionKey: <base64, 16..64 bytes>        # HMAC key of x-mcp-session-sig
+      # or, so that no config dump holds the key: Envoy's environment variable NAME
+      # (`mcpctl envoy run --session-key-file`), passed into the VM by host_env_keys
+      sessionKeyFrom: {env: MCP_SESSION_KEY}
       claims:                                   # extra claim -> header (defaults: sub -> end-user, tenant -> x-mcp-tenant)
         - {claim: email, header: x-mcp-email}
       tenantClaim: tenant                       # which claim names the tenant
@@ -50,6 +53,10 @@ DEFAULT_CLAIMS = (("sub", H.END_USER), ("tenant", H.TENANT))
 DEFAULT_TIER_CLAIM = "tier"
 MAX_KEY_BYTES = 64
 MAX_HEADER_NAME = 128   # the filter's bound on a configured header name
+# sessionKeyFrom.env: the Envoy process's variable holding the key (lower-case hex,
+# as `mcpctl envoy run --session-key-file` sets it); the filter's bound is 64.
+DEFAULT_SESSION_KEY_ENV = "MCP_SESSION_KEY"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 # Envoy exposes no downstream-ALPN attribute to Wasm: on TLS-terminating
 # gateway listeners the control plane puts the client's ALPN in
@@ -67,7 +74,7 @@ DEFAULT_COMMON_HEADERS = ("content-type", "content-length", "accept", "accept-en
                           "traceparent", "tracestate", "x-grpc-web", "x-user-agent", H.LLM_PRIORITY)
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9a-zA-Z]+$")
-_KNOWN_KEYS = {"sessionKey", "sessionKeyHex", "claims", "tenantClaim", "tenants", "commonHeaders",
+_KNOWN_KEYS = {"sessionKey", "sessionKeyHex", "sessionKeyFrom", "claims", "tenantClaim", "tenants", "commonHeaders",
                "qos", "errorClasses", "httpErrorClasses"}
 
 
@@ -107,7 +114,7 @@ MAX_CLASS_REMAPS = 8   # the filter's bound
 
 @dataclass
 class HeaderContract:
-    session_key: bytes
+    session_key: bytes                      # b"" when the key comes from session_key_env
     claims: list[tuple[str, str]] = field(default_factory=lambda: list(DEFAULT_CLAIMS))
     tenants: dict[str, TenantPolicy] = field(default_factory=dict)
     common_headers: list[str] = field(default_factory=lambda: list(DEFAULT_COMMON_HEADERS))
@@ -120,6 +127,12 @@ class HeaderContract:
     error_classes: dict[int, str] = field(default_factory=dict)     # overrides of the mesh default
     http_error_classes: dict[int, str] = field(default_factory=dict)
     class_remaps: tuple[ClassRemap, ...] = ()
+    session_key_env: str = ""               # sessionKeyFrom.env: the key is not in the filter JSON
+
+    @property
+    def host_env_keys(self) -> list[str]:
+        """Envoy environment variables the VM must see (vm_config.environment_variables)."""
+        return [self.session_key_env] if self.session_key_env else []
 
     @property
     def signed_headers(self) -> list[str]:
@@ -157,7 +170,9 @@ class HeaderContract:
                 "tenants": [{"name": n, "allowed": list(p.allowed_headers), "strict": p.strict}
                             for n, p in sorted(self.tenants.items())],
             },
-            "session": {"header": H.SESSION_SIG, "signed": self.signed_headers, "key": self.session_key.hex()},
+            "session": {"header": H.SESSION_SIG, "signed": self.signed_headers,
+                        **({"key_env": self.session_key_env} if self.session_key_env
+                           else {"key": self.session_key.hex()})},
             "qos": {
                 "header": H.QOS_CLASS,
                 "priority_header": H.LLM_PRIORITY,
@@ -222,6 +237,19 @@ def _status_code(key, path: str, problems: list) -> int | None:
     return None
 
 
+def _key_env(value, path: str, problems: list) -> str:
+    """sessionKeyFrom: {env: NAME} -> NAME (an environment variable name)."""
+    if not isinstance(value, dict) or set(value) != {"env"}:
+        problems.append((path, "expected {env: NAME}: the Envoy environment variable holding the key"))
+        return ""
+    name = value["env"]
+    if not isinstance(name, str) or not _ENV_NAME.match(name):
+        problems.append((f"{path}.env", f"{name!r} is not an environment variable name "
+                                        "([A-Za-z_][A-Za-z0-9_]*, at most 64 characters)"))
+        return ""
+    return name
+
+
 def parse_plugin_config(cfg, base: str = "spec.pluginConfig") -> HeaderContract:
     """pluginConfig -> HeaderContract, or ContractError naming every bad field."""
     p: list[tuple[str, str]] = []
@@ -231,10 +259,13 @@ def parse_plugin_config(cfg, base: str = "spec.pluginConfig") -> HeaderContract:
         if k not in _KNOWN_KEYS:
             p.append((f"{base}.{k}", f"unknown field; expected one of {', '.join(sorted(_KNOWN_KEYS))}"))
 
-    key = b""
-    if "sessionKey" in cfg and "sessionKeyHex" in cfg:
-        p.append((f"{base}.sessionKey", "give sessionKey or sessionKeyHex, not both"))
-    if "sessionKey" in cfg:
+    key, key_env = b"", ""
+    given = [k for k in ("sessionKey", "sessionKeyHex", "sessionKeyFrom") if k in cfg]
+    if len(given) > 1:
+        p.append((f"{base}.{given[1]}", "give one of sessionKey, sessionKeyHex, sessionKeyFrom"))
+    if "sessionKeyFrom" in cfg:
+        key_env = _key_env(cfg["sessionKeyFrom"], f"{base}.sessionKeyFrom", p)
+    elif "sessionKey" in cfg:
         try:
             key = base64.b64decode(str(cfg["sessionKey"]), validate=True)
         except (binascii.Error, ValueError):
@@ -245,7 +276,8 @@ def parse_plugin_config(cfg, base: str = "spec.pluginConfig") -> HeaderContract:
         except ValueError:
             p.append((f"{base}.sessionKeyHex", "not valid hex"))
     else:
-        p.append((f"{base}.sessionKey", "required: the HMAC key for x-mcp-session-sig (base64)"))
+        p.append((f"{base}.sessionKey", "required: the HMAC key for x-mcp-session-sig (base64), "
+                                          "or sessionKeyFrom: {env: NAME}"))
     if key and not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
         p.append((f"{base}.sessionKey", f"key is {len(key)} bytes; expected {MIN_KEY_BYTES}..{MAX_KEY_BYTES}"))
 
@@ -351,6 +383,6 @@ def parse_plugin_config(cfg, base: str = "spec.pluginConfig") -> HeaderContract:
 
     if p:
         raise ContractError(p)
-    return HeaderContract(session_key=key, claims=claims, tenants=tenants, common_headers=common,
+    return HeaderContract(session_key=key, session_key_env=key_env, claims=claims, tenants=tenants, common_headers=common,
                           tier_claim=tier_claim, tiers=tiers, priority=priority, error_classes=errors,
                           http_error_classes=http_errors, **contract_qos)

@@ -89,8 +89,9 @@ def _module(wasm: str | bytes) -> wasmtime.Module:
 
 
 class ProxyWasmHost:
-    def __init__(self, wasm: str | bytes = DEFAULT_WASM):
+    def __init__(self, wasm: str | bytes = DEFAULT_WASM, environ: dict[str, str] | None = None):
         self.engine = _ENGINE
+        self.environ = dict(environ or {})   # the VM's WASI environment (Envoy: host_env_keys / key_values)
         self.module = _module(wasm)
         self.store = wasmtime.Store(self.engine)
         self.logs: list[tuple[int, str]] = []
@@ -267,12 +268,20 @@ class ProxyWasmHost:
             h._write(ptr, os.urandom(n))
             return 0
 
+        def _environ() -> list[bytes]:
+            return [f"{k}={v}".encode() + b"\0" for k, v in h.environ.items()]
+
         def environ_sizes_get(count_ptr, size_ptr):
-            h._write(count_ptr, struct.pack("<I", 0))
-            h._write(size_ptr, struct.pack("<I", 0))
+            env = _environ()
+            h._write(count_ptr, struct.pack("<I", len(env)))
+            h._write(size_ptr, struct.pack("<I", sum(map(len, env))))
             return 0
 
-        def environ_get(a, b):
+        def environ_get(ptrs, buf):
+            for i, e in enumerate(_environ()):
+                h._write(ptrs + 4 * i, struct.pack("<I", buf))
+                h._write(buf, e)
+                buf += len(e)
             return 0
 
         def fd_close(fd):

@@ -81,6 +81,12 @@ def register(subparsers) -> None:
         if name == "run":
             p.add_argument("--log-level", default="warning", help="Envoy's log level (default warning)")
             p.add_argument("--bootstrap-path", help="where to write the bootstrap (default: a temp file)")
+            p.add_argument("--session-key-file",
+                           help="the header contract's session key (raw bytes, as `mcpctl serve --session-key-file`; "
+                                "mode 0600): put into Envoy's environment, never into its config, for a WasmPlugin "
+                                "with pluginConfig.sessionKeyFrom: {env: NAME}")
+            p.add_argument("--session-key-env", default=None,
+                           help="the environment variable that carries it (default MCP_SESSION_KEY)")
             p.add_argument("envoy_args", nargs=argparse.REMAINDER, help="passed to envoy after --")
         p.set_defaults(func=func)
 
@@ -206,10 +212,44 @@ def _run_envoy(args) -> int:
         fd, path = tempfile.mkstemp(prefix="envoy-bootstrap-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             f.write(text)
+    env = dict(os.environ)
+    if args.session_key_file:
+        try:
+            env.update(session_key_environ(args.session_key_file, args.session_key_env))
+        except (OSError, ValueError) as e:
+            print(f"mcpctl envoy run: {e}", file=sys.stderr)
+            return 2
+    elif args.session_key_env:
+        print("mcpctl envoy run: --session-key-env needs --session-key-file", file=sys.stderr)
+        return 2
     extra = [a for a in (args.envoy_args or []) if a != "--"]
     argv = [envoy_binary(), "-c", path, "--disable-hot-restart", "-l", args.log_level, *extra]
     sys.stdout.flush()
-    os.execv(argv[0], argv)   # Envoy replaces us: signals reach it directly
+    os.execve(argv[0], argv, env)   # Envoy replaces us: signals reach it directly
+
+
+def session_key_environ(path: str, name: str | None = None) -> dict[str, str]:
+    """{NAME: lower-case hex of the key in `path`}: what the header-contract filter
+    reads through host_env_keys (sessionKeyFrom.env). The file holds the raw key,
+    as the backend's --session-key-file, and must be readable by its owner only."""
+    import re
+    import stat
+    from mesh.header_contract import DEFAULT_SESSION_KEY_ENV, MAX_KEY_BYTES
+    from mesh.session import MIN_KEY_BYTES
+    name = name or DEFAULT_SESSION_KEY_ENV
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
+        raise ValueError(f"--session-key-env {name!r} is not an environment variable name")
+    fd = os.open(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(f"--session-key-file {path}: mode {stat.S_IMODE(mode):04o}; the key must be "
+                             f"readable by its owner only (chmod 600)")
+        key = f.read().strip()
+    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"--session-key-file {path}: the key has {len(key)} bytes; "
+                         f"expected {MIN_KEY_BYTES}..{MAX_KEY_BYTES}")
+    return {name: key.hex()}
 
 
 def _proxy_status(args) -> int:

@@ -249,10 +249,19 @@ def _header_contract(rep: Report, res: Resource) -> None:
         rep.error("spec.failStrategy", "the header contract must fail closed: FAIL_OPEN would let spoofed "
                                        "session headers through when the module fails")
     try:
-        parse_plugin_config(spec.get("pluginConfig"), base="spec.pluginConfig")
+        contract = parse_plugin_config(spec.get("pluginConfig"), base="spec.pluginConfig")
     except ContractError as e:
         for field_path, message in e.problems:
             rep.error(field_path, message)
+        return
+    # sessionKeyFrom.env comes from Envoy's own environment (host_env_keys); an
+    # inline vmConfig.env of that name would put a key in key_values, i.e. the dump.
+    for i, env in enumerate((spec.get("vmConfig") or {}).get("env") or []):
+        if (contract.session_key_env and isinstance(env, dict) and env.get("name") == contract.session_key_env
+                and env.get("valueFrom") != "HOST"):
+            rep.error(f"spec.vmConfig.env[{i}]", f"{env.get('name')} is spec.pluginConfig.sessionKeyFrom.env: it comes "
+                                                 "from Envoy's environment (valueFrom: HOST), an inline value would "
+                                                 "show in Envoy's config dump")
 
 
 def module_sha256(path: str) -> str:

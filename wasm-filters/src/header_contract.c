@@ -275,8 +275,27 @@ static int parse_config_in(config_t *c, cfg_parse *cp) {
     TRY(get_header_name(cp, sec, "header", &c->sig_header));
     NEED(in_list(c->strip, c->n_strip, c->sig_header.p, c->sig_header.n), "session.header must also be stripped");
     TRY(get_str_list(cp, sec, "signed", c->signed_hdrs, &c->n_signed, MAX_SIGNED, 1, 1));
-    str_t key;
-    TRY(get_str(cp, sec, "key", &key, 1));
+    str_t key, key_env;
+    TRY(get_str(cp, sec, "key_env", &key_env, 0));
+    if (key_env.n) {
+        /* The key stays out of the configuration (Envoy's config dump shows that):
+         * Envoy hands the named variable of its own environment to the VM
+         * (vm_config.environment_variables.host_env_keys), read here through WASI. */
+        char env_name[65];
+        NEED(key_env.n < sizeof env_name, "session.key_env: name too long");
+        for (uint32_t i = 0; i < key_env.n; i++) {
+            char ch = key_env.p[i];
+            NEED(ch == '_' || (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (i && ch >= '0' && ch <= '9'),
+                 "session.key_env: expected an environment variable name");
+            env_name[i] = ch;
+        }
+        env_name[key_env.n] = 0;
+        key.p = getenv(env_name);
+        NEED(key.p, "session.key_env: the variable is not set in the VM's environment (host_env_keys)");
+        key.n = (uint32_t)strlen(key.p);
+    } else {
+        TRY(get_str(cp, sec, "key", &key, 1));
+    }
     NEED(key.n >= 32 && key.n <= 128 && key.n % 2 == 0, "session.key: expected 16..64 bytes as lower-case hex");
     for (uint32_t i = 0; i < key.n; i += 2) {
         int hi = unhex(key.p[i]), lo = unhex(key.p[i + 1]);

@@ -95,6 +95,14 @@ def filter_name(res: Resource) -> str:
     return f"{res.namespace}.{res.name}"
 
 
+def host_env_keys(res: Resource) -> list[str]:
+    """Envoy environment variables the plugin's VM reads: the header contract's
+    sessionKeyFrom.env (the key never enters the configuration, so no dump shows it)."""
+    if res.spec.get("pluginName") != PLUGIN_NAME:
+        return []
+    return parse_plugin_config(res.spec.get("pluginConfig") or {}).host_env_keys
+
+
 def plugin_configuration(res: Resource, config: MeshConfig, node: ProxyNode) -> str:
     """The JSON the module gets in proxy_on_configure."""
     cfg = res.spec.get("pluginConfig") or {}
@@ -125,6 +133,9 @@ def wasm_filter_config(res: Resource, config: MeshConfig, node: ProxyNode) -> ht
             plugin.vm_config.environment_variables.host_env_keys.append(env["name"])
         else:
             plugin.vm_config.environment_variables.key_values[env["name"]] = str(env.get("value", ""))
+    for name in host_env_keys(res):
+        if name not in plugin.vm_config.environment_variables.host_env_keys:
+            plugin.vm_config.environment_variables.host_env_keys.append(name)
     plugin.configuration.Pack(wrappers_pb2.StringValue(value=plugin_configuration(res, config, node)))
     return http_wasm.Wasm(config=plugin)
 

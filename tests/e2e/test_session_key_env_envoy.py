@@ -1,0 +1,164 @@
+"""The header contract's session key through Envoy's environment, end to end.
+
+`mcpctl envoy run --session-key-file` (0600) puts the key into Envoy's
+environment; the WasmPlugin says `sessionKeyFrom: {env: MESH_SESSION_KEY}`, so
+the control plane pushes `host_env_keys: [MESH_SESSION_KEY]` over ECDS and no key.
+A real Envoy signs with that key, and neither Envoy's /config_dump nor the control
+plane's /debug/config_dump holds it, in hex or base64.
+"""
+import base64
+import hashlib
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from mesh import headers as H
+from mesh.session import SessionError, verify_session
+from harness.paths import HEADER_CONTRACT_WASM as WASM
+from harness.ports import free_port
+from harness.upstreams import EchoUpstream
+from harness.xds import GATEWAY_NODE, ControlPlane, write_config
+
+pytestmark = pytest.mark.e2e
+
+KEY = hashlib.sha256(b"e2e session key from the environment").digest()
+ENV = "MESH_SESSION_KEY"
+MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+
+
+def mesh_yaml(gw_port: int, upstream: int) -> str:
+    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
+    return f"""apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: default}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: {gw_port}, name: http, protocol: HTTP}}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: echo, namespace: default}}
+spec:
+  hosts: [echo.mesh.local]
+  location: MESH_INTERNAL
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints:
+  - {{address: 127.0.0.1, ports: {{http: {upstream}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: echo, namespace: default}}
+spec:
+  hosts: ["*"]
+  gateways: [gw]
+  http:
+  - route: [{{destination: {{host: echo.mesh.local}}}}]
+---
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: {{name: header-contract, namespace: default}}
+spec:
+  selector: {{matchLabels: {{istio: ingressgateway}}}}
+  url: file://{WASM}
+  sha256: "{sha}"
+  phase: AUTHZ
+  pluginName: mcp-header-contract
+  pluginConfig:
+    sessionKeyFrom: {{env: {ENV}}}
+"""
+
+
+def get(port: int, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/hello", headers={"host": "echo.example.com", **(headers or {})})
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, (json.loads(data) if r.status == 200 else data.decode(errors="replace"))
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def stack():
+    if not os.path.exists(WASM):
+        pytest.skip("run `make wasm` first")
+    d = tempfile.mkdtemp(prefix="mesh-keyenv-")
+    key_file = os.path.join(d, "session.key")
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(KEY)
+    gw_port, admin = free_port(), free_port()
+    up = EchoUpstream("echo").start()
+    cfg_dir = os.path.join(d, "config")
+    os.mkdir(cfg_dir)
+    write_config(cfg_dir, "mesh.yaml", mesh_yaml(gw_port, up.port))
+    cp = ControlPlane(cfg_dir).start()
+    log = open(os.path.join(d, "envoy.log"), "wb")
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    envoy = subprocess.Popen([MCPCTL, "envoy", "run", "--node-id", GATEWAY_NODE, "--xds-address", cp.address,
+                              "--admin-port", str(admin), "--label", "istio=ingressgateway", "--namespace", "default",
+                              "--session-key-file", key_file, "--session-key-env", ENV],
+                             stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        cp.wait_synced(GATEWAY_NODE, types=("CDS", "LDS", "ECDS"))
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if get(gw_port)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or envoy.poll() is not None:
+                log.flush()
+                raise TimeoutError(f"gateway not serving:\n{open(log.name).read()[-3000:]}\n{cp.log_tail()}")
+            time.sleep(0.1)
+        yield {"gw": gw_port, "admin": admin, "cp": cp}
+    finally:
+        envoy.terminate()
+        try:
+            envoy.wait(10)
+        except subprocess.TimeoutExpired:
+            envoy.kill()
+        cp.close()
+        up.stop()
+        log.close()
+
+
+def _secrets(text: str) -> list[str]:
+    k64 = base64.b64encode(KEY).decode()
+    return [s for s in (KEY.hex(), KEY.hex().upper(), k64, k64.rstrip("="),
+                        base64.urlsafe_b64encode(KEY).decode().rstrip("=")) if s in text]
+
+
+def test_the_signature_verifies_with_the_key_from_the_file(stack):
+    status, seen = get(stack["gw"], {H.QOS_CLASS: "latency-critical", H.END_USER: "admin"})
+    assert status == 200, seen
+    h = seen["headers"]
+    assert H.END_USER not in h and h[H.QOS_CLASS] == "standard"
+    assert verify_session(h, KEY, method="GET").signed == {H.QOS_CLASS: "standard"}
+    with pytest.raises(SessionError):
+        verify_session(h, hashlib.sha256(b"another key").digest(), method="GET")
+
+
+def test_no_config_dump_holds_the_key(stack):
+    conn = http.client.HTTPConnection("127.0.0.1", stack["admin"], timeout=10)
+    conn.request("GET", "/config_dump?include_eds")
+    envoy_dump = conn.getresponse().read().decode()
+    conn.close()
+    # the dump does show the Wasm filter's configuration: the variable's name, not its value
+    assert '"host_env_keys"' in envoy_dump and '\\"key_env\\":\\"' + ENV in envoy_dump, envoy_dump[:2000]
+    assert _secrets(envoy_dump) == []
+    cp = stack["cp"]
+    status, text = cp.get(f"/debug/config_dump?node={GATEWAY_NODE}")
+    assert status == 200 and ENV in text, text[:300]      # the plugin is in it, by variable name
+    assert _secrets(text) == []

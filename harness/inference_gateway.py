@@ -33,6 +33,8 @@ def ext_proc_filter(fail_open: bool, timeout_s: float = 1.0) -> dict:
                             "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
         # Envoy keeps dynamic metadata from the processor only in namespaces listed here.
         "metadata_options": {"receiving_namespaces": {"untyped": [epp.DESTINATION_NAMESPACE]}},
+        # the downstream address: the picker upgrades flows the decision loop marked (scheduler/loop/marks.py)
+        "request_attributes": ["source.address"],
     }}
 
 

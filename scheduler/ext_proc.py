@@ -8,6 +8,7 @@ ends (for a streamed answer, when the last chunk has passed).
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from envoy.config.core.v3 import base_pb2
@@ -17,10 +18,12 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from mesh import endpoint_picker as epp
+from mesh import headers as H
 from scheduler.requests import build_request
 from scheduler.scheduling import Pick, Refusal
 
 log = logging.getLogger("scheduler.epp")
+UPGRADED = ":mcp-upgraded"                # internal key: the class a marked flow was upgraded to
 MODEL_HEADER = "x-gateway-model-name"     # body-based routing: the `model` the body named
 
 
@@ -45,10 +48,10 @@ def _served(request: pb.ProcessingRequest) -> str | None:
     return None
 
 
-def _mutation(pick: Pick, model: str | None) -> tuple[pb.CommonResponse, struct_pb2.Struct]:
+def _mutation(pick: Pick, model: str | None, upgraded: str | None = None) -> tuple[pb.CommonResponse, struct_pb2.Struct]:
     value = epp.format_endpoints(pick.endpoints)
     common = pb.CommonResponse()
-    for name, v in ((epp.DESTINATION_ENDPOINT, value), (MODEL_HEADER, model)):
+    for name, v in ((epp.DESTINATION_ENDPOINT, value), (MODEL_HEADER, model), (H.QOS_CLASS, upgraded)):
         if v:
             opt = common.header_mutation.set_headers.add()
             opt.header.key, opt.header.raw_value = name, v.encode()
@@ -67,6 +70,29 @@ def _refuse(refusal: Refusal) -> pb.ProcessingResponse:
     return out
 
 
+def _source_address(request: pb.ProcessingRequest) -> str | None:
+    """The downstream address Envoy sends as the `source.address` request attribute."""
+    for attrs in request.attributes.values():
+        if "source.address" in attrs.fields:
+            return attrs.fields["source.address"].string_value or None
+    return None
+
+
+_FLOW_MARKS = None
+
+
+def _flow_marks(state):
+    """The loop's flow marks (scheduler/loop/marks.py): state.flow_marks, else $MCP_EPP_FLOW_MARKS."""
+    global _FLOW_MARKS
+    marks = getattr(state, "flow_marks", None)
+    if marks is None and os.environ.get("MCP_EPP_FLOW_MARKS"):
+        if _FLOW_MARKS is None:
+            from scheduler.loop.marks import FlowMarks
+            _FLOW_MARKS = FlowMarks(os.environ["MCP_EPP_FLOW_MARKS"])
+        marks = _FLOW_MARKS
+    return marks
+
+
 class EndpointPicker(pb_grpc.ExternalProcessorServicer):
     """`state` gives the pool view, the loads and the Scheduler (scheduler.server.PickerState)."""
 
@@ -83,6 +109,12 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                 kind = request.WhichOneof("request")
                 if kind == "request_headers":
                     headers, subset = _headers(request.request_headers), _subset(request)
+                    marks = _flow_marks(self.state)
+                    if marks is not None:          # the loop's upgrade-flow: a marked flow is served critical
+                        upgraded = marks.lookup(_source_address(request), headers.get("x-forwarded-for"))
+                        if upgraded:
+                            headers[H.QOS_CLASS] = upgraded
+                            headers[UPGRADED] = upgraded
                     if request.request_headers.end_of_stream:
                         response, picked = self._decide(headers, b"", subset, "request_headers")
                     else:
@@ -123,7 +155,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if isinstance(result, Refusal):
             return _refuse(result), None
         self.state.scheduler.started(result.endpoints[0])
-        common, metadata = _mutation(result, model)
+        common, metadata = _mutation(result, model, headers.get(UPGRADED))
         out = pb.ProcessingResponse(dynamic_metadata=metadata)
         if phase == "request_headers":
             out.request_headers.response.CopyFrom(common)

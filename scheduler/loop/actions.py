@@ -22,7 +22,8 @@ from scheduler.decisions import Action
 
 class ActionApplier:
     def __init__(self, control_plane_admin: str, replica_admin: dict[str, str] | None = None,
-                 timeout_s: float = 2.0):
+                 timeout_s: float = 2.0, marks_path: str | None = None):
+        self.marks_path = marks_path                        # the flow marks file the Endpoint Picker reads
         self.control_plane = control_plane_admin           # host:port of xds-server's admin
         self.replica_admin = dict(replica_admin or {})      # endpoint -> host:port of its admin API
         self.timeout_s = timeout_s
@@ -44,7 +45,17 @@ class ActionApplier:
 
     async def apply(self, actions: list[Action], now: float, flow_hold_s: float) -> list[dict]:
         """One outcome per action: {"kind", "subject", "applied", "ms", "error"?, ...}."""
-        return list(await asyncio.gather(*(self._one(a, now, flow_hold_s) for a in actions)))
+        self._write_marks_after = False
+        out = list(await asyncio.gather(*(self._one(a, now, flow_hold_s) for a in actions)))
+        if self.marks_path and (self._write_marks_after or self._marks_due(now)):
+            from scheduler.loop.marks import write_marks
+            write_marks(self.marks_path, self.flows)
+            self._marks_written = now
+        return out
+
+    def _marks_due(self, now: float) -> bool:
+        """Rewritten each period while flows are marked (their expiry moves), once when the last goes."""
+        return getattr(self, "_marks_written", None) is None or bool(self.flows) or getattr(self, "_had_flows", False)
 
     async def _one(self, a: Action, now: float, flow_hold_s: float) -> dict:
         out = {"kind": a.kind, "subject": a.subject, "value": a.value, "applied": False}
@@ -52,6 +63,8 @@ class ActionApplier:
             if a.kind == "remap-class":
                 return {**out, **await self._remap(a, now)}
             if a.kind == "upgrade-flow":
+                if a.subject not in self.flows and self.marks_path:
+                    self._write_marks_after = True
                 self.flows[a.subject] = {"class": a.value, "reserved_threads": a.reserved_threads,
                                          "expires_at": now + flow_hold_s}
                 return {**out, "applied": True, "expires_at": now + flow_hold_s}
@@ -89,6 +102,7 @@ class ActionApplier:
         return {"applied": True, "ms": round(ms, 3)}
 
     def expire(self, now: float) -> None:
+        self._had_flows = bool(self.flows)
         for table in (self.remaps, self.flows):
             for k in [k for k, v in table.items() if v["expires_at"] <= now]:
                 del table[k]

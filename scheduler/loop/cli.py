@@ -40,6 +40,8 @@ def register(subparsers) -> None:
     r.add_argument("--replica-pid", action="append", help="ENDPOINT=PID (memory from its cgroup)")
     r.add_argument("--flow-ring", metavar="PATH", help="per-flow kernel signals: the shared-memory flow ring "
                    "`mcpctl bpf latency --flow-ring PATH` writes (mesh/flow_ring.py)")
+    r.add_argument("--flow-marks", metavar="PATH", help="write the flows marked latency-critical here for the "
+                   "Endpoint Picker (MCP_EPP_FLOW_MARKS=PATH in its environment; scheduler/loop/marks.py)")
     r.add_argument("--admin-port", type=int, default=0, help="status HTTP port on 127.0.0.1 (default: any)")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=_run)
@@ -70,7 +72,7 @@ def _run(args) -> int:
         task = asyncio.create_task(run(args.config_dir, args.pool, args.control_plane_admin, args.period_ms,
                                        args.policy, args.admin_port, remap_hold_s=args.remap_hold_s,
                                        budget_ms=args.budget_ms, replica_admin=admin, replica_pids=pids,
-                                       flows_fn=flows_fn))
+                                       flows_fn=flows_fn, flow_marks=args.flow_marks))
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
         try:

@@ -47,7 +47,8 @@ def make_app(loop: DecisionLoop) -> web.Application:
 async def run(config_dir: str, pool_ref: str, control_plane_admin: str, period_ms: float = 200.0,
               policy_file: str | None = None, admin_port: int = 0, address: str = "127.0.0.1",
               remap_hold_s: float | None = None, budget_ms: float | None = None,
-              replica_admin: dict | None = None, replica_pids: dict | None = None, flows_fn=None) -> None:
+              replica_admin: dict | None = None, replica_pids: dict | None = None, flows_fn=None,
+              flow_marks: str | None = None) -> None:
     # a Wasm plugin's build + compile can take ~30-60 s cold: load it before the loop, off the event loop
     policy, name = await asyncio.to_thread(load_policy, policy_file, remap_hold_s, None, True)
     pool = PoolSource(config_dir, pool_ref)
@@ -57,7 +58,7 @@ async def run(config_dir: str, pool_ref: str, control_plane_admin: str, period_m
         pool.refresh()          # a stat of each file: cheap enough per period
         return [e.key for e in pool.view.endpoints] if pool.view else []
 
-    loop = DecisionLoop(policy, name, endpoints, ActionApplier(control_plane_admin, replica_admin),
+    loop = DecisionLoop(policy, name, endpoints, ActionApplier(control_plane_admin, replica_admin, marks_path=flow_marks),
                         period_s=period_ms / 1e3, budget_s=None if budget_ms is None else budget_ms / 1e3,
                         flows_fn=flows_fn)
     loop.reader.pids.update(replica_pids or {})

@@ -144,3 +144,71 @@ def mtls_mode(config: MeshConfig, node: ProxyNode, port: int) -> str:
             if mode in MODES:
                 return mode
     return "PERMISSIVE"
+
+
+# -- outboundTrafficPolicy ------------------------------------------------------------
+BLACKHOLE_CLUSTER = "BlackHoleCluster"
+PASSTHROUGH_CLUSTER = "PassthroughCluster"
+
+
+def outbound_mode(sidecar: Resource | None) -> str | None:
+    """The Sidecar's outboundTrafficPolicy.mode (REGISTRY_ONLY / ALLOW_ANY), or None when
+    it sets none (then the route configs keep only their services: an unknown host is a 404)."""
+    if sidecar is None:
+        return None
+    return ((sidecar.spec.get("outboundTrafficPolicy") or {}).get("mode")) or None
+
+
+def apply_outbound_policy(snapshot: Snapshot, sidecar: Resource | None) -> Snapshot:
+    """As istiod, for a destination in no service: REGISTRY_ONLY appends a `block_all`
+    virtual host (`*`, 502) to every outbound route configuration and adds the
+    BlackHoleCluster (no endpoints); ALLOW_ANY appends `allow_any` (`*` -> PassthroughCluster,
+    ORIGINAL_DST). A route configuration that already has a `*` domain keeps it."""
+    mode = outbound_mode(sidecar)
+    if mode not in ("REGISTRY_ONLY", "ALLOW_ANY"):
+        return snapshot
+    from envoy.config.cluster.v3 import cluster_pb2
+    from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+    from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+    outbound_routes = set()
+    for lis in snapshot.get(LISTENER, {}).values():
+        if lis.traffic_direction == base_pb2.INBOUND:
+            continue
+        for chain in lis.filter_chains:
+            for f in chain.filters:
+                if f.typed_config.Is(hcm_pb2.HttpConnectionManager.DESCRIPTOR):
+                    hcm = hcm_pb2.HttpConnectionManager()
+                    f.typed_config.Unpack(hcm)
+                    if hcm.HasField("rds"):
+                        outbound_routes.add(hcm.rds.route_config_name)
+    out = dict(snapshot)
+    routes = dict(snapshot.get(ROUTE, {}))
+    for name in outbound_routes & set(routes):
+        rc = routes[name]
+        if any("*" in vh.domains for vh in rc.virtual_hosts):
+            continue
+        copy = type(rc)()
+        copy.CopyFrom(rc)
+        vh = copy.virtual_hosts.add(domains=["*"])
+        route = vh.routes.add()
+        route.match.prefix = "/"
+        if mode == "REGISTRY_ONLY":
+            vh.name = route.name = "block_all"
+            route.direct_response.status = 502
+        else:
+            vh.name = route.name = "allow_any"
+            route.route.cluster = PASSTHROUGH_CLUSTER
+            route.route.timeout.SetInParent()       # 0: no timeout, as istiod's passthrough route
+        routes[name] = copy
+    out[ROUTE] = routes
+    c = cluster_pb2.Cluster()
+    c.connect_timeout.FromSeconds(10)
+    if mode == "REGISTRY_ONLY":
+        c.name = BLACKHOLE_CLUSTER
+        c.type = cluster_pb2.Cluster.STATIC
+    else:
+        c.name = PASSTHROUGH_CLUSTER
+        c.type = cluster_pb2.Cluster.ORIGINAL_DST
+        c.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
+    out[CLUSTER] = {**snapshot.get(CLUSTER, {}), c.name: c}
+    return out

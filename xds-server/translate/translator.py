@@ -25,7 +25,7 @@ from xds_server.translate.clusters import ClusterOptions, build_clusters
 from xds_server.translate.config_cache import ConfigTranslation
 from xds_server.translate.inbound import inbound
 from xds_server.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex
-from xds_server.translate.sidecar_scope import apply_egress, sidecar_for
+from xds_server.translate.sidecar_scope import apply_egress, apply_outbound_policy, sidecar_for
 from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_head, filter_chain_tail
 from xds_server.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
 from xds_server.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
@@ -158,6 +158,7 @@ class Translator:
         with state.lock:
             idx, _ = state.view(node.namespace)
         snapshot = apply_egress(snapshot, idx, scope, node)
+        snapshot = apply_outbound_policy(snapshot, scope)
         listeners, clusters = inbound(state.config, node, scope, self.options.bind_address)
         if listeners:
             snapshot[LISTENER] = {**snapshot[LISTENER], **listeners}

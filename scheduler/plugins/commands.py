@@ -18,7 +18,7 @@ def register_policy(subparsers) -> None:
     b.add_argument("-o", "--output", help="the component to write (default: FILE with .wasm)")
     b.set_defaults(func=_build)
     r = sub.add_parser("run", help="load a plugin (FILE.wasm, or FILE.py built first) and call it once")
-    r.add_argument("file")
+    r.add_argument("file", help="the policy: a .py plugin (built and cached) or a built .wasm component")
     r.add_argument("--signals", help="decide(): Signals as JSON, fields as scheduler/decisions.py names them "
                                      "({\"now_s\": 0, \"replicas\": [{\"endpoint\": ..., \"memory_fraction\": ...}], "
                                      "\"flows\": [...]}); '-' reads stdin")

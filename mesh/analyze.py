@@ -482,3 +482,46 @@ def inference_pools(index: Index) -> Iterator[Diagnostic]:
             yield res.diagnostic("spec.endpointPickerRef.port.number", f"port {picker.port} of {host} is not declared "
                                  "HTTP/2 (appProtocol: http2, or a grpc- port name): Envoy's ext_proc speaks gRPC "
                                  "to the endpoint picker", severity="warning")
+
+
+NO_MATCHING_WORKLOADS = "IST0127"
+
+
+def _workload_labels(config: MeshConfig) -> dict[str, list[dict]]:
+    """Namespace -> the labels of each workload known there: WorkloadEntries (the
+    Kubernetes registry adds one per Pod or replica) and Gateway selectors (a
+    gateway's proxies are workloads too, though no resource here lists them)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for we in config.of_kind("WorkloadEntry"):
+        out[we.namespace].append({**(we.labels or {}), **{str(k): str(v) for k, v in
+                                                         (we.spec.get("labels") or {}).items()}})
+    for gw in config.of_kind("Gateway"):
+        if gw.group == "networking.istio.io":
+            out[gw.namespace].append({str(k): str(v) for k, v in (gw.spec.get("selector") or {}).items()})
+    return out
+
+
+@analyzer
+def authorization_policies(index: Index) -> Iterator[Diagnostic]:
+    """As istioctl's AuthorizationPoliciesAnalyzer: IST0127 a selector no workload
+    of the namespace carries (only where the namespace has workloads to judge by),
+    and IST0101 a source namespace no Namespace object names (only where the
+    config holds Namespace objects at all)."""
+    config = index.config
+    workloads = _workload_labels(config)
+    namespaces = {r.name for r in config.of_kind("Namespace")}
+    for ap in config.of_kind("AuthorizationPolicy"):
+        want = ((ap.spec.get("selector") or {}).get("matchLabels")) or {}
+        if want and workloads.get(ap.namespace) and not any(_selects(want, w) for w in workloads[ap.namespace]):
+            labels = ",".join(f"{k}={v}" for k, v in sorted(want.items()))
+            yield ap.diagnostic("spec.selector.matchLabels", "No matching workloads for this resource with the "
+                                f"following labels: {labels}", code=NO_MATCHING_WORKLOADS, severity="warning")
+        if not namespaces:
+            continue
+        for i, rule in enumerate(ap.spec.get("rules") or []):
+            for j, frm in enumerate((rule or {}).get("from") or []):
+                for k, ns in enumerate(((frm or {}).get("source") or {}).get("namespaces") or []):
+                    if "*" not in str(ns) and ns not in namespaces:
+                        yield ap.diagnostic(f"spec.rules[{i}].from[{j}].source.namespaces[{k}]",
+                                            f"Referenced namespace not found: {ns!r}",
+                                            code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")

@@ -214,3 +214,31 @@ def test_grpc_route_matches_service_and_method_as_paths():
     assert [h["match"][0]["uri"] for h in vs.spec["http"]] == [
         {"exact": "/inference.GRPCInferenceService/ModelInfer"}, {"prefix": "/inference.GRPCInferenceService/"}]
     assert vs.spec["http"][0]["route"][0]["destination"]["host"] == "api.apps.svc.cluster.local" and not notes
+
+
+def test_authorization_policy_analyzers_use_the_registry():
+    """IST0127 for a selector no pod carries, IST0101 for a source namespace that
+    does not exist -- judged only where the registry knows workloads and namespaces."""
+    ap = """apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviewz}}
+  rules:
+  - from: [{source: {namespaces: [bookinfo, nosuchns]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: fine, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  rules:
+  - from: [{source: {namespaces: [bookinfo]}}]
+"""
+    config = load_texts({**texts("bookinfo.yaml"), "ap.yaml": ap})
+    found = {(w.resource, w.code, w.field) for w in config.warnings if w.file == "ap.yaml"}
+    assert found == {
+        ("AuthorizationPolicy/bookinfo/reviews", "IST0127", "spec.selector.matchLabels"),
+        ("AuthorizationPolicy/bookinfo/reviews", "IST0101", "spec.rules[0].from[0].source.namespaces[1]")}
+    # Without any workload or Namespace object there is nothing to judge by: no finding.
+    assert not [w for w in load_texts({"ap.yaml": ap}).warnings if w.code in ("IST0127", "IST0101")]

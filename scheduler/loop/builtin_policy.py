@@ -8,7 +8,7 @@ from scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
 MEMORY_HIGH = 0.90               # accelerator memory (or what stands in for it) above this ...
 REMAP_FROM, REMAP_TO = Q.QosClass.STANDARD.header_value, Q.QosClass.BATCH.header_value
 REMAP_HOLD_S = 60.0              # ... remaps standard -> batch for this long
-FLOW_RTT_MS, FLOW_PAYLOAD_BYTES = 50.0, 1 << 20
+FLOW_RTT_MS, FLOW_PAYLOAD_BYTES = 50.0, 1_000_000     # 1 MB, as the Wasm seed table (plugins/policies/seed_table.py)
 FLOW_CLASS, FLOW_RESERVED_THREADS = Q.QosClass.LATENCY_CRITICAL.header_value, 2
 HIGH_CLASS, HIGH_WEIGHT = Q.QosClass.LATENCY_CRITICAL.header_value, 3.0   # X-LLM-Priority: high -> its class
 

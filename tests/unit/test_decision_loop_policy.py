@@ -21,7 +21,7 @@ def test_memory_over_90_percent_remaps_standard_to_batch_for_the_hold():
 
 def test_low_rtt_large_payload_flow_is_upgraded_with_two_reserved_threads():
     flows = (FlowSignals("a->b", rtt_ms=3, payload_bytes=1_500_000), FlowSignals("c->d", rtt_ms=60, payload_bytes=2 << 20),
-             FlowSignals("e->f", rtt_ms=3, payload_bytes=1 << 20))
+             FlowSignals("e->f", rtt_ms=3, payload_bytes=1_000_000))      # exactly 1 MB: not more
     up = [a for a in BuiltinPolicy().decide(Signals(1.0, flows=flows)) if a.kind == "upgrade-flow"]
     assert [(a.subject, a.value, a.reserved_threads) for a in up] == [("a->b", "latency-critical", 2)]
 

@@ -19,7 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from mesh import hosts
+from mesh import hosts, kube
+from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from, workload_entry_labels
 from mesh.resources import MeshConfig, Resource
 from mesh.diagnostics import Diagnostic
 
@@ -424,8 +425,6 @@ def inference_pools(index: Index) -> Iterator[Diagnostic]:
       (ext_proc is gRPC: `appProtocol: http2` or a `grpc-` port name); a kind
       other than Service is not supported.
     """
-    from mesh import kube
-    from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from
     group = "inference.networking.k8s.io"
     config = index.config
     pools = {(r.namespace, r.name): r for r in config.of_kind(POOL_KIND) if r.group == group}
@@ -444,8 +443,7 @@ def inference_pools(index: Index) -> Iterator[Diagnostic]:
                                            code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
     labels_by_ns: dict[str, list[dict]] = defaultdict(list)
     for we in config.of_kind("WorkloadEntry"):
-        labels_by_ns[we.namespace].append({**(we.labels or {}), **{str(k): str(v) for k, v in
-                                                                   (we.spec.get("labels") or {}).items()}})
+        labels_by_ns[we.namespace].append(workload_entry_labels(we))
     for w in kube.workloads(config):
         labels_by_ns[w.namespace].append(w.labels)
     for res in pools.values():
@@ -493,8 +491,7 @@ def _workload_labels(config: MeshConfig) -> dict[str, list[dict]]:
     gateway's proxies are workloads too, though no resource here lists them)."""
     out: dict[str, list[dict]] = defaultdict(list)
     for we in config.of_kind("WorkloadEntry"):
-        out[we.namespace].append({**(we.labels or {}), **{str(k): str(v) for k, v in
-                                                         (we.spec.get("labels") or {}).items()}})
+        out[we.namespace].append(workload_entry_labels(we))
     for gw in config.of_kind("Gateway"):
         if gw.group == "networking.istio.io":
             out[gw.namespace].append({str(k): str(v) for k, v in (gw.spec.get("selector") or {}).items()})

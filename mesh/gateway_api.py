@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from mesh import hosts
 from mesh.diagnostics import Diagnostic
 from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from
-from mesh.kube import SYNTHESIZED_FROM, service_host
+from mesh.kube import service_host, synthesized
 from mesh.resources import MeshConfig, Resource
 
 GROUP = "gateway.networking.k8s.io"
@@ -120,15 +120,9 @@ def _gateways(config: MeshConfig, out: list[Resource], notes: list[Diagnostic]) 
             servers.append(server)
         listeners[(gw.namespace, gw.name)] = mine
         if servers:
-            out.append(_synth(gw, "Gateway", internal_gateway_name(gw.name), {
+            out.append(synthesized(gw, "Gateway", internal_gateway_name(gw.name), {
                 "selector": {GATEWAY_NAME_LABEL: gw.name}, "servers": servers}))
     return listeners
-
-
-def _synth(source: Resource, kind: str, name: str, spec: dict) -> Resource:
-    return Resource(api_version="networking.istio.io/v1", kind=kind, name=name, namespace=source.namespace,
-                    spec=spec, file=source.file, line=source.line, annotations={SYNTHESIZED_FROM: source.ref},
-                    lines={})
 
 
 def _namespace_labels(config: MeshConfig) -> dict[str, dict]:
@@ -404,7 +398,7 @@ def _routes(config: MeshConfig, listeners: dict, out: list[Resource], notes: lis
         if not gateways:
             continue
         http = _http_rules(config, route, notes)
-        out.append(_synth(route, "VirtualService", f"{route.name}-{route.kind.lower()}",
+        out.append(synthesized(route, "VirtualService", f"{route.name}-{route.kind.lower()}",
                           {"hosts": hostnames, "gateways": gateways, "http": http}))
 
 
@@ -431,7 +425,7 @@ def _pool_services(config: MeshConfig, out: list[Resource]) -> None:
                            PICKER_FAILURE_MODE_LABEL: pool.picker.failure_mode})
         endpoints = [{"address": e.address, "ports": {port: e.port}, "labels": dict(e.labels)}
                      for e in pool_endpoints(config, pool)]
-        se = _synth(res, "ServiceEntry", pool_service_name(res.name), {
+        se = synthesized(res, "ServiceEntry", pool_service_name(res.name), {
             "hosts": [pool_host(res.name, res.namespace)], "location": "MESH_INTERNAL", "resolution": "STATIC",
             "ports": [{"number": POOL_SERVICE_PORT, "name": port, "protocol": "HTTP"}], "endpoints": endpoints})
         se.labels = labels

@@ -86,6 +86,11 @@ def find_pool(config: MeshConfig, ref: str) -> InferencePool | None:
     return None
 
 
+def workload_entry_labels(we: Resource) -> dict[str, str]:
+    """A WorkloadEntry's labels as selectors see them: metadata.labels, then spec.labels over them."""
+    return {**(we.labels or {}), **{str(k): str(v) for k, v in (we.spec.get("labels") or {}).items()}}
+
+
 def pool_endpoints(config: MeshConfig, pool: InferencePool) -> list[Endpoint]:
     """ADDRESS:PORT for every WorkloadEntry in the pool's namespace whose labels
     (metadata.labels and spec.labels) the selector matches, for each target port."""
@@ -93,7 +98,7 @@ def pool_endpoints(config: MeshConfig, pool: InferencePool) -> list[Endpoint]:
     for we in config.of_kind("WorkloadEntry"):
         if we.namespace != pool.namespace:
             continue
-        labels = {**(we.labels or {}), **{str(k): str(v) for k, v in (we.spec.get("labels") or {}).items()}}
+        labels = workload_entry_labels(we)
         if not all(labels.get(k) == v for k, v in pool.selector.items()):
             continue
         address = str(we.spec.get("address") or "")

@@ -131,7 +131,9 @@ def _selects(selector: dict, labels: dict) -> bool:
     return bool(selector) and all(labels.get(k) == str(v) for k, v in selector.items())
 
 
-def _synth(source: Resource, kind: str, name: str, spec: dict, labels: dict | None = None) -> Resource:
+def synthesized(source: Resource, kind: str, name: str, spec: dict, labels: dict | None = None) -> Resource:
+    """An Istio resource standing for `source`: its namespace, file and line,
+    marked SYNTHESIZED_FROM (also what mesh.gateway_api builds)."""
     return Resource(api_version="networking.istio.io/v1", kind=kind, name=name, namespace=source.namespace,
                     spec=spec, file=source.file, line=source.line, labels=labels or {},
                     annotations={SYNTHESIZED_FROM: source.ref})
@@ -180,7 +182,7 @@ def registry_resources(config: MeshConfig) -> list[Resource]:
             ports = [{"number": int(p["port"]), "name": str(p.get("name") or f"port-{p['port']}"),
                       **({"protocol": port_protocol(p)} if port_protocol(p) else {})}
                      for p in spec.get("ports") or [] if p.get("port")]
-            out.append(_synth(svc, "ServiceEntry", f"{svc.name}-k8s", {
+            out.append(synthesized(svc, "ServiceEntry", f"{svc.name}-k8s", {
                 "hosts": [host], "location": "MESH_EXTERNAL", "resolution": "DNS", "ports": ports or
                 [{"number": 80, "name": "http", "protocol": "HTTP"}],
                 "endpoints": [{"address": str(spec.get("externalName"))}]}))
@@ -206,7 +208,7 @@ def registry_resources(config: MeshConfig) -> list[Resource]:
             se["endpoints"] = endpoints
         elif selector:
             se["workloadSelector"] = {"labels": selector}
-        out.append(_synth(svc, "ServiceEntry", f"{svc.name}-k8s", se))
+        out.append(synthesized(svc, "ServiceEntry", f"{svc.name}-k8s", se))
     # One WorkloadEntry per workload instance with an address; a named targetPort
     # of any Service selecting it becomes that Service port's entry in `ports`.
     services = [s for s in config.of_kind("Service") if is_registry_kind(s)]
@@ -224,5 +226,5 @@ def registry_resources(config: MeshConfig) -> list[Resource]:
             spec = {"address": address, "labels": dict(w.labels), "serviceAccount": w.service_account}
             if named:
                 spec["ports"] = named
-            out.append(_synth(w.source, "WorkloadEntry", f"{name}-k8s", spec, labels=dict(w.labels)))
+            out.append(synthesized(w.source, "WorkloadEntry", f"{name}-k8s", spec, labels=dict(w.labels)))
     return out

@@ -20,8 +20,8 @@ import yaml
 from mesh.diagnostics import Diagnostic
 from mesh.resources import MeshConfig, Resource
 from mesh.validation import validator
-from mesh.validation.report import Report, semantic
-from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
+from mesh.validation.report import Report, schema_report, semantic
+from mesh.validation.schema import Enum, Map, Obj
 
 VERSIONS = ("security.istio.io/v1", "security.istio.io/v1beta1")
 PROVIDER_ANNOTATION = "mcp-mesh.io/extension-provider"
@@ -65,14 +65,7 @@ WILDCARD_ENDS_ONLY = ("principals", "notPrincipals", "requestPrincipals", "notRe
 
 @validator("AuthorizationPolicy")
 def validate_authorization_policy(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = Report(res)
-    if res.api_version not in VERSIONS:
-        rep.error("apiVersion", f"AuthorizationPolicy is not served at {res.api_version!r}; "
-                                f"expected one of {', '.join(VERSIONS)}")
-    errs = SchemaErrors()
-    check(res.spec, AUTHORIZATION_POLICY, "spec", errs)
-    for path, message in errs.errors:
-        rep.error(path, message)
+    rep, errs = schema_report(res, VERSIONS, AUTHORIZATION_POLICY)
     rep.typed = not errs.errors
     yield from semantic(_rules, rep, res)
 

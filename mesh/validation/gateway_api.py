@@ -13,8 +13,8 @@ from mesh.gateway_api import GROUP
 from mesh.resources import MeshConfig, Resource
 from mesh.validation import validator
 from mesh.validation.regex import regex_error
-from mesh.validation.report import Report
-from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
+from mesh.validation.report import Report, schema_report
+from mesh.validation.schema import Enum, Map, Obj
 
 VERSIONS = (f"{GROUP}/v1", f"{GROUP}/v1beta1")
 PARENT_REF = Obj({"group": "string", "kind": "string", "namespace": "string", "name": "string",
@@ -78,17 +78,6 @@ REFERENCE_GRANT = Obj({"from": [Obj({"group": "string", "kind": "string", "names
                       required=("from", "to"))
 
 
-def _schema(res: Resource, schema, versions=VERSIONS) -> tuple[Report, bool]:
-    rep = Report(res)
-    if res.api_version not in versions:
-        rep.error("apiVersion", f"{res.kind} is not served at {res.api_version!r}; expected one of {', '.join(versions)}")
-    errs = SchemaErrors()
-    check(res.spec, schema, "spec", errs)
-    for path, message in errs.errors:
-        rep.error(path, message)
-    return rep, not errs.wrong_type
-
-
 def _hostname(rep: Report, path: str, h) -> None:
     h = str(h)
     if hosts.is_ip(h) or (hosts.fqdn_error(h[2:] if h.startswith("*.") else h)):
@@ -97,7 +86,8 @@ def _hostname(rep: Report, path: str, h) -> None:
 
 @validator("Gateway", group=GROUP)
 def validate_gateway(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep, typed = _schema(res, GATEWAY)
+    rep, errs = schema_report(res, VERSIONS, GATEWAY)
+    typed = not errs.wrong_type
     if typed:
         names, combos = set(), set()
         for i, lis in enumerate(res.spec.get("listeners") or []):
@@ -126,7 +116,7 @@ def validate_gateway(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
 
 @validator("GatewayClass", group=GROUP)
 def validate_gateway_class(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    yield from _schema(res, GATEWAY_CLASS)[0].out
+    yield from schema_report(res, VERSIONS, GATEWAY_CLASS)[0].out
 
 
 def _rules(rep: Report, res: Resource, grpc: bool) -> None:
@@ -186,7 +176,8 @@ def _rules(rep: Report, res: Resource, grpc: bool) -> None:
 
 @validator("HTTPRoute", group=GROUP)
 def validate_http_route(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep, typed = _schema(res, HTTP_ROUTE)
+    rep, errs = schema_report(res, VERSIONS, HTTP_ROUTE)
+    typed = not errs.wrong_type
     if typed:
         _rules(rep, res, grpc=False)
     yield from rep.out
@@ -194,7 +185,8 @@ def validate_http_route(res: Resource, config: MeshConfig) -> Iterator[Diagnosti
 
 @validator("GRPCRoute", group=GROUP)
 def validate_grpc_route(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep, typed = _schema(res, GRPC_ROUTE)
+    rep, errs = schema_report(res, VERSIONS, GRPC_ROUTE)
+    typed = not errs.wrong_type
     if typed:
         _rules(rep, res, grpc=True)
     yield from rep.out
@@ -202,4 +194,4 @@ def validate_grpc_route(res: Resource, config: MeshConfig) -> Iterator[Diagnosti
 
 @validator("ReferenceGrant", group=GROUP)
 def validate_reference_grant(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    yield from _schema(res, REFERENCE_GRANT, (f"{GROUP}/v1beta1", f"{GROUP}/v1"))[0].out
+    yield from schema_report(res, (f"{GROUP}/v1beta1", f"{GROUP}/v1"), REFERENCE_GRANT)[0].out

@@ -10,8 +10,8 @@ from mesh.inference_pool import (FAIL_CLOSE, FAIL_OPEN, OBJECTIVE_API_VERSIONS, 
                                  POOL_KIND)
 from mesh.resources import MeshConfig, Resource
 from mesh.validation import validator
-from mesh.validation.report import Report
-from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
+from mesh.validation.report import schema_report
+from mesh.validation.schema import Enum, Map, Obj
 
 POOL = Obj({
     "selector": Obj({"matchLabels": Map("string")}, required=("matchLabels",)),
@@ -30,20 +30,10 @@ MAX_TARGET_PORTS = 8          # the CRD's maxItems
 MAX_SELECTOR_LABELS = 64
 
 
-def _schema(res: Resource, versions: tuple, schema) -> tuple[Report, bool]:
-    rep = Report(res)
-    if res.api_version not in versions:
-        rep.error("apiVersion", f"{res.kind} is not served at {res.api_version!r}; expected one of {', '.join(versions)}")
-    errs = SchemaErrors()
-    check(res.spec, schema, "spec", errs)
-    for path, message in errs.errors:
-        rep.error(path, message)
-    return rep, not errs.wrong_type
-
-
 @validator(POOL_KIND)
 def validate_inference_pool(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep, typed = _schema(res, (POOL_API_VERSION,), POOL)
+    rep, errs = schema_report(res, (POOL_API_VERSION,), POOL)
+    typed = not errs.wrong_type
     spec = res.spec if isinstance(res.spec, dict) else {}
     if typed:
         labels = (spec.get("selector") or {}).get("matchLabels")
@@ -76,7 +66,8 @@ def validate_inference_pool(res: Resource, config: MeshConfig) -> Iterator[Diagn
 
 @validator(OBJECTIVE_KIND)
 def validate_inference_objective(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep, typed = _schema(res, OBJECTIVE_API_VERSIONS, OBJECTIVE)
+    rep, errs = schema_report(res, OBJECTIVE_API_VERSIONS, OBJECTIVE)
+    typed = not errs.wrong_type
     if typed:
         ref = (res.spec or {}).get("poolRef") or {}
         if (ref.get("kind") or POOL_KIND) != POOL_KIND:

@@ -8,8 +8,8 @@ from typing import Iterator
 from mesh.diagnostics import Diagnostic
 from mesh.resources import MeshConfig, Resource
 from mesh.validation import validator
-from mesh.validation.report import Report
-from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
+from mesh.validation.report import schema_report
+from mesh.validation.schema import Enum, Map, Obj
 
 SECURITY_VERSIONS = ("security.istio.io/v1", "security.istio.io/v1beta1")
 ROOT_NAMESPACE = "istio-system"
@@ -20,14 +20,7 @@ PEER_AUTHENTICATION = Obj({"selector": {"matchLabels": Map("string")}, "mtls": M
 
 @validator("PeerAuthentication")
 def validate_peer_authentication(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = Report(res)
-    if res.api_version not in SECURITY_VERSIONS:
-        rep.error("apiVersion", f"PeerAuthentication is not served at {res.api_version!r}; "
-                                f"expected one of {', '.join(SECURITY_VERSIONS)}")
-    errs = SchemaErrors()
-    check(res.spec, PEER_AUTHENTICATION, "spec", errs)
-    for path, message in errs.errors:
-        rep.error(path, message)
+    rep, errs = schema_report(res, SECURITY_VERSIONS, PEER_AUTHENTICATION)
     if not errs.errors:
         labels = (res.spec.get("selector") or {}).get("matchLabels")
         rep.workload_selector("spec.selector.matchLabels", labels)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from mesh import hosts
 from mesh.diagnostics import Diagnostic
 from mesh.resources import Resource
-from mesh.validation.schema import duration_ns
+from mesh.validation.schema import SchemaErrors, check, duration_ns
 
 
 class Report:
@@ -98,3 +98,19 @@ def semantic(rule: Callable[[Report, Resource], None], rep: Report, res: Resourc
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # pragma: no cover - a rule bug
             rep.error("spec", f"cannot validate this {res.kind}: {type(e).__name__}: {e}")
     return rep.out
+
+
+def schema_report(res: Resource, versions: tuple, schema) -> tuple[Report, SchemaErrors]:
+    """A resource's Report after the checks every CRD-shaped kind starts with:
+    apiVersion among `versions`, then the CRD schema (unknown fields, types,
+    enums, required). The SchemaErrors say whether the semantic rules may run:
+    `wrong_type` (a value of the wrong type) or any finding at all (`errors`),
+    as each kind chooses."""
+    rep = Report(res)
+    if res.api_version not in versions:
+        rep.error("apiVersion", f"{res.kind} is not served at {res.api_version!r}; expected one of {', '.join(versions)}")
+    errs = SchemaErrors()
+    check(res.spec, schema, "spec", errs)
+    for path, message in errs.errors:
+        rep.error(path, message)
+    return rep, errs

@@ -19,8 +19,8 @@ from mesh.resources import MeshConfig, Resource
 from mesh.diagnostics import Diagnostic
 from mesh.header_contract import PLUGIN_NAME, ContractError, is_token, parse_plugin_config
 from mesh.validation import validator
-from mesh.validation.report import Report
-from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
+from mesh.validation.report import Report, schema_report
+from mesh.validation.schema import Enum, Map, Obj
 
 SECURITY_VERSIONS = ("security.istio.io/v1", "security.istio.io/v1beta1")
 EXTENSIONS_VERSIONS = ("extensions.istio.io/v1alpha1",)
@@ -61,17 +61,6 @@ MESH_SET_HEADERS = (H.SESSION_SIG, H.QOS_CLASS, H.ERROR_CLASS, H.DOWNSTREAM_SERV
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def _shape(res: Resource, versions: tuple, schema) -> tuple[Report, bool]:
-    rep = Report(res)
-    if res.api_version not in versions:
-        rep.error("apiVersion", f"{res.kind} is not served at {res.api_version!r}; expected one of {', '.join(versions)}")
-    errs = SchemaErrors()
-    check(res.spec, schema, "spec", errs)
-    for path, message in errs.errors:
-        rep.error(path, message)
-    return rep, not errs.errors
-
-
 # Istio's allowedTargetRefs (validatePolicyTargetReference), as Istio prints them.
 ALLOWED_TARGET_REFS = (("core", "v1", "Service"), ("networking.istio.io", "v1", "ServiceEntry"),
                        ("gateway.networking.k8s.io", "v1", "Gateway"),
@@ -109,7 +98,8 @@ def _header_name(rep: Report, path: str, name) -> None:
 
 @validator("RequestAuthentication")
 def validate_request_authentication(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep, ok = _shape(res, SECURITY_VERSIONS, REQUEST_AUTHENTICATION)
+    rep, errs = schema_report(res, SECURITY_VERSIONS, REQUEST_AUTHENTICATION)
+    ok = not errs.errors
     if ok:
         rep.workload_selector("spec.selector.matchLabels", (res.spec.get("selector") or {}).get("matchLabels"))
         _target_refs(rep, res.spec)
@@ -178,7 +168,8 @@ def _module_file(url: str) -> str | None:
 
 @validator("WasmPlugin")
 def validate_wasm_plugin(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep, ok = _shape(res, EXTENSIONS_VERSIONS, WASM_PLUGIN)
+    rep, errs = schema_report(res, EXTENSIONS_VERSIONS, WASM_PLUGIN)
+    ok = not errs.errors
     if ok:
         _wasm_plugin(rep, res)
     yield from rep.out

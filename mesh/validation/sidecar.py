@@ -8,8 +8,8 @@ from typing import Iterator
 from mesh.diagnostics import Diagnostic
 from mesh.resources import MeshConfig, Resource
 from mesh.validation import validator
-from mesh.validation.report import Report
-from mesh.validation.schema import Enum, Map, Obj, SchemaErrors, check
+from mesh.validation.report import Report, schema_report
+from mesh.validation.schema import Enum, Map, Obj
 
 VERSIONS = ("networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3")
 PORT = Obj({"number": "uint32", "protocol": "string", "name": "string", "targetPort": "uint32"})
@@ -27,13 +27,7 @@ SIDECAR = Obj({
 
 @validator("Sidecar")
 def validate_sidecar(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
-    rep = Report(res)
-    if res.api_version not in VERSIONS:
-        rep.error("apiVersion", f"Sidecar is not served at {res.api_version!r}; expected one of {', '.join(VERSIONS)}")
-    errs = SchemaErrors()
-    check(res.spec, SIDECAR, "spec", errs)
-    for path, message in errs.errors:
-        rep.error(path, message)
+    rep, errs = schema_report(res, VERSIONS, SIDECAR)
     if not errs.errors:
         _semantic(rep, res.spec)
     yield from rep.out

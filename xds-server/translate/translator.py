@@ -68,9 +68,9 @@ class Translator:
             span.set_attribute("xds.node.kind", node.kind)
             state, config_hit = self._translation(config)
             clusters, assignments = self.clusters(state, node)
-            routes, plan, routes_hit = self.routes(state, node)
+            routes, plan, key, routes_hit = self.routes(state, node)
             snapshot: Snapshot = {
-                LISTENER: dict(self.listeners(state, node, plan)), ROUTE: dict(routes),
+                LISTENER: dict(self.listeners(state, node, plan, key)), ROUTE: dict(routes),
                 CLUSTER: dict(clusters), ENDPOINT: dict(assignments),
             }
             if node.kind == "sidecar":
@@ -98,8 +98,9 @@ class Translator:
         return found
 
     # -- RDS -------------------------------------------------------------------
-    def routes(self, state: ConfigTranslation, node: ProxyNode) -> tuple[dict, list, bool]:
-        """(route configurations by name, the listener plan, whether cached)."""
+    def routes(self, state: ConfigTranslation, node: ProxyNode) -> tuple[dict, list, tuple, bool]:
+        """(route configurations by name, the listener plan, the node's routing
+        key -- which listeners are cached by too --, whether cached)."""
         with state.lock:
             idx, _ = state.view(node.namespace)
             key = routing_key(idx, node)
@@ -109,16 +110,14 @@ class Translator:
                 with telemetry.tracer().start_as_current_span("xds.translate.routes"):
                     routes, plan = _route_plan(idx, node, state)
                     found = state.routes[key] = (endpoint_picker.with_picker(idx, node, routes), plan)
-        return found[0], found[1], hit
+        return found[0], found[1], key, hit
 
     # -- LDS -------------------------------------------------------------------
-    def listeners(self, state: ConfigTranslation, node: ProxyNode, plan: list) -> dict:
+    def listeners(self, state: ConfigTranslation, node: ProxyNode, plan: list, key: tuple) -> dict:
         """Listeners by name: bound ones for gateways and sidecars (their HCMs
         carrying the filter chain of http_filters.py), API listeners for
         proxyless gRPC."""
         grpc = node.kind == "grpc"
-        with state.lock:
-            key = routing_key(state.view(node.namespace)[0], node)
         if grpc:
             filters = {}
             cache_key = (key, None, None)

@@ -23,8 +23,11 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 
-# gRPC health services the EPP answers (grpc.health.v1).
-HEALTH_SERVICES = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+# gRPC health services the EPP answers (grpc.health.v1): liveness while the
+# process runs; the others only once it has a pool to pick from.
+LIVENESS = "liveness"
+READINESS_SERVICES = ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+HEALTH_SERVICES = (LIVENESS, *READINESS_SERVICES)
 
 # The InferenceObjective a request names (GIE's header), read by the picker.
 OBJECTIVE_HEADER = "x-gateway-inference-objective"

@@ -92,9 +92,9 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
 
     async def set_health():
         serving = health_pb2.HealthCheckResponse.SERVING
-        await health_servicer.set("liveness", serving)
+        await health_servicer.set(epp.LIVENESS, serving)
         synced = serving if source.view is not None else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        for name in ("", *epp.READINESS_SERVICES):          # "": the server as a whole
             await health_servicer.set(name, synced)
 
     app = web.Application()
@@ -124,5 +124,3 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
         await server.stop(0.5)
         await runner.cleanup()
 
-
-assert epp.HEALTH_SERVICES == ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
+from mesh.resources import MeshConfig
 from xds_server.ca import DEFAULT_WORKLOAD_TTL, IssuedCert, MeshCA, describe  # noqa: F401 (re-exported)
 from xds_server.cache import PreparedSnapshot, Selection, prepare
 from xds_server.node import ProxyNode
@@ -89,7 +90,7 @@ def secret_data(res) -> dict[str, bytes]:
 def credential_secrets(config, namespace: str) -> dict[str, secret_pb2.Secret]:
     """`kubernetes://NAME` (and `-cacert`) for each kubernetes.io/tls Secret of `namespace`."""
     out = {}
-    if not hasattr(config, "of_kind"):
+    if not isinstance(config, MeshConfig):
         return out      # no config yet, or a test's opaque config for its own translate function
     for res in config.of_kind("Secret"):
         if res.namespace != namespace or res.spec.get("type") != TLS_SECRET_TYPE:

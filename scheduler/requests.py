@@ -15,12 +15,13 @@ MAX_BODY_PARSED = 4 << 20      # a larger body is routed without prefix affinity
 
 def prompt_and_model(body: bytes) -> tuple[str, str | None]:
     """The prompt text (completions `prompt`, or chat `messages` joined in order)
-    and the `model` field; ("", None) for anything else."""
+    and the `model` field; ("", None) for anything else. Never raises: a body
+    the picker cannot read is routed without prefix affinity, not refused."""
     if not body or len(body) > MAX_BODY_PARSED:
         return "", None
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):     # not JSON, or nested past the parser's depth
         return "", None
     if not isinstance(doc, dict):
         return "", None
@@ -35,7 +36,7 @@ def prompt_and_model(body: bytes) -> tuple[str, str | None]:
         if isinstance(m, dict):
             content = m.get("content")
             if isinstance(content, list):       # content parts
-                content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
+                content = "".join(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
             parts.append(f"{m.get('role', '')}:{content if isinstance(content, str) else ''}\n")
     return "".join(parts), model
 

@@ -111,6 +111,14 @@ def test_prompt_and_model_from_completions_and_chat_bodies():
     assert prompt_and_model(b"[1,2]") == ("", None)
 
 
+def test_a_hostile_body_is_routed_without_affinity_never_an_error():
+    assert prompt_and_model(b"[" * 200_000 + b"]" * 200_000) == ("", None)      # past the parser's depth
+    assert prompt_and_model(b"\xff\xfe not utf-8") == ("", None)
+    odd = {"model": 5, "messages": [{"role": "user", "content": [1, {"text": 2}, {"text": "ok"}]}, "x", None]}
+    assert prompt_and_model(json.dumps(odd).encode()) == ("user:ok\n", None)
+    assert prompt_and_model(json.dumps({"prompt": [1, "a", None, "b"]}).encode()) == ("ab", None)
+
+
 def test_objectives_classes_and_sessions_become_the_request():
     objectives = {"batch-jobs": -1, "premium": 10}
     r, model = build_request({}, json.dumps({"model": "batch-jobs", "prompt": "p"}).encode(), objectives, None)

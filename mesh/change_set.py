@@ -82,15 +82,20 @@ def partition(resources: Iterable[Resource], strict: bool = False) -> tuple[list
     return kept, notes
 
 
-def expand(config: MeshConfig) -> tuple[MeshConfig, list[Diagnostic]]:
-    """`config` plus what its Kubernetes objects and Gateway API resources
-    stand for in Istio's terms (ServiceEntries, WorkloadEntries, Gateways,
-    VirtualServices: mesh.kube, mesh.gateway_api), and the conversion's notes."""
+def synthesized(config: MeshConfig) -> tuple[list[Resource], list[Diagnostic]]:
+    """What the Kubernetes objects and Gateway API resources of `config` stand
+    for in Istio's terms (ServiceEntries, WorkloadEntries, Gateways,
+    VirtualServices: mesh.kube, mesh.gateway_api), and the conversion's notes.
+    The conversion trusts its input: give it validated resources only."""
     registry = kube.registry_resources(config)
     routes, notes = gateway_api.gateway_api_resources(MeshConfig([*config.resources, *registry]))
-    if not registry and not routes:
-        return config, notes
-    return MeshConfig([*config.resources, *registry, *routes]), notes
+    return [*registry, *routes], notes
+
+
+def expand(config: MeshConfig) -> tuple[MeshConfig, list[Diagnostic]]:
+    """`config` (validated) plus what it stands for in Istio's terms (synthesized)."""
+    extra, notes = synthesized(config)
+    return (MeshConfig([*config.resources, *extra]) if extra else config), notes
 
 
 def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" = None,

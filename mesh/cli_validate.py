@@ -25,7 +25,7 @@ from mesh import validation
 from mesh.resources import MeshConfig
 from mesh.parse import MAX_FILE_BYTES, parse_documents, read_config_file
 from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.change_set import expand, expand_paths, ordered, partition
+from mesh.change_set import expand_paths, ordered, partition, synthesized
 from mesh.resources import Resource
 from mesh.validation.networking_schema import SPECS
 from mesh.validation.schema import SchemaErrors, check
@@ -83,10 +83,13 @@ def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Dia
         # istioctl analyze reports a resource's schema errors and its references
         # both: the analyzers read every resource whose values have the types
         # they expect (a string where a list belongs would only add noise).
-        readable = MeshConfig([r for r in kept if _readable(r)])
-        expanded, notes = expand(readable)     # Kubernetes objects and Gateway API, as the control plane reads them
+        readable = [r for r in kept if _readable(r)]
+        # Kubernetes objects and Gateway API as the control plane reads them; the
+        # conversion takes only resources that passed validation, as it does there.
+        broken = {d.resource for d in diags if d.severity == "error"}
+        extra, notes = synthesized(MeshConfig([r for r in readable if r.ref not in broken]))
         found.extend(notes)
-        found.extend(analyzers.analyze(expanded))
+        found.extend(analyzers.analyze(MeshConfig([*readable, *extra])))
     return ordered(found), len(kept)
 
 

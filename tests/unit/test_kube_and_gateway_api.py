@@ -242,3 +242,36 @@ spec:
         ("AuthorizationPolicy/bookinfo/reviews", "IST0101", "spec.rules[0].from[0].source.namespaces[1]")}
     # Without any workload or Namespace object there is nothing to judge by: no finding.
     assert not [w for w in load_texts({"ap.yaml": ap}).warnings if w.code in ("IST0127", "IST0101")]
+
+
+def test_analyze_reports_invalid_gateway_api_and_services_without_crashing(tmp_path):
+    """`mcpctl analyze` converts only what passed validation (as the control plane
+    does): a listener without a port is an error naming its field, not a traceback."""
+    from mesh.cli_validate import run
+    (tmp_path / "g.yaml").write_text("""apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: a}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: web, protocol: HTTP}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r, namespace: a}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - backendRefs: [{name: s}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: a}
+spec:
+  ports: [{name: http}]
+""")
+    diags, checked = run([str(tmp_path)], analyze=True)
+    errors = {(d.resource, d.field) for d in diags if d.severity == "error"}
+    assert ("Gateway/a/gw", "spec.listeners[0].port") in errors
+    assert ("HTTPRoute/a/r", "spec.rules[0].backendRefs[0].port") in errors
+    assert ("Service/a/s", "spec.ports[0].port") in errors and checked == 3

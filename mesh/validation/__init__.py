@@ -49,7 +49,12 @@ def validate_resource(res: Resource, config: MeshConfig) -> list[Diagnostic]:
         return [res.diagnostic("kind", f"unknown kind {res.kind!r} ({res.api_version})")]
     out: list[Diagnostic] = []
     for fn in fns:
-        out.extend(fn(res, config))
+        try:
+            out.extend(fn(res, config))
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            # A shape no validator foresaw must reject the resource, never take the
+            # control plane (or `mcpctl validate`) down with a traceback.
+            out.append(res.diagnostic("spec", f"cannot validate this {res.kind}: {type(e).__name__}: {e}"))
     return out
 
 

@@ -94,12 +94,37 @@ def validate_service(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
     yield from rep.out
 
 
-def _pod_spec(rep: Report, path: str, spec: dict) -> None:
-    for i, c in enumerate((spec or {}).get("containers") or []):
-        for j, p in enumerate((c or {}).get("ports") or []):
-            if isinstance(p, dict):
-                _port_number(rep, f"{path}.containers[{i}].ports[{j}].containerPort", p.get("containerPort"),
-                             "containerPort")
+def _mapping(rep: Report, path: str, value) -> dict:
+    """`value` when it is a mapping (or absent: {}); else an error naming the field."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        rep.error(path, f"must be a mapping, got {type(value).__name__}")
+        return {}
+    return value
+
+
+def _mappings(rep: Report, path: str, value) -> list[tuple[str, dict]]:
+    """(path, item) for each item of a list of mappings; an error for anything else."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        rep.error(path, f"must be a list, got {type(value).__name__}")
+        return []
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, dict):
+            out.append((f"{path}[{i}]", item))
+        else:
+            rep.error(f"{path}[{i}]", f"must be a mapping, got {type(item).__name__}")
+    return out
+
+
+def _pod_spec(rep: Report, path: str, spec) -> None:
+    spec = _mapping(rep, path, spec)
+    for cp, c in _mappings(rep, f"{path}.containers", spec.get("containers")):
+        for pp, p in _mappings(rep, f"{cp}.ports", c.get("ports")):
+            _port_number(rep, f"{pp}.containerPort", p.get("containerPort"), "containerPort")
 
 
 @validator("Pod")
@@ -117,15 +142,17 @@ def validate_pod(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
 def _validate_workload(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
     rep = _common(res)
     if rep.typed:
-        template = res.spec.get("template") or {}
-        meta = template.get("metadata") or {}
-        rep.labels("spec.template.metadata.labels", meta.get("labels"))
-        selector = ((res.spec.get("selector") or {}).get("matchLabels")) or {}
-        labels = meta.get("labels") or {}
+        template = _mapping(rep, "spec.template", res.spec.get("template"))
+        meta = _mapping(rep, "spec.template.metadata", template.get("metadata"))
+        labels = _mapping(rep, "spec.template.metadata.labels", meta.get("labels"))
+        rep.labels("spec.template.metadata.labels", labels)
+        selector = _mapping(rep, "spec.selector.matchLabels",
+                            _mapping(rep, "spec.selector", res.spec.get("selector")).get("matchLabels"))
         if selector and not all(labels.get(k) == v for k, v in selector.items()):
             rep.error("spec.template.metadata.labels", "`selector` does not match template `labels`")
-        _pod_spec(rep, "spec.template.spec", template.get("spec") or {})
-        _addresses(rep, "spec.template.metadata.annotations", meta.get("annotations"))
+        _pod_spec(rep, "spec.template.spec", template.get("spec"))
+        _addresses(rep, "spec.template.metadata.annotations",
+                   _mapping(rep, "spec.template.metadata.annotations", meta.get("annotations")))
         _addresses(rep, "metadata.annotations", res.annotations)
     yield from rep.out
 
@@ -140,13 +167,18 @@ def validate_endpoint_slice(res: Resource, config: MeshConfig) -> Iterator[Diagn
     if rep.typed:
         if res.spec.get("addressType") not in ("IPv4", "IPv6", "FQDN"):
             rep.error("spec.addressType", "addressType must be IPv4, IPv6 or FQDN")
-        for i, ep in enumerate(res.spec.get("endpoints") or []):
-            for j, a in enumerate((ep or {}).get("addresses") or []):
+        for ep_path, ep in _mappings(rep, "spec.endpoints", res.spec.get("endpoints")):
+            _mapping(rep, f"{ep_path}.conditions", ep.get("conditions"))
+            addresses = ep.get("addresses") or []
+            if not isinstance(addresses, list):
+                rep.error(f"{ep_path}.addresses", f"must be a list, got {type(addresses).__name__}")
+                continue
+            for j, a in enumerate(addresses):
                 if res.spec.get("addressType") in ("IPv4", "IPv6") and not hosts.is_ip(str(a)):
-                    rep.error(f"spec.endpoints[{i}].addresses[{j}]", f"{a!r} is not an IP address")
-        for i, p in enumerate(res.spec.get("ports") or []):
-            if isinstance(p, dict) and p.get("port") is not None:
-                _port_number(rep, f"spec.ports[{i}].port", p.get("port"))
+                    rep.error(f"{ep_path}.addresses[{j}]", f"{a!r} is not an IP address")
+        for pp, p in _mappings(rep, "spec.ports", res.spec.get("ports")):
+            if p.get("port") is not None:
+                _port_number(rep, f"{pp}.port", p.get("port"))
         if "kubernetes.io/service-name" not in res.labels:
             rep.warn("metadata.labels", "no kubernetes.io/service-name label: this slice belongs to no Service")
     yield from rep.out
@@ -156,10 +188,13 @@ def validate_endpoint_slice(res: Resource, config: MeshConfig) -> Iterator[Diagn
 def validate_endpoints(res: Resource, config: MeshConfig) -> Iterator[Diagnostic]:
     rep = _common(res)
     if rep.typed:
-        for i, subset in enumerate(res.spec.get("subsets") or []):
-            for j, a in enumerate((subset or {}).get("addresses") or []):
-                if not hosts.is_ip(str((a or {}).get("ip"))):
-                    rep.error(f"spec.subsets[{i}].addresses[{j}].ip", f"{(a or {}).get('ip')!r} is not an IP address")
+        for sp, subset in _mappings(rep, "spec.subsets", res.spec.get("subsets")):
+            for ap, a in _mappings(rep, f"{sp}.addresses", subset.get("addresses")):
+                if not hosts.is_ip(str(a.get("ip"))):
+                    rep.error(f"{ap}.ip", f"{a.get('ip')!r} is not an IP address")
+            for pp, p in _mappings(rep, f"{sp}.ports", subset.get("ports")):
+                if p.get("port") is not None:
+                    _port_number(rep, f"{pp}.port", p.get("port"))
     yield from rep.out
 
 

@@ -275,3 +275,32 @@ spec:
     assert ("Gateway/a/gw", "spec.listeners[0].port") in errors
     assert ("HTTPRoute/a/r", "spec.rules[0].backendRefs[0].port") in errors
     assert ("Service/a/s", "spec.ports[0].port") in errors and checked == 3
+
+
+@pytest.mark.parametrize("text, field", [
+    ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {template: [1]}\n", "spec.template"),
+    ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {template: {metadata: x}}\n",
+     "spec.template.metadata"),
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: x}\n", "spec.containers"),
+    ("apiVersion: v1\nkind: Endpoints\nmetadata: {name: e}\nsubsets: [x]\n", "spec.subsets[0]"),
+    ("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: e}\naddressType: IPv4\n"
+     "endpoints: [{addresses: [10.0.0.1], conditions: yes}]\n", "spec.endpoints[0].conditions"),
+])
+def test_wrong_types_in_kubernetes_objects_are_errors_naming_the_field(text, field):
+    with pytest.raises(ConfigError) as e:
+        load_texts({"k.yaml": text})
+    assert field in {d.field for d in e.value.diagnostics}, e.value.diagnostics
+
+
+def test_a_validator_that_trips_rejects_the_resource_instead_of_raising(monkeypatch):
+    from mesh import validation
+    validation._load_validators()
+
+    def broken(res, config):
+        yield from ()
+        raise AttributeError("'str' object has no attribute 'get'")
+    monkeypatch.setitem(validation.VALIDATORS, "Namespace", [broken])
+    with pytest.raises(ConfigError) as e:
+        load_texts({"ns.yaml": "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n"})
+    [d] = e.value.diagnostics
+    assert d.resource == "Namespace/default/shop" and "cannot validate this Namespace: AttributeError" in d.message

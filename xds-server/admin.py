@@ -10,7 +10,8 @@
 /debug/certs                  the mesh CA's root and each node's certificate (no keys)
 /metrics                      Prometheus text (OpenTelemetry metrics)
                               (every view: session keys and Wasm env values redacted)
-/scheduler, POST|DELETE /scheduler/class-remap   the decision loop's remaps (scheduler_actions.py)
+/scheduler, POST|DELETE /scheduler/class-remap, GET|POST|DELETE /scheduler/endpoint-weight
+                              the decision loop's remaps and endpoint weights (scheduler_actions.py)
 POST /debug/inject            test hook only (serve --test-hooks): raw resources over every snapshot
 """
 from __future__ import annotations

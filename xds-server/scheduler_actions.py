@@ -7,7 +7,13 @@ over its admin port, loopback only:
                                  one remap per `from` (a new one replaces it); answers the
                                  remaps now served and when the snapshots were rebuilt
   DELETE /scheduler/class-remap?from=CLASS
-  GET    /scheduler              the remaps in force
+  POST   /scheduler/endpoint-weight  {"cluster": NAME, "weights": {"ADDRESS:PORT": 1..128}, "expires_at": UNIX_S}
+                                 the load_balancing_weight of those endpoints in the cluster's EDS
+                                 assignment (endpoint_weights.py); 404 for a cluster or endpoint
+                                 the served config does not have; nothing applied on any error
+  DELETE /scheduler/endpoint-weight?cluster=NAME[&endpoint=ADDRESS:PORT]
+  GET    /scheduler/endpoint-weight  the weights in force
+  GET    /scheduler              the remaps and weights in force
 
 A remap is folded into the header-contract plugin's configuration
 (translate/wasm_plugins.py -> mesh.header_contract `qos.remap`), so it travels
@@ -28,6 +34,7 @@ from aiohttp import web
 
 from mesh import qos as Q
 from mesh.header_contract import MAX_CLASS_REMAPS, ClassRemap
+from xds_server.endpoint_weights import WEIGHTS, parse_endpoint, parse_weights
 
 MAX_HOLD_S = 3600.0      # a remap longer than an hour is a mistake, not a decision
 
@@ -94,9 +101,34 @@ def _loopback(request: web.Request) -> bool:
         return False
 
 
+def served_endpoints(server, cluster: str) -> set[str] | None:
+    """The endpoints (endpoint_key) of `cluster`'s EDS assignment in the config being served,
+    None when it has no such EDS cluster. Off the loop: may translate the clusters once."""
+    from xds_server.endpoint_weights import endpoint_key
+    from xds_server.translate.clusters import ClusterOptions, build_clusters
+    from xds_server.translate.index import build_index
+    config = server.cache.config
+    if config is None:
+        return None
+    found = {}
+    state = server.translator.cached(config)
+    if state is not None:
+        with state.lock:
+            for _, assignments in state.clusters.values():
+                found.update(assignments)
+    if cluster not in found and not found:    # nothing translated yet (no proxy connected)
+        found = build_clusters(build_index(config), ClusterOptions())[1]
+    cla = found.get(cluster)
+    if cla is None:
+        return None
+    return {endpoint_key(lb.endpoint.address.socket_address.address, lb.endpoint.address.socket_address.port_value)
+            for loc in cla.endpoints for lb in loc.lb_endpoints if lb.endpoint.address.socket_address.address}
+
+
 async def republish(server) -> str:
-    """Re-translate the config being served (the remaps changed, the config did not)
-    and push what changed: only the header-contract ECDS resource differs."""
+    """Re-translate the config being served (the remaps or weights changed, the config did
+    not) and push what changed: only the header-contract ECDS resource, or the weighted
+    clusters' EDS assignments, differ."""
     async with server._apply_lock:
         config = server.cache.config
         if config is None:
@@ -130,8 +162,23 @@ def routes(server) -> list:
                 loop.create_task(republish(server))
         timers[remap.from_class] = loop.call_later(max(0.0, remap.expires_at - time.time()) + 0.01, fire)
 
+    weight_timers: dict[float, asyncio.TimerHandle] = {}
+
+    def expire_weights_later(expires_at: float) -> None:
+        # One timer per expiry instant; one that finds nothing expired (replaced meanwhile) pushes nothing.
+        if expires_at in weight_timers:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire():
+            weight_timers.pop(expires_at, None)
+            if WEIGHTS.drop_expired():
+                loop.create_task(republish(server))
+        weight_timers[expires_at] = loop.call_later(max(0.0, expires_at - time.time()) + 0.01, fire)
+
     def state(now: float, **extra) -> web.Response:
-        body = {"class_remaps": [_remap_json(r, now) for r in REMAPS.active(now)], **extra}
+        body = {"class_remaps": [_remap_json(r, now) for r in REMAPS.active(now)],
+                "endpoint_weights": [w.as_json(now) for w in WEIGHTS.active(now)], **extra}
         return web.json_response(body)
 
     async def get_state(request):
@@ -163,5 +210,52 @@ def routes(server) -> list:
         generation = await republish(server) if REMAPS.remove(frm) else ""
         return state(time.time(), generation=generation)
 
+    async def post_weights(request):
+        if not _loopback(request):
+            return web.json_response({"error": "loopback only"}, status=403)
+        now = time.time()
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": "body: expected JSON"}, status=400)
+        try:
+            weights = parse_weights(body, now)
+        except ValueError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        cluster = weights[0].cluster
+        known = await asyncio.to_thread(served_endpoints, server, cluster)
+        if known is None:
+            return web.json_response({"error": f"cluster: no EDS cluster {cluster!r} in the served config"},
+                                     status=404)
+        missing = [w.endpoint for w in weights if w.endpoint not in known]
+        if missing:
+            return web.json_response({"error": f"weights[{missing[0]!r}]: not an endpoint of {cluster!r} "
+                                               f"(it has {', '.join(sorted(known)) or 'none'})"}, status=404)
+        try:
+            WEIGHTS.put(weights)
+        except ValueError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        started = time.perf_counter()
+        generation = await republish(server)
+        expire_weights_later(weights[0].expires_at)
+        return state(now, generation=generation, republish_ms=round((time.perf_counter() - started) * 1e3, 3))
+
+    async def delete_weights(request):
+        if not _loopback(request):
+            return web.json_response({"error": "loopback only"}, status=403)
+        cluster, endpoint = request.query.get("cluster", ""), request.query.get("endpoint")
+        if not cluster:
+            return web.json_response({"error": "cluster: required (?cluster=NAME[&endpoint=ADDRESS:PORT])"},
+                                     status=400)
+        try:
+            endpoint = parse_endpoint(endpoint) if endpoint is not None else None
+        except ValueError as e:
+            return web.json_response({"error": f"endpoint: {e}"}, status=400)
+        removed = WEIGHTS.remove(cluster, endpoint)
+        generation = await republish(server) if removed else ""
+        return state(time.time(), generation=generation, removed=removed)
+
     return [web.get("/scheduler", get_state), web.post("/scheduler/class-remap", post_remap),
-            web.delete("/scheduler/class-remap", delete_remap)]
+            web.delete("/scheduler/class-remap", delete_remap),
+            web.get("/scheduler/endpoint-weight", get_state), web.post("/scheduler/endpoint-weight", post_weights),
+            web.delete("/scheduler/endpoint-weight", delete_weights)]

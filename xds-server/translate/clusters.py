@@ -170,6 +170,36 @@ def load_assignment(name: str, service: Service, port: ServicePort,
     return cla
 
 
+def with_endpoint_weights(assignments: dict, weights: dict[str, dict[str, int]]) -> dict:
+    """`assignments` with the decision loop's endpoint weights ({cluster: {ADDRESS:PORT: weight}},
+    xds_server.endpoint_weights) laid over copies of the assignments they name; every other
+    assignment is the same message object (those given are shared: never changed here), so
+    only the weighted clusters' EDS versions move. A cluster or endpoint that is not (or no
+    longer) in `assignments` is passed over. Locality weights follow, as load_assignment sums them."""
+    if not weights:
+        return assignments
+    from xds_server.endpoint_weights import endpoint_key
+    out = None
+    for name, by_endpoint in weights.items():
+        cla = assignments.get(name)
+        if cla is None:
+            continue
+        copy = endpoint_pb2.ClusterLoadAssignment()
+        copy.CopyFrom(cla)
+        hit = False
+        for loc in copy.endpoints:
+            for lb in loc.lb_endpoints:
+                sa = lb.endpoint.address.socket_address
+                w = by_endpoint.get(endpoint_key(sa.address, sa.port_value)) if sa.address else None
+                if w:
+                    lb.load_balancing_weight.value, hit = w, True
+            loc.load_balancing_weight.value = sum(e.load_balancing_weight.value or 1 for e in loc.lb_endpoints)
+        if hit:
+            out = dict(assignments) if out is None else out
+            out[name] = copy
+    return assignments if out is None else out
+
+
 def _lb_policy(cluster: Cluster, lb: dict, opts: ClusterOptions) -> bool:
     """Sets the lb policy; True when PASSTHROUGH (original destination) was asked."""
     simple = str(lb.get("simple") or "").upper()

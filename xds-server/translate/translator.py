@@ -21,7 +21,7 @@ from xds_server import telemetry
 from xds_server.node import ProxyNode
 from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
 from xds_server.translate import endpoint_picker, http_filters, inference_pool
-from xds_server.translate.clusters import ClusterOptions, build_clusters
+from xds_server.translate.clusters import ClusterOptions, build_clusters, with_endpoint_weights
 from xds_server.translate.config_cache import ConfigTranslation
 from xds_server.translate.inbound import inbound
 from xds_server.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex
@@ -68,6 +68,8 @@ class Translator:
             span.set_attribute("xds.node.kind", node.kind)
             state, config_hit = self._translation(config)
             clusters, assignments = self.clusters(state, node)
+            from xds_server.endpoint_weights import WEIGHTS      # the decision loop's, with expiry
+            assignments = with_endpoint_weights(assignments, WEIGHTS.by_cluster())
             routes, plan, key, routes_hit = self.routes(state, node)
             snapshot: Snapshot = {
                 LISTENER: dict(self.listeners(state, node, plan, key)), ROUTE: dict(routes),

@@ -3,11 +3,14 @@
   remap-class     the control plane's admin API (POST /scheduler/class-remap, loopback),
                   which pushes the header-contract filter's configuration over ECDS
   upgrade-flow    kept here as marked flows (status, /flows) for the Endpoint Picker's path
+  endpoint-weight the control plane's admin API (POST /scheduler/endpoint-weight, loopback),
+                  which pushes the cluster's EDS assignment with that load_balancing_weight;
+                  the cluster is the action's `value`, else the pool's (pool_cluster)
   batcher-policy  the replica's admin API (POST /admin/policy), timed
-  class-weight, endpoint-weight   recorded, not carried yet (no mesh carrier: see the README)
+  class-weight    recorded, not carried (a class's weight is the header contract's, not an endpoint's)
 
-A remap is posted when it is new, changes, or has less than half its hold left: a
-policy that says the same thing every period does not push ECDS every period.
+A remap or weight is posted when it is new, changes, or has less than half its hold left: a
+policy that says the same thing every period does not push ECDS or EDS every period.
 """
 from __future__ import annotations
 
@@ -17,18 +20,30 @@ import time
 
 import aiohttp
 
+from mesh import gateway_api
 from scheduler.decisions import Action
+
+DEFAULT_HOLD_S = 60.0      # a remap or weight whose action names no hold
+
+
+def pool_cluster(pool_ref: str) -> str:
+    """The Envoy cluster of an InferencePool NAMESPACE/NAME: its shadow service's, as the
+    control plane names clusters (outbound|PORT||HOST, xds-server/translate/names.py)."""
+    namespace, _, name = pool_ref.partition("/")
+    return f"outbound|{gateway_api.POOL_SERVICE_PORT}||{gateway_api.pool_host(name, namespace)}"
 
 
 class ActionApplier:
     def __init__(self, control_plane_admin: str, replica_admin: dict[str, str] | None = None,
-                 timeout_s: float = 2.0, marks_path: str | None = None):
+                 timeout_s: float = 2.0, marks_path: str | None = None, weight_cluster: str | None = None):
         self.marks_path = marks_path                        # the flow marks file the Endpoint Picker reads
         self.control_plane = control_plane_admin           # host:port of xds-server's admin
         self.replica_admin = dict(replica_admin or {})      # endpoint -> host:port of its admin API
         self.timeout_s = timeout_s
         self.remaps: dict[str, dict] = {}                   # from -> {"to", "expires_at"} as the control plane took it
         self.flows: dict[str, dict] = {}                    # flow -> {"class", "reserved_threads", "expires_at"}
+        self.weight_cluster = weight_cluster                # the cluster an endpoint-weight names by default
+        self.weights: dict[tuple, dict] = {}                # (cluster, endpoint) -> {"weight", "expires_at"}
         self._session: aiohttp.ClientSession | None = None
 
     async def _post(self, url: str, body: dict) -> tuple[int, dict, float]:
@@ -70,12 +85,14 @@ class ActionApplier:
                 return {**out, "applied": True, "expires_at": now + flow_hold_s}
             if a.kind == "batcher-policy":
                 return {**out, **await self._batcher(a)}
+            if a.kind == "endpoint-weight":
+                return {**out, **await self._weight(a, now)}
             return {**out, "note": "recorded; no mesh carrier for this kind yet"}
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return {**out, "error": f"{type(e).__name__}: {e}"}
 
     async def _remap(self, a: Action, now: float) -> dict:
-        hold = a.hold_s or 60.0
+        hold = a.hold_s or DEFAULT_HOLD_S
         have = self.remaps.get(a.subject)
         if have and have["to"] == a.value and have["expires_at"] - now > hold / 2:
             return {"applied": True, "unchanged": True, "expires_at": have["expires_at"]}
@@ -87,6 +104,30 @@ class ActionApplier:
         self.remaps[a.subject] = {"to": a.value, "expires_at": expires_at}
         return {"applied": True, "expires_at": expires_at, "ms": round(ms, 3),
                 "generation": doc.get("generation"), "republish_ms": doc.get("republish_ms")}
+
+    async def _weight(self, a: Action, now: float) -> dict:
+        cluster = a.value or self.weight_cluster
+        if not cluster:
+            return {"error": "endpoint-weight: no cluster (the action's value, or the loop's pool)"}
+        weight = round(a.weight)        # Envoy's weights are integers; the control plane checks the range
+        hold = a.hold_s or DEFAULT_HOLD_S
+        have = self.weights.get((cluster, a.subject))
+        if have and have["weight"] == weight and have["expires_at"] - now > hold / 2:
+            return {"applied": True, "unchanged": True, "expires_at": have["expires_at"]}
+        expires_at = now + hold
+        status, doc, ms = await self._post(f"http://{self.control_plane}/scheduler/endpoint-weight",
+                                           {"cluster": cluster, "weights": {a.subject: weight},
+                                            "expires_at": expires_at})
+        if status != 200:
+            return {"error": f"control plane answered {status}: {doc.get('error', doc)}", "ms": ms}
+        self.weights[(cluster, a.subject)] = {"weight": weight, "expires_at": expires_at}
+        return {"applied": True, "expires_at": expires_at, "ms": round(ms, 3), "cluster": cluster,
+                "generation": doc.get("generation"), "republish_ms": doc.get("republish_ms")}
+
+    def in_force_weights(self, now: float) -> list[dict]:
+        """The endpoint weights the control plane took, with their expiry (status)."""
+        return [{"cluster": c, "endpoint": e, **v, "expires_in_s": round(v["expires_at"] - now, 3)}
+                for (c, e), v in sorted(self.weights.items())]
 
     async def _batcher(self, a: Action) -> dict:
         admin = self.replica_admin.get(a.subject)
@@ -103,7 +144,7 @@ class ActionApplier:
 
     def expire(self, now: float) -> None:
         self._had_flows = bool(self.flows)
-        for table in (self.remaps, self.flows):
+        for table in (self.remaps, self.flows, self.weights):
             for k in [k for k, v in table.items() if v["expires_at"] <= now]:
                 del table[k]
 

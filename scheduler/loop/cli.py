@@ -118,6 +118,9 @@ def _status(args) -> int:
         print(f"in force: class {rm['from']} -> {rm['to']}, expires in {rm['expires_in_s']:.1f} s")
     for fl in doc["in_force"]["flows"]:
         print(f"in force: flow {fl['flow']} -> {fl['class']}, expires in {fl['expires_in_s']:.1f} s")
+    for w in doc["in_force"].get("endpoint_weights", []):
+        print(f"in force: endpoint {w['endpoint']} weight {w['weight']} in {w['cluster']}, "
+              f"expires in {w['expires_in_s']:.1f} s")
     latest = doc.get("latest") or {}
     for rep in (latest.get("inputs") or {}).get("replicas", []):
         print(f"  replica {rep['endpoint']}: memory {rep['memory_fraction']:.1%} ({rep['memory_source']}), "

@@ -144,6 +144,7 @@ class DecisionLoop:
                                  for k, v in self.applier.remaps.items()],
                 "flows": [{"flow": k, **v, "expires_in_s": round(v["expires_at"] - now, 3)}
                           for k, v in self.applier.flows.items()],
+                "endpoint_weights": self.applier.in_force_weights(now),
                 "decided_in_cycle": self.in_force["cycle"] if self.in_force else None,
             },
             "flow_ring": self.flows_fn.stats() if callable(getattr(self.flows_fn, "stats", None)) else None,

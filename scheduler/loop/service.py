@@ -10,7 +10,7 @@ import logging
 
 from aiohttp import web
 
-from scheduler.loop.actions import ActionApplier
+from scheduler.loop.actions import ActionApplier, pool_cluster
 from scheduler.loop.loop import DecisionLoop
 from scheduler.loop.policy import load_policy
 from scheduler.pool_source import PoolSource
@@ -58,7 +58,8 @@ async def run(config_dir: str, pool_ref: str, control_plane_admin: str, period_m
         pool.refresh()          # a stat of each file: cheap enough per period
         return [e.key for e in pool.view.endpoints] if pool.view else []
 
-    loop = DecisionLoop(policy, name, endpoints, ActionApplier(control_plane_admin, replica_admin, marks_path=flow_marks),
+    loop = DecisionLoop(policy, name, endpoints, ActionApplier(control_plane_admin, replica_admin, marks_path=flow_marks,
+                                                               weight_cluster=pool_cluster(pool_ref)),
                         period_s=period_ms / 1e3, budget_s=None if budget_ms is None else budget_ms / 1e3,
                         flows_fn=flows_fn)
     loop.reader.pids.update(replica_pids or {})

@@ -4,16 +4,24 @@ assignment with those weights (SotW and Delta); the split of real requests at th
 upstreams (127.0.0.2, 127.0.0.3) moves to about 9:1 while CDS and LDS are not sent again;
 at the (short) expiry the translated weights come back and the split is even again. Bad
 input is refused with the field named, and nothing is applied."""
+import asyncio
 import json
+import re
+import sys
 import time
 import urllib.request
 
 import pytest
+from aiohttp import web
 
 from harness.ports import free_port
 from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, mesh_envoy, write_config
 from harness.xds_scenario import GATEWAY_LABELS, Client
+from scheduler.decisions import Action
+from scheduler.loop.actions import ActionApplier
+from scheduler.loop.loop import DecisionLoop
+from scheduler.loop.service import make_app
 
 pytestmark = pytest.mark.e2e
 
@@ -170,3 +178,44 @@ def test_delete_restores_at_once(mesh):
     with urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=5) as r:
         assert json.load(r)["removed"] == 1
     _wait_weights(envoy, {ha: 1, hb: 1})
+
+
+def test_the_loops_applier_carries_endpoint_weights_and_status_shows_them(mesh):
+    """scheduler/loop/actions.py: endpoint-weight actions through this control plane's API;
+    `mcpctl scheduler status` shows them with their expiry; a bad one is the API's error."""
+    cp, envoy = mesh["cp"], mesh["envoy"]
+    (ha, pa), (hb, _) = mesh["ports"].items()
+    applier = ActionApplier(f"127.0.0.1:{cp.admin_port}", weight_cluster=CLUSTER)
+    loop = DecisionLoop(None, "test", lambda: [], applier)
+    actions = [Action("endpoint-weight", f"{ha}:{pa}", weight=9, hold_s=4.0),
+               Action("endpoint-weight", "127.0.0.9:1", weight=3),
+               Action("endpoint-weight", f"{ha}:{pa}", value="outbound|80||nowhere.mesh.local", weight=2)]
+
+    async def run():
+        runner = web.AppRunner(make_app(loop), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            out = await applier.apply(actions, time.time(), flow_hold_s=1.0)
+            again = await applier.apply(actions[:1], time.time(), flow_hold_s=1.0)
+            await asyncio.to_thread(_wait_weights, envoy, {ha: 9, hb: 1})
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "mesh.cli", "scheduler", "status", "--admin",
+                f"127.0.0.1:{runner.addresses[0][1]}", stdout=asyncio.subprocess.PIPE)
+            text = (await proc.communicate())[0].decode()
+            return out, again, text
+        finally:
+            await applier.close()
+            await runner.cleanup()
+
+    out, again, text = asyncio.run(run())
+    assert out[0]["applied"] and out[0]["cluster"] == CLUSTER, out[0]
+    assert "404" in out[1]["error"] and "127.0.0.9:1" in out[1]["error"], out[1]
+    assert "404" in out[2]["error"] and "cluster" in out[2]["error"], out[2]
+    assert again[0].get("unchanged"), again          # the same weight within its hold is not posted again
+    assert re.search(rf"in force: endpoint {ha}:{pa} weight 9 in {re.escape(CLUSTER)}, expires in [1-3]\.\d s",
+                     text), text
+    _wait_weights(envoy, {ha: 1, hb: 1}, timeout=10)   # the hold runs out at the control plane
+    applier.expire(time.time())
+    assert applier.in_force_weights(time.time()) == []

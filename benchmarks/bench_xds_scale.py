@@ -1,19 +1,23 @@
-"""xDS control plane at scale: 2,000 Delta ADS clients over 20 node shapes, 1,000 services.
+"""xDS control plane at scale: 2,000 ADS clients over 20 node shapes, 1,000 services.
 
-    python -m benchmarks xds_scale
-    SCALE_CLIENTS=400 SCALE_SECONDS=20 python -m benchmarks.bench_xds_scale   # shorter
+    python -m benchmarks xds_scale                                       # 2,000 clients, SotW and Delta
+    python -m benchmarks.bench_xds_scale --quick                        # 200 clients, 10 s churn
+    SCALE_CLIENTS=500 SCALE_SECONDS=20 SCALE_MODES=delta python -m benchmarks xds_scale   # any size
 
-The clients run in SCALE_PROCS load processes (benchmarks/xds_load_clients.py,
-each client its own channel, subscribing and ACKing as Envoy does); the
-clients' node clusters fall into SCALE_SHAPES translation keys, so the
-control plane translates 20 snapshots and serves 2,000 streams from them.
-Measures, against one `mcpctl xds serve`:
-- full push: from the first load process starting until every client holds
-  CDS, EDS, LDS and RDS; the control plane's CPU seconds for it; RSS (and peak);
+The clients run in SCALE_PROCS load processes (benchmarks/xds_load_clients.py
+--report summary: SCALE_STREAMS_PER_CHANNEL streams per HTTP/2 connection,
+subscribing and ACKing as Envoy does); their node clusters fall into
+SCALE_SHAPES translation keys, so the control plane translates 20 snapshots
+and serves 2,000 streams from them. Per mode (SCALE_MODES, "sotw,delta"),
+against a fresh `mcpctl xds serve`:
+- full push: from the load processes starting until every client holds the
+  full config (CDS, LDS, every EDS and RDS name it follows, all ACKed);
+  control-plane CPU seconds for it, RSS after (and peak);
 - churn: every second for SCALE_SECONDS, 1 % of the services get new endpoint
-  ports (one change set); per change and client the time from the config
-  being installed to that client receiving EDS (p50/p99/max), and the
-  control plane's CPU per second of it.
+  ports (one change set); per change and client the time from the config being
+  installed to that client receiving EDS (p50/p99/max), and CPU per second of
+  the control plane and of the load processes (whose CPU is whose: they share
+  the machine's cores).
 Prints a table next to istiod's published figures; JSON in artifacts/bench/xds_scale.json.
 """
 from __future__ import annotations
@@ -33,7 +37,6 @@ from harness.ports import free_port
 from harness.xds import ControlPlane, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TYPES = {"CDS", "EDS", "LDS", "RDS"}
 
 # istiod, "Performance and Scalability" (istio.io docs, Istio 1.12.3-1.16.2): 1,000 services and
 # 2,000 sidecars, 70,000 mesh-wide requests per second; istiod used 1 vCPU and 1.5 GB.
@@ -45,15 +48,13 @@ def env_int(name: str, default: int) -> int:
 
 
 class Fleet:
-    """The load processes and what their clients received (per client: first time per type, EDS times)."""
+    """The load processes: their status lines while running, each client's record at stop."""
 
-    def __init__(self, address: str, clients: int, procs: int, shapes: int):
+    def __init__(self, address: str, clients: int, procs: int, shapes: int, mode: str, per_channel: int):
         self.n = clients
         self.lock = threading.Lock()
-        self.first: dict[int, dict[str, float]] = {}
-        self.eds: dict[int, list[float]] = {}
-        self.bytes = 0
-        self.errors: list[str] = []
+        self.status: dict[int, dict] = {}      # process -> its last status line
+        self.final: dict[int, dict] = {}       # process -> its final line
         self.procs = []
         per = -(-clients // procs)
         for p in range(procs):
@@ -62,46 +63,56 @@ class Fleet:
                 break
             proc = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.xds_load_clients", "--address", address,
-                 "--clients", str(count), "--offset", str(p * per), "--mode", "delta",
-                 "--prefix", "scale-gw", "--shapes", str(shapes)],
+                 "--clients", str(count), "--offset", str(p * per), "--mode", mode,
+                 "--prefix", "scale-gw", "--shapes", str(shapes), "--report", "summary",
+                 "--streams-per-channel", str(per_channel)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
             self.procs.append(proc)
-            threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+            threading.Thread(target=self._read, args=(p, proc), daemon=True).start()
 
-    def _read(self, proc) -> None:
+    def _read(self, p: int, proc) -> None:
         for line in proc.stdout:
             ev = json.loads(line)
-            if "ty" not in ev:
-                if "error" in ev:
-                    with self.lock:
-                        self.errors.append(f"client {ev['c']}: {ev['error']}")
-                continue
             with self.lock:
-                self.bytes += ev["b"]
-                self.first.setdefault(ev["c"], {}).setdefault(ev["ty"], ev["t"])
-                if ev["ty"] == "EDS":
-                    self.eds.setdefault(ev["c"], []).append(ev["t"])
+                if ev.get("final"):
+                    self.final[p] = ev
+                elif "synced" in ev:
+                    self.status[p] = ev
 
     def synced(self) -> tuple[int, float]:
-        """(clients holding all four types, when the last of them got its last)."""
+        """(clients holding the full config, when the last of them got it)."""
         with self.lock:
-            done = [max(h[t] for t in TYPES) for h in self.first.values() if TYPES <= h.keys()]
-        return len(done), max(done, default=0.0)
+            st = list(self.status.values())
+        return sum(s["synced"] for s in st), max((s["last"] for s in st), default=0.0)
 
-    def eds_after(self, since: float) -> list[float | None]:
-        """Per client: its first EDS at or after `since` (None: none yet)."""
-        with self.lock:
-            return [next((t for t in times if t >= since), None) for times in self.eds.values()] \
-                + [None] * (self.n - len(self.eds))
+    def cpu(self) -> float:
+        """CPU seconds of the load processes so far."""
+        total = 0.0
+        for proc in self.procs:
+            try:
+                total += cpu_s(proc.pid)
+            except OSError:
+                pass
+        return total
 
-    def stop(self) -> None:
+    def stop(self) -> dict[int, dict]:
+        """Stop the processes; every client's record ({"synced": t, "eds": [t, ...], "error"})."""
         for proc in self.procs:
             try:
                 proc.stdin.close()
-                proc.wait(20)
-            except (subprocess.TimeoutExpired, OSError):
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        time.sleep(0.2)                                   # the readers take the last lines
+        out = {}
+        for ev in self.final.values():
+            out.update({int(c): rec for c, rec in ev["clients"].items()})
+        return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -109,17 +120,29 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def main() -> int:
-    clients = env_int("SCALE_CLIENTS", 2000)
-    seconds = env_int("SCALE_SECONDS", 60)
-    procs = env_int("SCALE_PROCS", 4)
-    shapes = env_int("SCALE_SHAPES", 20)
-    services = env_int("SCALE_SERVICES", 1000)
+def churn_latencies(records: dict[int, dict], applied: list[float]) -> tuple[list[float], int, int]:
+    """Per (change, client): the first EDS at or after the change's install. Also how many
+    arrived only after the next change was installed (late) and how many never did."""
+    latencies, late, missing = [], 0, 0
+    for rec in records.values():
+        times = rec["eds"]
+        j = 0
+        for k, a in enumerate(applied):
+            while j < len(times) and times[j] < a:
+                j += 1
+            if j == len(times):
+                missing += 1
+                continue
+            latencies.append(times[j] - a)
+            if k + 1 < len(applied) and times[j] >= applied[k + 1]:
+                late += 1
+    return latencies, late, missing
+
+
+def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, services: int,
+             per_channel: int) -> dict:
     churn = max(1, services // 100)                    # 1 % of the services per second
-    load_before = os.getloadavg()
-    started = time.time()
-    out: dict = {"config": {"clients": clients, "seconds": seconds, "procs": procs, "shapes": shapes,
-                            "services": services, "churn_services_per_s": churn, "mode": "delta"}}
+    out: dict = {"mode": mode, "loadavg_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as d:
         write_mesh(d, services, 10, free_port())
         cp = ControlPlane(d, test_hooks=False, log_level="warning")
@@ -132,105 +155,126 @@ def main() -> int:
                     raise TimeoutError(cp.log_tail())
                 time.sleep(0.1)
             pid = cp.proc.pid
+            time.sleep(1.0)
             out["rss_idle_mb"] = rss_mb(pid)["VmRSS"]
             cpu0, t0 = cpu_s(pid), time.time()
-            fleet = Fleet(cp.address, clients, procs, shapes)
+            fleet = Fleet(cp.address, clients, procs, shapes, mode, per_channel)
             # Bounded: past SCALE_PUSH_TIMEOUT the push is reported as how many had synced.
-            deadline = time.monotonic() + env_int("SCALE_PUSH_TIMEOUT", 240)
+            deadline = time.monotonic() + env_int("SCALE_PUSH_TIMEOUT", 300)
             progress = time.monotonic() + 15
             while (synced := fleet.synced())[0] < clients:
                 if time.monotonic() > deadline or all(p.poll() is not None for p in fleet.procs):
                     break
                 if time.monotonic() > progress:
-                    print(f"  {synced[0]}/{clients} synced after {time.time() - t0:.0f} s", flush=True)
+                    print(f"  {mode}: {synced[0]}/{clients} synced after {time.time() - t0:.0f} s", flush=True)
                     progress += 15
                 time.sleep(0.1)
             count, done = synced
             complete = count == clients
-            time.sleep(1.0)                                # the trim after the burst
+            push_cpu, load_cpu = cpu_s(pid) - cpu0, fleet.cpu()
+            peak_push = rss_mb(pid)["VmHWM"]
+            time.sleep(2.0)                                # the trim after the burst
             mem = rss_mb(pid)
             out["full_push"] = {"synced": count, "complete": complete,
-                                "wall_s": (done if complete else time.time()) - t0, "cp_cpu_s": cpu_s(pid) - cpu0,
-                                "bytes": fleet.bytes, "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"]}
-            print(f"full push: {out['full_push']}", flush=True)
+                                "wall_s": (done if complete else time.time()) - t0,
+                                "cp_cpu_s": push_cpu, "load_cpu_s": load_cpu,
+                                "rss_mb": mem["VmRSS"], "rss_peak_mb": peak_push}
+            print(f"  {mode} full push: {out['full_push']}", flush=True)
 
-            latencies, missing, applied_lags = [], 0, []
-            cpu1, w0 = cpu_s(pid), time.time()
-            round_no = 0
+            applied_at, applied_lags = [], []
+            cpu1, lcpu1, w0 = cpu_s(pid), fleet.cpu(), time.time()
             for second in range(seconds):
-                tick = w0 + second
-                time.sleep(max(0.0, tick - time.time()))
+                time.sleep(max(0.0, w0 + second - time.time()))
                 generation = cp.configz()["generation"]
                 written = time.time()
                 for k in range(churn):
                     i = (second * churn + k) % services
                     write_config(d, f"svc-{i:04d}.yaml",
-                                 service_yaml(i, ports=(30000 + round_no % 1000, 31000 + round_no % 1000)))
-                round_no += 1
+                                 service_yaml(i, ports=(30000 + second % 1000, 31000 + second % 1000)))
                 status = cp.wait_generation_change(generation, timeout=30)
+                applied_at.append(status["applied_at"])
                 applied_lags.append(status["applied_at"] - written)
-                applied = status["applied_at"]
-                got_deadline = time.monotonic() + 0.95
-                while time.monotonic() < got_deadline:      # within this second
-                    got = fleet.eds_after(applied)
-                    if all(t is not None for t in got):
-                        break
-                    time.sleep(0.02)
-                got = fleet.eds_after(applied)
-                latencies += [t - applied for t in got if t is not None]
-                missing += sum(t is None for t in got)
+            time.sleep(max(0.0, w0 + seconds - time.time()) + 1.0)   # the last change's pushes
             churn_wall = time.time() - w0
-            churn_cpu = cpu_s(pid) - cpu1
+            churn_cpu, churn_load_cpu = cpu_s(pid) - cpu1, fleet.cpu() - lcpu1
             mem = rss_mb(pid)
-            out["churn"] = {"changes": seconds, "wall_s": churn_wall, "cp_cpu_s": churn_cpu,
-                            "cp_cores": churn_cpu / churn_wall,
-                            "push_p50_ms": 1e3 * statistics.median(latencies) if latencies else None,
-                            "push_p99_ms": 1e3 * percentile(latencies, 0.99) if latencies else None,
-                            "push_max_ms": 1e3 * max(latencies) if latencies else None,
-                            "missed_within_1s": missing,
-                            "file_to_applied_p50_ms": 1e3 * statistics.median(applied_lags),
-                            "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"]}
-            out["errors"] = fleet.errors[:10]
         finally:
-            if fleet is not None:
-                fleet.stop()
+            records = fleet.stop() if fleet is not None else {}
             cp.close()
-    out["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    latencies, late, missing = churn_latencies(records, applied_at)
+    out["churn"] = {"changes": seconds, "services_per_change": churn, "wall_s": churn_wall,
+                    "cp_cpu_s": churn_cpu, "cp_cores": churn_cpu / churn_wall,
+                    "load_cores": churn_load_cpu / churn_wall,
+                    "push_p50_ms": 1e3 * statistics.median(latencies) if latencies else None,
+                    "push_p99_ms": 1e3 * percentile(latencies, 0.99) if latencies else None,
+                    "push_max_ms": 1e3 * max(latencies) if latencies else None,
+                    "samples": len(latencies), "late": late, "missing": missing,
+                    "file_to_applied_p50_ms": 1e3 * statistics.median(applied_lags),
+                    "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"]}
+    out["errors"] = sorted({r["error"] for r in records.values() if r.get("error")})
+    out["clients_reported"] = len(records)
+    out["loadavg_after"] = os.getloadavg()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    clients = env_int("SCALE_CLIENTS", 200 if quick else 2000)
+    seconds = env_int("SCALE_SECONDS", 10 if quick else 60)
+    procs = env_int("SCALE_PROCS", 4)
+    shapes = env_int("SCALE_SHAPES", 20)
+    services = env_int("SCALE_SERVICES", 1000)
+    per_channel = env_int("SCALE_STREAMS_PER_CHANNEL", 25)
+    modes = [m for m in os.environ.get("SCALE_MODES", "sotw,delta").split(",") if m]
+    started = time.time()
+    out: dict = {"config": {"clients": clients, "seconds": seconds, "procs": procs, "shapes": shapes,
+                            "services": services, "streams_per_channel": per_channel, "modes": modes},
+                 "machine": {"cpus": os.cpu_count()}}
+    for mode in modes:
+        out[mode] = run_mode(mode, clients, seconds, procs, shapes, services, per_channel)
     out["wall_s"] = time.time() - started
     os.makedirs(os.path.join(ROOT, "artifacts", "bench"), exist_ok=True)
     with open(os.path.join(ROOT, "artifacts", "bench", "xds_scale.json"), "w") as f:
         json.dump(out, f, indent=2)
 
-    fp, ch = out["full_push"], out["churn"]
-    per_client_mb = (fp["rss_mb"] - out["rss_idle_mb"]) / clients
-    istiod_per_proxy_mb = ISTIOD["memory_gb"] * 1024 / ISTIOD["sidecars"]
-    rows = [
-        ("config", f"{services} services x 10 routes, {clients} Delta clients, {shapes} shapes, {procs} load procs", ""),
-        ("full push: all clients hold CDS/EDS/LDS/RDS",
-         f"{fp['wall_s']:.1f} s" if fp["complete"] else f"INCOMPLETE: {fp['synced']}/{clients} in {fp['wall_s']:.0f} s", ""),
-        ("  control-plane CPU for it", f"{fp['cp_cpu_s']:.1f} s", ""),
-        ("  bytes pushed", f"{fp['bytes'] / 1e9:.2f} GB", ""),
-        ("control-plane RSS: idle / with clients (peak)",
-         f"{out['rss_idle_mb']:.0f} / {fp['rss_mb']:.0f} MB ({fp['rss_peak_mb']:.0f})",
-         f"istiod: {ISTIOD['memory_gb']} GB for {ISTIOD['sidecars']}"),
-        ("  per connected client (RSS - idle) / clients", f"{per_client_mb * 1024:.0f} kB",
-         f"istiod: {istiod_per_proxy_mb * 1024:.0f} kB (whole budget / sidecars)"),
-        (f"churn: {churn} services' endpoints / s for {seconds} s: installed -> client EDS p50 / p99 / max",
-         f"{ch['push_p50_ms']:.0f} / {ch['push_p99_ms']:.0f} / {ch['push_max_ms']:.0f} ms", ""),
-        ("  (client, change) pairs without EDS within the second", f"{ch['missed_within_1s']}", ""),
-        ("  file written -> installed, p50", f"{ch['file_to_applied_p50_ms']:.0f} ms", ""),
-        ("  control-plane CPU during churn", f"{ch['cp_cores']:.2f} cores", f"istiod: {ISTIOD['vcpu']} vCPU"),
-        ("  RSS after churn (peak)", f"{ch['rss_mb']:.0f} MB ({ch['rss_peak_mb']:.0f})", ""),
-        ("load average before / after", " / ".join(f"{x:.1f}" for x in (load_before[0], out["machine"]["loadavg_after"][0])), ""),
+    istiod_per_proxy_kb = ISTIOD["memory_gb"] * 1024 * 1024 / ISTIOD["sidecars"]
+    ms = lambda v: "-" if v is None else f"{v:.0f}"           # noqa: E731
+    rows = [("", *modes, "istiod (published)"),
+            ("config", *[f"{services} svc x 10 routes, {clients} clients, {shapes} shapes"] * len(modes), ""),
+            ("load: processes x streams per connection", *[f"{procs} x {per_channel}"] * len(modes), "")]
+    r = [out[m] for m in modes]
+    fp = [x["full_push"] for x in r]
+    ch = [x["churn"] for x in r]
+    rows += [
+        ("full push: every client holds + ACKed all",
+         *[f"{f['wall_s']:.1f} s" if f["complete"] else f"INCOMPLETE {f['synced']}/{clients} in {f['wall_s']:.0f} s"
+           for f in fp], ""),
+        ("  CPU: control plane / load processes", *[f"{f['cp_cpu_s']:.1f} / {f['load_cpu_s']:.1f} s" for f in fp], ""),
+        ("RSS: idle / after push (peak)",
+         *[f"{x['rss_idle_mb']:.0f} / {f['rss_mb']:.0f} MB ({f['rss_peak_mb']:.0f})" for x, f in zip(r, fp)],
+         f"{ISTIOD['memory_gb']} GB ({ISTIOD['sidecars']} sidecars)"),
+        ("  per client: (RSS - idle) / clients",
+         *[f"{(f['rss_mb'] - x['rss_idle_mb']) * 1024 / clients:.0f} kB" for x, f in zip(r, fp)],
+         f"{istiod_per_proxy_kb:.0f} kB (whole budget / sidecars)"),
+        (f"churn {ch[0]['services_per_change']} svc/s x {seconds} s: install -> EDS p50/p99/max",
+         *[f"{ms(c['push_p50_ms'])} / {ms(c['push_p99_ms'])} / {ms(c['push_max_ms'])} ms" for c in ch], ""),
+        ("  (change, client): samples / after next change / never",
+         *[f"{c['samples']} / {c['late']} / {c['missing']}" for c in ch], ""),
+        ("  file written -> installed, p50", *[f"{c['file_to_applied_p50_ms']:.0f} ms" for c in ch], ""),
+        ("  cores: control plane / load processes",
+         *[f"{c['cp_cores']:.2f} / {c['load_cores']:.2f}" for c in ch], f"{ISTIOD['vcpu']} vCPU"),
+        ("  RSS after churn (peak)", *[f"{c['rss_mb']:.0f} MB ({c['rss_peak_mb']:.0f})" for c in ch], ""),
+        ("load average (1 min) before / after",
+         *[f"{x['loadavg_before'][0]:.1f} / {x['loadavg_after'][0]:.1f}" for x in r], ""),
     ]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    for r in rows:
-        print(f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}")
-    if out["errors"]:
-        print("client errors:", *out["errors"], sep="\n  ")
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
+    for x in r:
+        if x["errors"]:
+            print(f"{x['mode']} client errors: {', '.join(x['errors'])}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,25 +1,38 @@
-"""N ADS clients in one process that subscribe and ACK as Envoy does (the xDS benchmark's load).
+"""ADS clients that subscribe and ACK as Envoy does: the xDS benchmarks' load.
 
     python -m benchmarks.xds_load_clients --address 127.0.0.1:18000 --clients 100 --mode delta
+    python -m benchmarks.xds_load_clients --address ... --clients 500 --streams-per-channel 25 --report summary
 
-Each client is its own gRPC channel (its own HTTP/2 connection, as each
-Envoy has), with node labels istio=ingressgateway so that all share one
-snapshot shape. Like Envoy: CDS and LDS wildcard, then EDS for every
-cluster and RDS for every route config the listeners name; every response
-ACKed (SotW: version_info + response_nonce; Delta: response_nonce).
+Like Envoy: CDS and LDS wildcard, then EDS for every cluster and RDS for
+every route config the listeners name; every response ACKed (SotW:
+version_info + response_nonce; Delta: response_nonce). Node labels
+istio=ingressgateway; `--shapes N` spreads the node clusters (part of the
+control plane's translation key) over N shapes.
 
-To keep the load generator from being the bottleneck, responses are read
-as raw bytes and decoded with "head" messages that declare only the fields
-an ACK needs; resource names are decoded once per content version and
-shared between clients. Prints one JSON line per response received:
-{"c": client, "ty": "CDS", "t": time.time(), "b": bytes, "n": resources}
-and {"event": "ready"} once every stream is open.
+Cheap enough for thousands of streams on a few cores:
+- `--streams-per-channel K`: K streams share one channel (one HTTP/2
+  connection; grpc.aio multiplexes them). Default 1, as each Envoy has its
+  own connection (bench_xds).
+- responses are raw bytes parsed with "head" messages that declare only
+  version, type URL, nonce and removed names: the resources (field 2) are
+  unknown fields to them, kept as one C-side copy, never a Python object
+  each. What a client needs from the resources (the names it follows with
+  EDS/RDS, the count) is decoded once per distinct content and shared.
+- `--report events` (default; bench_xds reads it): a JSON line per response.
+  `--report summary`: a status line every 0.5 s ({"synced", "last", "eds"})
+  and, once stdin closes, one line with each client's sync time and EDS
+  receive times and this process's CPU seconds, so the benchmark can tell
+  its own CPU from the control plane's.
+
+A client is synced when it holds the full config: a response of each type,
+and an EDS and RDS response carrying every name it subscribed to.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import time
 
@@ -35,6 +48,7 @@ ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 SHORT = {CLUSTER: "CDS", ENDPOINT: "EDS", LISTENER: "LDS", ROUTE: "RDS"}
+FOLLOW = {CLUSTER: ENDPOINT, LISTENER: ROUTE}
 SERVICE = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
 
 
@@ -48,12 +62,13 @@ def _head_messages():
             m.field.add(name=fname, number=number, type=ftype,
                         label=L.LABEL_REPEATED if repeated else L.LABEL_OPTIONAL)
 
-    msg("SotwHead", [("version_info", 1, T.TYPE_STRING, False), ("resources", 2, T.TYPE_BYTES, True),
-                     ("type_url", 4, T.TYPE_STRING, False), ("nonce", 5, T.TYPE_STRING, False)])
-    msg("DeltaHead", [("system_version_info", 1, T.TYPE_STRING, False),
-                      ("resources", 2, T.TYPE_BYTES, True), ("type_url", 4, T.TYPE_STRING, False),
+    # No `resources` field: the heads skip them (kept as unknown bytes, in C).
+    msg("SotwHead", [("version_info", 1, T.TYPE_STRING, False), ("type_url", 4, T.TYPE_STRING, False),
+                     ("nonce", 5, T.TYPE_STRING, False)])
+    msg("DeltaHead", [("system_version_info", 1, T.TYPE_STRING, False), ("type_url", 4, T.TYPE_STRING, False),
                       ("nonce", 5, T.TYPE_STRING, False), ("removed_resources", 6, T.TYPE_STRING, True)])
-    msg("ResourceHead", [("name", 3, T.TYPE_STRING, False)])                  # delta Resource.name
+    msg("Resources", [("resources", 2, T.TYPE_BYTES, True)])                  # either response's field 2
+    msg("ResourceHead", [("name", 3, T.TYPE_STRING, False), ("resource", 2, T.TYPE_BYTES, False)])  # delta Resource
     msg("AnyHead", [("value", 2, T.TYPE_BYTES, False)])                       # Any.value
     msg("NamedHead", [("name", 1, T.TYPE_STRING, False)])                     # Cluster.name / Listener.name
     pool = descriptor_pool.DescriptorPool()
@@ -63,22 +78,6 @@ def _head_messages():
 
 
 HEADS = _head_messages()
-_names_by_version: dict[tuple, list[str]] = {}
-
-
-def sotw_names(head) -> list[str]:
-    """Cluster names (CDS) or the RDS names the listeners use (LDS), decoded once per version."""
-    key = (head.type_url, head.version_info)
-    if key not in _names_by_version:
-        names = []
-        for raw in head.resources:
-            value = HEADS["AnyHead"].FromString(raw).value
-            if head.type_url == CLUSTER:
-                names.append(HEADS["NamedHead"].FromString(value).name)
-            else:
-                names.extend(route_names(listener_pb2.Listener.FromString(value)))
-        _names_by_version[key] = names
-    return _names_by_version[key]
 
 
 def route_names(lis: listener_pb2.Listener) -> list[str]:
@@ -89,6 +88,58 @@ def route_names(lis: listener_pb2.Listener) -> list[str]:
             if f.typed_config.Unpack(hcm) and hcm.HasField("rds"):
                 out.append(hcm.rds.route_config_name)
     return out
+
+
+class Content:
+    """What a client needs from a response's resources, decoded once per distinct
+    content and shared by every client that receives it: the resource names, the
+    names it follows (clusters -> EDS, listeners' RDS -> RDS)."""
+    __slots__ = ("count", "names", "follow")
+
+    def __init__(self, type_url: str, raw: bytes, delta: bool):
+        names, follow = [], set()
+        for r in HEADS["Resources"].FromString(raw).resources:
+            if delta:
+                res = HEADS["ResourceHead"].FromString(r)
+                name, value = res.name, HEADS["AnyHead"].FromString(res.resource).value
+            else:
+                value = HEADS["AnyHead"].FromString(r).value
+                name = None
+            if type_url == CLUSTER:
+                name = name or HEADS["NamedHead"].FromString(value).name
+                follow.add(name)
+            elif type_url == LISTENER:
+                follow.update(route_names(listener_pb2.Listener.FromString(value)))
+            names.append(name)
+        self.count = len(names)
+        self.names = frozenset(n for n in names if n is not None)
+        self.follow = intern(frozenset(follow))
+
+
+_contents: dict[tuple, Content] = {}
+_interned: dict[frozenset, frozenset] = {}
+
+
+def content(type_url: str, key: tuple, raw: bytes, delta: bool) -> Content:
+    found = _contents.get(key)
+    if found is None:
+        found = _contents[key] = Content(type_url, raw, delta)
+    return found
+
+
+_sorted: dict[frozenset, list] = {}
+
+
+def intern(names: frozenset) -> frozenset:
+    return _interned.setdefault(names, names)
+
+
+def sorted_names(names: frozenset) -> list:
+    """The sorted list a SotW ACK repeats, once per distinct (interned) set."""
+    found = _sorted.get(names)
+    if found is None:
+        found = _sorted[names] = sorted(names)
+    return found
 
 
 def node(i: int, prefix: str, labels: dict, shapes: int = 1) -> base_pb2.Node:
@@ -106,115 +157,158 @@ def emit(**event) -> None:
 
 
 class Client:
+    __slots__ = ("i", "args", "delta", "events", "node", "first", "subscribed", "holds",
+                 "got", "synced_at", "eds_times", "error")
+
     def __init__(self, i: int, args):
         self.i, self.args = i, args
+        self.delta = args.mode == "delta"
+        self.events = args.report == "events"
         self.node = node(i, args.prefix, dict(kv.split("=", 1) for kv in args.label), args.shapes)
-        self.outbox: asyncio.Queue = asyncio.Queue()
         self.first = True
-        self.subscribed: dict[str, set] = {ENDPOINT: set(), ROUTE: set()}
+        self.subscribed: dict[str, frozenset] = {ENDPOINT: frozenset(), ROUTE: frozenset()}
+        self.holds: dict[str, frozenset] = {}    # Delta: names held per followed type (interned)
+        self.got: set[str] = set()               # types held in full
+        self.synced_at = 0.0
+        self.eds_times: list[float] = []
+        self.error = ""
 
-    def send(self, **kw) -> None:
-        cls = discovery_pb2.DeltaDiscoveryRequest if self.args.mode == "delta" else discovery_pb2.DiscoveryRequest
+    def request(self, **kw) -> bytes:
+        cls = discovery_pb2.DeltaDiscoveryRequest if self.delta else discovery_pb2.DiscoveryRequest
         if self.first:
             kw["node"] = self.node          # set_node_on_first_message_only, as Envoy
             self.first = False
-        self.outbox.put_nowait(cls(**kw))
+        return cls(**kw).SerializeToString()
 
-    async def requests(self):
-        while True:
-            req = await self.outbox.get()
-            if req is None:
-                return
-            yield req
-
-    async def run(self, ready: asyncio.Event) -> None:
-        delta = self.args.mode == "delta"
-        channel = grpc.aio.insecure_channel(self.args.address, options=[
-            ("grpc.max_receive_message_length", 256 << 20)])
-        method = SERVICE + ("DeltaAggregatedResources" if delta else "StreamAggregatedResources")
-        call = channel.stream_stream(method, request_serializer=lambda m: m.SerializeToString(),
-                                     response_deserializer=None)(self.requests())
-        self.send(type_url=CLUSTER)
-        self.send(type_url=LISTENER)
-        ready.set()
+    async def run(self, channel, ready: asyncio.Event) -> None:
+        method = SERVICE + ("DeltaAggregatedResources" if self.delta else "StreamAggregatedResources")
+        call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
         try:
-            async for raw in call:
+            await call.write(self.request(type_url=CLUSTER))
+            await call.write(self.request(type_url=LISTENER))
+            ready.set()
+            while True:
+                raw = await call.read()
+                if raw is grpc.aio.EOF:
+                    return
                 t = time.time()
-                if delta:
-                    self.on_delta(HEADS["DeltaHead"].FromString(raw), raw, t)
-                else:
-                    self.on_sotw(HEADS["SotwHead"].FromString(raw), raw, t)
+                for req in (self.on_delta if self.delta else self.on_sotw)(raw, t):
+                    await call.write(req)
         except grpc.aio.AioRpcError as e:
-            emit(c=self.i, error=e.code().name)
+            self.error = e.code().name
+            if self.events:
+                emit(c=self.i, error=self.error)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
         finally:
-            await channel.close()
+            ready.set()
 
-    def on_sotw(self, head, raw: bytes, t: float) -> None:
-        ty = head.type_url
-        emit(c=self.i, ty=SHORT.get(ty, ty), t=t, b=len(raw), n=len(head.resources))
-        self.send(type_url=ty, version_info=head.version_info, response_nonce=head.nonce,
-                  resource_names=sorted(self.subscribed[ty]) if ty in self.subscribed else [])
-        follow = {CLUSTER: ENDPOINT, LISTENER: ROUTE}.get(ty)
-        if follow:
-            names = set(sotw_names(head))
-            if names != self.subscribed[follow]:
-                self.subscribed[follow] = names
-                self.send(type_url=follow, resource_names=sorted(names),
-                          version_info="", response_nonce="")
+    def received(self, ty: str, raw: bytes, count: int, full: bool, t: float) -> None:
+        if self.events:
+            emit(c=self.i, ty=SHORT.get(ty, ty), t=t, b=len(raw), n=count)
+        if ty == ENDPOINT:
+            self.eds_times.append(t)
+        if full and ty not in self.got:
+            self.got.add(ty)
+            if len(self.got) == 4:
+                self.synced_at = t
 
-    def on_delta(self, head, raw: bytes, t: float) -> None:
+    def on_sotw(self, raw: bytes, t: float) -> list[bytes]:
+        head = HEADS["SotwHead"].FromString(raw)
         ty = head.type_url
-        emit(c=self.i, ty=SHORT.get(ty, ty), t=t, b=len(raw), n=len(head.resources))
-        self.send(type_url=ty, response_nonce=head.nonce)
-        follow = {CLUSTER: ENDPOINT, LISTENER: ROUTE}.get(ty)
+        c = content(ty, ("sotw", ty, head.version_info), raw, False)
+        sub = self.subscribed.get(ty)
+        self.received(ty, raw, c.count, sub is None or c.count >= len(sub), t)
+        out = [self.request(type_url=ty, version_info=head.version_info, response_nonce=head.nonce,
+                            resource_names=sorted_names(sub) if sub is not None else [])]
+        follow = FOLLOW.get(ty)
+        if follow and c.follow != self.subscribed[follow]:
+            self.subscribed[follow] = c.follow
+            self.got.discard(follow)
+            out.append(self.request(type_url=follow, resource_names=sorted_names(c.follow)))
+        return out
+
+    def on_delta(self, raw: bytes, t: float) -> list[bytes]:
+        head = DeltaHead.FromString(raw)
+        ty = head.type_url
+        removed = tuple(head.removed_resources)
+        # Delta bodies are shared per content; the same system version, size
+        # less the nonce, and removals name one content (a benchmark's key).
+        c = content(ty, ("delta", ty, head.system_version_info, len(raw) - len(head.nonce), removed), raw, True)
+        sub = self.subscribed.get(ty)
+        if sub is not None:          # a followed type: what is held now
+            held = self.holds.get(ty, frozenset())
+            if c.names - held or removed:
+                held = intern((held | c.names) - set(removed))
+                self.holds[ty] = held
+            full = sub <= held
+        else:
+            full = True
+        self.received(ty, raw, c.count, full, t)
+        out = [self.request(type_url=ty, response_nonce=head.nonce)]
+        follow = FOLLOW.get(ty)
         if not follow:
-            return
-        # Responses with the same system version and count carry the same names
-        # (every client of one shape gets the same ones): decode them once.
-        key = ("delta", ty, head.system_version_info, len(head.resources), tuple(head.removed_resources))
-        names = _names_by_version.get(key)
-        if names is None:
-            if ty == CLUSTER:
-                names = {HEADS["ResourceHead"].FromString(r).name for r in head.resources}
-            else:
-                names = set()
-                for r in head.resources:
-                    res = discovery_pb2.Resource.FromString(r)
-                    lis = listener_pb2.Listener()
-                    res.resource.Unpack(lis)
-                    names.update(route_names(lis))
-            _names_by_version[key] = names
-        new = names - self.subscribed[follow]
-        gone = set(head.removed_resources) & self.subscribed[follow] if ty == CLUSTER else set()
+            return out
+        have = self.subscribed[follow]
+        new = c.follow - have
+        gone = (set(removed) & have) if ty == CLUSTER else set()
         if new or gone:
-            self.subscribed[follow] = (self.subscribed[follow] | new) - gone
-            self.send(type_url=follow, resource_names_subscribe=sorted(new),
-                      resource_names_unsubscribe=sorted(gone))
+            self.subscribed[follow] = intern((have | new) - gone)
+            self.got.discard(follow)
+            out.append(self.request(type_url=follow, resource_names_subscribe=sorted(new),
+                                    resource_names_unsubscribe=sorted(gone)))
+        return out
+
+
+DeltaHead = HEADS["DeltaHead"]
+
+
+def cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 async def main(args) -> None:
     clients = [Client(args.offset + i, args) for i in range(args.clients)]
+    per = max(1, args.streams_per_channel)
+    options = [("grpc.max_receive_message_length", 256 << 20)]
+    # A distinct option per channel: grpc would otherwise share one subchannel
+    # (one TCP connection) between channels of equal target and options.
+    channels = [grpc.aio.insecure_channel(args.address, options=options + [("grpc.channel_id", k)])
+                for k in range(-(-len(clients) // per))]
     events = [asyncio.Event() for _ in clients]
-    tasks = [asyncio.create_task(c.run(e)) for c, e in zip(clients, events)]
+    tasks = [asyncio.create_task(c.run(channels[k // per], e))
+             for k, (c, e) in enumerate(zip(clients, events))]
     await asyncio.gather(*(e.wait() for e in events))
     emit(event="ready", t=time.time())
     sys.stdout.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_reader(sys.stdin.fileno(), stop.set)     # the parent closes stdin to stop us
-    flusher = asyncio.create_task(_flush_forever())
+    reporter = asyncio.create_task(_report_forever(clients, args.report))
     await stop.wait()
-    for c in clients:
-        c.outbox.put_nowait(None)
+    reporter.cancel()
     for t in tasks:
         t.cancel()
-    flusher.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if args.report == "summary":
+        emit(final=True, cpu_s=cpu_seconds(), maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             clients={c.i: {"synced": c.synced_at, "eds": c.eds_times, "error": c.error} for c in clients})
     sys.stdout.flush()
+    for ch in channels:
+        await ch.close()
 
 
-async def _flush_forever():
+async def _report_forever(clients, report: str):
     while True:
-        await asyncio.sleep(0.005)
+        if report == "events":
+            await asyncio.sleep(0.005)
+        else:
+            await asyncio.sleep(0.5)
+            synced = [c.synced_at for c in clients if c.synced_at]
+            emit(synced=len(synced), last=max(synced, default=0.0), eds=sum(len(c.eds_times) for c in clients),
+                 errors=sum(bool(c.error) for c in clients), cpu_s=cpu_seconds())
         sys.stdout.flush()
 
 
@@ -227,4 +321,7 @@ if __name__ == "__main__":
     p.add_argument("--label", action="append", default=["istio=ingressgateway"])
     p.add_argument("--shapes", type=int, default=1, help="spread the clients over this many node shapes")
     p.add_argument("--offset", type=int, default=0, help="first client number (several processes, unique ids)")
+    p.add_argument("--streams-per-channel", type=int, default=1,
+                   help="ADS streams sharing one channel (HTTP/2 connection); 1: one each, as Envoys")
+    p.add_argument("--report", choices=("events", "summary"), default="events")
     asyncio.run(main(p.parse_args()))

@@ -23,6 +23,10 @@ def register(subparsers) -> None:
     s.add_argument("--admin-port", type=int, default=0, help="HTTP port of /stats and /healthz (default: any free)")
     s.add_argument("--metrics-interval-ms", type=float, default=50.0,
                    help="how often each model server's /metrics is scraped (default 50)")
+    s.add_argument("--flow-marks", metavar="PATH",
+                   help="the flows the decision loop marked latency-critical (`mcpctl scheduler run --flow-marks "
+                        "PATH`, scheduler/loop/marks.py): a request from one is scheduled critical and forwarded "
+                        "with x-mcp-qos-class: latency-critical")
     s.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     s.set_defaults(func=_serve)
     from scheduler.loop.cli import register as register_loop     # `mcpctl scheduler run|status`
@@ -41,7 +45,7 @@ def _serve(args) -> int:
 
     async def main():
         task = asyncio.create_task(serve(args.config_dir, args.pool, args.grpc_port, args.admin_port,
-                                         args.address, args.metrics_interval_ms))
+                                         args.address, args.metrics_interval_ms, flow_marks=args.flow_marks))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

@@ -76,10 +76,13 @@ class PickerState:
 
 
 async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, address: str,
-                metrics_interval_ms: float, ready: asyncio.Event | None = None) -> None:
+                metrics_interval_ms: float, ready: asyncio.Event | None = None, flow_marks: str | None = None) -> None:
     source = PoolSource(config_dir, pool)
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
+    if flow_marks:               # the decision loop's marked flows (ext_proc._flow_marks reads state.flow_marks)
+        from scheduler.loop.marks import FlowMarks
+        state.flow_marks = FlowMarks(flow_marks)
     state.refresh()
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)

@@ -90,6 +90,7 @@ def external_processor() -> ext_proc_pb2.ExternalProcessor:
     cfg.metadata_options.receiving_namespaces.untyped.append(epp.DESTINATION_NAMESPACE)
     cfg.metadata_options.forwarding_namespaces.untyped.extend([epp.DESTINATION_NAMESPACE, epp.SUBSET_NAMESPACE])
     cfg.route_cache_action = ext_proc_pb2.ExternalProcessor.RETAIN
+    cfg.request_attributes.append("source.address")     # the downstream peer: the decision loop's flow marks
     return cfg
 
 

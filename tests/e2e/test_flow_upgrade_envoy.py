@@ -1,0 +1,140 @@
+"""The decision loop's per-request upgrade through real Envoy: the control plane translates a
+Gateway API route to an InferencePool (ext_proc to the pool's picker, asking Envoy for the
+`source.address` attribute); `mcpctl epp serve --flow-marks PATH` reads the marks the loop's
+own code wrote (the built-in policy over a flow record with RTT < 50 ms and payload > 1 MB,
+the applier's mark writer). A request from the marked client address reaches the model server
+(an echo upstream) with `x-mcp-qos-class: latency-critical`; one from another address does not."""
+import asyncio
+import http.client
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.ports import free_port
+from harness.processes import stop_process
+from harness.upstreams import EchoUpstream
+from harness.xds import ControlPlane, mesh_envoy, write_config
+from mesh import headers as H
+from scheduler.decisions import FlowSignals, Signals
+from scheduler.loop.actions import ActionApplier
+from scheduler.loop.builtin_policy import BuiltinPolicy
+
+pytestmark = pytest.mark.e2e
+
+NODE = "router~127.0.0.1~inference-gateway.inference~inference.svc.cluster.local"
+LABELS = {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
+REPLICA, MARKED, UNMARKED = "127.0.0.2", "127.0.0.7", "127.0.0.8"
+IDLE = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0.1}
+
+
+def _config(gw_port: int, replica_port: int, picker_port: int) -> str:
+    return f"""apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: inference-gateway, namespace: inference}}
+spec:
+  gatewayClassName: istio
+  listeners: [{{name: http, port: {gw_port}, protocol: HTTP}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: llm, namespace: inference}}
+spec:
+  parentRefs: [{{name: inference-gateway}}]
+  rules: [{{backendRefs: [{{group: inference.networking.k8s.io, kind: InferencePool, name: decoders}}]}}]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: decoder-0, namespace: inference}}
+spec: {{address: {REPLICA}, labels: {{app: decoder}}}}
+---
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {{name: decoders, namespace: inference}}
+spec:
+  selector: {{matchLabels: {{app: decoder}}}}
+  targetPorts: [{{number: {replica_port}}}]
+  endpointPickerRef: {{name: epp, port: {{number: 9002}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: epp, namespace: inference}}
+spec:
+  ports: [{{name: grpc-ext-proc, port: 9002, appProtocol: http2}}]
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {{name: epp, namespace: inference}}
+subsets: [{{addresses: [{{ip: 127.0.0.1}}], ports: [{{name: grpc-ext-proc, port: {picker_port}}}]}}]
+"""
+
+
+def _send(gw_port: int, source: tuple, headers: dict | None = None) -> tuple[int, dict]:
+    """One request from `source` (address, port): the flow the marks name."""
+    conn = http.client.HTTPConnection("127.0.0.1", gw_port, timeout=10, source_address=source)
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps({"model": "m", "prompt": "hi"}),
+                     headers={"content-type": "application/json", "host": "llm.example.com", **(headers or {})})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    d = tmp_path_factory.mktemp("flow-upgrade")
+    config_dir, marks = str(d / "config"), str(d / "marks.json")
+    (d / "config").mkdir()
+    replica = EchoUpstream("replica", host=REPLICA)
+    replica.metrics = dict(IDLE)
+    replica.start()
+    gw_port, picker_port = free_port(), free_port()
+    write_config(config_dir, "inference.yaml", _config(gw_port, replica.port, picker_port))
+    picker = subprocess.Popen(
+        [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", config_dir, "--pool", "inference/decoders",
+         "--grpc-port", str(picker_port), "--admin-port", "0", "--metrics-interval-ms", "20",
+         "--flow-marks", marks, "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cp = ControlPlane(config_dir)
+    envoy = mesh_envoy(cp, node_id=NODE, namespace="inference", labels=LABELS)
+    try:
+        assert picker.stdout.readline(), picker.stderr.read()
+        cp.start()
+        assert cp.configz().get("rejected") is None, cp.configz()
+        envoy.start()
+        cp.wait_synced(NODE, types=("CDS", "EDS", "LDS", "RDS"))
+        deadline = time.monotonic() + 20
+        while _send(gw_port, (UNMARKED, 0))[0] != 200:
+            assert time.monotonic() < deadline, envoy.log_tail()
+            time.sleep(0.1)
+        yield {"gw": gw_port, "marks": marks, "cp": cp, "replica": replica}
+    finally:
+        envoy.stop()
+        cp.close()
+        stop_process(picker)
+        replica.stop()
+
+
+def test_a_flow_the_loop_marked_reaches_the_model_server_critical(stack):
+    gw = stack["gw"]
+    client_port = free_port(MARKED)
+    # the loop's own path: a kernel flow record -> the built-in policy -> the applier's mark writer
+    flow = FlowSignals(flow=f"{MARKED}:{client_port}->127.0.0.1:{gw}", rtt_ms=3.0, payload_bytes=2_000_000)
+    actions = BuiltinPolicy().decide(Signals(now_s=time.time(), flows=(flow,)))
+    assert [a.kind for a in actions if a.subject == flow.flow] == ["upgrade-flow"]
+    applier = ActionApplier(f"127.0.0.1:{stack['cp'].admin_port}", marks_path=stack["marks"])
+    asyncio.run(applier.apply(actions, time.time(), flow_hold_s=60.0))
+    asyncio.run(applier.close())
+    time.sleep(0.1)          # the picker looks at the marks file at most every 20 ms (FlowMarks.check_s)
+
+    # a first x-forwarded-for entry of the client's own: only Envoy's source.address attribute can match
+    status, seen = _send(gw, (MARKED, client_port), {"x-forwarded-for": "192.0.2.1"})
+    assert status == 200 and seen["upstream"] == "replica", seen
+    assert seen["headers"].get(H.QOS_CLASS) == "latency-critical", seen["headers"]
+    # another client address is not marked (the same address on another port is, by the
+    # x-forwarded-for fallback of scheduler/loop/marks.py: the gateway appends the peer's IP)
+    status, seen = _send(gw, (UNMARKED, 0))
+    assert status == 200 and H.QOS_CLASS not in seen["headers"], seen["headers"]

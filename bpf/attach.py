@@ -256,12 +256,29 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
                 }
         except KeyError:
             continue
+        entry["flow_ring"] = _flow_ring(name)
         present = tc.interface_exists(name)
         entry["filters"] = {hook: [f for f in tc.filters(name, hook) if f["ours"]] if present else []
                             for hook in PROGRAMS.values()}
         entry["interface_present"] = present
         out.append(entry)
     return out
+
+
+def _flow_ring(ifname: str) -> dict | None:
+    """The kernel-written flow ring's pin (for `mcpctl scheduler run --flow-ring`) and counters."""
+    from bpf.flow_ring import PIN_NAME, PinnedRing
+    path = os.path.join(pin_dir(ifname), PIN_NAME)
+    try:
+        ring = PinnedRing(path)
+    except (OSError, ValueError):
+        return None
+    r = ring.reader()
+    try:
+        return {"path": path, "produced": r.produced, "pending": r.pending(), "drops": r.drops}
+    finally:
+        r.close()
+        ring.close()
 
 
 def _cidr(key: layout.CidrKey) -> str:

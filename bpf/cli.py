@@ -48,8 +48,10 @@ def register(subparsers) -> None:
                      help="also serve the OpenTelemetry metrics for Prometheus on 127.0.0.1:PORT")
     lat.add_argument("--json", action="store_true", help="print the latency summary as JSON")
     lat.add_argument("--flow-ring", metavar="PATH", help="also write each sample (flow, rtt, request bytes) into "
-                     "the shared-memory flow ring at PATH (mesh/flow_ring.py; created if missing) for the "
-                     "decision loop (`mcpctl scheduler run --flow-ring PATH`)")
+                     "the shared-memory flow ring file at PATH (mesh/flow_ring.py; created if missing) for the "
+                     "decision loop (`mcpctl scheduler run --flow-ring PATH`). Not needed where the sampler "
+                     "is attached: the kernel writes the same ring itself, pinned at "
+                     "<pin dir>/flow_ring (shown by attach and status)")
     lat.set_defaults(func=_latency)
 
 
@@ -82,6 +84,9 @@ def _attach(args) -> int:
         print(json.dumps(state, indent=2))
     else:
         print(f"attached to {args.interface}: " + _describe(state))
+        if state["sample"] and state.get("flow_ring"):
+            print(f"flow ring (kernel-written): {state['flow_ring']['path']}  "
+                  f"(mcpctl scheduler run --flow-ring {state['flow_ring']['path']})")
     return 0
 
 
@@ -104,6 +109,10 @@ def _status(args) -> int:
             print(f"  tc {hook}: {progs}")
         if not st["interface_present"]:
             print("  interface is gone: run `mcpctl bpf detach` to remove the pins")
+        ring = st.get("flow_ring")
+        if st["sample"] and ring:
+            print(f"  flow ring {ring['path']}: {ring['produced']} records, {ring['pending']} unread, "
+                  f"{ring['drops']} dropped")
         if st["flow_counts"]:
             print("  flows seen: " + ", ".join(f"{n} {state}" for state, n in sorted(st["flow_counts"].items())))
         for f in st["flows"]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes as ct
 import ipaddress
 
+from mesh import flow_ring
+
 # qos_config.flags
 CFG_ALPN = 1                # classify flows by TLS ALPN
 CFG_SAMPLE = 2              # run the latency sampler
@@ -36,6 +38,7 @@ CFLAGS = [f"-D{name}={value}" for name, value in {
     "ALPN_UNCLASSED": ALPN_UNCLASSED, "ALPN_CLASSED": ALPN_CLASSED,
     "ALPN_NAME_MAX": ALPN_NAME_MAX, "TLS_MAX_EXTENSIONS": TLS_MAX_EXTENSIONS,
     "ALPN_MAX_PROTOCOLS": ALPN_MAX_PROTOCOLS,
+    **flow_ring.C_DEFINES,      # the flow ring's layout (c/flow_ring.h), defined in mesh/flow_ring.py
 }.items()]
 
 

@@ -30,6 +30,7 @@ MAP_TYPES = {
     "sample_ports": (ct.c_uint16, ct.c_uint8),
     "latency_open": (layout.FlowKey, ct.c_uint64),
     "latency_events": (None, None),
+    "flow_ring": (None, None),          # BPF_F_MMAPABLE: read through a mapping (bpf/flow_ring.py)
 }
 EGRESS, INGRESS = "qos_egress", "qos_ingress"
 
@@ -103,6 +104,8 @@ class QosDatapath:
         for name, (k, v) in MAP_TYPES.items():
             table = self.bpf.get_table(name.encode())
             self.maps[name] = BpfMap(table.map_fd, k, v, name) if k else table
+        from bpf.flow_ring import lay_out
+        lay_out(self.map_fd("flow_ring"))       # magic and record size, before any program runs
 
     def map_fd(self, name: str) -> int:
         return self.maps[name].fd if isinstance(self.maps[name], BpfMap) else self.maps[name].map_fd

@@ -1,12 +1,19 @@
-"""The seed's shared-memory flow ring: per-flow kernel samples (RTT, payload size) handed from
-the bpf part's user space to the decision loop through any writable buffer (a file-backed mmap).
+"""The seed's shared-memory flow ring: per-flow kernel samples (RTT, payload size) handed to the
+decision loop through shared memory. Two writers share this one layout and protocol:
+
+- the kernel itself: the latency sampler (bpf/c/flow_ring.h) writes a one-entry BPF_F_MMAPABLE
+  array map whose value is this layout, pinned at <pin dir>/flow_ring by `mcpctl bpf attach
+  --sample` (bpf/flow_ring.py maps it); the constants below reach the C code as -D flags
+  (bpf/layout.py), where static asserts check the C struct against them;
+- the fallback where the program is not loaded: user space (`mcpctl bpf latency --flow-ring PATH`)
+  copies ring-buffer samples into a file-backed mmap (`MappedRing`) with `FlowRingWriter`.
 
 Layout (little-endian, the seed's offsets):
 
   0x0000  u32 magic 0x52494E47 ("RING")      0x0004  u32 record size (64)
-  0x0008  u64 producer index (records ever written; the writer alone stores it)
+  0x0008  u64 producer index (records ever reserved)
   0x0010  u64 consumer index (records ever read; the reader alone stores it)
-  0x0018  u64 drops (records the writer dropped because the ring was full: a slow reader)
+  0x0018  u64 drops (records lost because the reader was a full ring behind)
   0x1000  64 KiB ring: 1024 records of 64 bytes, record i at 0x1000 + (i mod 1024) * 64
 
 Record (64 bytes):
@@ -14,14 +21,25 @@ Record (64 bytes):
   16  16 B dst address                             -- the server
   32  u16 src port   34 u16 dst port   36 u8 family (4|6)   37..39 pad
   40  u32 rtt_us      (the sampler's first request byte in -> first response byte out)
-  44  u32 pad
+  44  u32 seq         (commit word: (i mod 2^31) + 1 once record i is whole; 0 while written)
   48  u64 payload_bytes (request bytes the kernel saw before the response)
   56  u64 ts_ns       (CLOCK_MONOTONIC, as bpf_ktime_get_ns / time.monotonic_ns)
 
-One writer, one reader. The writer fills the record, then stores the producer index; the reader
-reads records up to the producer index through a memoryview of the buffer (no copy of the ring),
-then stores the consumer index. A full ring drops the new record and counts it: the traffic
-never waits for the reader.
+Protocol (many writers -- every CPU running the tc program -- and one reader):
+  writer  1. if producer - consumer >= 1024 (a full ring behind): drops += 1, stop (newest dropped);
+          2. i = atomic fetch-and-add(producer, 1)  -- reserves slot i mod 1024;
+          3. if i - consumer >= 1024 after all (writers raced for the last free slots), drops += 1:
+             record i overwrites the oldest unread one, which the reader then skips;
+          4. u64 at 40 := 0 (atomic exchange: "being written"); fill the record;
+          5. u64 at 40 := rtt_us | seq << 32 (atomic exchange: publish; rtt and seq in one store).
+  reader  for c from consumer up to producer: the slot's seq must be (c mod 2^31) + 1;
+          - if not, and producer - c <= 1024, record c's writer has not published yet: stop
+            (read it next time); if producer - c > 1024 it was overwritten: skip it;
+          - read the fields, then the u64 at 40 again: unchanged, the copy is whole; changed,
+            a writer overwrote it during the read: skip it.
+          then store consumer := c.
+The traffic never waits for the reader. The atomic exchanges order the record's stores around the
+commit word; the reader relies on x86's ordered loads (the machines this runs on).
 """
 from __future__ import annotations
 
@@ -36,9 +54,22 @@ OFF_MAGIC, OFF_RECSIZE, OFF_PROD, OFF_CONS, OFF_DROPS = 0x0, 0x4, 0x8, 0x10, 0x1
 RING_OFF, RING_BYTES, RECORD = 0x1000, 64 * 1024, 64
 SLOTS = RING_BYTES // RECORD
 SIZE = RING_OFF + RING_BYTES
-_REC = struct.Struct("<16s16sHHB3xI4xQQ")
+REC_OFF_COMMIT, REC_OFF_SEQ = 40, 44      # the u64 commit word (rtt_us | seq << 32), its seq half
+SEQ_MASK = 0x7FFFFFFF
+_REC = struct.Struct("<16s16sHHB3xIIQQ")
 assert _REC.size == RECORD
 _U64 = struct.Struct("<Q")
+assert SLOTS & (SLOTS - 1) == 0            # the C code masks the index
+
+# The layout as C macros (bpf/layout.py hands them to the compiler; c/flow_ring.h asserts on them).
+C_DEFINES = {"FLOW_RING_MAGIC": MAGIC, "FLOW_RING_OFF_PROD": OFF_PROD, "FLOW_RING_OFF_CONS": OFF_CONS,
+             "FLOW_RING_OFF_DROPS": OFF_DROPS, "FLOW_RING_OFF": RING_OFF, "FLOW_RING_SLOTS": SLOTS,
+             "FLOW_RECORD": RECORD, "FLOW_REC_OFF_COMMIT": REC_OFF_COMMIT, "FLOW_SEQ_MASK": SEQ_MASK}
+
+
+def seq_of(index: int) -> int:
+    """The commit word's seq of record `index` (never 0: 0 means being written)."""
+    return (index & SEQ_MASK) + 1
 
 
 @dataclass(frozen=True)
@@ -83,6 +114,8 @@ def _check(mv: memoryview) -> None:
 
 
 class FlowRingWriter:
+    """The user-space writer (one process, the file-ring fallback); the kernel's is c/flow_ring.h."""
+
     def __init__(self, buf):
         self.mv = memoryview(buf)
         _check(self.mv)
@@ -90,17 +123,9 @@ class FlowRingWriter:
     def write(self, src_ip: str, src_port: int, dst_ip: str, dst_port: int, rtt_us: int,
               payload_bytes: int, ts_ns: int) -> bool:
         """Append one record; False (and drops + 1) when the ring is full."""
-        prod = _U64.unpack_from(self.mv, OFF_PROD)[0]
-        cons = _U64.unpack_from(self.mv, OFF_CONS)[0]
-        if prod - cons >= SLOTS:
-            _U64.pack_into(self.mv, OFF_DROPS, _U64.unpack_from(self.mv, OFF_DROPS)[0] + 1)
-            return False
         src, family = _packed(src_ip)
         dst, _ = _packed(dst_ip)
-        _REC.pack_into(self.mv, RING_OFF + (prod % SLOTS) * RECORD, src, dst, src_port, dst_port, family,
-                       min(int(rtt_us), 0xFFFFFFFF), int(payload_bytes), int(ts_ns))
-        _U64.pack_into(self.mv, OFF_PROD, prod + 1)          # publish after the record is whole
-        return True
+        return self.write_raw(src, dst, src_port, dst_port, family, rtt_us, payload_bytes, ts_ns)
 
     def write_raw(self, src16: bytes, dst16: bytes, sport: int, dport: int, family: int, rtt_us: int,
                   payload_bytes: int, ts_ns: int) -> bool:
@@ -109,8 +134,9 @@ class FlowRingWriter:
         if prod - _U64.unpack_from(self.mv, OFF_CONS)[0] >= SLOTS:
             _U64.pack_into(self.mv, OFF_DROPS, _U64.unpack_from(self.mv, OFF_DROPS)[0] + 1)
             return False
+        # A single writer: the record is whole (seq last) before the producer index moves.
         _REC.pack_into(self.mv, RING_OFF + (prod % SLOTS) * RECORD, bytes(src16), bytes(dst16), sport, dport,
-                       family, min(int(rtt_us), 0xFFFFFFFF), int(payload_bytes), int(ts_ns))
+                       family, min(int(rtt_us), 0xFFFFFFFF), seq_of(prod), int(payload_bytes), int(ts_ns))
         _U64.pack_into(self.mv, OFF_PROD, prod + 1)
         return True
 
@@ -119,9 +145,12 @@ class FlowRingWriter:
 
 
 class FlowRingReader:
+    """Reads records in place through a memoryview of the ring (no copy of the ring)."""
+
     def __init__(self, buf):
         self.mv = memoryview(buf)
         _check(self.mv)
+        self.skipped = 0            # records overwritten before they were read (also in the writers' drops)
 
     def pending(self) -> int:
         return _U64.unpack_from(self.mv, OFF_PROD)[0] - _U64.unpack_from(self.mv, OFF_CONS)[0]
@@ -130,19 +159,40 @@ class FlowRingReader:
     def drops(self) -> int:
         return _U64.unpack_from(self.mv, OFF_DROPS)[0]
 
-    def read(self, limit: int = SLOTS) -> list[FlowSample]:
-        """The records written since the last read (up to `limit`), oldest first."""
-        prod = _U64.unpack_from(self.mv, OFF_PROD)[0]
-        cons = _U64.unpack_from(self.mv, OFF_CONS)[0]
+    @property
+    def produced(self) -> int:
+        return _U64.unpack_from(self.mv, OFF_PROD)[0]
+
+    def read_raw(self, limit: int = SLOTS) -> list[tuple]:
+        """The records published since the last read (up to `limit`), oldest first, as tuples
+        (src16, dst16, sport, dport, family, rtt_us, seq, payload_bytes, ts_ns)."""
+        mv, unpack, u64 = self.mv, _REC.unpack_from, _U64.unpack_from
+        prod = u64(mv, OFF_PROD)[0]
+        cons = u64(mv, OFF_CONS)[0]
         out = []
         while cons < prod and len(out) < limit:
-            src, dst, sport, dport, family, rtt, payload, ts = _REC.unpack_from(
-                self.mv, RING_OFF + (cons % SLOTS) * RECORD)
-            out.append(FlowSample(f"{_addr(src, family)}:{sport}", f"{_addr(dst, family)}:{dport}",
-                                  rtt, payload, ts))
+            off = RING_OFF + (cons & (SLOTS - 1)) * RECORD
+            commit = u64(mv, off + REC_OFF_COMMIT)[0]
+            if commit >> 32 != (cons & SEQ_MASK) + 1:
+                prod = u64(mv, OFF_PROD)[0]
+                if prod - cons <= SLOTS:
+                    break                              # reserved, not yet published: next read
+                self.skipped += 1                      # overwritten by a writer a ring ahead
+                cons += 1
+                continue
+            rec = unpack(mv, off)
+            if u64(mv, off + REC_OFF_COMMIT)[0] == commit:
+                out.append(rec)
+            else:
+                self.skipped += 1                      # overwritten while we read it
             cons += 1
-        _U64.pack_into(self.mv, OFF_CONS, cons)
+        _U64.pack_into(mv, OFF_CONS, cons)
         return out
+
+    def read(self, limit: int = SLOTS) -> list[FlowSample]:
+        """The records published since the last read (up to `limit`), oldest first."""
+        return [FlowSample(f"{_addr(src, family)}:{sport}", f"{_addr(dst, family)}:{dport}", rtt, payload, ts)
+                for src, dst, sport, dport, family, rtt, _seq, payload, ts in self.read_raw(limit)]
 
     def close(self) -> None:
         self.mv.release()

@@ -6,11 +6,13 @@
  * between them to the `latency_events` ring buffer. Later segments of the same
  * response are ignored until the next request arrives, so keep-alive
  * HTTP/1.1 gives one sample per request; on multiplexed HTTP/2 it samples the
- * connection's request/response turns.
+ * connection's request/response turns. Each sample also goes to the flow
+ * ring (flow_ring.h), the map the decision loop reads in place.
  */
 #pragma once
 
 #include "packet.h"
+#include "flow_ring.h"
 
 struct latency_event {
     u64 latency_ns;
@@ -71,10 +73,11 @@ static __always_inline void sample_response_out(struct qos_config *cfg, struct p
         return;
     u64 t0 = start->t0, bytes = start->bytes;
     latency_open.delete(&k);
+    u64 now = bpf_ktime_get_ns();
+    flow_ring_push(&k, p->family, (now - t0) / 1000, bytes, now);
     struct latency_event *e = latency_events.ringbuf_reserve(sizeof(*e));
     if (!e)
         return;                     /* ring full: the sample is dropped, traffic is not */
-    u64 now = bpf_ktime_get_ns();
     e->latency_ns = now - t0;
     e->port = p->flow.sport;
     e->family = p->family;

@@ -39,7 +39,9 @@ def register(subparsers) -> None:
     r.add_argument("--replica-admin", action="append", help="ENDPOINT=HOST:PORT of a replica's admin API")
     r.add_argument("--replica-pid", action="append", help="ENDPOINT=PID (memory from its cgroup)")
     r.add_argument("--flow-ring", metavar="PATH", help="per-flow kernel signals: the shared-memory flow ring "
-                   "`mcpctl bpf latency --flow-ring PATH` writes (mesh/flow_ring.py)")
+                   "(mesh/flow_ring.py): on bpffs, the map the sampler writes itself (`mcpctl bpf attach "
+                   "--sample` pins it at /sys/fs/bpf/mcp-mesh/IF/flow_ring); else the file "
+                   "`mcpctl bpf latency --flow-ring PATH` writes")
     r.add_argument("--flow-marks", metavar="PATH", help="write the flows marked latency-critical here for the "
                    "Endpoint Picker (MCP_EPP_FLOW_MARKS=PATH in its environment; scheduler/loop/marks.py)")
     r.add_argument("--admin-port", type=int, default=0, help="status HTTP port on 127.0.0.1 (default: any)")
@@ -65,7 +67,11 @@ def _run(args) -> int:
     flows_fn = None
     if args.flow_ring:
         from scheduler.loop.flows import FlowSource
-        flows_fn = FlowSource.at(args.flow_ring)
+        try:
+            flows_fn = FlowSource.at(args.flow_ring)
+        except (OSError, ValueError) as e:      # no such pin, not a flow ring, no privilege
+            print(f"mcpctl scheduler run: --flow-ring {args.flow_ring}: {e}", file=sys.stderr)
+            return 1
     from scheduler.loop.service import run
 
     async def main():

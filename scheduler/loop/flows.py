@@ -1,7 +1,12 @@
-"""Per-flow kernel signals for the loop: the records the bpf part's user space writes into the
-shared-memory flow ring (mesh/flow_ring.py; `mcpctl bpf latency --flow-ring PATH`), read at each
-period through a memoryview of the mmap, kept per flow (its latest sample) while younger than
-`keep_s`, and handed to the policy as FlowSignals with their age."""
+"""Per-flow kernel signals for the loop: the records of the shared-memory flow ring
+(mesh/flow_ring.py), read at each period through a memoryview of a mapping, kept per flow (its
+latest sample) while younger than `keep_s`, and handed to the policy as FlowSignals with their age.
+
+The ring is either the kernel's own (a BPF_F_MMAPABLE map the sampler writes, pinned in bpffs by
+`mcpctl bpf attach --sample` at <pin dir>/flow_ring) or, where the program is not loaded, a file
+that `mcpctl bpf latency --flow-ring PATH` fills from user space. The loop reads on its own period
+rather than being woken per sample: it wants each flow's latest sample once per cycle, and 200 ms
+is well inside what a 1024-record ring holds at the sampler's rate."""
 from __future__ import annotations
 
 import os
@@ -16,15 +21,34 @@ class FlowSource:
         self.reader, self.keep_s, self.clock_ns = reader, keep_s, clock_ns
         self.latest: dict[str, object] = {}      # flow -> its latest FlowSample
         self.samples = 0
+        self.ring = None
+        self.kernel = False
 
     @classmethod
     def at(cls, path: str, **kw) -> "FlowSource":
-        ring = MappedRing(path, create=not os.path.exists(path))
+        """The ring at `path`: a pinned kernel map on bpffs, or a file (created if missing)."""
+        from bpf.flow_ring import PinnedRing, on_bpffs
+        kernel = on_bpffs(path)
+        ring = PinnedRing(path) if kernel else MappedRing(path, create=not os.path.exists(path))
         src = cls(ring.reader(), **kw)
-        src.ring = ring
+        src.ring, src.kernel = ring, kernel
         return src
 
+    def _follow_reattach(self) -> None:
+        # A re-attach pins a new map under the same path: map it (the old one is no longer written).
+        if not (self.kernel and self.ring.replaced()):
+            return
+        from bpf.flow_ring import PinnedRing
+        try:
+            ring = PinnedRing(self.ring.path)
+        except OSError:
+            return                                # detached: keep what we have, retry next period
+        self.reader.close()
+        self.ring.close()
+        self.ring, self.reader = ring, ring.reader()
+
     def __call__(self) -> tuple[FlowSignals, ...]:
+        self._follow_reattach()
         for s in self.reader.read():
             self.samples += 1
             self.latest[s.flow] = s
@@ -39,4 +63,5 @@ class FlowSource:
         return tuple(out)
 
     def stats(self) -> dict:
-        return {"samples": self.samples, "drops": self.reader.drops, "flows": len(self.latest)}
+        return {"samples": self.samples, "drops": self.reader.drops, "flows": len(self.latest),
+                "source": "kernel" if self.kernel else "file"}

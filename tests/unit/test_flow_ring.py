@@ -22,7 +22,8 @@ def test_layout_is_the_seeds():
     assert struct.unpack_from("<QQ", buf, 0x8) == (1, 0)           # producer at 0x8, consumer at 0x10
     rec = buf[0x1000:0x1040]
     assert rec[:16] == b"\0" * 10 + b"\xff\xff" + bytes([10, 0, 0, 1])
-    assert struct.unpack_from("<HHBxxxII QQ".replace(" ", ""), rec, 32) == (40000, 8000, 4, 1234, 0, 1_500_000, 99)
+    # rtt at 40 and the commit word's seq (record 0 -> 1) at 44
+    assert struct.unpack_from("<HHBxxxII QQ".replace(" ", ""), rec, 32) == (40000, 8000, 4, 1234, 1, 1_500_000, 99)
     with pytest.raises(ValueError):
         R.FlowRingReader(bytearray(R.SIZE))                          # no magic
 
@@ -61,4 +62,43 @@ def test_a_file_backed_ring_is_shared_between_mappings_and_the_loop_ages_flows(t
     assert (f.rtt_ms, f.payload_bytes, f.age_ms) == (0.8, 2 << 20, 5.0) and len(flows) == 2
     now[0] += 998_000_000                                             # older than keep_s: gone
     assert [f.flow for f in src()] == ["127.0.0.1:41001->127.0.0.1:8080"]
-    assert src.stats() == {"samples": 2, "drops": 0, "flows": 1}
+    assert src.stats() == {"samples": 2, "drops": 0, "flows": 1, "source": "file"}
+
+
+def _reserve(buf, n):
+    """What a kernel writer's fetch-and-add does: reserve n records, publish none yet."""
+    struct.pack_into("<Q", buf, R.OFF_PROD, struct.unpack_from("<Q", buf, R.OFF_PROD)[0] + n)
+
+
+def _publish(buf, index, rtt_us):
+    off = R.RING_OFF + (index % R.SLOTS) * R.RECORD
+    struct.pack_into("<IIQQ", buf, off + 40, rtt_us, R.seq_of(index), 10, index)
+
+
+def test_a_reserved_but_unpublished_record_stops_the_reader_until_it_is_published():
+    buf, _, r = _ring()
+    _reserve(buf, 3)
+    _publish(buf, 0, 100)
+    _publish(buf, 2, 102)                        # record 1's writer is still writing
+    assert [t[5] for t in r.read_raw()] == [100] and r.pending() == 2
+    _publish(buf, 1, 101)
+    assert [t[5] for t in r.read_raw()] == [101, 102] and r.skipped == 0
+
+
+def test_records_overwritten_a_ring_ahead_are_skipped_not_read_as_old_data():
+    buf, _, r = _ring()
+    _reserve(buf, R.SLOTS + 2)                   # writers raced past a full ring: 0 and 1 overwritten
+    for i in range(2, R.SLOTS + 2):
+        _publish(buf, i, i)
+    got = r.read_raw()
+    assert [t[5] for t in got] == list(range(2, R.SLOTS + 2)) and r.skipped == 2 and r.pending() == 0
+
+
+def test_the_seq_wraps_at_2_to_the_31_and_is_never_0():
+    assert R.seq_of(0) == 1 and R.seq_of(R.SEQ_MASK) == R.SEQ_MASK + 1 and R.seq_of(R.SEQ_MASK + 1) == 1
+    buf, w, r = _ring()
+    start = (1 << 31) - 2                        # a ring that has carried 2^31 - 2 records
+    struct.pack_into("<QQ", buf, R.OFF_PROD, start, start)
+    for k in range(5):
+        assert w.write("127.0.0.1", 1, "127.0.0.1", 2, k, 0, k)
+    assert [s.rtt_us for s in r.read()] == list(range(5))

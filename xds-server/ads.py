@@ -224,11 +224,12 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
 
 class Wire:
-    """A response not yet joined: the shared body and this stream's nonce field.
+    """A response not yet joined: the shared body and this stream's own nonce field.
 
-    Joined (one copy of the body) by the serializer inside `context.write`,
-    once the write budget has admitted it, so that 2,000 streams pushing a
-    5 MB body hold 2,000 references, not 2,000 copies, while they wait.
+    Only for content a stream sends again (ads_protocol.Stream._wire; first
+    sends are the shared bytes themselves). Joined (one copy of the body) by
+    the serializer inside `context.write`, once the write budget has admitted
+    it, so that streams waiting to resend a 5 MB body hold references, not copies.
     """
     __slots__ = ("body", "tail")
 

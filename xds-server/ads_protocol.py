@@ -44,6 +44,8 @@ from xds_server.type_urls import CLUSTER, ENDPOINT, PUSH_ORDER
 log = logging.getLogger("xds_server.ads")   # one logger for ADS, as before the split
 
 CONTROL_PLANE = base_pb2.ControlPlane(identifier="mcp-mesh-xds")
+# A nonce field alone: field 5 in both DiscoveryResponse and DeltaDiscoveryResponse.
+NONCE_FIELD = discovery_pb2.DiscoveryResponse
 
 
 def push_order(type_urls) -> list[str]:
@@ -65,8 +67,9 @@ class Shared:
     metrics: Metrics
     nonce: Callable[[], str] = field(default_factory=counting_nonces)
     bodies: ResponseBodies = field(default_factory=ResponseBodies)
-    # How a shared body and a stream's nonce become its response: bytes here;
-    # the gRPC glue (ads.add_to_server) defers the copy to the write itself.
+    # How a shared body and a stream's own nonce field become its response (only
+    # when the body's own nonce is not new to the stream): bytes here; the gRPC
+    # glue (ads.add_to_server) defers the copy to the write itself.
     wire: Callable[[bytes, bytes], object] = operator.add
     # One frozenset per distinct name set, shared by every stream subscribed to it:
     # 100 proxies asking EDS for the same 3,000 clusters hold one set, not 100
@@ -94,6 +97,7 @@ class TypeState:
     sub_key: tuple = ()
     sent_version: str = ""
     sent_nonce: str = ""
+    last_serial: int = 0                   # of the last shared body sent as is (Stream._wire)
     # Delta only: what the client holds (name -> version) and, per nonce in
     # flight, what it held before, to restore on NACK. After a push the client
     # holds exactly a Selection (`held`), whose read-only dict `client` then
@@ -173,6 +177,24 @@ class Stream:
     def _resend_endpoints(self, snap: PreparedSnapshot) -> bytes | None:
         raise NotImplementedError
 
+    def _wire(self, st: "TypeState", key: tuple, build) -> tuple[object, str]:
+        """The response for content `key` and its nonce.
+
+        A nonce must be new on its stream and type (an ACK names the response it
+        answers), not across streams. Stored bodies carry nonce str(serial),
+        serials increasing: a stream whose last stored body had a lower serial
+        has never sent this nonce, and sends the shared bytes as they are (no
+        per-stream copy). Otherwise (the same content again, e.g. endpoints
+        resent for a warming cluster) a nonce field of its own is appended, which
+        protobuf's last-one-wins merge makes the nonce the client reads.
+        """
+        serial, wire = self.shared.bodies.get(key, build)
+        if serial > st.last_serial:
+            st.last_serial = serial
+            return wire, str(serial)
+        nonce = f"{serial}.{self.shared.nonce()}"
+        return self.shared.wire(wire, NONCE_FIELD(nonce=nonce).SerializeToString()), nonce
+
     def _nacked(self, type_url: str) -> None:
         self.shared.metrics.nacks.add(1, {"type": short_name(type_url), "protocol": self.protocol})
 
@@ -231,11 +253,9 @@ class SotwStream(Stream):
         resources, version = sel.resources, sel.version
         if version == st.sent_version and not force:
             return None
-        nonce = self.shared.nonce()
-        body = self.shared.bodies.get(("sotw", type_url, version), lambda: discovery_pb2.DiscoveryResponse(
+        wire, nonce = self._wire(st, ("sotw", type_url, version), lambda: discovery_pb2.DiscoveryResponse(
             version_info=version, type_url=type_url, control_plane=CONTROL_PLANE,
             resources=[r.any for r in resources]))
-        wire = self.shared.wire(body, discovery_pb2.DiscoveryResponse(nonce=nonce).SerializeToString())
         st.sent_version, st.sent_nonce = version, nonce
         self.shared.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(resources))
         self._count(type_url, wire, len(resources))
@@ -336,15 +356,13 @@ class DeltaStream(Stream):
             st.client, st.held = want.items, want
             return None
         removed = list(removed) + absent
-        nonce = self.shared.nonce()
-        body = self.shared.bodies.get(
-            ("delta", type_url, version, *content, tuple(removed)),
+        wire, nonce = self._wire(
+            st, ("delta", type_url, version, *content, tuple(removed)),
             lambda: discovery_pb2.DeltaDiscoveryResponse(
                 system_version_info=version, type_url=type_url, control_plane=CONTROL_PLANE,
                 resources=[discovery_pb2.Resource(name=r.name, version=r.version, resource=r.any)
                            for r in changed],
                 removed_resources=removed))
-        wire = self.shared.wire(body, discovery_pb2.DeltaDiscoveryResponse(nonce=nonce).SerializeToString())
         # What the client held before, to restore on NACK: the shared dict of the
         # Selection it held as it is, else a copy of only the names this touches.
         if st.held is not None:

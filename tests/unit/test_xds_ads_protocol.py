@@ -391,21 +391,36 @@ def test_the_first_request_must_carry_node_id(delta):
     assert list(d.shared.tracker.nodes) == [NODE.id]
 
 
-def test_sotw_response_bytes_body_shared_nonce_appended():
+def test_sotw_response_bytes_shared_by_streams_nonce_new_per_stream():
+    """Streams sending the same content send one serialized buffer (nonce included);
+    the same content again on one stream gets a nonce of its own appended."""
     shared = Shared(SyncTracker(), Telemetry().metrics, nonce=counting_nonces())
     one, two = Driver(False, shared=shared), Driver(False, shared=shared)
     Ask(CDS).run(one)
     Ask(CDS).run(two)
     snap = one.snap
     sel = snap.selection(CDS, True, set(), ("*",))
-    for d, nonce in ((one, "1"), (two, "2")):
+    for d in (one, two):
         assert d.last(CDS) == discovery_pb2.DiscoveryResponse(
             version_info=sel.version, type_url=CDS, control_plane=CONTROL_PLANE,
-            resources=[r.any for r in sel.resources], nonce=nonce)
-    tail1, tail2 = (discovery_pb2.DiscoveryResponse(nonce=n).SerializeToString() for n in ("1", "2"))
-    assert one.wire[0].endswith(tail1) and two.wire[0].endswith(tail2)
-    assert one.wire[0][:-len(tail1)] == two.wire[0][:-len(tail2)]       # one body, serialized once
+            resources=[r.any for r in sel.resources], nonce="1")
+    assert one.wire[0] is two.wire[0]                              # one buffer, serialized once
     assert (shared.bodies.misses, shared.bodies.hits) == (1, 1)
+    # (two: the node's current stream) EDS, then a CDS change: the endpoints are resent unchanged (warming), same content.
+    Ask(EDS, ("a", "b")).run(two)
+    first = two.last(EDS).nonce
+    Ask(EDS, ("a", "b")).run(two)                                  # ACK
+    assert two.push({**BASE, "clusters": {"a": 1001, "b": 1002, "c": 1003}})[:2] == ["CDS: a b c", "EDS: a b"]
+    again = two.last(EDS)
+    assert again.nonce != first and again.nonce.startswith(first + ".")
+    eds = [w for w in two.wire if discovery_pb2.DiscoveryResponse.FromString(w).type_url == EDS]
+    assert eds[-1].startswith(eds[0]) and len(eds[-1]) > len(eds[0])   # the shared bytes + its own nonce
+    # An ACK of the first EDS response is stale now; the resend's is its ACK.
+    ack = dict(type_url=EDS, resource_names=["a", "b"], version_info=again.version_info)
+    assert two.request(response_nonce=first, **ack) == []
+    assert two.sync(EDS)["status"] != "SYNCED"
+    assert two.request(response_nonce=again.nonce, **ack) == []
+    assert two.sync(EDS)["status"] == "SYNCED"
 
 
 def test_delta_response_bytes_removed_then_absent():
@@ -443,14 +458,17 @@ def test_push_order_puts_unknown_types_last_sorted():
         CDS, LDS, T.SECRET, "type.googleapis.com/a.A", "type.googleapis.com/z.Z"]
 
 
-def test_nonces_are_unique_across_streams_sharing_a_source():
+def test_nonces_are_unique_per_stream_and_shared_with_the_content():
+    """A nonce names a response on its stream (xDS); streams sent the same content
+    share its bytes, nonce included (no per-stream copy of a 5 MB body)."""
     shared = Shared(SyncTracker(), Telemetry().metrics)
     drivers = [Driver(delta, shared=shared) for delta in (False, True, False)]
     for d in drivers:
         for t in (CDS, LDS):
             (Sub(t) if d.delta else Ask(t)).run(d)
-    nonces = [r.nonce for d in drivers for sent in d.sent.values() for r in sent]
-    assert sorted(nonces, key=int) == [str(i) for i in range(1, 7)]
+    per_stream = [[r.nonce for sent in d.sent.values() for r in sent] for d in drivers]
+    assert all(len(set(n)) == len(n) == 2 for n in per_stream)
+    assert per_stream[0] == per_stream[2] and not set(per_stream[0]) & set(per_stream[1])
 
 
 def metric(text: str, name: str, **labels) -> float:

@@ -1,28 +1,51 @@
-"""scheduler.decisions dataclasses <-> the values wasmtime-py passes to and from a component.
+"""scheduler.decisions dataclasses <-> the strings a policy component takes and answers.
 
-wasmtime-py lowers a WIT record by reading attributes named as the WIT fields (kebab-case) and
-lifts one into an object with those attributes; `f32`/`f64` want Python floats, integers ints.
-What a plugin returns is checked here, so a plugin's nonsense (an unknown action kind, a NaN
-weight, one score too few) is an error of that call, never a value the loop acts on.
+The encoding, ENCODING ("mcp-policy-json/1", documented in wit/policy.wit): JSON arrays, each WIT
+record as the list of its fields in the WIT's order (FIELDS, checked against policy.wit by
+tests/unit/test_policy_plugin_conversion.py), a nested record or list the same way, u32/u64 as
+integers (clamped here), f64 as numbers. The plugin's side is the wrapper build.py generates: it
+builds the bindings' dataclasses positionally from these lists (componentize-py declares their
+fields in WIT order), so a plugin still sees typed records.
+
+Why a string and not the records themselves: wasmtime-py lowers and lifts component values in
+Python, field by field (a replica record ~0.2 ms, 20 replicas ~4.5 ms a call); one string is one
+copy, and JSON is parsed in C on both sides.
+
+What a plugin answers is checked here, so a plugin's nonsense (an unknown action kind, a NaN
+weight, one score too few, not JSON at all) is an error of that call, never a value the loop acts on.
 """
 from __future__ import annotations
 
+import json
 import math
-from types import SimpleNamespace
 
 from scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
 
+ENCODING = "mcp-policy-json/1"
 ACTION_KINDS = ("remap-class", "upgrade-flow", "class-weight", "endpoint-weight", "batcher-policy")
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
+MAX_ANSWER_CHARS = 4 << 20            # a plugin's answer is parsed on the caller's thread: bounded
+
+# Each record's fields in policy.wit's order: the encoding's column order.
+FIELDS = {
+    "class-depth": ("qos-class", "depth"),
+    "replica-signals": ("endpoint", "queue-depth", "running", "compute-p99-ms", "tokens-per-second",
+                        "kv-utilisation", "kv-hit-rate", "memory-fraction", "memory-source", "age-ms"),
+    "flow-signals": ("flow", "rtt-ms", "payload-bytes", "age-ms"),
+    "signals": ("now-s", "replicas", "flows"),
+    "action": ("kind", "subject", "value", "weight", "hold-s", "reserved-threads", "reason"),
+    "request-info": ("qos-class", "prompt-bytes", "session"),
+    "endpoint-info": ("endpoint", "queue-depth", "kv-utilisation", "compute-p99-ms"),
+}
+
+# C-accelerated both ways; NaN/Infinity pass (a signal may be inf; answers are checked below).
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_decode = json.JSONDecoder().decode
 
 
 class BadResult(ValueError):
     """A plugin returned something the contract does not allow."""
-
-
-def _record(**fields) -> SimpleNamespace:
-    return SimpleNamespace(**{name.replace("_", "-"): value for name, value in fields.items()})
 
 
 def _u32(v) -> int:
@@ -33,60 +56,90 @@ def _u64(v) -> int:
     return min(max(int(v), 0), U64_MAX)
 
 
-def replica_to_wit(r: ReplicaSignals) -> SimpleNamespace:
-    return _record(
-        endpoint=r.endpoint,
-        queue_depth=[_record(qos_class=str(c), depth=_u32(d)) for c, d in sorted(r.queue_depth.items())],
-        running=_u32(r.running), compute_p99_ms=float(r.compute_p99_ms),
-        tokens_per_second=float(r.tokens_per_second), kv_utilisation=float(r.kv_utilisation),
-        kv_hit_rate=float(r.kv_hit_rate), memory_fraction=float(r.memory_fraction),
-        memory_source=r.memory_source, age_ms=float(r.age_ms))
+# -- the host's side: rows in FIELDS order ------------------------------------------------------
+def replica_row(r: ReplicaSignals) -> list:
+    return [str(r.endpoint), [[str(c), _u32(d)] for c, d in sorted(r.queue_depth.items())],
+            _u32(r.running), float(r.compute_p99_ms), float(r.tokens_per_second), float(r.kv_utilisation),
+            float(r.kv_hit_rate), float(r.memory_fraction), str(r.memory_source), float(r.age_ms)]
 
 
-def flow_to_wit(f: FlowSignals) -> SimpleNamespace:
-    return _record(flow=f.flow, rtt_ms=float(f.rtt_ms), payload_bytes=_u64(f.payload_bytes), age_ms=float(f.age_ms))
+def flow_row(f: FlowSignals) -> list:
+    return [str(f.flow), float(f.rtt_ms), _u64(f.payload_bytes), float(f.age_ms)]
 
 
-def signals_to_wit(s: Signals) -> SimpleNamespace:
-    return _record(now_s=float(s.now_s), replicas=[replica_to_wit(r) for r in s.replicas],
-                   flows=[flow_to_wit(f) for f in s.flows])
+def request_row(r: RequestInfo) -> list:
+    return [str(r.qos_class), _u64(r.prompt_bytes), str(r.session)]
 
 
-def request_to_wit(r: RequestInfo) -> SimpleNamespace:
-    return _record(qos_class=r.qos_class, prompt_bytes=_u64(r.prompt_bytes), session=r.session)
+def endpoint_row(e: EndpointInfo) -> list:
+    return [str(e.endpoint), _u32(e.queue_depth), float(e.kv_utilisation), float(e.compute_p99_ms)]
 
 
-def endpoint_to_wit(e: EndpointInfo) -> SimpleNamespace:
-    return _record(endpoint=e.endpoint, queue_depth=_u32(e.queue_depth),
-                   kv_utilisation=float(e.kv_utilisation), compute_p99_ms=float(e.compute_p99_ms))
+def encode_signals(s: Signals) -> str:
+    return _encode([float(s.now_s), [replica_row(r) for r in s.replicas], [flow_row(f) for f in s.flows]])
 
 
-def _finite(name: str, v: float) -> float:
+def encode_request(r: RequestInfo) -> str:
+    return _encode(request_row(r))
+
+
+def encode_endpoints(endpoints) -> str:
+    return _encode([endpoint_row(e) for e in endpoints])
+
+
+# -- the plugin's answers -------------------------------------------------------------------------
+def _parse(text: str):
+    if len(text) > MAX_ANSWER_CHARS:
+        raise BadResult(f"answer of {len(text):,} characters (at most {MAX_ANSWER_CHARS:,})")
+    try:
+        return _decode(text)
+    except ValueError as e:
+        raise BadResult(f"answer is not {ENCODING}: {e}") from None
+
+
+def _finite(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadResult(f"{name} is not a number: {v!r}")
+    v = float(v)
     if not math.isfinite(v):
         raise BadResult(f"{name} is {v}")
     return v
 
 
-def action_from_wit(a) -> Action:
-    kind = getattr(a, "kind")
+def _str(name: str, v) -> str:
+    if not isinstance(v, str):
+        raise BadResult(f"{name} is not a string: {v!r}")
+    return v
+
+
+def action_from_row(row) -> Action:
+    if not isinstance(row, list) or len(row) != len(FIELDS["action"]):
+        raise BadResult(f"an action is a list of {len(FIELDS['action'])} fields, not {str(row)[:80]}")
+    kind, subject, value, weight, hold_s, reserved, reason = row
     if kind not in ACTION_KINDS:
         raise BadResult(f"unknown action kind {kind!r} (one of {', '.join(ACTION_KINDS)})")
-    subject = getattr(a, "subject")
-    if not subject:
+    if not subject or not isinstance(subject, str):
         raise BadResult(f"{kind} action without a subject")
-    hold_s = _finite("hold-s", getattr(a, "hold-s"))
-    weight = _finite("weight", getattr(a, "weight"))
+    hold_s, weight = _finite("hold-s", hold_s), _finite("weight", weight)
     if hold_s < 0 or weight < 0:
         raise BadResult(f"{kind} {subject}: negative weight or hold")
-    return Action(kind=kind, subject=subject, value=getattr(a, "value"), weight=weight, hold_s=hold_s,
-                  reserved_threads=getattr(a, "reserved-threads"), reason=getattr(a, "reason"))
+    if isinstance(reserved, bool) or not isinstance(reserved, int) or not 0 <= reserved <= U32_MAX:
+        raise BadResult(f"{kind} {subject}: reserved-threads {reserved!r} is not a u32")
+    return Action(kind=kind, subject=subject, value=_str("value", value), weight=weight, hold_s=hold_s,
+                  reserved_threads=reserved, reason=_str("reason", reason))
 
 
-def actions_from_wit(values) -> list[Action]:
-    return [action_from_wit(a) for a in values]
+def actions_from_answer(text: str) -> list[Action]:
+    rows = _parse(text)
+    if not isinstance(rows, list):
+        raise BadResult(f"decide answered {type(rows).__name__}, not a list of actions")
+    return [action_from_row(a) for a in rows]
 
 
-def scores_from_wit(values, endpoints: int) -> list[float]:
+def scores_from_answer(text: str, endpoints: int) -> list[float]:
+    values = _parse(text)
+    if not isinstance(values, list):
+        raise BadResult(f"score answered {type(values).__name__}, not a list of numbers")
     if len(values) != endpoints:
         raise BadResult(f"{len(values)} scores for {endpoints} endpoints")
-    return [_finite("score", float(v)) for v in values]
+    return [_finite("score", v) for v in values]

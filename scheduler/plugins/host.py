@@ -177,7 +177,7 @@ class PolicyHost:
             self._calls["decide"] += 1
         active = self._active
         try:
-            actions, active = self._call("decide", convert.actions_from_wit, convert.signals_to_wit(signals))
+            actions, active = self._call("decide", convert.actions_from_answer, convert.encode_signals(signals))
         except PluginError as e:
             error = self._failed("decide", e)
             return Decision(self._last_actions, False, error, _us(t0), active.info["sha256"] if active else "")
@@ -191,8 +191,8 @@ class PolicyHost:
         with self._stats_lock:
             self._calls["score"] += 1
         try:
-            scores, _ = self._call("score", lambda raw: convert.scores_from_wit(raw, len(endpoints)),
-                                   convert.request_to_wit(request), [convert.endpoint_to_wit(e) for e in endpoints])
+            scores, _ = self._call("score", lambda raw: convert.scores_from_answer(raw, len(endpoints)),
+                                   convert.encode_request(request), convert.encode_endpoints(endpoints))
         except PluginError as e:
             self._failed("score", e)
             return None

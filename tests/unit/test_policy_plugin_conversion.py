@@ -2,9 +2,12 @@
 the WASI-NN host over ONNX Runtime, the trap classification and the CLI's JSON input."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import pathlib
+import re
 import struct
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,52 +19,77 @@ from scheduler.plugins.inference import OnnxInference
 from scheduler.plugins.sandbox import Limits, _classify
 
 
-def test_signals_become_records_with_kebab_case_fields_and_wit_types():
+def test_signals_are_encoded_as_wit_ordered_rows_with_wit_types():
     s = Signals(now_s=5, replicas=(ReplicaSignals("10.0.0.1:8000", {"standard": 3, "batch": 1}, running=2,
                                                   kv_utilisation=1, memory_fraction=0.95, memory_source="nvml"),),
                 flows=(FlowSignals("a->b", rtt_ms=1, payload_bytes=1_500_000),))
-    w = convert.signals_to_wit(s)
-    assert getattr(w, "now-s") == 5.0 and isinstance(getattr(w, "now-s"), float)
-    r = w.replicas[0]
-    assert [(getattr(q, "qos-class"), q.depth) for q in getattr(r, "queue-depth")] == [("batch", 1), ("standard", 3)]
-    assert isinstance(getattr(r, "kv-utilisation"), float) and getattr(r, "memory-source") == "nvml"
-    f = w.flows[0]
-    assert (f.flow, getattr(f, "rtt-ms"), getattr(f, "payload-bytes")) == ("a->b", 1.0, 1_500_000)
+    now_s, replicas, flows = json.loads(convert.encode_signals(s))
+    assert now_s == 5.0 and isinstance(now_s, float)
+    r = dict(zip(convert.FIELDS["replica-signals"], replicas[0]))
+    assert r["queue-depth"] == [["batch", 1], ["standard", 3]]
+    assert isinstance(r["kv-utilisation"], float) and r["memory-source"] == "nvml" and r["running"] == 2
+    f = dict(zip(convert.FIELDS["flow-signals"], flows[0]))
+    assert (f["flow"], f["rtt-ms"], f["payload-bytes"]) == ("a->b", 1.0, 1_500_000)
+    assert json.loads(convert.encode_request(RequestInfo("standard", 7, "s"))) == ["standard", 7, "s"]
+    assert json.loads(convert.encode_endpoints([EndpointInfo("e", 2, 0.5, 9)])) == [["e", 2, 0.5, 9.0]]
 
 
-def test_every_dataclass_field_has_its_wit_field():
-    # The records mirror decisions.py one to one: a field added there must be added here and in the WIT.
-    import dataclasses
-    import pathlib
+def _wit_records() -> dict[str, tuple[str, ...]]:
+    """policy.wit's records in the `types` interface: name -> its fields in declared order."""
     wit = (pathlib.Path(convert.__file__).parent / "wit" / "policy.wit").read_text()
-    for cls, value in [(ReplicaSignals, convert.replica_to_wit(ReplicaSignals("e"))),
-                       (FlowSignals, convert.flow_to_wit(FlowSignals("f"))),
-                       (RequestInfo, convert.request_to_wit(RequestInfo())),
-                       (EndpointInfo, convert.endpoint_to_wit(EndpointInfo("e")))]:
-        names = {f.name.replace("_", "-") for f in dataclasses.fields(cls)}
-        assert set(vars(value)) == names
-        for name in names:
-            assert f"{name}:" in wit, f"{cls.__name__}.{name} missing from policy.wit"
-    for f in dataclasses.fields(Action):
-        assert f"{f.name.replace('_', '-')}:" in wit
+    body = wit[wit.index("interface types"):wit.index("interface inference")]
+    return {name: tuple(re.findall(r"%?([a-z0-9-]+):", fields))
+            for name, fields in re.findall(r"record ([a-z0-9-]+) \{([^}]*)\}", body)}
+
+
+def test_the_encodings_columns_are_the_wit_records_fields_in_order():
+    # The guest builds the bindings' records positionally from these rows: the order is the contract.
+    assert convert.FIELDS == _wit_records()
+
+
+@pytest.mark.parametrize("cls, row, record", [
+    (ReplicaSignals, convert.replica_row, "replica-signals"),
+    (FlowSignals, convert.flow_row, "flow-signals"),
+    (RequestInfo, convert.request_row, "request-info"),
+    (EndpointInfo, convert.endpoint_row, "endpoint-info"),
+])
+def test_every_dataclass_field_lands_in_its_wit_column(cls, row, record):
+    # Each field gets a distinct value; the row must carry it in the column its WIT field names.
+    values = {}
+    for i, f in enumerate(dataclasses.fields(cls)):
+        if f.name == "queue_depth" and cls is ReplicaSignals:
+            values[f.name] = {f"class{i}": i}
+        elif f.type in ("str",):
+            values[f.name] = f"v{i}"
+        elif f.type in ("int",):
+            values[f.name] = i
+        else:
+            values[f.name] = i + 0.5
+    encoded = row(cls(**values))
+    assert len(encoded) == len(dataclasses.fields(cls)) == len(convert.FIELDS[record])
+    for column, wit_name in zip(encoded, convert.FIELDS[record]):
+        expected = values[wit_name.replace("-", "_")]
+        if isinstance(expected, dict):                           # a dict is a list of entries
+            expected = [[k, v] for k, v in expected.items()]
+        assert column == expected, wit_name
+    assert {f.name.replace("_", "-") for f in dataclasses.fields(Action)} == set(convert.FIELDS["action"])
 
 
 def test_out_of_range_integers_are_clamped_not_raised():
-    e = convert.endpoint_to_wit(EndpointInfo("e", queue_depth=-4))
-    assert getattr(e, "queue-depth") == 0
-    f = convert.flow_to_wit(FlowSignals("f", payload_bytes=1 << 70))
-    assert getattr(f, "payload-bytes") == (1 << 64) - 1
+    assert convert.endpoint_row(EndpointInfo("e", queue_depth=-4))[1] == 0
+    assert convert.flow_row(FlowSignals("f", payload_bytes=1 << 70))[2] == (1 << 64) - 1
 
 
-def _wit_action(**kw):
+def _answer(**kw) -> str:
     base = {"kind": "remap-class", "subject": "standard", "value": "batch", "weight": 0.0, "hold-s": 60.0,
             "reserved-threads": 0, "reason": "r"}
-    return SimpleNamespace(**(base | kw))
+    row = base | kw
+    return json.dumps([[row[name] for name in convert.FIELDS["action"]]])
 
 
 def test_actions_come_back_as_dataclasses():
-    a = convert.action_from_wit(_wit_action())
-    assert a == Action("remap-class", "standard", "batch", 0.0, 60.0, 0, "r")
+    assert convert.actions_from_answer(_answer()) == [Action("remap-class", "standard", "batch", 0.0, 60.0, 0, "r")]
+    assert convert.actions_from_answer("[]") == []
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -70,18 +98,35 @@ def test_actions_come_back_as_dataclasses():
     ({"weight": math.nan}, "weight is nan"),
     ({"hold-s": math.inf}, "hold-s is inf"),
     ({"weight": -1.0}, "negative"),
+    ({"weight": "3"}, "weight is not a number"),
+    ({"reserved-threads": -1}, "is not a u32"),
+    ({"reserved-threads": 1.5}, "is not a u32"),
+    ({"reason": 7}, "reason is not a string"),
 ])
 def test_nonsense_actions_are_refused(bad, message):
     with pytest.raises(convert.BadResult, match=message):
-        convert.action_from_wit(_wit_action(**bad))
+        convert.actions_from_answer(_answer(**bad))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "not mcp-policy-json/1"),
+    ('{"kind": "remap-class"}', "not a list of actions"),
+    ('[["remap-class", "standard"]]', "a list of 7 fields"),
+    ("[" * 10 + "]" * 10 + " " * convert.MAX_ANSWER_CHARS, "at most"),
+])
+def test_an_answer_that_is_not_the_encoding_is_refused(text, message):
+    with pytest.raises(convert.BadResult, match=message):
+        convert.actions_from_answer(text)
 
 
 def test_scores_must_be_one_finite_number_per_endpoint():
-    assert convert.scores_from_wit([1.5, -2.0], 2) == [1.5, -2.0]
+    assert convert.scores_from_answer("[1.5, -2]", 2) == [1.5, -2.0]
     with pytest.raises(convert.BadResult, match="1 scores for 2 endpoints"):
-        convert.scores_from_wit([1.0], 2)
+        convert.scores_from_answer("[1.0]", 2)
     with pytest.raises(convert.BadResult, match="nan"):
-        convert.scores_from_wit([math.nan], 1)
+        convert.scores_from_answer("[NaN]", 1)
+    with pytest.raises(convert.BadResult, match="not a number"):
+        convert.scores_from_answer('["1"]', 1)
 
 
 def _tensor(rows):

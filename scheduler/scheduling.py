@@ -9,7 +9,11 @@ Scorers (each 0..1, weighted): queue (the larger of waiting + running and
 this picker's in flight there; 1 for the least loaded, 0 at QUEUE_SPREAD
 requests more), KV-cache utilisation (1 - utilisation), prefix
 affinity (the share of the prompt's leading blocks this endpoint was sent
-before), session affinity (the endpoint the session used last).
+before), session affinity (the endpoint the session used last), and for a
+session's first request only, session spread (1 for the endpoint with the
+fewest live sessions, 0 at SESSION_SPREAD more): where a chat session starts
+is where its growing history will be cached, so new sessions are placed
+evenly instead of following the shared system prompt they open with.
 Picker: the highest total; ties go to the endpoint with fewer requests in
 flight, then round robin. The next best endpoints follow as fallbacks.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -32,6 +37,12 @@ SESSIONS_KEPT = 100_000
 # benchmarks/bench_epp.py a spread of 4 let shared system prompts pile 60/40 onto one
 # replica; 2 kept the picks even at the same prefix-hit rate.
 QUEUE_SPREAD = 2.0
+# A session is live (it counts towards its endpoint's share) until it has been quiet this long:
+# longer than a user's pause between turns; the replicas' caches keep idle blocks less (5 s).
+SESSION_LIVE_S = 30.0
+# The spread score falls from 1 (the endpoint with the fewest live sessions) to 0 at this many
+# more: benchmarks/bench_epp.py --preset chat, where each session's history is most of its prompts.
+SESSION_SPREAD = 2.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,10 @@ class Weights:
     kv_cache: float = 1.0
     prefix: float = 3.0
     session: float = 1.0
+    # Only on a session's first request, where the prefix held is at most the shared system
+    # prompt (recomputed once per endpoint) while the placement decides where the session's
+    # history, soon the larger part of every prompt, is cached.
+    spread: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -90,10 +105,13 @@ class Refusal:
 class Scheduler:
     """Holds what decisions learn from: per-endpoint prefix LRU, sessions, in-flight counts."""
 
-    def __init__(self, weights: Weights = Weights(), saturation: Saturation = Saturation(), fallbacks: int = 2):
-        self.weights, self.saturation, self.fallbacks = weights, saturation, fallbacks
+    def __init__(self, weights: Weights = Weights(), saturation: Saturation = Saturation(), fallbacks: int = 2,
+                 clock=time.monotonic):
+        self.weights, self.saturation, self.fallbacks, self.clock = weights, saturation, fallbacks, clock
         self.prefixes: dict[str, OrderedDict] = {}
         self.sessions: OrderedDict[str, str] = OrderedDict()
+        self.live: OrderedDict[str, tuple[str, float]] = OrderedDict()   # session -> (endpoint, last seen), oldest first
+        self.live_sessions: dict[str, int] = {}                          # endpoint -> live sessions there
         self.inflight: dict[str, int] = {}
         self._rr = itertools.count()
 
@@ -115,6 +133,8 @@ class Scheduler:
             # Critical requests avoid saturated endpoints; sheddable ones never add to them.
             candidates = unsaturated
         blocks = request.blocks()
+        now = self.clock()
+        self._expire(now)
         scores = self._scores(request, blocks, candidates, loads)
         start = next(self._rr)
         order = sorted(range(len(candidates)), key=lambda i: (-scores[candidates[i]],
@@ -123,7 +143,7 @@ class Scheduler:
         ranked = [candidates[i] for i in order]
         chosen = ranked[0]
         hit = self._prefix_share(chosen, blocks)
-        self._learn(request, blocks, chosen)
+        self._learn(request, blocks, chosen, now)
         return Pick(ranked[:1 + self.fallbacks], scores, hit, len(blocks))
 
     def started(self, endpoint: str) -> None:
@@ -150,13 +170,17 @@ class Scheduler:
         queues = {e: self._queue(loads[e], e) for e in candidates}
         lo = min(queues.values())
         session_ep = self.sessions.get(request.session) if request.session else None
+        first = request.session is not None and session_ep is None
+        fewest = min(self.live_sessions.get(e, 0) for e in candidates)
         out = {}
         for e in candidates:
             queue = max(0.0, 1.0 - (queues[e] - lo) / QUEUE_SPREAD)
             kv = 1.0 - loads[e].kv_utilisation
             prefix = self._prefix_share(e, blocks)
             session = 1.0 if session_ep == e else 0.0
-            out[e] = w.queue * queue + w.kv_cache * kv + w.prefix * prefix + w.session * session
+            spread = max(0.0, 1.0 - (self.live_sessions.get(e, 0) - fewest) / SESSION_SPREAD) if first else 0.0
+            out[e] = (w.queue * queue + w.kv_cache * kv + w.prefix * prefix + w.session * session +
+                      w.spread * spread)
         return out
 
     def _prefix_share(self, endpoint: str, blocks: list[bytes]) -> float:
@@ -171,7 +195,15 @@ class Scheduler:
             n += 1
         return n / len(blocks)
 
-    def _learn(self, request: Request, blocks: list[bytes], endpoint: str) -> None:
+    def _expire(self, now: float) -> None:
+        while self.live:
+            sid, (endpoint, seen) = next(iter(self.live.items()))
+            if now - seen < SESSION_LIVE_S and len(self.live) <= SESSIONS_KEPT:
+                break
+            del self.live[sid]
+            self.live_sessions[endpoint] -= 1
+
+    def _learn(self, request: Request, blocks: list[bytes], endpoint: str, now: float) -> None:
         held = self.prefixes.setdefault(endpoint, OrderedDict())
         for b in blocks:
             held[b] = True
@@ -179,6 +211,11 @@ class Scheduler:
         while len(held) > PREFIX_LRU_BLOCKS:
             held.popitem(last=False)
         if request.session:
+            old = self.live.pop(request.session, None)
+            if old is not None:
+                self.live_sessions[old[0]] -= 1
+            self.live[request.session] = (endpoint, now)
+            self.live_sessions[endpoint] = self.live_sessions.get(endpoint, 0) + 1
             self.sessions[request.session] = endpoint
             self.sessions.move_to_end(request.session)
             while len(self.sessions) > SESSIONS_KEPT:

@@ -135,3 +135,23 @@ def test_prometheus_text_is_summed_per_name():
     text = ('# HELP x\nvllm:num_requests_waiting{model="a"} 2\nvllm:num_requests_waiting{model="b"} 3\n'
             'vllm:kv_cache_usage_perc 0.25\nbad line\n')
     assert parse_prometheus(text) == {"vllm:num_requests_waiting": 5.0, "vllm:kv_cache_usage_perc": 0.25}
+
+
+def test_new_sessions_go_where_fewest_sessions_are_live_and_quiet_sessions_stop_counting():
+    from scheduler.scheduling import SESSION_LIVE_S
+    now = [100.0]
+    s = Scheduler(clock=lambda: now[0])
+    pool = ready(A, B)
+
+    def first_turn(sid, subset=None):
+        prompt = f"session {sid} opens with its own words, long enough for a few prefix blocks " * 3
+        return s.pick(Request(prompt=prompt, session=sid, subset=subset), [A, B], pool).endpoints[0]
+
+    assert [first_turn(f"s{i}", (A,)) for i in range(3)] == [A, A, A]
+    # A holds three live sessions, B none: the next two new sessions both go to B (round robin
+    # alone would alternate).
+    assert [first_turn("s3"), first_turn("s4")] == [B, B]
+    now[0] += SESSION_LIVE_S + 1           # s0-s4 fall quiet
+    assert [first_turn(f"s{i}", (B,)) for i in (5, 6)] == [B, B]
+    # Only s5 and s6 are live now (both on B): a new session goes to A.
+    assert first_turn("s7") == A

@@ -2,9 +2,11 @@
 as plain Python, side by side in one run.
 
 - decide(): the seed table (scheduler/plugins/policies/seed_table.py), one host import per call
-  (its log line); score(): the latency example (one WASI-NN inference per call, ONNX Runtime).
-- The component through PolicyHost (conversion from scheduler.decisions included) with fuel
-  metering on (fuel + epoch deadline) and off (epoch deadline only); the raw export call too.
+  (its log line); score(): the latency example (one WASI-NN inference per call, ONNX Runtime);
+  each at 2 and 20 replicas/endpoints (4 flows).
+- The component through PolicyHost (encoding from scheduler.decisions and checking the answer
+  included) with fuel metering on (fuel + epoch deadline) and off (epoch deadline only); the
+  export call alone (already-encoded signals) too.
 - Plain Python: the very same plugin file imported in CPython with componentize-py's generated
   bindings, its host imports bound to the same host functions (a subprocess, PYTHONPATH set).
 - Loading: cold compile vs deserializing the cached compiled form.
@@ -30,19 +32,27 @@ CACHE = ROOT / ".cache" / "policy-bench"
 POLICIES = ROOT / "scheduler" / "plugins" / "policies"
 
 
-def _signals():
+SIZES = (2, 20)                   # replicas (decide) and endpoints (score)
+FLOWS = 4
+
+
+def _signals(replicas: int):
     from scheduler.decisions import FlowSignals, ReplicaSignals, Signals
+    # One replica in three over 90 % memory: the remap's reason names each hot one.
     return Signals(now_s=1.0,
-                   replicas=tuple(ReplicaSignals(f"10.0.0.{i}:8000", {"standard": i, "batch": 1}, running=2,
-                                                 kv_utilisation=0.1 * i, memory_fraction=0.5 + 0.1 * i,
-                                                 memory_source="nvml") for i in range(1, 5)),
+                   replicas=tuple(ReplicaSignals(f"10.0.{i // 250}.{i % 250 + 1}:8000", {"standard": i % 7, "batch": 1},
+                                                 running=2, compute_p99_ms=40.0 + i, tokens_per_second=900.0,
+                                                 kv_utilisation=(i % 10) / 10, kv_hit_rate=0.5,
+                                                 memory_fraction=0.95 if i % 3 == 0 else 0.6,
+                                                 memory_source="nvml", age_ms=12.0) for i in range(replicas)),
                    flows=tuple(FlowSignals(f"10.1.0.{i}:5000->10.0.0.1:8000", rtt_ms=10.0 * i,
-                                           payload_bytes=400_000 * i) for i in range(1, 9)))
+                                           payload_bytes=400_000 * i) for i in range(1, FLOWS + 1)))
 
 
-def _endpoints():
+def _endpoints(n: int):
     from scheduler.decisions import EndpointInfo
-    return [EndpointInfo(f"10.0.0.{i}:8000", queue_depth=i, kv_utilisation=0.1 * i) for i in range(1, 5)]
+    return [EndpointInfo(f"10.0.{i // 250}.{i % 250 + 1}:8000", queue_depth=i % 7, kv_utilisation=(i % 10) / 10)
+            for i in range(n)]
 
 
 def _stats(samples_us: list[float]) -> dict:
@@ -72,20 +82,22 @@ def _component(calls: int, fuel: bool) -> dict:
     # A generous wall-clock backstop: this measures cost, and a loaded machine's stalls count
     # against an epoch deadline (a cut-off call would be a failure, not a sample).
     limits = Limits(deadline_ms=5000.0) if fuel else Limits(fuel=None, deadline_ms=5000.0)
-    out = {}
-    signals, endpoints, request = _signals(), _endpoints(), RequestInfo("standard", 100, "s")
+    out: dict = {}
+    request = RequestInfo("standard", 100, "s")
     seed = PolicyHost(POLICIES / "seed_table.py", limits=limits, cache_dir=CACHE)
     out["seed_load"] = seed.load()
-    assert seed.decide(signals).ok
-    out["decide"] = _time(lambda: seed.decide(signals), calls)
-    raw = convert.signals_to_wit(signals)
-    plugin = seed._active.plugin
-    out["decide_raw_call"] = _time(lambda: plugin.call("decide", raw), calls)
-    out["decide_fuel"] = seed.stats()["cost_us"]["decide"]["fuel_last"]
     lat = PolicyHost(POLICIES / "latency_score.py", limits=limits, cache_dir=CACHE)
     out["latency_load"] = lat.load()
-    assert lat.score(request, endpoints) is not None
-    out["score"] = _time(lambda: lat.score(request, endpoints), calls)
+    plugin = seed._active.plugin
+    for n in SIZES:
+        signals, endpoints = _signals(n), _endpoints(n)
+        assert seed.decide(signals).ok and lat.score(request, endpoints) is not None
+        out[f"decide_{n}"] = _time(lambda: seed.decide(signals), calls)
+        out[f"decide_{n}_fuel"] = seed.stats()["cost_us"]["decide"]["fuel_last"]
+        encoded = convert.encode_signals(signals)
+        out[f"decide_{n}_export"] = _time(lambda: plugin.call("decide", encoded), calls)
+        out[f"score_{n}"] = _time(lambda: lat.score(request, endpoints), calls)
+        out[f"score_{n}_fuel"] = lat.stats()["cost_us"]["score"]["fuel_last"]
     out["failures"] = seed.stats()["failures"] | lat.stats()["failures"]
     return out
 
@@ -146,17 +158,25 @@ def _plain_child(calls: int) -> dict:
 
     import latency_score
     import seed_table
-    s = _signals()
-    # The bindings' own dataclasses, as the guest sees them after lifting.
-    sig = wt.Signals(s.now_s, [wt.ReplicaSignals(r.endpoint, [wt.ClassDepth(c, d) for c, d in r.queue_depth.items()],
-                                                 r.running, r.compute_p99_ms, r.tokens_per_second, r.kv_utilisation,
-                                                 r.kv_hit_rate, r.memory_fraction, r.memory_source, r.age_ms)
-                               for r in s.replicas],
-                     [wt.FlowSignals(f.flow, f.rtt_ms, f.payload_bytes, f.age_ms) for f in s.flows])
-    eps = [wt.EndpointInfo(e.endpoint, e.queue_depth, e.kv_utilisation, e.compute_p99_ms) for e in _endpoints()]
+
+    def plain(world):
+        # The bindings declare the world's `encoding` export abstract; the build's wrapper defines it.
+        return type("Plain", (world,), {"encoding": lambda self: ""})()
+    seed, lat = plain(seed_table.WitWorld), plain(latency_score.WitWorld)
     req = wt.RequestInfo("standard", 100, "s")
-    seed, lat = seed_table.WitWorld(), latency_score.WitWorld()
-    return {"decide": _time(lambda: seed.decide(sig), calls), "score": _time(lambda: lat.score(req, eps), calls)}
+    out = {}
+    for n in SIZES:
+        s = _signals(n)
+        # The bindings' own dataclasses, as the guest's wrapper hands them to the plugin.
+        sig = wt.Signals(s.now_s, [wt.ReplicaSignals(r.endpoint, [wt.ClassDepth(c, d) for c, d in r.queue_depth.items()],
+                                                     r.running, r.compute_p99_ms, r.tokens_per_second,
+                                                     r.kv_utilisation, r.kv_hit_rate, r.memory_fraction,
+                                                     r.memory_source, r.age_ms) for r in s.replicas],
+                         [wt.FlowSignals(f.flow, f.rtt_ms, f.payload_bytes, f.age_ms) for f in s.flows])
+        eps = [wt.EndpointInfo(e.endpoint, e.queue_depth, e.kv_utilisation, e.compute_p99_ms) for e in _endpoints(n)]
+        out[f"decide_{n}"] = _time(lambda: seed.decide(sig), calls)
+        out[f"score_{n}"] = _time(lambda: lat.score(req, eps), calls)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,21 +192,23 @@ def main(argv: list[str] | None = None) -> int:
               "component_fuel_off": _component(args.calls, fuel=False),
               "load": _load_times()}
     plain, on, off = result["plain_python"], result["component_fuel_on"], result["component_fuel_off"]
-    print(f"{'call':<28}{'p50 µs':>10}{'p99 µs':>10}{'CPU µs':>10}{'CPU vs plain':>14}")
-    rows = [("decide plain Python", plain["decide"], plain["decide"]),
-            ("decide component fuel on", on["decide"], plain["decide"]),
-            ("decide component fuel off", off["decide"], plain["decide"]),
-            ("decide raw export, fuel on", on["decide_raw_call"], plain["decide"]),
-            ("score plain Python", plain["score"], plain["score"]),
-            ("score component fuel on", on["score"], plain["score"]),
-            ("score component fuel off", off["score"], plain["score"])]
-    for name, s, base in rows:
-        print(f"{name:<28}{s['p50_us']:>10.1f}{s['p99_us']:>10.1f}{s['cpu_us_per_call']:>10.1f}"
-              f"{s['cpu_us_per_call'] / base['cpu_us_per_call']:>13.1f}x")
+    result["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    print(f"{'call':<34}{'p50 µs':>10}{'p99 µs':>10}{'CPU µs':>10}{'CPU vs plain':>14}")
+    for export in ("decide", "score"):
+        for n in SIZES:
+            key, base = f"{export}_{n}", plain[f"{export}_{n}"]
+            rows = [(f"{export} {n:>2} plain Python", base), (f"{export} {n:>2} component fuel on", on[key]),
+                    (f"{export} {n:>2} component fuel off", off[key])]
+            if export == "decide":
+                rows.append((f"{export} {n:>2} export call only, fuel", on[f"{key}_export"]))
+            for name, s in rows:
+                print(f"{name:<34}{s['p50_us']:>10.1f}{s['p99_us']:>10.1f}{s['cpu_us_per_call']:>10.1f}"
+                      f"{s['cpu_us_per_call'] / base['cpu_us_per_call']:>13.1f}x")
     ld = result["load"]
-    print(f"\nfuel per seed-table decide: {on['decide_fuel']:,}")
+    print("\nfuel per call: " + ", ".join(f"{e} {n}: {on[f'{e}_{n}_fuel']:,}" for e in ("decide", "score") for n in SIZES))
     print(f"load {ld['component_mb']} MB component: cold compile {ld['cold_compile_s']} s, "
           f"deserialize {ld['deserialize_s']} s ({ld['ratio']}x); serialized {ld['cached_mb']} MB")
+    print(f"failed calls: {on['failures'] | off['failures'] or 0}; load average {result['loadavg']}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {OUT.relative_to(ROOT)}")

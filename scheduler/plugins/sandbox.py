@@ -18,9 +18,17 @@ from dataclasses import dataclass
 
 import ctypes
 
-from wasmtime import Config, Engine, Store, Trap, TrapCode, WasmtimeError, _ffi as ffi
+from wasmtime import Config, Engine, Store, Trap, TrapCode, WasmtimeError
 from wasmtime.component import Component, Func, Linker, String
-from wasmtime.component._enter import enter_wasm
+
+try:    # wasmtime-py internals the fast call needs (tested with 50.x); without them, the public call
+    from wasmtime import _ffi as ffi
+    from wasmtime.component._enter import enter_wasm
+    _FAST = all(hasattr(ffi, n) for n in ("wasmtime_component_func_call", "wasmtime_component_val_t",
+                                          "str_to_capi", "to_str", "wasmtime_component_val_delete"))
+except ImportError:
+    ffi = enter_wasm = None
+    _FAST = False
 
 from scheduler.plugins.build import EXCEPTION_TAG
 from scheduler.plugins.convert import ENCODING
@@ -118,11 +126,13 @@ class StringCall:
         if not all(isinstance(t, String) for t in params) or not isinstance(ty.result, String):
             raise PluginError("instantiate", f"{name} is not func(string, ...) -> string (built for another world?)")
         self.func, self.arity = func, len(params)
-        self._params_type = ffi.wasmtime_component_val_t * self.arity
+        self._params_type = ffi.wasmtime_component_val_t * self.arity if _FAST else None
 
     def __call__(self, store: Store, *args: str) -> str:
         if len(args) != self.arity:
             raise TypeError(f"{self.arity} arguments, not {len(args)}")
+        if not _FAST or not hasattr(self.func, "_func"):
+            return self.func(store, *args)
         params = self._params_type()
         for i, text in enumerate(args):
             params[i].kind = ffi.WASMTIME_COMPONENT_STRING

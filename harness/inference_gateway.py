@@ -1,6 +1,7 @@
 """A static Envoy gateway in front of an InferencePool, wired as the Gateway
 API Inference Extension wires one: the ext_proc filter asks the Endpoint
-Picker (request headers, then the buffered body), and the pool's cluster
+Picker (request headers, then the buffered body; other modes as named in
+mesh/endpoint_picker.py), and the pool's cluster
 balances with Envoy's override_host policy, which takes the picked endpoint
 (and its fallbacks, in order) from the `envoy.lb` metadata the picker set,
 and falls back to round robin when there is none (FailOpen with the picker
@@ -22,15 +23,18 @@ def _address(host: str, port: int) -> dict:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def ext_proc_filter(fail_open: bool, timeout_s: float = 1.0) -> dict:
+def ext_proc_filter(fail_open: bool, timeout_s: float = 1.0, mode: dict | None = None) -> dict:
+    """`mode`: the processing mode (mesh.endpoint_picker: LEAN_MODE, the gateway's and the default,
+    ANSWER_MODE, DUPLEX_MODE)."""
     return {"name": "envoy.filters.http.ext_proc", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "endpoint-picker"}, "timeout": f"{timeout_s}s"},
         "failure_mode_allow": fail_open,
         "message_timeout": f"{timeout_s}s",
-        "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
-                            "response_header_mode": "SEND", "response_body_mode": "NONE",
-                            "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+        "processing_mode": dict(mode or epp.LEAN_MODE),
+        # ANSWER_MODE: the picker switches the answer of a `"stream": true` request to pass through it
+        "allow_mode_override": True,
+        "allowed_override_modes": [epp.STREAMED_RESPONSE_MODE],
         # Envoy keeps dynamic metadata from the processor only in namespaces listed here.
         "metadata_options": {"receiving_namespaces": {"untyped": [epp.DESTINATION_NAMESPACE]}},
         # the downstream address: the picker upgrades flows the decision loop marked (scheduler/loop/marks.py)
@@ -70,9 +74,10 @@ def _listener(port: int, http_filters: list[dict], route_timeout_s: float) -> di
 
 
 def gateway_bootstrap(listeners: dict[int, bool], pool: list[tuple[str, int]], picker_port: int,
-                      route_timeout_s: float = 10.0) -> dict:
+                      route_timeout_s: float = 10.0, mode: dict | None = None) -> dict:
     """{gateway port: fail_open} -> an Envoy bootstrap with one listener per entry."""
-    out = [_listener(port, [ext_proc_filter(fail_open)], route_timeout_s) for port, fail_open in listeners.items()]
+    out = [_listener(port, [ext_proc_filter(fail_open, mode=mode)], route_timeout_s)
+           for port, fail_open in listeners.items()]
     picker = {"name": "endpoint-picker", "type": "STATIC", "connect_timeout": "1s",
               "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                   "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",

@@ -23,6 +23,28 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 
+# ext_proc processing modes (ProcessingMode fields -> enum names), for the
+# gateway's filter and the picker alike (scheduler/README.md measures them).
+# The request headers are always sent: Envoy holds them (and so the routing)
+# only while the processor has them; skipped, the router picks a host before
+# the body is read. ANSWER_MODE: request headers, the buffered body (the
+# picker reads `model` and the prompt), response headers (the served endpoint;
+# the answer of a `"stream": true` request is switched to STREAMED_RESPONSE_MODE
+# by mode_override, the filter allowing exactly that override: the SSE body
+# chunk by chunk through the picker). LEAN_MODE: without the response headers;
+# Envoy keeps the stream open until the request has ended, whose close ends the
+# in-flight count. DUPLEX_MODE: GIE's own (the body FULL_DUPLEX_STREAMED,
+# answered after the whole body; no mode override is possible then).
+ANSWER_MODE = {"request_header_mode": "SEND", "request_body_mode": "BUFFERED", "request_trailer_mode": "SKIP",
+               "response_header_mode": "SEND", "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
+LEAN_MODE = {**ANSWER_MODE, "response_header_mode": "SKIP"}
+STREAMED_RESPONSE_MODE = {**ANSWER_MODE, "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"}
+DUPLEX_MODE = {**STREAMED_RESPONSE_MODE, "request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"}
+# An InferencePool annotation choosing its routes' mode: `lean` (the default) or
+# `answer` (the served endpoint observed, SSE answers streamed through the picker).
+MODE_ANNOTATION = "mcp-mesh.io/endpoint-picker-mode"
+POOL_MODES = {"lean": LEAN_MODE, "answer": ANSWER_MODE}
+
 # gRPC health services the EPP answers (grpc.health.v1): liveness while the
 # process runs; the others only once it has a pool to pick from.
 LIVENESS = "liveness"

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from mesh import endpoint_picker as epp
 from mesh import hosts
 from mesh.diagnostics import Diagnostic
 from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from
@@ -423,6 +424,8 @@ def _pool_services(config: MeshConfig, out: list[Resource]) -> None:
         if pool.picker is not None:
             labels.update({PICKER_SERVICE_LABEL: pool.picker.name, PICKER_PORT_LABEL: str(pool.picker.port),
                            PICKER_FAILURE_MODE_LABEL: pool.picker.failure_mode})
+            if res.annotations.get(epp.MODE_ANNOTATION):          # the ext_proc mode its routes get
+                labels[epp.MODE_ANNOTATION] = str(res.annotations[epp.MODE_ANNOTATION])
         endpoints = [{"address": e.address, "ports": {port: e.port}, "labels": dict(e.labels)}
                      for e in pool_endpoints(config, pool)]
         se = synthesized(res, "ServiceEntry", pool_service_name(res.name), {

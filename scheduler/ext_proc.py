@@ -1,30 +1,68 @@
 """The Endpoint Picker Protocol over Envoy's ext_proc stream (one stream per
-HTTP request): request headers (and the body, when Envoy is configured to
-send it buffered) in; the pick out as the `x-gateway-destination-endpoint`
-header and the same value in dynamic metadata `envoy.lb`, or an immediate
-503 / 429. The request counts as in flight on its endpoint until the stream
-ends (for a streamed answer, when the last chunk has passed).
+HTTP request): request headers and body in; the pick out as the
+`x-gateway-destination-endpoint` header and the same value in dynamic
+metadata `envoy.lb`, or an immediate 503 / 429. The request counts as in
+flight on its endpoint until its stream ends or its answer's last chunk has
+passed. The modes (mesh/endpoint_picker.py; Envoy names them in the first
+message's `protocol_config`):
+
+- LEAN_MODE (the gateway's): headers, answered at once, then the whole body
+  (BUFFERED), answered with the pick; a request without a body is picked on
+  its headers. Nothing of the answer: Envoy keeps the stream of a request with
+  a body open until the request has ended (the last SSE chunk included), so
+  its close ends the in-flight count (a bodiless request's closes at the pick).
+- ANSWER_MODE: the response headers too, with `x-gateway-destination-endpoint-served`
+  (where retries ran the request: counted there from then on). The answer of
+  a `"stream": true` request is switched to FULL_DUPLEX_STREAMED (mode_override,
+  which the filter allows for exactly STREAMED_RESPONSE_MODE): every chunk
+  passes through at once (echoed as `streamed_response`), the picker counts
+  its SSE events, reads the final `usage`, and ends the count at the last chunk.
+- DUPLEX_MODE (GIE's own): the body FULL_DUPLEX_STREAMED; Envoy sends headers
+  and chunks without waiting, the picker answers the headers (with the pick)
+  once the body has ended and echoes the body as one `streamed_response`.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import time
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import json_format
 
 from mesh import endpoint_picker as epp
 from mesh import headers as H
-from scheduler.requests import build_request
+from scheduler.requests import MAX_BODY_PARSED, build_request
 from scheduler.scheduling import Pick, Refusal
 
 log = logging.getLogger("scheduler.epp")
 UPGRADED = ":mcp-upgraded"                # internal key: the class a marked flow was upgraded to
 MODEL_HEADER = "x-gateway-model-name"     # body-based routing: the `model` the body named
+_Mode = processing_mode_pb2.ProcessingMode
+DUPLEX = _Mode.FULL_DUPLEX_STREAMED
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
+
+# The mode a streamed (SSE) answer is switched to (mesh/endpoint_picker.py).
+STREAMED_RESPONSE_MODE = json_format.ParseDict(epp.STREAMED_RESPONSE_MODE, _Mode())
+
+# Answers without content, built once (serialised per write, never mutated).
+_GO_ON = {
+    "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),
+    "request_body": pb.ProcessingResponse(request_body=pb.BodyResponse()),
+    "request_trailers": pb.ProcessingResponse(request_trailers=pb.TrailersResponse()),
+    "response_headers": pb.ProcessingResponse(response_headers=pb.HeadersResponse()),
+    "response_body": pb.ProcessingResponse(response_body=pb.BodyResponse()),
+    "response_trailers": pb.ProcessingResponse(response_trailers=pb.TrailersResponse()),
+}
+_STREAM_RESPONSE = pb.ProcessingResponse(response_headers=pb.HeadersResponse(), mode_override=STREAMED_RESPONSE_MODE)
+_REFUSAL_CODES = {503: http_status_pb2.StatusCode.ServiceUnavailable, 429: http_status_pb2.StatusCode.TooManyRequests}
 
 
 def _headers(msg) -> dict[str, str]:
@@ -48,25 +86,32 @@ def _served(request: pb.ProcessingRequest) -> str | None:
     return None
 
 
-def _mutation(pick: Pick, model: str | None, upgraded: str | None = None) -> tuple[pb.CommonResponse, struct_pb2.Struct]:
+def _picked(pick: Pick, model: str | None, upgraded: str | None, phase: str) -> pb.ProcessingResponse:
+    """The pick as the answer to `phase` (request_headers or request_body): header mutation + envoy.lb."""
     value = epp.format_endpoints(pick.endpoints)
-    common = pb.CommonResponse()
+    out = pb.ProcessingResponse()
+    sets = getattr(out, phase).response.header_mutation.set_headers
     for name, v in ((epp.DESTINATION_ENDPOINT, value), (MODEL_HEADER, model), (H.QOS_CLASS, upgraded)):
         if v:
-            opt = common.header_mutation.set_headers.add()
-            opt.header.key, opt.header.raw_value = name, v.encode()
-            opt.append_action = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-    metadata = struct_pb2.Struct()
-    metadata.update({epp.DESTINATION_NAMESPACE: {epp.DESTINATION_ENDPOINT: value}})
-    return common, metadata
+            sets.add(header=base_pb2.HeaderValue(key=name, raw_value=v.encode()), append_action=_OVERWRITE)
+    out.dynamic_metadata.fields[epp.DESTINATION_NAMESPACE].struct_value.fields[
+        epp.DESTINATION_ENDPOINT].string_value = value
+    return out
 
 
 def _refuse(refusal: Refusal) -> pb.ProcessingResponse:
     out = pb.ProcessingResponse()
-    out.immediate_response.status.code = http_status_pb2.StatusCode.Value(
-        {503: "ServiceUnavailable", 429: "TooManyRequests"}[refusal.status])
+    out.immediate_response.status.code = _REFUSAL_CODES[refusal.status]
     out.immediate_response.body = refusal.reason.encode() + b"\n"
     out.immediate_response.details = "endpoint_picker:" + refusal.reason.replace(" ", "_")
+    return out
+
+
+def _echo(phase: str, body: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    """FULL_DUPLEX_STREAMED: the processor sends the body on itself, unchanged."""
+    out = pb.ProcessingResponse()
+    streamed = getattr(out, phase).response.body_mutation.streamed_response
+    streamed.body, streamed.end_of_stream = body, end_of_stream
     return out
 
 
@@ -93,40 +138,80 @@ def _flow_marks(state):
     return marks
 
 
-class EndpointPicker(pb_grpc.ExternalProcessorServicer):
-    """`state` gives the pool view, the loads and the Scheduler (scheduler.server.PickerState)."""
+class SseWatch:
+    """What the picker reads of a streamed answer passing through: SSE events and the final `usage`."""
+    __slots__ = ("events", "tail", "usage")
 
-    def __init__(self, state):
+    def __init__(self):
+        self.events, self.tail, self.usage = 0, b"", None
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self.tail + chunk).split(b"\n")
+        self.tail = lines.pop()[-65536:]              # an incomplete line waits for the next chunk (bounded)
+        for line in lines:
+            if line.startswith(b"data:"):
+                self.events += 1
+                if b'"usage"' in line:
+                    self._read_usage(line[5:])
+
+    def _read_usage(self, data: bytes) -> None:
+        try:
+            usage = json.loads(data).get("usage")
+        except (ValueError, AttributeError, RecursionError):
+            return
+        if isinstance(usage, dict):
+            self.usage = usage
+
+
+class EndpointPicker(pb_grpc.ExternalProcessorServicer):
+    """`state` gives the pool view, the loads and the Scheduler (scheduler.server.PickerState);
+    `stream_responses`: switch the answers of `"stream": true` requests to FULL_DUPLEX_STREAMED
+    (the filter must allow that mode override, as the mesh's and the harness's gateways do)."""
+
+    def __init__(self, state, stream_responses: bool = True):
         self.state = state
+        self.stream_responses = stream_responses
 
     async def Process(self, request_iterator, context):
         headers: dict[str, str] = {}
         subset = None
         body = bytearray()
         picked: str | None = None
+        decided = duplex = streaming = sse = False
+        watch: SseWatch | None = None
         try:
             async for request in request_iterator:
                 kind = request.WhichOneof("request")
-                if kind == "request_headers":
-                    headers, subset = _headers(request.request_headers), _subset(request)
-                    marks = _flow_marks(self.state)
-                    if marks is not None:          # the loop's upgrade-flow: a marked flow is served critical
-                        upgraded = marks.lookup(_source_address(request), headers.get("x-forwarded-for"))
-                        if upgraded:
-                            headers[H.QOS_CLASS] = upgraded
-                            headers[UPGRADED] = upgraded
+                if request.HasField("protocol_config"):          # the first message says the modes
+                    duplex = request.protocol_config.request_body_mode == DUPLEX
+                    streaming = request.protocol_config.response_body_mode == DUPLEX
+                if kind == "request_body":
+                    chunk = request.request_body
+                    if decided:                       # duplex, past the parse limit: the rest streams through
+                        yield _echo(kind, chunk.body, chunk.end_of_stream)
+                        continue
+                    body += chunk.body
+                    if duplex and not chunk.end_of_stream and len(body) <= MAX_BODY_PARSED:
+                        continue                      # the answers wait for the whole body
+                    # BUFFERED sends the body in one message (end_of_stream false only when trailers follow)
+                    whole = bytes(body) if chunk.end_of_stream or not duplex else b""
+                    sse = self.stream_responses and b'"stream"' in whole and bool(_STREAM_TRUE.search(whole))
+                    response, picked = self._decide(headers, whole, subset,
+                                                    "request_headers" if duplex else "request_body")
+                    decided = True
+                    yield response
+                    if duplex and not response.HasField("immediate_response"):
+                        yield _echo(kind, bytes(body), chunk.end_of_stream)
+                    body = bytearray()
+                elif kind == "request_headers":
+                    headers, subset = self._read(request, _headers(request.request_headers)), _subset(request)
                     if request.request_headers.end_of_stream:
-                        response, picked = self._decide(headers, b"", subset, "request_headers")
-                    else:
-                        response = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-                elif kind == "request_body":
-                    body += request.request_body.body
-                    if request.request_body.end_of_stream and picked is None:
-                        response, picked = self._decide(headers, bytes(body), subset, "request_body")
-                    else:
-                        response = pb.ProcessingResponse(request_body=pb.BodyResponse())
-                elif kind == "request_trailers":
-                    response = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+                        response, picked = self._decide(headers, b"", subset, kind)
+                        decided = True
+                        yield response
+                    elif not duplex:
+                        yield _GO_ON[kind]
+                    # duplex: the answer to the headers waits for the body (it carries the pick)
                 elif kind == "response_headers":
                     served = _served(request)
                     if served and picked and served != picked:
@@ -134,15 +219,53 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                         self.state.scheduler.finished(picked)
                         self.state.scheduler.started(served)
                         picked = served
-                    response = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+                    if sse and not duplex and not request.response_headers.end_of_stream:
+                        streaming, watch = True, SseWatch()
+                        yield _STREAM_RESPONSE
+                    else:
+                        yield _GO_ON[kind]
                 elif kind == "response_body":
-                    response = pb.ProcessingResponse(response_body=pb.BodyResponse())
-                else:
-                    response = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
-                yield response
+                    chunk = request.response_body
+                    if not streaming:
+                        yield _GO_ON[kind]
+                        continue
+                    watch = watch or SseWatch()
+                    yield _echo(kind, chunk.body, chunk.end_of_stream)
+                    watch.feed(chunk.body)
+                    if chunk.end_of_stream:       # the last chunk has passed: the request is done
+                        picked, watch = self._done(picked, watch)
+                elif kind == "request_trailers":
+                    if duplex and not decided:    # the body ended with trailers: pick now, then let them pass
+                        response, picked = self._decide(headers, bytes(body), subset, "request_headers")
+                        decided = True
+                        yield response
+                        if response.HasField("immediate_response"):
+                            continue
+                        yield _echo("request_body", bytes(body), False)
+                    yield _GO_ON[kind]
+                else:                             # response_trailers: the answer is over
+                    yield _GO_ON[kind]
+                    picked, watch = self._done(picked, watch)
         finally:
             if picked:
                 self.state.scheduler.finished(picked)
+
+    def _read(self, request: pb.ProcessingRequest, headers: dict[str, str]) -> dict[str, str]:
+        marks = _flow_marks(self.state)
+        if marks is not None:          # the loop's upgrade-flow: a marked flow is served critical
+            upgraded = marks.lookup(_source_address(request), headers.get("x-forwarded-for"))
+            if upgraded:
+                headers[H.QOS_CLASS] = upgraded
+                headers[UPGRADED] = upgraded
+        return headers
+
+    def _done(self, picked: str | None, watch: SseWatch | None) -> tuple[None, None]:
+        """The answer has passed: the request stops counting in flight; what it streamed is recorded."""
+        if picked:
+            self.state.scheduler.finished(picked)
+        if watch is not None and watch.events and hasattr(self.state, "record_stream"):
+            self.state.record_stream(watch.events, watch.usage)
+        return None, None
 
     def _decide(self, headers: dict, body: bytes, subset, phase: str) -> tuple[pb.ProcessingResponse, str | None]:
         started = time.perf_counter()
@@ -155,10 +278,4 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if isinstance(result, Refusal):
             return _refuse(result), None
         self.state.scheduler.started(result.endpoints[0])
-        common, metadata = _mutation(result, model, headers.get(UPGRADED))
-        out = pb.ProcessingResponse(dynamic_metadata=metadata)
-        if phase == "request_headers":
-            out.request_headers.response.CopyFrom(common)
-        else:
-            out.request_body.response.CopyFrom(common)
-        return out, result.endpoints[0]
+        return _picked(result, model, headers.get(UPGRADED), phase), result.endpoints[0]

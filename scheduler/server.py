@@ -1,7 +1,8 @@
 """`mcpctl epp serve`: the Endpoint Picker process. One asyncio loop holds
 the ext_proc gRPC server (with the gRPC health services the protocol names),
 the metrics poller, the pool refresh and a small admin HTTP endpoint
-(`/stats`: picks per endpoint, refusals, decision time, prefix-hit rate)."""
+(`/stats`: picks per endpoint, refusals, decision time, prefix-hit rate,
+the streamed answers seen to their end: SSE events, completion tokens)."""
 from __future__ import annotations
 
 import asyncio
@@ -35,6 +36,7 @@ class PickerState:
         self.refusals: Counter = Counter()
         self.decisions, self.decision_s = 0, 0.0
         self.prompts, self.prefix_hits = 0, 0.0
+        self.streams, self.stream_events, self.stream_tokens = 0, 0, 0
 
     def view(self) -> PoolView | None:
         return self.source.view
@@ -57,6 +59,14 @@ class PickerState:
             self.prompts += 1
             self.prefix_hits += result.prefix_hit
 
+    def record_stream(self, events: int, usage: dict | None) -> None:
+        """A streamed (SSE) answer that passed through the picker to its last chunk."""
+        self.streams += 1
+        self.stream_events += events
+        tokens = (usage or {}).get("completion_tokens")
+        if isinstance(tokens, int):
+            self.stream_tokens += tokens
+
     def stats(self) -> dict:
         view = self.view()
         now = time.monotonic()
@@ -71,6 +81,8 @@ class PickerState:
             "decisions": self.decisions,
             "mean_decision_us": round(self.decision_s / self.decisions * 1e6, 1) if self.decisions else None,
             "prefix_hit_rate": round(self.prefix_hits / self.prompts, 4) if self.prompts else None,
+            "streamed": {"answers": self.streams, "events": self.stream_events,
+                         "completion_tokens": self.stream_tokens},
             "config_error": self.source.error,
         }
 

@@ -84,7 +84,11 @@ spec:
                                ("decoders-closed", "epp-down", "FailClose")):
         docs.append(f"""apiVersion: inference.networking.k8s.io/v1
 kind: InferencePool
-metadata: {{name: {name}, namespace: inference}}
+metadata:
+  name: {name}
+  namespace: inference
+  # decoders: the response headers reach the picker too (the served endpoint after a retry)
+  annotations: {{mcp-mesh.io/endpoint-picker-mode: {"answer" if name == "decoders" else "lean"}}}
 spec:
   selector: {{matchLabels: {{app: decoder}}}}
   targetPorts: [{{number: {port}}}]

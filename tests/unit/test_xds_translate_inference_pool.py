@@ -225,8 +225,12 @@ def test_the_gateway_gets_ext_proc_disabled_last_before_fault_and_router():
     cfg = ext_proc_pb2.ExternalProcessor()
     assert f.typed_config.Unpack(cfg)
     mode, m = cfg.processing_mode, processing_mode_pb2.ProcessingMode
+    # LEAN_MODE: the pick needs the headers held (SEND) and the body; the response is not sent
     assert (mode.request_header_mode, mode.request_body_mode, mode.response_header_mode, mode.response_body_mode) == (
-        m.SEND, m.BUFFERED, m.SEND, m.NONE)
+        m.SEND, m.BUFFERED, m.SKIP, m.NONE)
+    # the one override the picker may ask for: a streamed answer through it (ANSWER_MODE routes)
+    assert cfg.allow_mode_override and [(o.response_header_mode, o.response_body_mode, o.response_trailer_mode)
+                                        for o in cfg.allowed_override_modes] == [(m.SEND, m.FULL_DUPLEX_STREAMED, m.SEND)]
     assert list(cfg.metadata_options.receiving_namespaces.untyped) == [epp.DESTINATION_NAMESPACE]
     assert epp.DESTINATION_NAMESPACE in cfg.metadata_options.forwarding_namespaces.untyped
     assert cfg.message_timeout.seconds == 5 and not cfg.failure_mode_allow
@@ -264,6 +268,21 @@ def test_a_route_to_a_pool_enables_ext_proc_with_its_picker_and_failure_mode_and
     routes = _routes(translate(fail_open, GATEWAY))
     _, override = _per_route(routes["/v1/"].typed_per_filter_config)
     assert override.overrides.failure_mode_allow.value is True                       # FailOpen
+
+
+def test_a_pool_annotated_answer_mode_gets_the_response_headers_sent_to_its_picker():
+    m = processing_mode_pb2.ProcessingMode
+    routes = _routes(translate(config(), GATEWAY))
+    _, override = _per_route(routes["/v1/"].typed_per_filter_config)
+    assert not override.overrides.HasField("processing_mode")                       # the filter's LEAN_MODE
+    annotated = pool().replace(f"metadata: {{name: decoders, namespace: {NS}}}",
+                               f"metadata: {{name: decoders, namespace: {NS}, "
+                               f"annotations: {{{epp.MODE_ANNOTATION}: answer}}}}")
+    answer = load_texts({"a.yaml": "---\n".join([gateway(), route(POOL_RULE), annotated,
+                                                  service("epp", 9002, "grpc", ""), DEPLOYMENT])})
+    _, override = _per_route(_routes(translate(answer, GATEWAY))["/v1/"].typed_per_filter_config)
+    mode = override.overrides.processing_mode
+    assert (mode.request_header_mode, mode.request_body_mode, mode.response_header_mode) == (m.SEND, m.BUFFERED, m.SEND)
 
 
 def test_a_split_rule_asks_the_picker_only_for_the_pool_share():

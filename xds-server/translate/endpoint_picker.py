@@ -21,14 +21,20 @@ backend chosen, and two pools of one rule each ask their own picker (istiod
 keys one config per route rule, the last pool's). Routes to anything else
 never open an ext_proc stream.
 
-What the filter sends (the Endpoint Picker Protocol, mesh/endpoint_picker.py):
-request headers, then the whole body (`BUFFERED`: the picker reads the
-OpenAI `model` and prompt), response headers; no trailers, no response body.
+What the filter sends (the Endpoint Picker Protocol, mesh/endpoint_picker.py
+LEAN_MODE): request headers, then the whole body (`BUFFERED`: the picker reads
+the OpenAI `model` and prompt); nothing of the response (Envoy keeps the
+stream of a request with a body open until the request ends, which ends the
+picker's in-flight count; the response headers would cost a third message,
+scheduler/README.md measures it); no trailers. `allow_mode_override` for
+exactly STREAMED_RESPONSE_MODE, what the picker switches a `"stream": true`
+answer to where the response headers are sent: a pool annotated
+`mcp-mesh.io/endpoint-picker-mode: answer` gets ANSWER_MODE on its routes.
 It keeps the picker's dynamic metadata in `envoy.lb` (the pick the cluster's
 override_host policy reads) and forwards `envoy.lb` and
 `envoy.lb.subset_hint` to the picker (the subset hint a filter before it may
-set; on the response, `x-gateway-destination-endpoint-served`, where the
-request ran after retries). `message_timeout` 5 s per message (the picker
+set; in ANSWER_MODE, on the response, `x-gateway-destination-endpoint-served`,
+where the request ran after retries). `message_timeout` 5 s per message (the picker
 answers in microseconds; a picker that does not is handled by its failure
 mode). `route_cache_action: RETAIN`: the picker's header mutations
 (`x-gateway-destination-endpoint`, `x-gateway-model-name`) do not re-route
@@ -51,7 +57,7 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, json_format
 
 from mesh import endpoint_picker as epp
 from mesh import gateway_api, hosts
@@ -76,16 +82,20 @@ def _pack(msg) -> any_pb2.Any:
     return out
 
 
+def processing_mode(mode: dict) -> processing_mode_pb2.ProcessingMode:
+    """One of mesh.endpoint_picker's modes as the proto."""
+    return json_format.ParseDict(mode, _Mode())
+
+
 def external_processor() -> ext_proc_pb2.ExternalProcessor:
     """The filter-level configuration every pool route starts from."""
     cfg = ext_proc_pb2.ExternalProcessor()
     cfg.grpc_service.envoy_grpc.cluster_name = UNUSED_CLUSTER
     cfg.failure_mode_allow = False
-    mode = cfg.processing_mode
-    mode.request_header_mode, mode.request_body_mode = _Mode.SEND, _Mode.BUFFERED
-    mode.request_trailer_mode = _Mode.SKIP
-    mode.response_header_mode, mode.response_body_mode = _Mode.SEND, _Mode.NONE
-    mode.response_trailer_mode = _Mode.SKIP
+    cfg.processing_mode.CopyFrom(processing_mode(epp.LEAN_MODE))
+    # A pool route in ANSWER_MODE lets the picker stream SSE answers through it; exactly that override.
+    cfg.allow_mode_override = True
+    cfg.allowed_override_modes.append(processing_mode(epp.STREAMED_RESPONSE_MODE))
     cfg.message_timeout.FromSeconds(MESSAGE_TIMEOUT_S)
     cfg.metadata_options.receiving_namespaces.untyped.append(epp.DESTINATION_NAMESPACE)
     cfg.metadata_options.forwarding_namespaces.untyped.extend([epp.DESTINATION_NAMESPACE, epp.SUBSET_NAMESPACE])
@@ -99,10 +109,13 @@ _FILTER = hcm_pb2.HttpFilter(name=EXT_PROC, typed_config=_pack(external_processo
 
 def per_route(pool: inference_pool.Pool) -> any_pb2.Any:
     """The route's (or ClusterWeight's) typed_per_filter_config for ext_proc:
-    enabled, with the pool's picker and failure mode."""
+    enabled, with the pool's picker, failure mode and, for a pool annotated
+    `mcp-mesh.io/endpoint-picker-mode: answer`, ANSWER_MODE."""
     override = ext_proc_pb2.ExtProcPerRoute()
     override.overrides.grpc_service.envoy_grpc.cluster_name = pool.picker_cluster or UNUSED_CLUSTER
     override.overrides.failure_mode_allow.value = pool.fail_open
+    if pool.picker_mode != "lean" and pool.picker_mode in epp.POOL_MODES:
+        override.overrides.processing_mode.CopyFrom(processing_mode(epp.POOL_MODES[pool.picker_mode]))
     return _pack(route_components_pb2.FilterConfig(config=_pack(override), disabled=False))
 
 

@@ -66,6 +66,7 @@ class Pool:
     cluster: str                  # outbound|54321||POOL-ip-HASH.NS.svc.cluster.local
     picker_cluster: str           # outbound|PORT||EPP.NS.svc.cluster.local
     fail_open: bool
+    picker_mode: str = "lean"     # the pool's mcp-mesh.io/endpoint-picker-mode (endpoint_picker.py)
 
 
 def is_pool_service(svc: Service) -> bool:
@@ -80,7 +81,7 @@ def _pool(svc: Service) -> Pool:
     # As istiod: the picker is the Service NAME in the pool's namespace, its cluster outbound|PORT||HOST.
     return Pool(f"{svc.namespace}/{name}", cluster_name(svc.host, gwapi.POOL_SERVICE_PORT),
                 cluster_name(service_host(picker, svc.namespace), port) if picker else "",
-                labels.get(gwapi.PICKER_FAILURE_MODE_LABEL) == FAIL_OPEN)
+                labels.get(gwapi.PICKER_FAILURE_MODE_LABEL) == FAIL_OPEN, labels.get(epp.MODE_ANNOTATION, "lean"))
 
 
 def pools(idx: MeshIndex) -> dict[str, Pool]:

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,13 +35,14 @@ import time
 import urllib.request
 from dataclasses import asdict, replace
 
-from benchmarks.epp_sessions import (Workload, make_sessions, percentile, prefix_hits, request_body,
+from benchmarks.epp_overhead import overhead
+from benchmarks.epp_overhead import table as overhead_table
+from benchmarks.epp_sessions import (Workload, make_sessions, prefix_hits,
                                      run_sessions, summarise)
 from harness.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
 from harness.ports import free_port, port_is_free
 from harness.processes import stop_processes
-from harness.upstreams import EchoUpstream
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VARIANTS = ("least_request", "orca_wrr", "epp")
@@ -229,78 +228,6 @@ def combine(variant: str, phases: list[dict]) -> dict:
     return out
 
 
-# -- the picker's own cost: the same request through Envoy with and without it ---------------
-def _timed_post(conn: http.client.HTTPConnection, body: bytes) -> float:
-    t = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=body,
-                 headers={"content-type": "application/json", "x-session-id": "overhead"})
-    r = conn.getresponse()
-    r.read()
-    if r.status != 200:
-        raise RuntimeError(f"status {r.status}")
-    return (time.perf_counter() - t) * 1e6
-
-
-def overhead(requests: int) -> dict:
-    """Per-request latency (µs) to trivial echo upstreams: direct, through Envoy balancing
-    alone (round robin), through Envoy asking a null ext_proc server (the gRPC conversation
-    alone), through Envoy asking the picker; interleaved request by request."""
-    hosts = _hosts(2)
-    port = _shared_port(hosts)
-    ups = [EchoUpstream(f"echo-{h}", port=port, host=h) for h in hosts]
-    for u in ups:
-        u.metrics = dict(IDLE_METRICS)
-        u.start()
-    directory = tempfile.mkdtemp(prefix="bench-epp-overhead-")
-    write_pool(directory, hosts, port)
-    picker = plain = with_epp = with_null = null = None
-    try:
-        picker = Picker(directory, 2)
-        pool = [(h, port) for h in hosts]
-        plain_port, epp_port, null_port, null_grpc = free_port(), free_port(), free_port(), free_port()
-        null = subprocess.Popen([sys.executable, "-m", "benchmarks.epp_null_processor", str(null_grpc),
-                                 f"{hosts[0]}:{port}"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        null.stdout.readline()
-        plain = Envoy(balanced_gateway_bootstrap(plain_port, pool, "round_robin")).start()
-        with_epp = Envoy(gateway_bootstrap({epp_port: False}, pool, picker.port)).start()
-        with_null = Envoy(gateway_bootstrap({null_port: False}, pool, null_grpc)).start()
-        body = request_body([{"role": "system", "content": "You are assistant 0 of the mesh. " + "x" * 400},
-                             {"role": "user", "content": "How does the picker choose a replica?"}], 16)
-        targets = {"direct": (hosts[0], port), "envoy": ("127.0.0.1", plain_port),
-                   "envoy+null_ext_proc": ("127.0.0.1", null_port), "envoy+epp": ("127.0.0.1", epp_port)}
-        conns = {k: http.client.HTTPConnection(h, p, timeout=5) for k, (h, p) in targets.items()}
-        lat = {k: [] for k in targets}
-        names = list(targets)
-        for i in range(requests + 50):
-            for j in range(len(names)):
-                k = names[(i + j) % len(names)]       # rotate the order: no target always goes first
-                us = _timed_post(conns[k], body)
-                if i >= 50:                           # the first 50 rounds warm connections and caches
-                    lat[k].append(us)
-        for c in conns.values():
-            c.close()
-        stats = picker.stats()
-        p50 = {k: statistics.median(v) for k, v in lat.items()}
-        return {"requests": requests,
-                "p50_us": {k: round(v, 1) for k, v in p50.items()},
-                "p99_us": {k: round(percentile(v, 99), 1) for k, v in lat.items()},
-                "epp_overhead_p50_us": round(p50["envoy+epp"] - p50["envoy"], 1),
-                "epp_overhead_p99_us": round(percentile(lat["envoy+epp"], 99) - percentile(lat["envoy"], 99), 1),
-                "envoy_vs_direct_p50_us": round(p50["envoy"] - p50["direct"], 1),
-                "null_ext_proc_overhead_p50_us": round(p50["envoy+null_ext_proc"] - p50["envoy"], 1),
-                "epp_mean_decision_us": stats.get("mean_decision_us"),
-                "loadavg_1m": round(os.getloadavg()[0], 2)}
-    finally:
-        for e in (with_epp, with_null, plain):
-            if e:
-                e.stop()
-        stop_processes([null], grace=2)
-        if picker:
-            picker.stop()
-        for u in ups:
-            u.stop()
-
-
 # -- the report ----------------------------------------------------------------------------------
 ROWS = (("TTFT p50 (ms)", "ttft_p50_ms", "lower"), ("TTFT p99 (ms)", "ttft_p99_ms", "lower"),
         ("request p50 (ms)", "total_p50_ms", "lower"), ("request p99 (ms)", "total_p99_ms", "lower"),
@@ -399,13 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results))
     if over:
-        print(f"\nEPP overhead per request (echo upstream, {over['requests']} each, interleaved): "
-              f"p50 direct {over['p50_us']['direct']:.0f} µs, envoy {over['p50_us']['envoy']:.0f} µs, "
-              f"envoy+null ext_proc {over['p50_us']['envoy+null_ext_proc']:.0f} µs, "
-              f"envoy+epp {over['p50_us']['envoy+epp']:.0f} µs -> EPP +{over['epp_overhead_p50_us']:.0f} µs p50, "
-              f"+{over['epp_overhead_p99_us']:.0f} µs p99; of which a Python ext_proc answering without deciding "
-              f"+{over['null_ext_proc_overhead_p50_us']:.0f} µs; the decision alone "
-              f"{over['epp_mean_decision_us']} µs mean)")
+        print("\n" + overhead_table(over))
     verdict = floors(results, over)
     print()
     for name, f in verdict.items():

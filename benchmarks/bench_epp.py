@@ -1,8 +1,10 @@
 """The Endpoint Picker vs Envoy's own balancers, side by side in one run.
 
 Multi-turn chat sessions with shared system prompts (benchmarks/epp_sessions.py,
-open loop) through one Envoy gateway to 2-3 `builtin:tiny-decoder` replicas
-(each on its own loopback address, the same port, as Pods), three ways:
+open loop; `--preset chat`, the default, or the earlier `shared-prompt` shape)
+through one Envoy gateway to 2 and then 3 `builtin:tiny-decoder` replicas (each
+on its own loopback address, the same port, as Pods; `--replicas 2,3`), three
+ways:
 
   least_request  Envoy LEAST_REQUEST (what the pool gets today)
   orca_wrr       Envoy client-side weighted round robin on the replicas' ORCA
@@ -14,12 +16,14 @@ Every variant gets fresh replicas (cold KV caches) and exactly the same work
 TTFT (first SSE data chunk) and whole-request p50/p99 from each request's due
 time, generated tokens/s, the prefix-cache hit rate from the replicas' own
 counters (`GET /v1/load`: prefix_cache_hits / prefix_cache_queries, prompt
-tokens) and, for the EPP, its own estimate (`/stats`), refusals by class.
+tokens) and, for the EPP, its own estimate (`/stats`), refusals by class, and
+the working set (the most prompt tokens of sessions alive at once) against the
+replicas' KV budget.
 Then the EPP's overhead per request: the same request through Envoy with the
 picker vs through Envoy without it (and direct), to a trivial upstream.
 
-`python -m benchmarks epp` (or `python -m benchmarks.bench_epp --help`);
-writes artifacts/bench/epp.json.
+`python -m benchmarks epp` (or `python -m benchmarks.bench_epp --help`; `--quick`
+for a short smoke run); writes artifacts/bench/epp.json.
 """
 from __future__ import annotations
 
@@ -37,16 +41,19 @@ from dataclasses import asdict, replace
 
 from benchmarks.epp_overhead import overhead
 from benchmarks.epp_overhead import table as overhead_table
-from benchmarks.epp_sessions import (Workload, make_sessions, prefix_hits,
-                                     run_sessions, summarise)
+from benchmarks.epp_sessions import (PRESET_SECONDS, PRESETS, Workload, make_sessions, prefix_hits,
+                                     run_sessions, summarise, working_set_tokens)
 from harness.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
 from harness.ports import free_port, port_is_free
 from harness.processes import stop_processes
+from inference_backend.builtin_models import DEC_HEAD_DIM, DEC_HEADS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VARIANTS = ("least_request", "orca_wrr", "epp")
 BASELINE = "least_request"
+# tiny-decoder's KV bytes per token: a key and a value of DEC_HEADS x DEC_HEAD_DIM float32.
+KV_BYTES_PER_TOKEN = 2 * DEC_HEADS * DEC_HEAD_DIM * 4
 IDLE_METRICS = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0.0}
 
 
@@ -182,10 +189,10 @@ def _gateway(variant: str, pool: list[tuple[str, int]], directory: str,
     return envoy, picker, port
 
 
-def run_variant(variant: str, w: Workload, args) -> dict:
+def run_variant(variant: str, w: Workload, replicas_n: int, args) -> dict:
     """One phase on fresh replicas (and a fresh picker): the raw results and counters."""
     sessions = make_sessions(w)
-    replicas = Replicas(args.replicas, args.kv_cache_mb, args.threads)
+    replicas = Replicas(replicas_n, w.kv_cache_mb, args.threads)
     directory = tempfile.mkdtemp(prefix="bench-epp-")
     envoy = picker = None
     try:
@@ -195,6 +202,7 @@ def run_variant(variant: str, w: Workload, args) -> dict:
         phase = {"sessions": sessions, "results": results, "wall_s": wall, "loadavg_1m": os.getloadavg()[0]}
         after = replicas.loads()
         phase["hits"], phase["queries"] = prefix_hits(before, after)
+        phase["working_set_tokens"] = working_set_tokens(results)
         phase["prompt_tokens_per_replica"] = [
             sum(m["prefix_cache_queries"] for m in a["models"]) - sum(m["prefix_cache_queries"] for m in b["models"])
             for b, a in zip(before, after)]
@@ -222,6 +230,7 @@ def combine(variant: str, phases: list[dict]) -> dict:
            **asdict(summarise(results, sessions, wall)),
            "prefix_hit_rate": hits / queries if queries else None,
            "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+           "working_set_mb": round(max(p["working_set_tokens"] for p in phases) * KV_BYTES_PER_TOKEN / 2**20, 2),
            "prompt_tokens_per_replica": [p["prompt_tokens_per_replica"] for p in phases]}
     if any("epp" in p for p in phases):
         out["epp"] = [p.get("epp") for p in phases]
@@ -232,7 +241,8 @@ def combine(variant: str, phases: list[dict]) -> dict:
 ROWS = (("TTFT p50 (ms)", "ttft_p50_ms", "lower"), ("TTFT p99 (ms)", "ttft_p99_ms", "lower"),
         ("request p50 (ms)", "total_p50_ms", "lower"), ("request p99 (ms)", "total_p99_ms", "lower"),
         ("tokens/s", "tokens_per_s", "higher"), ("prefix-hit rate (replicas)", "prefix_hit_rate", "higher"),
-        ("cached share (usage)", "cached_share", "higher"), ("OK requests", "ok", "higher"),
+        ("cached share (usage)", "cached_share", "higher"), ("working set (MB of KV)", "working_set_mb", "-"),
+        ("OK requests", "ok", "higher"),
         ("failed", "failed", "lower"), ("abandoned turns", "abandoned_turns", "lower"))
 
 
@@ -244,10 +254,10 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def table(results: dict[str, dict]) -> str:
+def table(results: dict[str, dict], title: str) -> str:
     names = list(results)
     others = [n for n in names if n != BASELINE]
-    head = f"{'':28}" + "".join(f"{n:>15}" for n in names) + "".join(f"{n + '/LR':>15}" for n in others)
+    head = f"{title:28}" + "".join(f"{n:>15}" for n in names) + "".join(f"{n + '/LR':>15}" for n in others)
     lines = [head]
     for label, key, _ in ROWS:
         vals = [results[n].get(key) for n in names]
@@ -261,12 +271,14 @@ def table(results: dict[str, dict]) -> str:
         if refused:
             lines.append(f"refused {n}: " + ", ".join(f"{c} {s}: {k}" for c, by in sorted(refused.items())
                                                        for s, k in sorted(by.items())))
+    picks = {n: results[n]["prompt_tokens_per_replica"] for n in names}
+    lines.append("prompt tokens per replica: " + "; ".join(f"{n} {v}" for n, v in picks.items()))
     lines.append("load average (1 min) at the end of each phase: " +
                  "; ".join(f"{n} {', '.join(str(x) for x in results[n]['loadavg_1m'])}" for n in names))
     return "\n".join(lines)
 
 
-def floors(results: dict[str, dict], over: dict | None) -> dict[str, dict]:
+def floors(results: dict[str, dict]) -> dict[str, dict]:
     out = {}
     lr, epp = results.get(BASELINE), results.get("epp")
     if lr and epp:
@@ -276,6 +288,11 @@ def floors(results: dict[str, dict], over: dict | None) -> dict[str, dict]:
         if lr.get("ttft_p99_ms") and epp.get("ttft_p99_ms"):
             ratio = epp["ttft_p99_ms"] / lr["ttft_p99_ms"]
             out["ttft p99 <= least_request"] = {"value": round(ratio, 3), "holds": ratio <= 1.0}
+    return out
+
+
+def overhead_floor(over: dict | None) -> dict[str, dict]:
+    out = {}
     if over:
         out["epp overhead p50 <= 1 ms"] = {"value": over["epp_overhead_p50_us"],
                                            "holds": over["epp_overhead_p50_us"] <= 1000}
@@ -284,16 +301,20 @@ def floors(results: dict[str, dict], over: dict | None) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_epp", description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=2,
-                   help="rounds of every variant, interleaved (default 2): a noisy minute hits all of them")
+    p.add_argument("--preset", default="chat", choices=sorted(PRESETS),
+                   help="the workload's shape (default chat; shared-prompt: the earlier one, to compare)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds of every variant, interleaved (default 1): a noisy minute hits all of them")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
-    p.add_argument("--replicas", type=int, default=2, choices=(2, 3))
-    p.add_argument("--rate", type=float, default=3.0, help="sessions started per second (default 3)")
-    p.add_argument("--seconds", type=float, default=20.0,
-                   help="sessions start over this long, per round (default 20)")
-    p.add_argument("--think", type=float, default=0.5, help="seconds between an answer and the next turn")
-    p.add_argument("--groups", type=int, default=8, help="distinct shared system prompts (default 8)")
-    p.add_argument("--kv-cache-mb", type=float, default=64, help="each replica's KV-cache budget (default 64)")
+    p.add_argument("--replicas", default="2,3", help="replica counts, comma-separated, each of 2 or 3 (default 2,3)")
+    p.add_argument("--rate", type=float, default=None, help="sessions started per second (default: the preset's)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="sessions start over this long, per round (default: chat 30, shared-prompt 20)")
+    p.add_argument("--think", type=float, default=None, help="seconds between an answer and the next turn")
+    p.add_argument("--groups", type=int, default=None, help="distinct shared system prompts")
+    p.add_argument("--kv-cache-mb", type=float, default=None,
+                   help="each replica's KV-cache budget (default: the preset's; chat 4, shared-prompt 64)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: sessions start over 10 s")
     p.add_argument("--threads", type=int, default=1, help="each replica's intra-op threads (default 1)")
     p.add_argument("--metrics-interval-ms", type=float, default=None,
                    help="the picker's scrape interval (default: its own default)")
@@ -305,36 +326,54 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         p.error(f"unknown variant(s): {', '.join(sorted(unknown))}")
-    w = Workload(sessions=max(1, int(args.rate * args.seconds)), rate=args.rate, think_s=args.think,
-                 groups=args.groups)
-    print(f"{w.sessions} sessions at {w.rate}/s, {args.replicas} replicas, kv-cache {args.kv_cache_mb} MB each, "
+    try:
+        counts = [int(x) for x in args.replicas.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(n not in (2, 3) for n in counts):
+        p.error("--replicas: a comma-separated list of 2 and/or 3")
+    base = PRESETS[args.preset]
+    seconds = 10.0 if args.quick and args.seconds is None else args.seconds or PRESET_SECONDS[args.preset]
+    given = {k: v for k, v in (("rate", args.rate), ("think_s", args.think), ("groups", args.groups),
+                               ("kv_cache_mb", args.kv_cache_mb)) if v is not None}
+    w = replace(base, **given)
+    w = replace(w, sessions=max(1, int(w.rate * seconds)))
+    print(f"preset {args.preset}: {w.sessions} sessions at {w.rate}/s, {w.turns[0]}-{w.turns[1]} turns, "
+          f"{w.groups} system prompts, replicas {counts}, kv-cache {w.kv_cache_mb} MB each, "
           f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    phases: dict[str, list[dict]] = {v: [] for v in variants}
-    for rnd in range(args.rounds):
-        w_round = replace(w, seed=w.seed + rnd)      # each round new sessions, the same for every variant
-        order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]   # no variant always first
-        for v in order:
-            t = time.monotonic()
-            p = run_variant(v, w_round, args)
-            phases[v].append(p)
-            ok = sum(1 for r in p["results"] if r.status == 200 and not r.error)
-            print(f"  round {rnd + 1} {v}: {ok}/{len(p['results'])} OK, hit rate "
-                  f"{_fmt(p['hits'] / p['queries'] if p['queries'] else None)}, load average {p['loadavg_1m']:.1f} "
-                  f"({time.monotonic() - t:.0f} s)", flush=True)
-    results = {v: combine(v, phases[v]) for v in variants}
+    by_count: dict[int, dict] = {}
+    for n in counts:
+        phases: dict[str, list[dict]] = {v: [] for v in variants}
+        for rnd in range(args.rounds):
+            w_round = replace(w, seed=w.seed + rnd)      # each round new sessions, the same for every variant
+            order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]   # no variant always first
+            for v in order:
+                t = time.monotonic()
+                ph = run_variant(v, w_round, n, args)
+                phases[v].append(ph)
+                ok = sum(1 for r in ph["results"] if r.status == 200 and not r.error)
+                print(f"  {n} replicas, round {rnd + 1} {v}: {ok}/{len(ph['results'])} OK, hit rate "
+                      f"{_fmt(ph['hits'] / ph['queries'] if ph['queries'] else None)}, working set "
+                      f"{ph['working_set_tokens'] * KV_BYTES_PER_TOKEN / 2**20:.1f} MB, load average "
+                      f"{ph['loadavg_1m']:.1f} ({time.monotonic() - t:.0f} s)", flush=True)
+        results = {v: combine(v, phases[v]) for v in variants}
+        by_count[n] = {"variants": results, "floors": floors(results)}
     over = overhead(args.overhead_requests) if args.overhead_requests else None
-    print()
-    print(table(results))
+    for n, r in by_count.items():
+        print()
+        print(table(r["variants"], f"{n} replicas ({args.preset})"))
     if over:
         print("\n" + overhead_table(over))
-    verdict = floors(results, over)
     print()
-    for name, f in verdict.items():
+    for n, r in by_count.items():
+        for name, f in r["floors"].items():
+            print(f"floor {name} ({n} replicas, {args.preset}): {f['value']} -> {'holds' if f['holds'] else 'MISSED'}")
+    for name, f in overhead_floor(over).items():
         print(f"floor {name}: {f['value']} -> {'holds' if f['holds'] else 'MISSED'}")
-    doc = {"workload": {**asdict(w), "replicas": args.replicas, "kv_cache_mb": args.kv_cache_mb,
-                        "replica_threads": args.threads},
-           "cpus": os.cpu_count(), "variants": results, "overhead": over, "floors": verdict,
-           "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+    doc = {"preset": args.preset, "workload": {**asdict(w), "replica_threads": args.threads},
+           "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "cpus": os.cpu_count(),
+           "by_replicas": {str(n): r for n, r in by_count.items()}, "overhead": over,
+           "overhead_floor": overhead_floor(over), "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))

@@ -39,3 +39,40 @@ def test_prefix_hits_are_the_delta_of_each_replicas_counters():
     def load(hits, queries):
         return {"models": [{"prefix_cache_hits": hits, "prefix_cache_queries": queries}]}
     assert prefix_hits([load(10, 100), load(0, 0)], [load(70, 200), load(30, 100)]) == (90, 200)
+
+
+def test_the_chat_preset_fits_the_context_shares_system_prompts_and_history_dominates():
+    from inference_backend.decoder import MAX_CONTEXT
+    from inference_backend.tokenizer import chat_prompt
+    from benchmarks.epp_sessions import ANSWER_BYTES_PER_TOKEN, preset
+    w = preset("chat", sessions=45)
+    sessions = make_sessions(w)
+    assert len({s.system for s in sessions}) == w.groups
+    shares = []
+    for s in sessions:
+        assert len(s.user_turns) >= w.turns[0]
+        messages = [{"role": "system", "content": s.system}]
+        for user in s.user_turns:       # the longest answers the model can give, resent
+            messages.append({"role": "user", "content": user})
+            last = len(chat_prompt(messages).encode())
+            messages.append({"role": "assistant", "content": "\ufffd" * w.max_tokens})
+        assert last + w.max_tokens <= MAX_CONTEXT
+        assert len("\ufffd".encode()) == ANSWER_BYTES_PER_TOKEN
+        shares.append(len(s.system) / last)
+    assert sum(shares) / len(shares) < 0.25      # the session's own history is most of its last prompt
+
+
+def test_turns_that_would_not_fit_the_context_are_dropped():
+    sessions = make_sessions(Workload(sessions=3, user_bytes=(700, 700), turns=(5, 5)))
+    assert all(1 <= len(s.user_turns) < 5 for s in sessions)
+
+
+def test_the_working_set_is_the_most_history_live_at_once():
+    from benchmarks.epp_sessions import working_set_tokens
+    ok = dict(status=200, completion_tokens=0)
+    results = [TurnResult("a", 0, "standard", prompt_tokens=100, due_s=0.0, total_ms=1000, **ok),
+               TurnResult("a", 1, "standard", prompt_tokens=250, due_s=2.0, total_ms=1000, **ok),
+               TurnResult("b", 0, "standard", prompt_tokens=300, due_s=2.5, total_ms=1500, **ok),
+               TurnResult("c", 0, "standard", 429, prompt_tokens=999, due_s=2.5, total_ms=1.0)]
+    # a's history is 250 from t=2 to its end at 3; b's 300 from 2.5 to 4; c was refused.
+    assert working_set_tokens(results) == 550

@@ -145,7 +145,7 @@ class Bench:
     def __init__(self):
         from bcc import BPF
         from bpf import layout
-        from bpf.flow_ring import map_fd
+        from mesh.flow_ring import map_fd
         from bpf.program import inline_source
         from mesh import flow_ring as R
         seen: set = set()

@@ -267,7 +267,8 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
 
 def _flow_ring(ifname: str) -> dict | None:
     """The kernel-written flow ring's pin (for `mcpctl scheduler run --flow-ring`) and counters."""
-    from bpf.flow_ring import PIN_NAME, PinnedRing
+    from bpf.flow_ring import PIN_NAME
+    from mesh.flow_ring import PinnedRing
     path = os.path.join(pin_dir(ifname), PIN_NAME)
     try:
         ring = PinnedRing(path)

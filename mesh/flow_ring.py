@@ -3,7 +3,7 @@ decision loop through shared memory. Two writers share this one layout and proto
 
 - the kernel itself: the latency sampler (bpf/c/flow_ring.h) writes a one-entry BPF_F_MMAPABLE
   array map whose value is this layout, pinned at <pin dir>/flow_ring by `mcpctl bpf attach
-  --sample` (bpf/flow_ring.py maps it); the constants below reach the C code as -D flags
+  --sample` (`PinnedRing` below maps it); the constants below reach the C code as -D flags
   (bpf/layout.py), where static asserts check the C struct against them;
 - the fallback where the program is not loaded: user space (`mcpctl bpf latency --flow-ring PATH`)
   copies ring-buffer samples into a file-backed mmap (`MappedRing`) with `FlowRingWriter`.
@@ -43,9 +43,11 @@ commit word; the reader relies on x86's ordered loads (the machines this runs on
 """
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import mmap
 import os
+import platform
 import struct
 from dataclasses import dataclass
 
@@ -225,3 +227,72 @@ class MappedRing:
             self.buf.close()
         except BufferError:        # a memoryview still open on it: the mapping goes with the process
             pass
+
+
+# ---- the kernel's ring: a pinned BPF_F_MMAPABLE map, mapped with nothing but bpf(2) BPF_OBJ_GET ----
+# (here, not in bpf/, so the decision loop reads it importing only `mesh`)
+_NR_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine(), 321)
+_BPF_OBJ_GET = 7
+
+
+class _ObjAttr(ctypes.Structure):
+    _fields_ = [("pathname", ctypes.c_uint64), ("bpf_fd", ctypes.c_uint32), ("file_flags", ctypes.c_uint32)]
+
+
+def _obj_get(path: str) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    p = ctypes.create_string_buffer(os.fsencode(path))
+    attr = _ObjAttr(pathname=ctypes.addressof(p))
+    fd = libc.syscall(_NR_BPF, _BPF_OBJ_GET, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf(BPF_OBJ_GET {path}): {os.strerror(err)}")
+    return fd
+
+
+def map_fd(fd: int) -> mmap.mmap:
+    """A shared read-write mapping of the ring map `fd` (the array's value, page-aligned at 0)."""
+    return mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+class PinnedRing:
+    """The ring map pinned at `path` (bpffs), mapped; .buf is the mmap (as MappedRing's)."""
+
+    def __init__(self, path: str):
+        fd = _obj_get(path)
+        try:
+            self.buf = map_fd(fd)
+        finally:
+            os.close(fd)                    # the mapping holds the map
+        self.path = path
+        self.inode = os.stat(path).st_ino   # a re-attach pins a new map under the same name
+
+    def replaced(self) -> bool:
+        """Whether `path` now names another map (re-attached) or nothing (detached)."""
+        try:
+            return os.stat(self.path).st_ino != self.inode
+        except FileNotFoundError:
+            return True
+
+    def reader(self) -> FlowRingReader:
+        return FlowRingReader(self.buf)
+
+    def close(self) -> None:
+        try:
+            self.buf.close()
+        except BufferError:                 # a reader's memoryview still open: goes with the process
+            pass
+
+
+def on_bpffs(path: str) -> bool:
+    """Whether `path` lies on a bpffs mount (a pinned map, not a file)."""
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1]
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                best, fstype = mnt, parts[2]
+    return fstype == "bpf"

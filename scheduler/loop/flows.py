@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from mesh.flow_ring import FlowRingReader, MappedRing
+from mesh.flow_ring import FlowRingReader, MappedRing, PinnedRing, on_bpffs
 from scheduler.decisions import FlowSignals
 
 
@@ -27,7 +27,6 @@ class FlowSource:
     @classmethod
     def at(cls, path: str, **kw) -> "FlowSource":
         """The ring at `path`: a pinned kernel map on bpffs, or a file (created if missing)."""
-        from bpf.flow_ring import PinnedRing, on_bpffs
         kernel = on_bpffs(path)
         ring = PinnedRing(path) if kernel else MappedRing(path, create=not os.path.exists(path))
         src = cls(ring.reader(), **kw)
@@ -38,7 +37,6 @@ class FlowSource:
         # A re-attach pins a new map under the same path: map it (the old one is no longer written).
         if not (self.kernel and self.ring.replaced()):
             return
-        from bpf.flow_ring import PinnedRing
         try:
             ring = PinnedRing(self.ring.path)
         except OSError:

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from bpf import attach, packets as P
-from bpf.flow_ring import PIN_NAME, map_fd, on_bpffs
+from bpf.flow_ring import PIN_NAME
+from mesh.flow_ring import map_fd, on_bpffs
 from bpf.policy import build_policy
 from bpf.syscall import prog_test_run
 from harness.bpf_env import (TcpServer, VethPair, in_netns, load_datapath, netns_socket,

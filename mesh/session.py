@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -224,6 +225,36 @@ def verify_session(headers: Mapping[str, str] | Iterable[tuple[str, str]], key: 
     if now - issued_at > max_age + skew:
         raise SessionError(f"{H.SESSION_SIG} expired: issued {now - issued_at:.0f}s ago (max {max_age:g}s)")
     return VerifiedSession(signed, issued_at)
+
+
+def resign(headers: Mapping[str, str], key: bytes, name: str, value: str, *, now: float | None = None) -> str:
+    """A new x-mcp-session-sig for `headers` with header `name` set to `value`: for the one trusted
+    L7 component that changes a signed header, the Endpoint Picker serving a flow the decision
+    loop upgraded (the QoS class). The incoming signature must verify first, so a forged or stale
+    one is never laundered (SessionError); the new one keeps its issue time and header list (plus
+    `name`). A request without a signature (anonymous) gets one over `name` alone."""
+    low = {k.lower(): v for k, v in headers.items()}
+    method, rid = low.get(METHOD, "POST"), low.get(REQUEST_ID, "")
+    if H.SESSION_SIG not in low:
+        return sign([(name, value)], key, method=method, request_id=rid)
+    verified = verify_session(low, key, method=method, now=now)
+    pairs = {**verified.signed, name: value}
+    return sign(list(pairs.items()), key, method=method, request_id=rid, issued_at=verified.issued_at)
+
+
+def read_key_file(path: str, flag: str = "--session-key-file") -> bytes:
+    """The raw session key in `path` (surrounding whitespace stripped), which must be readable
+    by its owner only and at least MIN_KEY_BYTES long; ValueError naming `flag` otherwise."""
+    import stat
+    with open(path, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(f"{flag} {path}: mode {stat.S_IMODE(mode):04o}; the key must be readable "
+                             f"by its owner only (chmod 600)")
+        key = f.read().strip()
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"{flag} {path}: the key has {len(key)} bytes; at least {MIN_KEY_BYTES} are needed")
+    return key
 
 
 def check_session(headers, key: bytes, required: Sequence[str] = SESSION_HEADERS, **binding) -> str | None:

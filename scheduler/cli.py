@@ -27,6 +27,9 @@ def register(subparsers) -> None:
                    help="the flows the decision loop marked latency-critical (`mcpctl scheduler run --flow-marks "
                         "PATH`, scheduler/loop/marks.py): a request from one is scheduled critical and forwarded "
                         "with x-mcp-qos-class: latency-critical")
+    s.add_argument("--session-key-file", metavar="PATH",
+                   help="the header contract's session key (raw bytes, mode 0600, as `mcpctl serve --session-key-file`): "
+                        "the class of a flow the loop upgraded is re-signed with it, so the model server honours it")
     s.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     s.set_defaults(func=_serve)
     from scheduler.loop.cli import register as register_loop     # `mcpctl scheduler run|status`
@@ -41,11 +44,20 @@ def _serve(args) -> int:
     if "/" not in args.pool:
         print(f"mcpctl epp serve: --pool {args.pool!r}: expected NAMESPACE/NAME", file=sys.stderr)
         return 2
+    key = None
+    if args.session_key_file:
+        from mesh.session import read_key_file
+        try:
+            key = read_key_file(args.session_key_file)
+        except (OSError, ValueError) as e:
+            print(f"mcpctl epp serve: {e}", file=sys.stderr)
+            return 2
     from scheduler.server import serve
 
     async def main():
         task = asyncio.create_task(serve(args.config_dir, args.pool, args.grpc_port, args.admin_port,
-                                         args.address, args.metrics_interval_ms, flow_marks=args.flow_marks))
+                                         args.address, args.metrics_interval_ms, flow_marks=args.flow_marks,
+                                         session_key=key))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

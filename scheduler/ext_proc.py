@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 
@@ -38,11 +37,13 @@ from google.protobuf import json_format
 
 from mesh import endpoint_picker as epp
 from mesh import headers as H
+from mesh import session
 from scheduler.requests import MAX_BODY_PARSED, build_request
 from scheduler.scheduling import Pick, Refusal
 
 log = logging.getLogger("scheduler.epp")
 UPGRADED = ":mcp-upgraded"                # internal key: the class a marked flow was upgraded to
+RESIGNED = ":mcp-resigned"                # internal key: its session signature, re-made with the new class
 MODEL_HEADER = "x-gateway-model-name"     # body-based routing: the `model` the body named
 _Mode = processing_mode_pb2.ProcessingMode
 DUPLEX = _Mode.FULL_DUPLEX_STREAMED
@@ -86,12 +87,13 @@ def _served(request: pb.ProcessingRequest) -> str | None:
     return None
 
 
-def _picked(pick: Pick, model: str | None, upgraded: str | None, phase: str) -> pb.ProcessingResponse:
-    """The pick as the answer to `phase` (request_headers or request_body): header mutation + envoy.lb."""
+def _picked(pick: Pick, model: str | None, upgrade: tuple, phase: str) -> pb.ProcessingResponse:
+    """The pick as the answer to `phase` (request_headers or request_body): header mutation + envoy.lb.
+    `upgrade`: the (header, value) pairs of a flow the loop upgraded (the class, its new signature)."""
     value = epp.format_endpoints(pick.endpoints)
     out = pb.ProcessingResponse()
     sets = getattr(out, phase).response.header_mutation.set_headers
-    for name, v in ((epp.DESTINATION_ENDPOINT, value), (MODEL_HEADER, model), (H.QOS_CLASS, upgraded)):
+    for name, v in ((epp.DESTINATION_ENDPOINT, value), (MODEL_HEADER, model), *upgrade):
         if v:
             sets.add(header=base_pb2.HeaderValue(key=name, raw_value=v.encode()), append_action=_OVERWRITE)
     out.dynamic_metadata.fields[epp.DESTINATION_NAMESPACE].struct_value.fields[
@@ -122,20 +124,6 @@ def _source_address(request: pb.ProcessingRequest) -> str | None:
             return attrs.fields["source.address"].string_value or None
     return None
 
-
-_FLOW_MARKS = None
-
-
-def _flow_marks(state):
-    """The loop's flow marks (scheduler/loop/marks.py): state.flow_marks, else $MCP_EPP_FLOW_MARKS."""
-    global _FLOW_MARKS
-    marks = getattr(state, "flow_marks", None)
-    if marks is None and os.environ.get("MCP_EPP_FLOW_MARKS"):
-        if _FLOW_MARKS is None:
-            from scheduler.loop.marks import FlowMarks
-            _FLOW_MARKS = FlowMarks(os.environ["MCP_EPP_FLOW_MARKS"])
-        marks = _FLOW_MARKS
-    return marks
 
 
 class SseWatch:
@@ -251,9 +239,19 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                 self.state.scheduler.finished(picked)
 
     def _read(self, request: pb.ProcessingRequest, headers: dict[str, str]) -> dict[str, str]:
-        marks = _flow_marks(self.state)
+        marks = getattr(self.state, "flow_marks", None)     # `mcpctl epp serve --flow-marks`
         if marks is not None:          # the loop's upgrade-flow: a marked flow is served critical
-            upgraded = marks.lookup(_source_address(request), headers.get("x-forwarded-for"))
+            upgraded = marks.lookup(_source_address(request))
+            key = getattr(self.state, "session_key", None)
+            if upgraded and key:
+                # The backend honours only a signed class: re-sign, or the request would be
+                # refused (a changed signed header) or served at the default level (unsigned).
+                try:
+                    headers[RESIGNED] = session.resign(headers, key, H.QOS_CLASS, upgraded)
+                except (session.SessionError, ValueError) as e:
+                    log.warning("flow upgrade not applied: %s", e)
+                    self.state.upgrades_refused = getattr(self.state, "upgrades_refused", 0) + 1
+                    upgraded = None
             if upgraded:
                 headers[H.QOS_CLASS] = upgraded
                 headers[UPGRADED] = upgraded
@@ -278,4 +276,5 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if isinstance(result, Refusal):
             return _refuse(result), None
         self.state.scheduler.started(result.endpoints[0])
-        return _picked(result, model, headers.get(UPGRADED), phase), result.endpoints[0]
+        upgrade = ((H.QOS_CLASS, headers.get(UPGRADED)), (H.SESSION_SIG, headers.get(RESIGNED)))
+        return _picked(result, model, upgrade, phase), result.endpoints[0]

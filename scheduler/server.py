@@ -37,6 +37,9 @@ class PickerState:
         self.decisions, self.decision_s = 0, 0.0
         self.prompts, self.prefix_hits = 0, 0.0
         self.streams, self.stream_events, self.stream_tokens = 0, 0, 0
+        self.flow_marks = None                 # the loop's marked flows (--flow-marks)
+        self.session_key: bytes | None = None  # re-signs an upgraded flow's class (--session-key-file)
+        self.upgrades_refused = 0              # upgrades not applied: the request's signature failed
 
     def view(self) -> PoolView | None:
         return self.source.view
@@ -79,6 +82,7 @@ class PickerState:
                           for k, l in self.loads().items()},
             "refused": {str(k): v for k, v in self.refusals.items()},
             "decisions": self.decisions,
+            "upgrades_refused": self.upgrades_refused,
             "mean_decision_us": round(self.decision_s / self.decisions * 1e6, 1) if self.decisions else None,
             "prefix_hit_rate": round(self.prefix_hits / self.prompts, 4) if self.prompts else None,
             "streamed": {"answers": self.streams, "events": self.stream_events,
@@ -88,13 +92,15 @@ class PickerState:
 
 
 async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, address: str,
-                metrics_interval_ms: float, ready: asyncio.Event | None = None, flow_marks: str | None = None) -> None:
+                metrics_interval_ms: float, ready: asyncio.Event | None = None, flow_marks: str | None = None,
+                session_key: bytes | None = None) -> None:
     source = PoolSource(config_dir, pool)
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
     if flow_marks:               # the decision loop's marked flows (ext_proc._flow_marks reads state.flow_marks)
         from scheduler.loop.marks import FlowMarks
         state.flow_marks = FlowMarks(flow_marks)
+    state.session_key = session_key
     state.refresh()
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)

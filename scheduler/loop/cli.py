@@ -43,7 +43,7 @@ def register(subparsers) -> None:
                    "--sample` pins it at /sys/fs/bpf/mcp-mesh/IF/flow_ring); else the file "
                    "`mcpctl bpf latency --flow-ring PATH` writes")
     r.add_argument("--flow-marks", metavar="PATH", help="write the flows marked latency-critical here for the "
-                   "Endpoint Picker (MCP_EPP_FLOW_MARKS=PATH in its environment; scheduler/loop/marks.py)")
+                   "Endpoint Picker (`mcpctl epp serve --flow-marks PATH`; scheduler/loop/marks.py)")
     r.add_argument("--admin-port", type=int, default=0, help="status HTTP port on 127.0.0.1 (default: any)")
     r.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     r.set_defaults(func=_run)

@@ -1,7 +1,9 @@
 """Flows the loop marked (upgrade-flow actions), shared with the Endpoint Picker as a small file:
 the loop writes it (atomically: a temp file renamed) when its marks change, the picker re-reads
 it when its mtime changes (checked at most every `check_s`) and looks a request's downstream
-address up (Envoy's `source.address` request attribute, or the x-forwarded-for address).
+address up: Envoy's `source.address` request attribute, the very connection the kernel sampled.
+Never x-forwarded-for: its first entry is the client's to write, so any client could claim a
+marked flow's address.
 
     {"flows": {"CLIENT_IP:PORT": {"class": "latency-critical", "expires_at": UNIX_S, "flow": "..."}}}
 """
@@ -30,7 +32,6 @@ class FlowMarks:
     def __init__(self, path: str, check_s: float = 0.02):
         self.path, self.check_s = path, check_s
         self._marks: dict[str, dict] = {}
-        self._by_ip: dict[str, dict] = {}
         self._mtime = None
         self._checked = 0.0
 
@@ -48,13 +49,10 @@ class FlowMarks:
             self._mtime = mtime
         except (OSError, ValueError):
             self._marks, self._mtime = {}, None
-        self._by_ip = {k.rsplit(":", 1)[0].strip("[]"): v for k, v in self._marks.items()}
 
-    def lookup(self, source_address: str | None, forwarded_for: str | None = None) -> str | None:
-        """The class a marked flow gets, or None."""
+    def lookup(self, source_address: str | None) -> str | None:
+        """The class the flow from `source_address` (IP:PORT) was marked with, or None."""
         self._refresh()
         now = time.time()
         mark = self._marks.get(source_address or "")
-        if mark is None and forwarded_for:
-            mark = self._by_ip.get(forwarded_for.split(",")[0].strip().strip("[]"))
         return mark["class"] if mark and mark["expires_at"] > now else None

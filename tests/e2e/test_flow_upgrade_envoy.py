@@ -3,21 +3,30 @@ Gateway API route to an InferencePool (ext_proc to the pool's picker, asking Env
 `source.address` attribute); `mcpctl epp serve --flow-marks PATH` reads the marks the loop's
 own code wrote (the built-in policy over a flow record with RTT < 50 ms and payload > 1 MB,
 the applier's mark writer). A request from the marked client address reaches the model server
-(an echo upstream) with `x-mcp-qos-class: latency-critical`; one from another address does not."""
+(an echo upstream) with `x-mcp-qos-class: latency-critical`; one from another address, or from the
+marked client's address on another port, does not. The gateway runs the header-contract filter
+with the mesh's session key (it signs the class it sets, after Envoy assigned x-request-id); the
+picker holds the same key, so the upgraded class arrives re-signed and the backend's own check
+(mesh.session.verify_session) accepts it. (A forged signature is refused: tests/unit/test_session_resign.py.)"""
 import asyncio
 import http.client
+import base64
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
+from harness.paths import HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port
 from harness.processes import stop_process
 from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, mesh_envoy, write_config
 from mesh import headers as H
+from mesh import session
 from scheduler.decisions import FlowSignals, Signals
 from scheduler.loop.actions import ActionApplier
 from scheduler.loop.builtin_policy import BuiltinPolicy
@@ -27,6 +36,7 @@ pytestmark = pytest.mark.e2e
 NODE = "router~127.0.0.1~inference-gateway.inference~inference.svc.cluster.local"
 LABELS = {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
 REPLICA, MARKED, UNMARKED = "127.0.0.2", "127.0.0.7", "127.0.0.8"
+KEY = b"flow-upgrade-session-key-0123456789"
 IDLE = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0.1}
 
 
@@ -68,6 +78,18 @@ apiVersion: v1
 kind: Endpoints
 metadata: {{name: epp, namespace: inference}}
 subsets: [{{addresses: [{{ip: 127.0.0.1}}], ports: [{{name: grpc-ext-proc, port: {picker_port}}}]}}]
+---
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: {{name: header-contract, namespace: inference}}
+spec:
+  selector: {{matchLabels: {{gateway.networking.k8s.io/gateway-name: inference-gateway}}}}
+  url: file://{WASM}
+  sha256: "{hashlib.sha256(open(WASM, "rb").read()).hexdigest()}"
+  phase: AUTHZ
+  pluginName: mcp-header-contract
+  failStrategy: FAIL_CLOSE
+  pluginConfig: {{sessionKey: "{base64.b64encode(KEY).decode()}"}}
 """
 
 
@@ -86,7 +108,10 @@ def _send(gw_port: int, source: tuple, headers: dict | None = None) -> tuple[int
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     d = tmp_path_factory.mktemp("flow-upgrade")
-    config_dir, marks = str(d / "config"), str(d / "marks.json")
+    config_dir, marks, key_file = str(d / "config"), str(d / "marks.json"), str(d / "session.key")
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, KEY)
+    os.close(fd)
     (d / "config").mkdir()
     replica = EchoUpstream("replica", host=REPLICA)
     replica.metrics = dict(IDLE)
@@ -96,12 +121,14 @@ def stack(tmp_path_factory):
     picker = subprocess.Popen(
         [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", config_dir, "--pool", "inference/decoders",
          "--grpc-port", str(picker_port), "--admin-port", "0", "--metrics-interval-ms", "20",
-         "--flow-marks", marks, "--log-level", "WARNING"],
+         "--flow-marks", marks, "--session-key-file", key_file, "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cp = ControlPlane(config_dir)
     envoy = mesh_envoy(cp, node_id=NODE, namespace="inference", labels=LABELS)
     try:
-        assert picker.stdout.readline(), picker.stderr.read()
+        ready = picker.stdout.readline()
+        assert ready, picker.stderr.read()
+        admin = json.loads(ready)["admin_port"]
         cp.start()
         assert cp.configz().get("rejected") is None, cp.configz()
         envoy.start()
@@ -110,7 +137,7 @@ def stack(tmp_path_factory):
         while _send(gw_port, (UNMARKED, 0))[0] != 200:
             assert time.monotonic() < deadline, envoy.log_tail()
             time.sleep(0.1)
-        yield {"gw": gw_port, "marks": marks, "cp": cp, "replica": replica}
+        yield {"gw": gw_port, "marks": marks, "cp": cp, "replica": replica, "admin": admin}
     finally:
         envoy.stop()
         cp.close()
@@ -118,11 +145,10 @@ def stack(tmp_path_factory):
         replica.stop()
 
 
-def test_a_flow_the_loop_marked_reaches_the_model_server_critical(stack):
+def _mark(stack, client: str, client_port: int) -> None:
     gw = stack["gw"]
-    client_port = free_port(MARKED)
     # the loop's own path: a kernel flow record -> the built-in policy -> the applier's mark writer
-    flow = FlowSignals(flow=f"{MARKED}:{client_port}->127.0.0.1:{gw}", rtt_ms=3.0, payload_bytes=2_000_000)
+    flow = FlowSignals(flow=f"{client}:{client_port}->127.0.0.1:{gw}", rtt_ms=3.0, payload_bytes=2_000_000)
     actions = BuiltinPolicy().decide(Signals(now_s=time.time(), flows=(flow,)))
     assert [a.kind for a in actions if a.subject == flow.flow] == ["upgrade-flow"]
     applier = ActionApplier(f"127.0.0.1:{stack['cp'].admin_port}", marks_path=stack["marks"])
@@ -130,11 +156,21 @@ def test_a_flow_the_loop_marked_reaches_the_model_server_critical(stack):
     asyncio.run(applier.close())
     time.sleep(0.1)          # the picker looks at the marks file at most every 20 ms (FlowMarks.check_s)
 
+
+def test_a_flow_the_loop_marked_reaches_the_model_server_critical(stack):
+    gw = stack["gw"]
+    client_port = free_port(MARKED)
+    _mark(stack, MARKED, client_port)
+
     # a first x-forwarded-for entry of the client's own: only Envoy's source.address attribute can match
     status, seen = _send(gw, (MARKED, client_port), {"x-forwarded-for": "192.0.2.1"})
     assert status == 200 and seen["upstream"] == "replica", seen
     assert seen["headers"].get(H.QOS_CLASS) == "latency-critical", seen["headers"]
-    # another client address is not marked (the same address on another port is, by the
-    # x-forwarded-for fallback of scheduler/loop/marks.py: the gateway appends the peer's IP)
-    status, seen = _send(gw, (UNMARKED, 0))
-    assert status == 200 and H.QOS_CLASS not in seen["headers"], seen["headers"]
+    # re-signed by the picker over what the filter signed: the backend's own check accepts it
+    assert session.verify_session(seen["headers"], KEY, method="POST").qos_class == "latency-critical"
+    # another client address is not marked, nor the marked address on another port (x-forwarded-for
+    # naming the marked address changes nothing: only the connection's own address counts)
+    for source, xff in (((UNMARKED, 0), None), ((MARKED, 0), MARKED)):
+        status, seen = _send(gw, source, {"x-forwarded-for": xff} if xff else None)
+        assert status == 200 and seen["headers"].get(H.QOS_CLASS) != "latency-critical", (source, seen["headers"])
+        assert session.verify_session(seen["headers"], KEY, method="POST").qos_class == seen["headers"][H.QOS_CLASS]

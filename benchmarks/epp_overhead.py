@@ -29,6 +29,7 @@ import tempfile
 import time
 
 from benchmarks.epp_sessions import percentile
+from benchmarks.epp_stack import IDLE_METRICS, Picker, replica_hosts, shared_port, write_pool
 from harness.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
 from harness.ports import free_port
@@ -61,9 +62,8 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer")) -> dict
     """Per-request latency (µs) to trivial echo upstreams: direct, through Envoy balancing
     alone (round robin), and per mode through Envoy asking a null ext_proc server (the gRPC
     conversation alone) and the picker; interleaved request by request."""
-    from benchmarks.bench_epp import IDLE_METRICS, Picker, _hosts, _shared_port, write_pool
-    hosts = _hosts(2)
-    port = _shared_port(hosts)
+    hosts = replica_hosts(2)
+    port = shared_port(hosts)
     ups = [EchoUpstream(f"echo-{h}", port=port, host=h) for h in hosts]
     for u in ups:
         u.metrics = dict(IDLE_METRICS)

@@ -1,0 +1,131 @@
+"""What the EPP benchmarks stand up: decoder replicas on their own loopback addresses and one
+shared port (as Pods), their InferencePool and WorkloadEntries in a directory, and
+`mcpctl epp serve` for it. Shared by bench_epp (chat sessions) and epp_overhead."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import urllib.request
+
+from harness.ports import free_port, port_is_free
+from harness.processes import stop_processes
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+IDLE_METRICS = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0.0}
+
+
+def replica_hosts(n: int) -> list[str]:
+    return [f"127.0.0.{2 + i}" for i in range(n)]
+
+
+def shared_port(hosts: list[str]) -> int:
+    for _ in range(50):
+        port = free_port(hosts[0])
+        if all(port_is_free(port, h) for h in hosts):
+            return port
+    raise RuntimeError("no port free on every replica address")
+
+
+def _get_json(url: str, timeout: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.load(r)
+
+
+def _read_ready(proc: subprocess.Popen, what: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {proc.returncode}")
+            continue
+        if line.startswith("{"):
+            doc = json.loads(line)
+            if doc.get("event") == "ready":
+                return doc
+    raise TimeoutError(f"{what} not ready after {timeout}s")
+
+
+class Replicas:
+    """`mcpctl serve --model builtin:tiny-decoder` on 127.0.0.2, .3, ... and one shared HTTP port."""
+
+    def __init__(self, n: int, kv_cache_mb: float, threads: int):
+        self.hosts = replica_hosts(n)
+        self.port = shared_port(self.hosts)
+        self.procs = []
+        for h in self.hosts:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:tiny-decoder", "--host", h,
+                 "--http-port", str(self.port), "--grpc-port", str(free_port(h)), "--drain-seconds", "0",
+                 "--kv-cache-mb", str(kv_cache_mb), "--intra-op-threads", str(threads), "--log-level", "ERROR"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT))
+        try:
+            for h, p in zip(self.hosts, self.procs):
+                _read_ready(p, f"replica {h}")
+        except Exception:
+            self.stop()
+            raise
+
+    @property
+    def endpoints(self) -> list[tuple[str, int]]:
+        return [(h, self.port) for h in self.hosts]
+
+    def loads(self) -> list[dict]:
+        return [_get_json(f"http://{h}:{self.port}/v1/load") for h in self.hosts]
+
+    def stop(self) -> None:
+        stop_processes(self.procs, grace=5)
+
+
+def write_pool(directory: str, hosts: list[str], port: int) -> None:
+    """The InferencePool and one WorkloadEntry per replica, as tests/e2e/test_endpoint_picker.py writes them."""
+    docs = [f"""apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {{name: decoders, namespace: inference}}
+spec:
+  selector: {{matchLabels: {{app: decoder}}}}
+  targetPorts: [{{number: {port}}}]
+  endpointPickerRef: {{name: epp, port: {{number: 9002}}, failureMode: FailClose}}
+"""] + [f"""apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: decoder-{i}, namespace: inference}}
+spec: {{address: {h}, labels: {{app: decoder}}}}
+""" for i, h in enumerate(hosts)]
+    with open(os.path.join(directory, "pool.yaml"), "w") as f:
+        f.write("---\n".join(docs))
+
+
+class Picker:
+    """`mcpctl epp serve` for the pool in `directory`; ready once every endpoint has been scraped."""
+
+    def __init__(self, directory: str, endpoints: int, metrics_interval_ms: float | None = None):
+        interval = ["--metrics-interval-ms", str(metrics_interval_ms)] if metrics_interval_ms else []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory,
+             "--pool", "inference/decoders", "--grpc-port", "0", "--admin-port", "0", "--log-level", "WARNING",
+             *interval],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        try:
+            ready = _read_ready(self.proc, "mcpctl epp serve")
+            self.port, self.admin = ready["grpc_port"], ready["admin_port"]
+            deadline = time.monotonic() + 20
+            while True:
+                eps = self.stats()["endpoints"]
+                if len(eps) == endpoints and all(e["ready"] for e in eps.values()):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the picker never saw its endpoints ready: {eps}")
+                time.sleep(0.05)
+        except Exception:
+            self.stop()
+            raise
+
+    def stats(self) -> dict:
+        return _get_json(f"http://127.0.0.1:{self.admin}/stats")
+
+    def stop(self) -> None:
+        stop_processes([self.proc], grace=5)

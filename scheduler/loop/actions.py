@@ -134,13 +134,14 @@ class ActionApplier:
         if admin is None:
             return {"error": f"no admin address for replica {a.subject} (--replica-admin)"}
         try:
-            body = json.loads(a.value) if a.value.strip().startswith("{") else {"preset": a.value}
+            # a preset's name is the spec's qosPolicy (the replica refuses fields it does not know)
+            body = json.loads(a.value) if a.value.strip().startswith("{") else {"qosPolicy": a.value}
         except ValueError as e:
             return {"error": f"value: {e}"}
         status, doc, ms = await self._post(f"http://{admin}/admin/policy", body)
         if status != 200:
             return {"error": f"replica answered {status}: {doc.get('error', doc)}", "ms": ms}
-        return {"applied": True, "ms": round(ms, 3)}
+        return {"applied": True, "ms": round(ms, 3), "generation": doc.get("generation")}
 
     def expire(self, now: float) -> None:
         self._had_flows = bool(self.flows)

@@ -231,7 +231,9 @@ class Server:
         for served in self.models.models.values():
             out.append(self.models.record(served.reconfigure(settings)))
         self.settings = settings
-        return {"kind": "policy", "seconds": round(max(r.seconds for r in out), 6), "policy": settings.describe()}
+        # the generation per model: /admin/status `policy_changes` says when its first batch formed
+        return {"kind": "policy", "seconds": round(max(r.seconds for r in out), 6), "policy": settings.describe(),
+                "generation": {name: m.batcher.policy_generation for name, m in self.models.models.items()}}
 
     async def _watch(self) -> None:
         while True:
@@ -309,7 +311,10 @@ class Server:
         @routes.get("/admin/status")
         async def status(_):
             return web.json_response({"models": [m.status() for m in self.models.models.values()],
-                                      "reloads": [vars(r) for r in self.models.reloads]})
+                                      "reloads": [vars(r) for r in self.models.reloads],
+                                      # per model: each policy change, when applied and when its first batch formed
+                                      "policy_changes": {name: list(m.batcher.policy_changes)
+                                                         for name, m in self.models.models.items()}})
 
         @routes.get("/metrics")
         async def metrics(_):

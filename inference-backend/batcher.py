@@ -49,6 +49,12 @@ a thread hop (`executor.inline_ok`, measured at warm-up), the flush runs those
 batches itself, on the loop, while the main instance is idle: the same
 batches the compute thread would have formed, minus the hand-over to it and
 back. Otherwise the flush wakes the compute thread (and the lane).
+
+Admission hook (`executor.admits(p, taking, head)`, optional). An executor may hold a
+request back from the batch being formed (None: it keeps its place and others pass it;
+the queue is looked at again every GATED_RECHECK_S, since room is made outside it) or say
+what it will take. The decoder uses it to start batch-class sequences only while its KV
+budget has room (inference_backend.decoder).
 """
 from __future__ import annotations
 
@@ -68,6 +74,7 @@ from inference_backend.errors import InferenceError, Internal, InvalidArgument, 
 
 log = logging.getLogger("inference_backend")
 _seq = itertools.count()
+GATED_RECHECK_S = 0.005
 
 
 @dataclass(eq=False)
@@ -139,6 +146,11 @@ class DynamicBatcher:
         self.arriving = 0                  # requests read by a front end, not yet submitted (idle dispatch)
         self.inline_runs = 0
         self._main_busy = False            # the main instance is running a batch (its thread or inline)
+        # Policy changes and when the first batch under each was formed (wall clock, so another
+        # process - a benchmark, the decision loop - can compare with its own times): /admin/status.
+        self.policy_generation = 0
+        self.policy_changes: collections.deque = collections.deque(maxlen=64)
+        self._batch_generation = 0
         self._lane: threading.Thread | None = None
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
@@ -210,6 +222,7 @@ class DynamicBatcher:
                 if not batch:           # nothing queued, or a batch waiting for a request being decoded
                     break
                 self._take(batch)
+                self._formed()
                 self._main_busy = True
                 self.in_flight = len(batch)
                 executor = self.executor
@@ -241,8 +254,18 @@ class DynamicBatcher:
         their place (a level beyond the new priority_levels is served as the lowest)."""
         with self._cond:
             self.settings = settings
+            self.policy_generation += 1
+            self.policy_changes.append({"generation": self.policy_generation, "policy": settings.name,
+                                        "applied_at": time.time(), "first_batch_at": None})
             self._start_lane()
             self._notify_all()
+
+    def _formed(self) -> None:
+        """A batch was just taken (the lock is held): the first under a new policy is recorded."""
+        if self._batch_generation != self.policy_generation:
+            self._batch_generation = self.policy_generation
+            if self.policy_changes and self.policy_changes[-1]["first_batch_at"] is None:
+                self.policy_changes[-1]["first_batch_at"] = time.time()
 
     def _notify_all(self) -> None:
         self._cond.notify_all()
@@ -334,10 +357,17 @@ class DynamicBatcher:
         s = self.settings
         head, batch, rows, overflow, oldest = None, [], 0, False, 0
         cancelled = []
+        admits = getattr(self.executor, "admits", None)     # e.g. a decoder's KV budget (decoder.py)
+        taking, gated = 0, False
         for p in self._ordered(top):
             if p.future.cancelled():
                 cancelled.append(p)
                 continue
+            if admits is not None:
+                cost = admits(p, taking, head)
+                if cost is None:         # must wait for room; stays in its place in the queue
+                    gated = True
+                    continue
             if head is None:
                 head = p
             if p.key != head.key:
@@ -347,11 +377,15 @@ class DynamicBatcher:
                 break
             batch.append(p)
             rows += p.rows
+            if admits is not None:
+                taking += cost
             oldest = p.arrival_ns if not oldest else min(oldest, p.arrival_ns)
         if cancelled:
             self._take(cancelled)
         if not batch:
-            return None, None
+            # a gated request is looked at again shortly: room is made by sequences ending,
+            # which does not go through the queue
+            return None, (GATED_RECHECK_S if gated else None)
         if overflow or rows >= s.max_batch_size or s.max_queue_delay_us == 0 or self._stopping:
             return batch, None
         if self.idle_dispatch and self.arriving <= 0:
@@ -390,6 +424,7 @@ class DynamicBatcher:
                         batch, wait = None, None    # an inline run holds the main instance
                     if batch:
                         self._take(batch)
+                        self._formed()
                         if not lane:
                             self.in_flight = len(batch)
                             self._main_busy = True

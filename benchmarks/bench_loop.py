@@ -4,9 +4,9 @@ replicas, and the built-in policy's call cost.
 Simulated replicas: one subprocess serving `GET /v1/load` on N loopback ports (idle
 figures, so the built-in decides no remap and nothing is posted). The loop runs in this
 process (scheduler.loop.loop.DecisionLoop), 200 ms period, for --seconds each.
-Not measured here (see the report in scheduler/README.md "Decision loop"): time from
-overload to Envoy applying the class (tests/e2e/test_decision_loop.py asserts it), the
-loop-on/off overload scenario.
+Measured in benchmarks/bench_loop_overload.py (`python -m benchmarks loop_overload`), on
+the real stack: time from overload to Envoy applying the class, the loop-on/off overload
+scenario, and a batcher policy change's time to the replica's first batch under it.
 """
 from __future__ import annotations
 

@@ -85,6 +85,14 @@ class Fleet:
             st = list(self.status.values())
         return sum(s["synced"] for s in st), max((s["last"] for s in st), default=0.0)
 
+    def per_process(self) -> str:
+        """`synced/errors` per load process (`-` for one that has reported nothing yet)."""
+        with self.lock:
+            st = dict(self.status)
+        first = next((s["first_error"] for s in st.values() if s.get("first_error")), "")
+        return " ".join(f"{st[p]['synced']}/{st[p].get('errors', 0)}" if p in st else "-"
+                        for p in range(len(self.procs))) + (f"; first error: {first}" if first else "")
+
     def cpu(self) -> float:
         """CPU seconds of the load processes so far."""
         total = 0.0
@@ -166,7 +174,8 @@ def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, ser
                 if time.monotonic() > deadline or all(p.poll() is not None for p in fleet.procs):
                     break
                 if time.monotonic() > progress:
-                    print(f"  {mode}: {synced[0]}/{clients} synced after {time.time() - t0:.0f} s", flush=True)
+                    print(f"  {mode}: {synced[0]}/{clients} synced after {time.time() - t0:.0f} s "
+                          f"(per process, synced/errors: {fleet.per_process()})", flush=True)
                     progress += 15
                 time.sleep(0.1)
             count, done = synced
@@ -212,6 +221,7 @@ def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, ser
                     "file_to_applied_p50_ms": 1e3 * statistics.median(applied_lags),
                     "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"]}
     out["errors"] = sorted({r["error"] for r in records.values() if r.get("error")})
+    out["stream_restarts"] = sum(r.get("restarts", 0) for r in records.values())
     out["clients_reported"] = len(records)
     out["loadavg_after"] = os.getloadavg()
     return out
@@ -272,7 +282,8 @@ def main(argv: list[str]) -> int:
         print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
     for x in r:
         if x["errors"]:
-            print(f"{x['mode']} client errors: {', '.join(x['errors'])}")
+            print(f"{x['mode']} client errors ({x.get('stream_restarts', 0)} streams re-opened): "
+                  f"{', '.join(x['errors'])}")
     return 0
 
 

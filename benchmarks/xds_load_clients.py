@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import resource
 import sys
 import time
@@ -158,20 +159,25 @@ def emit(**event) -> None:
 
 class Client:
     __slots__ = ("i", "args", "delta", "events", "node", "first", "subscribed", "holds",
-                 "got", "synced_at", "eds_times", "error")
+                 "got", "synced_at", "eds_times", "error", "restarts")
 
     def __init__(self, i: int, args):
         self.i, self.args = i, args
         self.delta = args.mode == "delta"
         self.events = args.report == "events"
         self.node = node(i, args.prefix, dict(kv.split("=", 1) for kv in args.label), args.shapes)
+        self.eds_times: list[float] = []
+        self.error = ""                          # the last stream error
+        self.restarts = 0                        # streams re-opened after an error, as Envoy does
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """A new stream starts from nothing (node on its first message, no subscriptions held)."""
         self.first = True
         self.subscribed: dict[str, frozenset] = {ENDPOINT: frozenset(), ROUTE: frozenset()}
         self.holds: dict[str, frozenset] = {}    # Delta: names held per followed type (interned)
         self.got: set[str] = set()               # types held in full
         self.synced_at = 0.0
-        self.eds_times: list[float] = []
-        self.error = ""
 
     def request(self, **kw) -> bytes:
         cls = discovery_pb2.DeltaDiscoveryRequest if self.delta else discovery_pb2.DiscoveryRequest
@@ -181,26 +187,37 @@ class Client:
         return cls(**kw).SerializeToString()
 
     async def run(self, channel, ready: asyncio.Event) -> None:
+        """One ADS stream; after an error, a new one from scratch after a jittered backoff
+        (0.25 s doubling to 4 s), as Envoy re-opens its ADS stream."""
         method = SERVICE + ("DeltaAggregatedResources" if self.delta else "StreamAggregatedResources")
-        call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
+        backoff = 0.25
         try:
-            await call.write(self.request(type_url=CLUSTER))
-            await call.write(self.request(type_url=LISTENER))
-            ready.set()
             while True:
-                raw = await call.read()
-                if raw is grpc.aio.EOF:
-                    return
-                t = time.time()
-                for req in (self.on_delta if self.delta else self.on_sotw)(raw, t):
-                    await call.write(req)
-        except grpc.aio.AioRpcError as e:
-            self.error = e.code().name
-            if self.events:
-                emit(c=self.i, error=self.error)
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
+                call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
+                try:
+                    await call.write(self.request(type_url=CLUSTER))
+                    await call.write(self.request(type_url=LISTENER))
+                    ready.set()
+                    while True:
+                        raw = await call.read()
+                        if raw is grpc.aio.EOF:
+                            return
+                        t = time.time()
+                        for req in (self.on_delta if self.delta else self.on_sotw)(raw, t):
+                            await call.write(req)
+                        backoff = 0.25
+                except grpc.aio.AioRpcError as e:
+                    self.error = f"{e.code().name}: {(e.details() or '')[:120]}"
+                    if self.events:
+                        emit(c=self.i, error=self.error)
+                except asyncio.CancelledError:
+                    call.cancel()
+                    raise
+                ready.set()
+                self.restarts += 1
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(4.0, backoff * 2)
+                self._fresh()
         finally:
             ready.set()
 
@@ -280,13 +297,15 @@ async def main(args) -> None:
     events = [asyncio.Event() for _ in clients]
     tasks = [asyncio.create_task(c.run(channels[k // per], e))
              for k, (c, e) in enumerate(zip(clients, events))]
+    # Status lines from the start: a stream still waiting to open is counted, not hidden.
+    reporter = asyncio.create_task(_report_forever(clients, args.report)) if args.report == "summary" else None
     await asyncio.gather(*(e.wait() for e in events))
     emit(event="ready", t=time.time())
     sys.stdout.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_reader(sys.stdin.fileno(), stop.set)     # the parent closes stdin to stop us
-    reporter = asyncio.create_task(_report_forever(clients, args.report))
+    reporter = reporter or asyncio.create_task(_report_forever(clients, args.report))
     await stop.wait()
     reporter.cancel()
     for t in tasks:
@@ -294,7 +313,8 @@ async def main(args) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
     if args.report == "summary":
         emit(final=True, cpu_s=cpu_seconds(), maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-             clients={c.i: {"synced": c.synced_at, "eds": c.eds_times, "error": c.error} for c in clients})
+             clients={c.i: {"synced": c.synced_at, "eds": c.eds_times, "error": c.error, "restarts": c.restarts}
+                       for c in clients})
     sys.stdout.flush()
     for ch in channels:
         await ch.close()
@@ -307,8 +327,10 @@ async def _report_forever(clients, report: str):
         else:
             await asyncio.sleep(0.5)
             synced = [c.synced_at for c in clients if c.synced_at]
+            errors = [c.error for c in clients if c.error]
             emit(synced=len(synced), last=max(synced, default=0.0), eds=sum(len(c.eds_times) for c in clients),
-                 errors=sum(bool(c.error) for c in clients), cpu_s=cpu_seconds())
+                 errors=len(errors), restarts=sum(c.restarts for c in clients),
+                 first_error=errors[0] if errors else "", cpu_s=cpu_seconds())
         sys.stdout.flush()
 
 

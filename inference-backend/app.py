@@ -72,13 +72,22 @@ class ServeOptions:
     drain_seconds: float = 1.0
     model_control_mode: str = "none"         # Triton's: explicit allows repository load / unload
     fast_path: bool = True                   # idle dispatch + inline runs (batcher.py); off: --no-fast-path
+    workers: int = 1                         # processes serving the same ports (SO_REUSEPORT): see Workers
+    worker_argv: list[str] | None = None     # first worker: `mcpctl serve` arguments of the others, less ports
+    worker_index: int = 0                    # 0: the first worker (admin, fan-out); 1..N-1: the others
 
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-    ("grpc.so_reuseport", 0),
+    ("grpc.so_reuseport", 0),      # grpcio's Linux default is 1: a second server would share the port unseen
 ]
+
+
+def grpc_options(workers: int) -> list[tuple]:
+    """With --workers N > 1 every worker binds the same ports with SO_REUSEPORT and the kernel
+    spreads connections over them; with one, a port in use is an error, as before."""
+    return [(k, 1 if k == "grpc.so_reuseport" and workers > 1 else v) for k, v in GRPC_OPTIONS]
 
 
 def load_policy_file(path: str, labels: dict | None = None) -> BatcherSettings:
@@ -117,6 +126,7 @@ class Server:
         self._admin_runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
         self._priority: PriorityWorker | None = None
+        self._workers: list[PriorityWorker] = []     # the first worker's handles on the others
         self._watch_task: asyncio.Task | None = None
         self._stop = asyncio.Event()
         self.exit_status = 0
@@ -146,9 +156,10 @@ class Server:
         openai_api.register(app, self.models, o.openai_models, self.only_class)   # /v1/...: the OpenAI API, /v1/load
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True).start()
+        await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True,
+                          reuse_port=o.workers > 1 or None).start()
         http_port = self._runner.addresses[0][1]
-        self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
+        self._grpc = grpc.aio.server(options=grpc_options(o.workers))
         add_to_server(self.models, self._grpc, self.only_class)
         triton_rpcs.add_to_server(self.models, self._grpc)     # ModelConfig, ModelStatistics, repository
         # grpc.health.v1 for Envoy's gRPC health checks (NOT_SERVING until the model is warm),
@@ -166,6 +177,15 @@ class Server:
         if grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
         await self._grpc.start()
+        if o.worker_argv and o.workers > 1:
+            # The others bind the ports this one got (port 0 resolved) and load the model
+            # beside this one; each has its own GIL, event loop, batcher and ONNX session.
+            for i in range(1, o.workers):
+                w = PriorityWorker([*o.worker_argv, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                                    "--admin-port", "0", "--workers", str(o.workers), "--worker-index", str(i)],
+                                   label=f"worker {i}")
+                self._workers.append(w)
+                await w.start()
         t0 = time.perf_counter()
         # A built-in is generated on first use (the worker may do so at the same time:
         # builtin_path writes then renames).
@@ -177,6 +197,9 @@ class Server:
                                          o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
                                          profile=o.enable_profiler, kv_idle_s=o.kv_idle_seconds,
                                          fast_path=o.fast_path)
+        if o.workers > 1 and served.decoder:
+            # a sequence's KV cache lives in one process; its next step may land on another
+            raise ValueError("--workers > 1 cannot serve a decoder model (its sequences' KV caches are per process)")
         m = served.model
         log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
                  served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
@@ -184,14 +207,18 @@ class Server:
         if o.enable_profiler:
             log.info("ONNX Runtime profiler on: a chrome-trace JSON is written at shutdown (ort_profile_*.json)")
         admin_port = None
-        if o.admin_port is not None:
+        # The first of several workers always listens (loopback, any port): the others read
+        # its statistics there.
+        if o.admin_port is not None or self._workers:
             admin = self._admin_app()
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()
             # loopback only, whatever --host is: reload and policy calls are not for the network
-            await web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port, reuse_address=True).start()
+            await web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port or 0, reuse_address=True).start()
             admin_port = self._admin_runner.addresses[0][1]
         worker = await self._priority.wait_ready() if self._priority else {}
+        if self._workers:
+            await self._join_workers(admin_port)
         self.models.ready = True
         await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
         await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)
@@ -205,8 +232,22 @@ class Server:
                           "admin_port": admin_port, "serve_class": o.serve_class,
                           "priority_worker": {"pid": self._priority.proc.pid, "http_port": worker["http_port"],
                                               "grpc_port": worker["grpc_port"]} if worker else None,
+                          "workers": [os.getpid(), *(w.proc.pid for w in self._workers)] if self._workers else None,
                           "provider": m.provider, "load_seconds": round(m.load_seconds, 4),
                           "warmup_seconds": round(m.warmup_seconds, 4)}), flush=True)
+
+    async def _join_workers(self, admin_port: int) -> None:
+        """Wait for every other worker, then tell each the admin ports of all the others
+        (statistics are summed over them, triton_rpcs.all_stats_docs)."""
+        ready = await asyncio.gather(*(w.wait_ready() for w in self._workers))
+        ports = [admin_port, *(r["admin_port"] for r in ready)]
+        self.models.peer_admin_ports = ports[1:]
+        for i, w in enumerate(self._workers, start=1):
+            status, out = await w.forward("/admin/workers", {"peer_admin_ports": ports[:i] + ports[i + 1:]})
+            if status != 200:
+                raise OSError(f"worker {i} refused its peers: {out}")
+        log.info("%d workers serve the ports (pids %s)", len(ports),
+                 ", ".join(str(p) for p in [os.getpid(), *(w.proc.pid for w in self._workers)]))
 
     # -- hot reconfiguration -------------------------------------------------------------
     def served(self):
@@ -241,6 +282,13 @@ class Server:
             if self._priority and self._priority.returncode is not None:
                 log.error("priority worker exited with status %s; stopping (the two serve as one replica)",
                           self._priority.returncode)
+                self.exit_status = 1
+                self._stop.set()
+                return
+            dead = [w for w in self._workers if w.returncode is not None]
+            if dead:
+                log.error("%s exited with status %s; stopping (the workers serve as one server)",
+                          dead[0].label, dead[0].returncode)
                 self.exit_status = 1
                 self._stop.set()
                 return
@@ -318,21 +366,54 @@ class Server:
 
         @routes.get("/metrics")
         async def metrics(_):
-            return web.Response(body=self.telemetry.prometheus_text(),
-                                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+            text = self.telemetry.prometheus_text()
+            if self._workers:           # every worker's series, told apart by a worker label
+                texts = [text]
+                for w in self._workers:
+                    status, body = await w.get("/metrics")
+                    if status != 200:
+                        return web.json_response({"error": body}, status=502)
+                    texts.append(body.encode())
+                text = merge_prometheus_texts(texts)
+            return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+        @routes.get("/admin/statistics")
+        async def statistics(request):
+            """This process's own statistics (the peers of --workers sum them)."""
+            try:
+                docs = triton_rpcs.stats_docs(self.models, request.query.get("name", ""),
+                                              request.query.get("version", ""))
+            except InferenceError as e:
+                return web.json_response({"error": e.message}, status=e.http_status)
+            return web.json_response({"model_stats": docs})
+
+        @routes.post("/admin/workers")
+        async def workers(request):
+            doc = await request.json()
+            ports = doc.get("peer_admin_ports") if isinstance(doc, dict) else None
+            if not isinstance(ports, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
+                return web.json_response({"error": "peer_admin_ports: a list of ports"}, status=400)
+            self.models.peer_admin_ports = ports
+            return web.json_response({"peer_admin_ports": ports})
 
         app.add_routes(routes)
         return app
 
     async def _forward(self, path: str, doc: dict, out: dict) -> web.Response:
-        """Apply an admin call the parent has applied to the priority worker too: the
-        answer carries both; a worker failure is the answer's status."""
-        if not self._priority:
-            return web.json_response(out)
-        status, worker = await self._priority.forward(path, doc)
-        out["priority_worker"] = worker
-        if status != 200:
-            log.error("priority worker refused %s (status %d): %s", path, status, worker)
+        """Apply an admin call the parent has applied to the priority worker and the other
+        workers too: the answer carries each; a worker's failure is the answer's status."""
+        status = 200
+        if self._priority:
+            status, out["priority_worker"] = await self._priority.forward(path, doc)
+            if status != 200:
+                log.error("priority worker refused %s (status %d): %s", path, status, out["priority_worker"])
+        if self._workers:
+            answers = await asyncio.gather(*(w.forward(path, doc) for w in self._workers))
+            out["workers"] = [body for _, body in answers]
+            for w, (st, body) in zip(self._workers, answers):
+                if st != 200:
+                    log.error("%s refused %s (status %d): %s", w.label, path, st, body)
+                    status = st if status == 200 else status
         return web.json_response(out, status=status)
 
     async def stop(self) -> None:
@@ -342,6 +423,8 @@ class Server:
         self.models.draining = True
         if self._priority:
             self._priority.terminate()        # it drains beside this process
+        for w in self._workers:
+            w.terminate()                     # so do the other workers
         if getattr(self, "_health", None):
             await _set_health(self._health, "", health_pb2.HealthCheckResponse.NOT_SERVING)
             await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -359,6 +442,7 @@ class Server:
         await asyncio.to_thread(self.models.stop)
         if self._priority:
             await self._priority.stop()
+        await asyncio.gather(*(w.stop() for w in self._workers))
         if self.opts.enable_profiler:
             for served in self.models.models.values():
                 log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
@@ -374,6 +458,7 @@ class Server:
             # Nothing half-started stays behind: the worker, the listeners.
             if self._priority:
                 await self._priority.stop()
+            await asyncio.gather(*(w.stop() for w in self._workers))
             if self._grpc:
                 await self._grpc.stop(0)
             for runner in (self._runner, self._admin_runner):
@@ -384,6 +469,33 @@ class Server:
         log.info("shutting down")
         await self.stop()
         return self.exit_status
+
+
+def merge_prometheus_texts(texts: list[bytes]) -> bytes:
+    """Several workers' exposition texts as one: each sample gains worker="i" (i: the
+    worker's index), and each family's samples stay together under one HELP/TYPE, as the
+    text format requires."""
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    for i, text in enumerate(texts):
+        family = None
+        for line in text.decode().splitlines():
+            if not line:
+                continue
+            if line.startswith("#"):
+                parts = line.split(None, 3)
+                if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                    family = parts[2]
+                    head, _ = families.setdefault(family, ([], []))
+                    if i == 0 or not any(h.split(None, 2)[1] == parts[1] for h in head):
+                        head.append(line) if len(head) < 2 else None
+                continue
+            name, brace, rest = line.partition("{")
+            label = f'worker="{i}"'
+            sample = (f"{name}{{{label},{rest}" if rest and not rest.startswith("}") else
+                      f"{name}{{{label}{rest}") if brace else \
+                f"{line.split(None, 1)[0]}{{{label}}} {line.split(None, 1)[1]}"
+            families.setdefault(family or name, ([], []))[1].append(sample)
+    return ("\n".join(line for head, samples in families.values() for line in [*head, *samples]) + "\n").encode()
 
 
 async def _set_health(servicer, service: str, status) -> None:

@@ -20,6 +20,8 @@ import time
 
 from mesh.scheduling import DEFAULT_PRESET, PRESETS
 
+DEFAULT_WORKERS = 1
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve an ONNX model over KServe v2 (REST + gRPC)",
@@ -67,6 +69,11 @@ def register(subparsers) -> None:
     p.add_argument("--drain-seconds", type=float, default=1.0,
                    help="on SIGTERM, keep serving this long while reporting not ready (default 1)")
     p.add_argument("--replicas", type=int, default=1, help="run N server processes (ports as above)")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                   help="processes serving the same ports (SO_REUSEPORT), each with its own event loop, "
+                        f"batcher and ONNX session (default {DEFAULT_WORKERS}; inference-backend/README.md: Workers)")
+    # A worker other than the first: `mcpctl serve --worker-index I`, started by the first.
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
     p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
     p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
@@ -90,11 +97,15 @@ def _labels(items: list[str]) -> dict:
 
 
 def run(args) -> int:
-    worker = " [priority worker]" if args.serve_class else ""
+    worker = " [priority worker]" if args.serve_class else f" [worker {args.worker_index}]" if args.worker_index else ""
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s")
-    if args.replicas < 1:
-        print("mcpctl serve: --replicas must be at least 1", file=sys.stderr)
+    if args.replicas < 1 or args.workers < 1:
+        print("mcpctl serve: --replicas and --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.workers > 1 and args.model_control_mode == "explicit":
+        # a repository load / unload reaches the one worker the connection landed on
+        print("mcpctl serve: --model-control-mode explicit needs --workers 1", file=sys.stderr)
         return 2
     priority = args.priority_grpc_port is not None or args.priority_http_port is not None
     if args.serve_class:
@@ -115,6 +126,8 @@ def run(args) -> int:
     try:
         check_model_spec(args.model)
         intra = args.intra_op_threads     # None: the cores, split between two lanes (model_server)
+        if intra is None and args.workers > 1:    # the workers share the cores
+            intra = max(1, (os.cpu_count() or 1) // args.workers)
         opts = ServeOptions(
             model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
@@ -126,7 +139,8 @@ def run(args) -> int:
             session_max_age=args.session_max_age,
             trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
             watch_model=args.watch_model, drain_seconds=args.drain_seconds, fast_path=not args.no_fast_path,
-            model_control_mode=args.model_control_mode)
+            model_control_mode=args.model_control_mode, workers=args.workers, worker_index=args.worker_index,
+            worker_argv=_child_argv(args, skip=("workers",)) if args.workers > 1 and not args.worker_index else None)
         return serve(opts)
     except (ValueError, OSError) as e:
         print(f"mcpctl serve{worker}: {e}", file=sys.stderr)
@@ -137,7 +151,7 @@ def run(args) -> int:
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
                  "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
-                 "model_control_mode")
+                 "model_control_mode", "workers")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path")
 
 
@@ -162,7 +176,7 @@ def _priority_argv(args) -> list[str]:
     the top class only, one intra-op thread, its own ports (0: any free port)
     and a loopback admin port on any free port (the parent forwards to it)."""
     from inference_backend.priority_worker import SERVE_CLASS, WORKER_INTRA_OP_THREADS
-    argv = _child_argv(args, skip=("intra_op_threads",))
+    argv = _child_argv(args, skip=("intra_op_threads", "workers"))
     return [*argv, "--serve-class", SERVE_CLASS.header_value, "--intra-op-threads", str(WORKER_INTRA_OP_THREADS),
             "--grpc-port", str(args.priority_grpc_port or 0), "--http-port", str(args.priority_http_port or 0),
             "--admin-port", "0"]
@@ -174,7 +188,7 @@ def run_replicas(args) -> int:
     from inference_backend.pool import envoy_bootstrap, replica_ports
     log = logging.getLogger("inference_backend")
     if args.intra_op_threads is None:  # replicas share the cores
-        args.intra_op_threads = max(1, (os.cpu_count() or 1) // args.replicas)
+        args.intra_op_threads = max(1, (os.cpu_count() or 1) // (args.replicas * args.workers))
     argv = _child_argv(args)
     children = []
     layout = replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port,

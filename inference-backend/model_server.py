@@ -309,6 +309,9 @@ class ModelServer:
         self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
         self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
+        # --workers: the loopback admin ports of the other worker processes serving the same
+        # ports (set by the first worker once all are ready); statistics are summed over them.
+        self.peer_admin_ports: list[int] = []
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",

@@ -70,10 +70,12 @@ def _terminate_with_parent() -> None:
 
 
 class PriorityWorker:
-    """The child process: started, awaited until ready, forwarded to, stopped."""
+    """The child process: started, awaited until ready, forwarded to, stopped. (Also the
+    handle of a `--workers` serving worker: `label` names it in logs and errors.)"""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], label: str = "priority worker"):
         self.argv = argv                    # `mcpctl serve ...` arguments for the worker
+        self.label = label
         self.proc: asyncio.subprocess.Process | None = None
         self.ready: dict = {}               # the worker's ready event (its ports)
         self._reader: asyncio.Task | None = None
@@ -87,7 +89,7 @@ class PriorityWorker:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "mesh.cli", *self.argv, stdout=asyncio.subprocess.PIPE,
             preexec_fn=_terminate_with_parent)
-        log.info("priority worker: pid %d (%s)", self.proc.pid, " ".join(self.argv))
+        log.info("%s: pid %d (%s)", self.label, self.proc.pid, " ".join(self.argv))
 
     async def wait_ready(self, timeout: float = 120.0) -> dict:
         """Read the worker's stdout until its ready event; raise OSError if it exits first."""
@@ -96,7 +98,7 @@ class PriorityWorker:
                 line = await self.proc.stdout.readline()
                 if not line:
                     await self.proc.wait()
-                    raise OSError(f"priority worker exited with status {self.proc.returncode} before it was ready")
+                    raise OSError(f"{self.label} exited with status {self.proc.returncode} before it was ready")
                 try:
                     event = json.loads(line)
                 except ValueError:
@@ -106,13 +108,24 @@ class PriorityWorker:
         try:
             self.ready = await asyncio.wait_for(read_until_ready(), timeout)
         except asyncio.TimeoutError:
-            raise OSError(f"priority worker not ready after {timeout:.0f}s") from None
+            raise OSError(f"{self.label} not ready after {timeout:.0f}s") from None
         self._reader = asyncio.create_task(self._drain_stdout())
         return self.ready
 
     async def _drain_stdout(self) -> None:
         while await self.proc.stdout.readline():
             pass
+
+    async def get(self, path: str) -> tuple[int, str]:
+        """GET from the worker's admin listener -> (HTTP status, body text)."""
+        import aiohttp
+        url = f"http://127.0.0.1:{self.ready['admin_port']}{path}"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+                async with s.get(url) as r:
+                    return r.status, await r.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            return 502, f"{self.label} did not answer {path}: {type(e).__name__}: {e}"
 
     async def forward(self, path: str, doc: dict) -> tuple[int, dict]:
         """POST an admin call to the worker -> (HTTP status, body)."""
@@ -123,7 +136,7 @@ class PriorityWorker:
                 async with s.post(url, json=doc) as r:
                     return r.status, await r.json()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            return 502, {"error": f"priority worker did not answer {path}: {type(e).__name__}: {e}"}
+            return 502, {"error": f"{self.label} did not answer {path}: {type(e).__name__}: {e}"}
 
     def terminate(self) -> None:
         """Begin the worker's drain (SIGTERM), beside the parent's own."""
@@ -137,7 +150,7 @@ class PriorityWorker:
         try:
             await asyncio.wait_for(self.proc.wait(), timeout)
         except asyncio.TimeoutError:
-            log.warning("priority worker %d did not stop in %.0fs; killed", self.proc.pid, timeout)
+            log.warning("%s %d did not stop in %.0fs; killed", self.label, self.proc.pid, timeout)
             self.proc.kill()
             await self.proc.wait()
         if self._reader:

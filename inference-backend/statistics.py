@@ -134,3 +134,42 @@ class ModelStatistics:
                              "compute_output": {"count": b.compute_infer.count, "ns": b.output_ns}}
                             for size, b in sorted(v.batches.items())],
         }
+
+
+def merge_docs(groups: list[list[dict]]) -> list[dict]:
+    """The model_stats entries of several worker processes (`--workers`), summed per
+    (name, version): each process counts only the requests it answered, and a client
+    asks whichever worker the kernel hands its connection to. Counts and durations add,
+    batch_stats add per batch size, last_inference is the latest."""
+    out: dict[tuple, dict] = {}
+    for docs in groups:
+        for doc in docs:
+            key = (doc["name"], doc["version"])
+            if key not in out:
+                out[key] = _copy_doc(doc)
+                continue
+            acc = out[key]
+            acc["last_inference"] = max(acc["last_inference"], doc["last_inference"])
+            acc["inference_count"] += doc["inference_count"]
+            acc["execution_count"] += doc["execution_count"]
+            for k, d in doc["inference_stats"].items():
+                _add(acc["inference_stats"].setdefault(k, {"count": 0, "ns": 0}), d)
+            sizes = {b["batch_size"]: b for b in acc["batch_stats"]}
+            for b in doc["batch_stats"]:
+                if b["batch_size"] not in sizes:
+                    sizes[b["batch_size"]] = _copy_doc(b)
+                    continue
+                for k in ("compute_input", "compute_infer", "compute_output"):
+                    _add(sizes[b["batch_size"]][k], b[k])
+            acc["batch_stats"] = [sizes[s] for s in sorted(sizes)]
+    return [out[k] for k in out]
+
+
+def _copy_doc(doc: dict) -> dict:
+    return {k: (_copy_doc(v) if isinstance(v, dict) else [_copy_doc(x) for x in v] if isinstance(v, list) else v)
+            for k, v in doc.items()}
+
+
+def _add(acc: dict, d: dict) -> None:
+    acc["count"] += d["count"]
+    acc["ns"] += d["ns"]

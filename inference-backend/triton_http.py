@@ -18,7 +18,7 @@ from aiohttp import web
 from inference_backend import repository
 from inference_backend.errors import InferenceError, InvalidArgument
 from inference_backend.triton_config import config_doc
-from inference_backend.triton_rpcs import stats_docs
+from inference_backend.triton_rpcs import all_stats_docs
 
 
 def _error(e: InferenceError) -> web.Response:
@@ -49,7 +49,8 @@ def routes(server) -> list[web.RouteDef]:
     @table.get("/v2/models/{name}/versions/{version}/stats")
     async def stats(request):
         try:
-            docs = stats_docs(server, request.match_info.get("name", ""), request.match_info.get("version", ""))
+            docs = await all_stats_docs(server, request.match_info.get("name", ""),
+                                        request.match_info.get("version", ""))
         except InferenceError as e:
             return _error(e)
         return web.json_response({"model_stats": docs})

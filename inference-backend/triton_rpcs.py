@@ -12,9 +12,10 @@ import grpc
 from google.protobuf import json_format
 
 from inference_backend import repository
-from inference_backend.errors import InferenceError
+from inference_backend.errors import InferenceError, Unavailable
 from inference_backend.model_server import ModelServer
 from inference_backend.protos import triton_extensions_pb2 as tpb
+from inference_backend.statistics import merge_docs
 from inference_backend.triton_config import config_message
 
 SERVICE = "inference.GRPCInferenceService"
@@ -26,6 +27,30 @@ def stats_docs(server: ModelServer, name: str = "", version: str = "") -> list[d
         return [doc for served in server.models.values() for doc in served.stats.docs()]
     served = server.lookup(name, version)
     return served.stats.docs(version)
+
+
+async def all_stats_docs(server: ModelServer, name: str = "", version: str = "") -> list[dict]:
+    """stats_docs summed over every worker process (`mcpctl serve --workers N`): this one's,
+    then each peer's, read from its loopback admin listener (GET /admin/statistics)."""
+    local = stats_docs(server, name, version)      # NotFound etc. raised here, before any peer is asked
+    if not server.peer_admin_ports:
+        return local
+    import asyncio
+    import aiohttp
+    query = {"name": name, "version": version}
+
+    async def peer(port: int) -> list[dict]:
+        async with session.get(f"http://127.0.0.1:{port}/admin/statistics", params=query) as r:
+            doc = await r.json()
+            if r.status != 200:
+                raise Unavailable(f"worker on admin port {port} did not give its statistics: {doc.get('error')}")
+            return doc["model_stats"]
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            groups = await asyncio.gather(*(peer(p) for p in server.peer_admin_ports))
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        raise Unavailable(f"statistics of the other workers unavailable: {type(e).__name__}: {e}") from None
+    return merge_docs([local, *groups])
 
 
 def _params(request) -> dict:
@@ -48,12 +73,14 @@ class TritonExtensions:
             config=config_message(self.server.lookup(request.name, request.version))))
 
     async def ModelStatistics(self, request, context):
-        def answer():
-            response = tpb.ModelStatisticsResponse()
-            for doc in stats_docs(self.server, request.name, request.version):
-                json_format.ParseDict(doc, response.model_stats.add())
-            return response
-        return await self._call(context, answer)
+        try:
+            docs = await all_stats_docs(self.server, request.name, request.version)
+        except InferenceError as e:
+            await context.abort(e.code, e.message)
+        response = tpb.ModelStatisticsResponse()
+        for doc in docs:
+            json_format.ParseDict(doc, response.model_stats.add())
+        return response
 
     async def RepositoryIndex(self, request, context):
         return await self._call(context, lambda: json_format.ParseDict(

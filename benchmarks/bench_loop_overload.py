@@ -22,7 +22,8 @@ served as batch for the hold).
    steady generation load; and the same from the loop's decision (a policy that alternates
    presets, carried by the loop's batcher-policy action). The seed's target: 17 ms.
 
-`python -m benchmarks loop_overload [--quick] [--rounds N] [--seconds S]`
+`python -m benchmarks loop_overload` (the full run, ~3.7 min); with flags:
+`python -m benchmarks.bench_loop_overload [--quick] [--rounds N] [--seconds S] [--sections overload,apply,batcher]`
 """
 from __future__ import annotations
 

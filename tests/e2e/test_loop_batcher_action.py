@@ -1,0 +1,46 @@
+"""The loop's batcher-policy action carried to a real replica: ActionApplier posts it to the
+replica's admin API (`mcpctl serve --admin-port`), and the replica's own status reports the
+new batching preset and a policy change (a body it refuses would leave both unchanged)."""
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from harness.inference_server import InferenceServer
+from scheduler.decisions import Action
+from scheduler.loop.actions import ActionApplier
+
+pytestmark = pytest.mark.e2e
+
+
+def _status(admin: str) -> dict:
+    with urllib.request.urlopen(f"http://{admin}/admin/status", timeout=5) as r:
+        return json.load(r)
+
+
+def test_a_batcher_policy_action_reconfigures_the_replica():
+    server = InferenceServer("builtin:mlp").start()
+    try:
+        admin = f"127.0.0.1:{server.admin_port}"
+        before = _status(admin)
+        endpoint = "127.0.0.1:1"
+
+        async def apply(value: str) -> dict:
+            applier = ActionApplier("127.0.0.1:1", replica_admin={endpoint: admin})
+            try:
+                return (await applier.apply([Action("batcher-policy", endpoint, value)], 0.0, flow_hold_s=1.0))[0]
+            finally:
+                await applier.close()
+        result = asyncio.run(apply("throughput"))
+        assert result.get("applied") and "error" not in result, result
+        after = _status(admin)
+        assert after["models"][0]["batching"] != before["models"][0]["batching"], after["models"][0]["batching"]
+        changes = sum(len(v) for v in after["policy_changes"].values())
+        assert changes == sum(len(v) for v in before["policy_changes"].values()) + 1
+        # a preset the replica does not know is refused, and nothing changes
+        refused = asyncio.run(apply("no-such-preset"))
+        assert "error" in refused and "400" in refused["error"], refused
+        assert _status(admin)["models"][0]["batching"] == after["models"][0]["batching"]
+    finally:
+        server.stop()

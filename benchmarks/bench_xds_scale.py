@@ -189,6 +189,8 @@ def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, ser
                                 "cp_cpu_s": push_cpu, "load_cpu_s": load_cpu,
                                 "rss_mb": mem["VmRSS"], "rss_peak_mb": peak_push}
             print(f"  {mode} full push: {out['full_push']}", flush=True)
+            if not complete:            # what the control plane said while clients were missing
+                print("  control plane log tail:\n" + cp.log_tail(), flush=True)
 
             applied_at, applied_lags = [], []
             cpu1, lcpu1, w0 = cpu_s(pid), fleet.cpu(), time.time()

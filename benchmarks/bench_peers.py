@@ -10,7 +10,7 @@ writes artifacts/bench/peers.json.
   figure is the server), and `mlp` (builtin:mlp, compute-bound: batch 1
   reads 77 MB of weights; batching pays).
 - Servers, each with the batching it does best (BATCHING below): ours
-  (`mcpctl serve` as it is on disk); Triton (the tritonserver PyTriton ships,
+  (`mcpctl serve` as it is on disk, `--workers 2`); Triton (the tritonserver PyTriton ships,
   which carries only the python backend: the ONNX file runs in onnxruntime
   inside a python-backend model, under Triton's dynamic batcher); KServe's
   ModelServer (onnxruntime in a sync predict(); its Python server has no
@@ -39,7 +39,10 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("triton", "kserve", "mlserver")
-SERVERS = ("ours",) + PEERS
+# Not a peer (never judged): a bare grpc.aio ModelInfer handler, gRPC points only
+# (benchmarks/peers/grpc_aio_floor.py) - the ceiling of any Python grpc.aio server.
+REFERENCES = ("grpc-floor",)
+SERVERS = ("ours",) + PEERS + REFERENCES
 MODELS = ("relu", "mlp")
 PROTOCOLS = ("rest", "grpc")
 CONCURRENCY = (1, 16, 64)
@@ -49,8 +52,10 @@ MLP_IN, MLP_OUT = 64, 16
 
 # Per model, what each server does best with it (what was tried here is in
 # inference-backend/README.md "Against the peers"). Ours: an
-# L7SchedulingPolicy preset (balanced, the default; env PEER_OURS_FLAGS_RELU /
-# _MLP override). Triton: max_batch_size and max_queue_delay_microseconds of its
+# L7SchedulingPolicy preset (balanced, the default) and two worker processes
+# on the same ports (--workers 2: one per core of this machine, as Triton's
+# front end and instance threads use both; env PEER_OURS_FLAGS_RELU / _MLP
+# override). Triton: max_batch_size and max_queue_delay_microseconds of its
 # dynamic batcher (0: a batch leaves as soon as the instance is free, with
 # whatever queued meanwhile). MLServer: its adaptive batcher (max_batch_size,
 # max_batch_time in us; None: off) and parallel_workers (0: inference on its
@@ -58,9 +63,9 @@ MLP_IN, MLP_OUT = 64, 16
 # process; 1: one worker, which with batching did best on the MLP). KServe:
 # nothing to set (no batcher in its Python server).
 BATCHING = {
-    "relu": {"ours": os.environ.get("PEER_OURS_FLAGS_RELU", "--qos-policy balanced").split(),
+    "relu": {"ours": os.environ.get("PEER_OURS_FLAGS_RELU", "--qos-policy balanced --workers 2").split(),
              "triton": (64, 0), "mlserver": {"batch": None, "parallel_workers": 0}},
-    "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced").split(),
+    "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced --workers 2").split(),
             "triton": (32, 0), "mlserver": {"batch": (32, 2000), "parallel_workers": 1}},
 }
 
@@ -130,6 +135,42 @@ class Ours:
         self.proc.stop()
 
 
+class GrpcFloor:
+    """The `grpc-floor` reference: benchmarks/peers/grpc_aio_floor.py in our venv, gRPC only."""
+
+    label = "grpc-floor"
+    protocols = ("grpc",)
+    version = "bare grpc.aio + uvloop handler running onnxruntime (benchmarks/peers/grpc_aio_floor.py)"
+
+    def __init__(self, model: dict):
+        from harness.ports import free_port
+        self.model, self.port, self.proc = model, free_port(), None
+
+    def start(self):
+        script = os.path.join(ROOT, "benchmarks", "peers", "grpc_aio_floor.py")
+        self.proc = subprocess.Popen([sys.executable, script, self.model["name"], self.model["onnx_path"],
+                                      str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if self.proc.stdout.readline().strip() != "ready":      # '' if it died
+            self.stop()
+            raise RuntimeError("grpc-floor did not start")
+        return self
+
+    def rest_url(self, model: str) -> str:
+        raise ValueError("grpc-floor serves gRPC only")
+
+    def grpc_url(self, model: str) -> str:
+        return f"127.0.0.1:{self.port}/v2/models/{model}"
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 def git_version() -> str:
     try:
         return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
@@ -145,6 +186,8 @@ def make_server(label: str, model: dict):
     batching = BATCHING[model["name"]]
     if label == "ours":
         return Ours(model, batching["ours"])
+    if label == "grpc-floor":
+        return GrpcFloor(model)
     if label == "triton":
         from benchmarks.peers.triton import TritonPeer
         max_batch, delay = batching["triton"]
@@ -325,6 +368,12 @@ def table(result: dict) -> str:
     for f in result["floors"]:
         v = "-" if f["value"] is None else f"{f['value']:.2f}" + (" ms" if "p50" in f["floor"] else "x")
         lines.append(f"floor {f['floor']:<26} {f['where']:<18} {v:>9}  {'holds' if f['holds'] else 'MISSED'}")
+    for p in result["points"]:
+        srv = p["servers"]
+        if p["protocol"] == "grpc" and p["concurrency"] == 1 and "grpc-floor" in srv and "kserve" in srv:
+            r = ratio(srv["grpc-floor"], srv["kserve"])
+            lines.append(f"reference: a bare grpc.aio handler (grpc-floor) does {'-' if r is None else f'{r:.2f}'}x "
+                         f"KServe at {p['model']} grpc c=1: the most ours/KServe can be there")
     for s, why in result["unavailable"].items():
         lines.append(f"{s}: unavailable: {why[:300]}")
     return "\n".join(lines)
@@ -353,9 +402,10 @@ def measure_model(model: dict, labels: list[str], protocols: list[str], levels: 
         width = RELU_WIDTH if model["name"] == "relu" else MLP_IN
         for proto in protocols:
             for c in levels:
-                runs: dict[str, list[dict]] = {s: [] for s in started}
+                active = [s for s in started if proto in getattr(started[s], "protocols", PROTOCOLS)]
+                runs: dict[str, list[dict]] = {s: [] for s in active}
                 for rnd in range(rounds):
-                    for label in turn_order(list(started), rnd):
+                    for label in turn_order(active, rnd):
                         srv = started[label]
                         url = srv.grpc_url(model["name"]) if proto == "grpc" else srv.rest_url(model["name"])
                         runs[label].append(run_load(bench_argv(url, proto == "grpc", c, seconds, width),
@@ -376,6 +426,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", default=env("PEERS", ",".join(PEERS)), help="comma list of triton,kserve,mlserver "
                     "(env PEERS); '' for ours alone")
+    ap.add_argument("--references", default=env("PEER_REFERENCES", ",".join(REFERENCES)),
+                    help="grpc-floor: a bare grpc.aio server, gRPC points only, not judged (env PEER_REFERENCES; '' none)")
     ap.add_argument("--models", default=env("PEER_MODELS", ",".join(MODELS)), help="relu,mlp (env PEER_MODELS)")
     ap.add_argument("--protocols", default=env("PEER_PROTOCOLS", ",".join(PROTOCOLS)), help="rest,grpc (env PEER_PROTOCOLS)")
     ap.add_argument("--concurrency", default=env("PEER_CONCURRENCY", ",".join(map(str, CONCURRENCY))),
@@ -386,10 +438,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--json", default=os.path.join(ROOT, "artifacts", "bench", "peers.json"), help="where to write")
     a = ap.parse_args(argv)
     a.peers = [p for p in a.peers.split(",") if p]
+    a.references = [r for r in a.references.split(",") if r]
     a.models = [m for m in a.models.split(",") if m]
     a.protocols = [p for p in a.protocols.split(",") if p]
     a.concurrency = [int(c) for c in a.concurrency.split(",") if c]
-    for what, got, known in (("peer", a.peers, PEERS), ("model", a.models, MODELS), ("protocol", a.protocols, PROTOCOLS)):
+    for what, got, known in (("peer", a.peers, PEERS), ("model", a.models, MODELS), ("protocol", a.protocols, PROTOCOLS),
+                             ("reference", a.references, REFERENCES)):
         bad = set(got) - set(known)
         if bad:
             ap.error(f"unknown {what} {', '.join(sorted(bad))}; known: {', '.join(known)}")
@@ -405,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from harness.bpf_env import in_netns
     t0 = time.monotonic()
-    result = {"config": {"peers": args.peers, "models": args.models, "protocols": args.protocols,
+    result = {"config": {"peers": args.peers, "references": args.references, "models": args.models, "protocols": args.protocols,
                          "concurrency": args.concurrency, "seconds": args.seconds, "rounds": args.rounds,
                          "batching": BATCHING, "cpus": os.cpu_count()},
               "load_average_start": os.getloadavg(), "servers": {}, "unavailable": {}, "points": []}
@@ -416,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with in_netns(ns):
             for name in args.models:
-                measure_model(model_spec(name, files[name]), ["ours", *args.peers], args.protocols,
+                measure_model(model_spec(name, files[name]), ["ours", *args.peers, *args.references], args.protocols,
                               args.concurrency, args.seconds, args.rounds, result)
     finally:
         remove_netns(ns)

@@ -157,12 +157,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                                 result.assemble_us * 1000, result.compute_us * 1000, end - t_out)
         return response, timing_pairs(result, served.load.header_value())
 
-    async def _infer(self, request: pb.ModelInferRequest, metadata) -> tuple[pb.ModelInferResponse, list]:
+    async def _infer(self, request: pb.ModelInferRequest, metadata,
+                     run_now: bool = False) -> tuple[pb.ModelInferResponse, list]:
         t0 = time.monotonic_ns()
         served = None
         try:
             served, pending, qos, priority = self._prepare(request, metadata)
-            result = await served.infer(pending, qos, priority)
+            result = await served.infer(pending, qos, priority, run_now=run_now)
         except InferenceError:
             if served is None:      # found, then refused: Triton counts it as the model's failure
                 served = self.server.models.get(request.model_name)
@@ -177,7 +178,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            response, trailers = await self._infer(request, context.invocation_metadata() or ())
+            # a unary call: a lone request runs at once (ServedModel.infer); a stream's requests,
+            # started together, keep batching
+            response, trailers = await self._infer(request, context.invocation_metadata() or (), run_now=True)
         except InferenceError as e:
             self._count(request, e.code)
             await context.abort(e.code, e.message)

@@ -218,13 +218,17 @@ class ServedModel:
         return (not self._flush_scheduled and b.arriving <= 0 and not b._main_busy
                 and getattr(b.executor, "inline_ok", False) and b.total_queued() == 1)
 
-    async def infer(self, pending: Pending, qos_class: str | None, priority: int | None) -> Result:
+    async def infer(self, pending: Pending, qos_class: str | None, priority: int | None,
+                    run_now: bool = False) -> Result:
+        """`run_now`: a lone request may run before this returns (gRPC; see _run_now_ok). REST
+        leaves it off: aiohttp starts the handlers of one loop turn's requests one after
+        another, so running the first at once would split what the turn's flush batches."""
         b = self.batcher
         if not b.idle_dispatch:
             future = b.submit(pending, qos_class, priority)
         else:
             b.submit_deferred(pending, qos_class, priority)
-            if self._run_now_ok():
+            if run_now and self._run_now_ok():
                 b.flush()
                 future = pending.future
                 if future.done():

@@ -183,7 +183,7 @@ class Server:
             for i in range(1, o.workers):
                 w = PriorityWorker([*o.worker_argv, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                                     "--admin-port", "0", "--workers", str(o.workers), "--worker-index", str(i)],
-                                   label=f"worker {i}")
+                                   label=f"worker {i}", preexec=False)   # gRPC's threads run here now
                 self._workers.append(w)
                 await w.start()
         t0 = time.perf_counter()

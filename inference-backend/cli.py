@@ -100,6 +100,9 @@ def run(args) -> int:
     worker = " [priority worker]" if args.serve_class else f" [worker {args.worker_index}]" if args.worker_index else ""
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s")
+    if args.worker_index:           # started by the first worker, after its gRPC threads began
+        from inference_backend.priority_worker import bind_to_parent
+        bind_to_parent()
     if args.replicas < 1 or args.workers < 1:
         print("mcpctl serve: --replicas and --workers must be at least 1", file=sys.stderr)
         return 2

@@ -84,6 +84,22 @@ def test_a_dead_worker_stops_the_server():
         assert server.proc.returncode == 1, server.log_tail()
 
 
+def test_workers_go_when_the_first_is_killed():
+    """The others set their parent-death signal themselves (no Python between fork and exec
+    in a parent running gRPC's threads): SIGKILL of the first leaves no worker holding the ports."""
+    with InferenceServer("builtin:mlp", "--workers", "2") as server:
+        other = server.ready["workers"][1]
+        server.proc.kill()
+        deadline = time.monotonic() + 15
+        while os.path.exists(f"/proc/{other}") and time.monotonic() < deadline:
+            with open(f"/proc/{other}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.1)
+        else:
+            assert not os.path.exists(f"/proc/{other}"), "worker 1 outlived the first worker"
+
+
 @pytest.mark.parametrize("model, flags, why", [
     # a repository load / unload would reach only the worker the connection landed on
     ("builtin:mlp", ["--model-control-mode", "explicit"], "--model-control-mode explicit needs --workers 1"),

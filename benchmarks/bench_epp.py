@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--think", type=float, default=None, help="seconds between an answer and the next turn")
     p.add_argument("--groups", type=int, default=None, help="distinct shared system prompts")
     p.add_argument("--kv-cache-mb", type=float, default=None,
-                   help="each replica's KV-cache budget (default: the preset's; chat 4, shared-prompt 64)")
+                   help="each replica's KV-cache budget in MB (default: the preset's; "
+                        + ", ".join(f"{k} {w.kv_cache_mb:g}" for k, w in PRESETS.items()) + ")")
     p.add_argument("--quick", action="store_true", help="a smoke run: sessions start over 10 s")
     p.add_argument("--threads", type=int, default=1, help="each replica's intra-op threads (default 1)")
     p.add_argument("--metrics-interval-ms", type=float, default=None,

@@ -14,18 +14,21 @@ Two named shapes (PRESETS); what routing can win depends entirely on which:
 - "chat" (the default): realistic multi-turn chat, shaped like GIE's
   prefix-cache benchmarks (benchmarking/prefix-cache-aware: many prefix
   groups whose cached prefixes together exceed one server's cache, so where a
-  request lands decides whether it hits). 6 system prompts of 250-450 tokens,
-  each shared by ~10 of 60 sessions; 6-9 turns of 50-140-token user messages
-  and 24-token answers, so by the last turns the session's own history is
-  ~3/4 of a ~1,500-token prompt (tiny-decoder's 2,048-token context is the cap:
-  make_sessions drops turns that would not fit). Sessions start at 2/s and
-  think 1 s between turns, so ~15-20 are alive at once; their histories (the
-  working set) are larger than one replica's KV budget (`kv_cache_mb`, 4 MB =
-  8,192 tokens at tiny-decoder's 512 B a token) but smaller than 2 replicas'
-  together. A balancer that scatters a session's turns makes every replica
+  request lands decides whether it hits). 45 sessions started at 1.5/s over
+  30 s, each opening with one of 6 system prompts (100-250 tokens: byte-level
+  tokens), 6-10 turns of 80-200-token user messages and 24-token answers, 2 s
+  of thinking between turns; by the last turns the session's own history is
+  over 3/4 of its prompt (tiny-decoder's 2,048-token context is the cap:
+  make_sessions drops turns that would not fit). The working set the replicas'
+  counters measure is ~10.3 MB of KV; each replica's budget is 6 MB (12,288
+  tokens at tiny-decoder's 512 B a token): more than one replica holds, less
+  than two. A balancer that scatters a session's turns makes every replica
   hold every session, so each evicts what the session's next turn needs; one
   that keeps a session together holds only its share. The think time stays
-  under the replicas' 5 s idle reclaim of unreferenced blocks.
+  under the replicas' 5 s idle reclaim of unreferenced blocks. The ratio moves
+  with the budget: on a quiet machine, 6 MB gave EPP/LEAST_REQUEST 1.61x
+  (2 replicas) and 1.84x (3); 4 MB gave 1.50x and 2.17x (at 4 MB two replicas
+  cannot hold half the working set each, so the picker's affinity misses too).
 - "shared-prompt" (the earlier shape, kept to compare): 3-6 short turns
   (40-120 tokens, 16-token answers) after 300-600-token system prompts, a
   64 MB budget that holds everything: the few system prompts end up cached on

@@ -217,11 +217,14 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     if not streaming:
                         yield _GO_ON[kind]
                         continue
+                    # Bookkeeping before the yield: Envoy may end the RPC as soon as it has the last
+                    # chunk back, and a generator cancelled at its yield never runs what follows.
                     watch = watch or SseWatch()
-                    yield _echo(kind, chunk.body, chunk.end_of_stream)
                     watch.feed(chunk.body)
-                    if chunk.end_of_stream:       # the last chunk has passed: the request is done
+                    end = chunk.end_of_stream
+                    if end:                       # the last chunk: the request is done
                         picked, watch = self._done(picked, watch)
+                    yield _echo(kind, chunk.body, end)
                 elif kind == "request_trailers":
                     if duplex and not decided:    # the body ended with trailers: pick now, then let them pass
                         response, picked = self._decide(headers, bytes(body), subset, "request_headers")
@@ -232,8 +235,8 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                         yield _echo("request_body", bytes(body), False)
                     yield _GO_ON[kind]
                 else:                             # response_trailers: the answer is over
-                    yield _GO_ON[kind]
                     picked, watch = self._done(picked, watch)
+                    yield _GO_ON[kind]
         finally:
             if picked:
                 self.state.scheduler.finished(picked)

@@ -29,7 +29,8 @@ import tempfile
 import time
 
 from benchmarks.epp_sessions import percentile
-from benchmarks.epp_stack import IDLE_METRICS, Picker, replica_hosts, shared_port, write_pool
+from benchmarks.epp_stack import IDLE_METRICS, Picker, replica_hosts, write_pool
+from harness.ports import port_free_on_all
 from harness.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
 from harness.ports import free_port
@@ -63,7 +64,7 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer")) -> dict
     alone (round robin), and per mode through Envoy asking a null ext_proc server (the gRPC
     conversation alone) and the picker; interleaved request by request."""
     hosts = replica_hosts(2)
-    port = shared_port(hosts)
+    port = port_free_on_all(hosts)
     ups = [EchoUpstream(f"echo-{h}", port=port, host=h) for h in hosts]
     for u in ups:
         u.metrics = dict(IDLE_METRICS)

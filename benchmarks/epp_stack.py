@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from harness.ports import free_port, port_is_free
+from harness.ports import free_port, port_free_on_all
 from harness.processes import stop_processes
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -20,14 +20,6 @@ IDLE_METRICS = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, 
 
 def replica_hosts(n: int) -> list[str]:
     return [f"127.0.0.{2 + i}" for i in range(n)]
-
-
-def shared_port(hosts: list[str]) -> int:
-    for _ in range(50):
-        port = free_port(hosts[0])
-        if all(port_is_free(port, h) for h in hosts):
-            return port
-    raise RuntimeError("no port free on every replica address")
 
 
 def _get_json(url: str, timeout: float = 5.0) -> dict:
@@ -55,7 +47,7 @@ class Replicas:
 
     def __init__(self, n: int, kv_cache_mb: float, threads: int):
         self.hosts = replica_hosts(n)
-        self.port = shared_port(self.hosts)
+        self.port = port_free_on_all(self.hosts)
         self.procs = []
         for h in self.hosts:
             self.procs.append(subprocess.Popen(

@@ -259,6 +259,22 @@ def self_signed_cert(directory: str) -> tuple[str, str]:
     """(cert path, key path) of a fresh self-signed P-256 certificate."""
     return self_signed(directory, ["backend.mesh.local"])
 
+def read_then_answer(nbytes: int):
+    """A TcpServer handler: read `nbytes` of request, then answer a tiny HTTP 200 and drain
+    (the latency sampler times the first request byte in -> the first answer byte out)."""
+    def handle(c: socket.socket) -> None:
+        got = 0
+        while got < nbytes:
+            chunk = c.recv(65536)
+            if not chunk:
+                return
+            got += len(chunk)
+        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        while c.recv(4096):
+            pass
+    return handle
+
+
 class TcpServer:
     """Accepts on `sock` in a thread and runs `handle(conn)` per connection.
 

@@ -26,7 +26,7 @@ import urllib.request
 
 from harness.inference_server import InferenceServer
 from harness.paths import HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port, port_is_free
+from harness.ports import free_port, port_free_on_all
 from harness.processes import stop_process
 from harness.upstreams import EchoUpstream
 from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
@@ -37,15 +37,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the Wasm seed table (the loop's default policy) is built and compiled once into this cache,
 # the one tests/e2e/test_decision_loop.py and test_policy_plugins.py use; later loads ~0.3 s
 POLICY_CACHE = os.path.join(ROOT, ".cache", "policy-tests")
-
-
-def shared_port(hosts=HOSTS) -> int:
-    """One port free on every replica address (an InferencePool has one target port)."""
-    for _ in range(50):
-        port = free_port(hosts[0])
-        if all(port_is_free(port, h) for h in hosts):
-            return port
-    raise RuntimeError("no port free on every replica address")
 
 
 def mesh_yaml(gw_port: int, echo_port: int, replica_port: int, hosts=HOSTS, key: bytes = KEY) -> str:
@@ -161,7 +152,7 @@ class LoopStack:
     def start(self) -> "LoopStack":
         if not os.path.exists(WASM):
             raise RuntimeError("no header-contract filter: run `make wasm` first")
-        self.port, self.gw_port = shared_port(self.hosts), free_port()
+        self.port, self.gw_port = port_free_on_all(self.hosts), free_port()
         try:
             self.start_replicas()
             self.echo = EchoUpstream("echo").start()

@@ -19,6 +19,16 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
             return False
 
 
+def port_free_on_all(hosts, candidate=None) -> int:
+    """One port free on every address of `hosts` (replicas sharing one port, as Pods behind an
+    InferencePool's single target port); `candidate()` proposes ports (default: free on hosts[0])."""
+    for _ in range(50):
+        port = candidate() if candidate else free_port(hosts[0])
+        if all(port_is_free(port, h) for h in hosts):
+            return port
+    raise RuntimeError(f"no port free on every one of {', '.join(hosts)}")
+
+
 def preferred_port(preferred: int | None, taken: set[int], host: str = "127.0.0.1") -> int:
     """`preferred` if it is free and not in `taken`, else any free port not in `taken`;
     the port is added to `taken`. For documented defaults (the demo's 18080) that must

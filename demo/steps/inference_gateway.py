@@ -20,7 +20,7 @@ import urllib.request
 import openai
 
 from demo.framework import Check, Demo, Step
-from harness.ports import port_is_free, wait_port
+from harness.ports import port_free_on_all, wait_port
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 NAMESPACE = "inference"
@@ -91,14 +91,6 @@ subsets:
 """
 
 
-def _shared_port(demo: Demo) -> int:
-    """A port free on every replica address (and on 127.0.0.1, taken for this run)."""
-    while True:
-        port = demo.port()
-        if all(port_is_free(port, h) for h in HOSTS):
-            return port
-
-
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.load(r)
@@ -106,7 +98,7 @@ def _get(url: str) -> dict:
 
 def run(demo: Demo) -> list[Check]:
     started = time.monotonic()
-    http_port, grpc_port = _shared_port(demo), _shared_port(demo)
+    http_port, grpc_port = port_free_on_all(HOSTS, demo.port), port_free_on_all(HOSTS, demo.port)
     for h in HOSTS:     # the slowest part first: the replicas load while the rest comes up
         demo.start(f"decoder-{h}", [demo.mcpctl, "serve", "--model", f"builtin:{MODEL}", "--host", h,
                                     "--http-port", str(http_port), "--grpc-port", str(grpc_port),

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
-from harness.ports import free_port, port_is_free
+from harness.ports import free_port, port_free_on_all
 from harness.processes import stop_process
 from harness.upstreams import EchoUpstream
 from mesh import endpoint_picker as epp
@@ -33,14 +33,6 @@ pytestmark = pytest.mark.e2e
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 IDLE = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0.1}
-
-
-def _shared_port() -> int:
-    for _ in range(50):
-        port = free_port(HOSTS[0])
-        if all(port_is_free(port, h) for h in HOSTS):
-            return port
-    raise RuntimeError("no port free on every replica address")
 
 
 def _config(directory: str, port: int, picker_port: int) -> None:
@@ -100,7 +92,7 @@ class Picker:
 
 @pytest.fixture(scope="module")
 def pool():
-    port = _shared_port()
+    port = port_free_on_all(HOSTS)
     ups = {h: EchoUpstream(f"replica-{h}", port=port, host=h) for h in HOSTS}
     for u in ups.values():
         u.metrics = dict(IDLE)
@@ -244,7 +236,7 @@ def test_through_envoy_the_replica_that_answers_is_the_one_picked_and_prefixes_s
 
 
 def test_picker_down_fail_open_routes_anyway_and_fail_close_refuses():
-    port = _shared_port()
+    port = port_free_on_all(HOSTS)
     ups = [EchoUpstream(f"replica-{h}", port=port, host=h).start() for h in HOSTS]
     open_port, close_port, dead = free_port(), free_port(), free_port()
     envoy = Envoy(gateway_bootstrap({open_port: True, close_port: False}, [(h, port) for h in HOSTS], dead)).start()

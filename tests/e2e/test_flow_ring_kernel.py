@@ -7,7 +7,6 @@ its age, and the built-in table upgrades it (RTT < 50 ms, payload > 1 MB)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from bpf import attach
 from bpf.latency import LatencyStats, open_pinned
 from bpf.policy import build_policy
-from harness.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
+from harness.bpf_env import TcpServer, VethPair, read_then_answer, in_netns, netns_socket, remove_stale_namespaces, require_bpf
 from mesh.flow_ring import MappedRing
 from scheduler.loop.actions import ActionApplier
 from scheduler.loop.builtin_policy import BuiltinPolicy
@@ -27,18 +26,6 @@ pytestmark = pytest.mark.e2e
 PORT, PAYLOAD = 8090, 1_500_000
 
 
-def read_then_answer(c: socket.socket) -> None:
-    got = 0
-    while got < PAYLOAD:
-        chunk = c.recv(65536)
-        if not chunk:
-            return
-        got += len(chunk)
-    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-    while c.recv(4096):
-        pass
-
-
 def test_a_large_low_rtt_request_reaches_the_loop_as_a_flow(tmp_path):
     require_bpf()
     remove_stale_namespaces()
@@ -48,7 +35,7 @@ def test_a_large_low_rtt_request_reaches_the_loop_as_a_flow(tmp_path):
         s = netns_socket(pair.server_ns)
         s.bind((pair.V4[1], PORT))
         s.listen(4)
-        server = TcpServer(s, read_then_answer)
+        server = TcpServer(s, read_then_answer(PAYLOAD))
         with in_netns(pair.server_ns):
             attach.attach(pair.server_if, build_policy(sample_ports=[PORT]))
         ring = MappedRing(str(tmp_path / "flows.ring"), create=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 
 import pytest
@@ -21,7 +20,7 @@ from mesh.flow_ring import map_fd, on_bpffs
 from bpf.policy import build_policy
 from bpf.syscall import prog_test_run
 from harness.bpf_env import (TcpServer, VethPair, in_netns, load_datapath, netns_socket,
-                             remove_stale_namespaces, require_bpf)
+                             read_then_answer, remove_stale_namespaces, require_bpf)
 from mesh import flow_ring as R
 from scheduler.loop.actions import ActionApplier
 from scheduler.loop.builtin_policy import BuiltinPolicy
@@ -33,18 +32,6 @@ pytestmark = pytest.mark.e2e
 PORT, PAYLOAD = 8091, 1_500_000
 
 
-def read_then_answer(c: socket.socket) -> None:
-    got = 0
-    while got < PAYLOAD:
-        chunk = c.recv(65536)
-        if not chunk:
-            return
-        got += len(chunk)
-    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-    while c.recv(4096):
-        pass
-
-
 def test_the_kernel_writes_the_flow_the_loop_reads_from_the_pinned_map():
     require_bpf()
     remove_stale_namespaces()
@@ -54,7 +41,7 @@ def test_the_kernel_writes_the_flow_the_loop_reads_from_the_pinned_map():
         s = netns_socket(pair.server_ns)
         s.bind((pair.V4[1], PORT))
         s.listen(4)
-        server = TcpServer(s, read_then_answer)
+        server = TcpServer(s, read_then_answer(PAYLOAD))
         with in_netns(pair.server_ns):
             state = attach.attach(pair.server_if, build_policy(sample_ports=[PORT]))
             pin = os.path.join(attach.pin_dir(pair.server_if), PIN_NAME)

@@ -28,7 +28,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import json_format
 
-from harness.ports import free_port, port_is_free
+from harness.ports import free_port, port_free_on_all
 from harness.processes import stop_process
 from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, mesh_envoy
@@ -114,14 +114,6 @@ subsets:
     return "---\n".join(docs)
 
 
-def _shared_port() -> int:
-    for _ in range(50):
-        port = free_port(HOSTS[0])
-        if all(port_is_free(port, h) for h in HOSTS):
-            return port
-    raise RuntimeError("no port free on every replica address")
-
-
 class Picker:
     """`mcpctl epp serve` for inference/decoders on the directory the control plane watches."""
 
@@ -167,7 +159,7 @@ def request(port: int, path: str, body: dict | None = None, headers: dict | None
 
 @pytest.fixture(scope="module")
 def stack():
-    port = _shared_port()
+    port = port_free_on_all(HOSTS)
     picker_port, dead_port, gateway_port = free_port(), free_port(), free_port()
     replicas = {h: EchoUpstream(f"replica-{h}", port=port, host=h) for h in HOSTS}
     for u in replicas.values():
@@ -319,7 +311,7 @@ class RecordingPicker(pb_grpc.ExternalProcessorServicer):
 def test_the_picker_hears_where_a_retried_request_ran():
     """override_host's selected_host_key, forwarded by ext_proc with the response headers:
     the first endpoint answers 503, the retry's endpoint is reported served."""
-    port = _shared_port()
+    port = port_free_on_all(HOSTS)
     replicas = [EchoUpstream(f"replica-{h}", port=port, host=h).start() for h in HOSTS]
     replicas[0].status = 503
     plain = EchoUpstream("plain").start()

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 
+from harness.endpoint_picker import PickerProcess
 from harness.ports import free_port, port_free_on_all
 from harness.processes import stop_processes
 
@@ -91,33 +92,15 @@ spec: {{address: {h}, labels: {{app: decoder}}}}
         f.write("---\n".join(docs))
 
 
-class Picker:
+class Picker(PickerProcess):
     """`mcpctl epp serve` for the pool in `directory`; ready once every endpoint has been scraped."""
 
     def __init__(self, directory: str, endpoints: int, metrics_interval_ms: float | None = None):
         interval = ["--metrics-interval-ms", str(metrics_interval_ms)] if metrics_interval_ms else []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory,
-             "--pool", "inference/decoders", "--grpc-port", "0", "--admin-port", "0", "--log-level", "WARNING",
-             *interval],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        super().__init__(directory, *interval)
         try:
-            ready = _read_ready(self.proc, "mcpctl epp serve")
-            self.port, self.admin = ready["grpc_port"], ready["admin_port"]
-            deadline = time.monotonic() + 20
-            while True:
-                eps = self.stats()["endpoints"]
-                if len(eps) == endpoints and all(e["ready"] for e in eps.values()):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the picker never saw its endpoints ready: {eps}")
-                time.sleep(0.05)
+            self.wait(lambda s: len(s["endpoints"]) == endpoints and all(e["ready"] for e in s["endpoints"].values()),
+                      timeout=20)
         except Exception:
             self.stop()
             raise
-
-    def stats(self) -> dict:
-        return _get_json(f"http://127.0.0.1:{self.admin}/stats")
-
-    def stop(self) -> None:
-        stop_processes([self.proc], grace=5)

@@ -8,15 +8,11 @@ load on /metrics in the GIE model-server protocol's names; the test sets that
 load and observes where requests go."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 import urllib.request
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
@@ -24,8 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
+from harness.endpoint_picker import PickerProcess
 from harness.ports import free_port, port_free_on_all
-from harness.processes import stop_process
 from harness.upstreams import EchoUpstream
 from mesh import endpoint_picker as epp
 
@@ -56,38 +52,20 @@ spec: {{address: {h}, labels: {{app: decoder}}}}
         f.write("---\n".join(docs))
 
 
-class Picker:
+class Picker(PickerProcess):
+    """The picker, and a raw ext_proc stub to talk the protocol to it."""
+
     def __init__(self, directory: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory,
-             "--pool", "inference/decoders", "--grpc-port", "0", "--admin-port", "0",
-             "--metrics-interval-ms", "20", "--log-level", "WARNING"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(self.proc.stderr.read())
-        self.ready = json.loads(line)
-        self.port, self.admin = self.ready["grpc_port"], self.ready["admin_port"]
+        super().__init__(directory, "--metrics-interval-ms", "20")
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = pb_grpc.ExternalProcessorStub(self.channel)
 
-    def stats(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/stats", timeout=5) as r:
-            return json.load(r)
-
     def wait_loads(self, predicate, timeout=5.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            s = self.stats()
-            if predicate(s["endpoints"]):
-                return s
-            if time.monotonic() > deadline:
-                raise AssertionError(f"loads never matched: {s}")
-            time.sleep(0.02)
+        return self.wait(lambda s: predicate(s["endpoints"]), timeout)
 
     def stop(self):
         self.channel.close()
-        stop_process(self.proc)
+        super().stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,18 @@ client (`stream=True`):
   counts the request in flight until Envoy closes the ext_proc stream at the
   request's end (Envoy 1.40 keeps the stream of a request with a body open).
 """
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 
 import openai
 import pytest
 
+from harness.endpoint_picker import PickerProcess
 from harness.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
 from harness.inference_server import InferenceServer
 from harness.ports import free_port
-from harness.processes import stop_process
 from mesh import endpoint_picker as epp
 
 pytestmark = pytest.mark.e2e
@@ -51,32 +47,12 @@ spec: {{address: {HOST}, labels: {{app: decoder}}}}
 """)
 
 
-class Picker:
+class Picker(PickerProcess):
     def __init__(self, directory: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory,
-             "--pool", "inference/decoders", "--grpc-port", "0", "--admin-port", "0",
-             "--metrics-interval-ms", "20", "--log-level", "WARNING"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        ready = json.loads(self.proc.stdout.readline())
-        self.port, self.admin = ready["grpc_port"], ready["admin_port"]
-
-    def stats(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/stats", timeout=5) as r:
-            return json.load(r)
+        super().__init__(directory, "--metrics-interval-ms", "20")
 
     def in_flight(self) -> int:
         return sum(e["in_flight"] for e in self.stats()["endpoints"].values())
-
-    def wait(self, predicate, timeout: float = 10.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            s = self.stats()
-            if predicate(s):
-                return s
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the picker's stats never matched: {s}")
-            time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +72,7 @@ def gateways():
     finally:
         for e in envoys:
             e.stop()
-        stop_process(picker.proc)
+        picker.stop()
         replica.stop()
 
 

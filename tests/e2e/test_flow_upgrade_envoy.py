@@ -14,15 +14,13 @@ import base64
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from harness.endpoint_picker import PickerProcess
 from harness.paths import HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port
-from harness.processes import stop_process
 from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, mesh_envoy, write_config
 from mesh import headers as H
@@ -118,17 +116,12 @@ def stack(tmp_path_factory):
     replica.start()
     gw_port, picker_port = free_port(), free_port()
     write_config(config_dir, "inference.yaml", _config(gw_port, replica.port, picker_port))
-    picker = subprocess.Popen(
-        [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", config_dir, "--pool", "inference/decoders",
-         "--grpc-port", str(picker_port), "--admin-port", "0", "--metrics-interval-ms", "20",
-         "--flow-marks", marks, "--session-key-file", key_file, "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cp = ControlPlane(config_dir)
     envoy = mesh_envoy(cp, node_id=NODE, namespace="inference", labels=LABELS)
+    picker = None
     try:
-        ready = picker.stdout.readline()
-        assert ready, picker.stderr.read()
-        admin = json.loads(ready)["admin_port"]
+        picker = PickerProcess(config_dir, "--metrics-interval-ms", "20", "--flow-marks", marks,
+                               "--session-key-file", key_file, grpc_port=picker_port)
         cp.start()
         assert cp.configz().get("rejected") is None, cp.configz()
         envoy.start()
@@ -137,11 +130,12 @@ def stack(tmp_path_factory):
         while _send(gw_port, (UNMARKED, 0))[0] != 200:
             assert time.monotonic() < deadline, envoy.log_tail()
             time.sleep(0.1)
-        yield {"gw": gw_port, "marks": marks, "cp": cp, "replica": replica, "admin": admin}
+        yield {"gw": gw_port, "marks": marks, "cp": cp, "replica": replica}
     finally:
         envoy.stop()
         cp.close()
-        stop_process(picker)
+        if picker:
+            picker.stop()
         replica.stop()
 
 

@@ -14,8 +14,6 @@ FailOpen and FailClose)."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -28,8 +26,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import json_format
 
+from harness.endpoint_picker import PickerProcess
 from harness.ports import free_port, port_free_on_all
-from harness.processes import stop_process
 from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, mesh_envoy
 from mesh import endpoint_picker as epp
@@ -114,36 +112,14 @@ subsets:
     return "---\n".join(docs)
 
 
-class Picker:
+class Picker(PickerProcess):
     """`mcpctl epp serve` for inference/decoders on the directory the control plane watches."""
 
     def __init__(self, directory: str, port: int):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory,
-             "--pool", "inference/decoders", "--grpc-port", str(port), "--admin-port", "0",
-             "--metrics-interval-ms", "20", "--log-level", "WARNING"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(self.proc.stderr.read())
-        self.admin = json.loads(line)["admin_port"]
-
-    def stats(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/stats", timeout=5) as r:
-            return json.load(r)
+        super().__init__(directory, "--metrics-interval-ms", "20", grpc_port=port)
 
     def wait_loads(self, predicate, timeout=5.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            s = self.stats()
-            if len(s["endpoints"]) == len(HOSTS) and predicate(s["endpoints"]):
-                return s
-            if time.monotonic() > deadline:
-                raise AssertionError(f"loads never matched: {s}")
-            time.sleep(0.02)
-
-    def stop(self):
-        stop_process(self.proc)
+        return self.wait(lambda s: len(s["endpoints"]) == len(HOSTS) and predicate(s["endpoints"]), timeout)
 
 
 def request(port: int, path: str, body: dict | None = None, headers: dict | None = None):

@@ -1,0 +1,53 @@
+"""`mcpctl epp serve` as a process, for tests, benchmarks and the demo: its ports from the
+ready line, its `/stats`, and a wait on them.
+
+    picker = PickerProcess(directory, "--metrics-interval-ms", "20")   # pool inference/decoders
+    picker.wait(lambda s: all(e["ready"] for e in s["endpoints"].values()))
+    picker.stop()
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from harness.processes import stop_process
+
+
+class PickerProcess:
+    def __init__(self, directory: str, *extra: str, pool: str = "inference/decoders", grpc_port: int = 0):
+        # stderr to a file, not a pipe: a picker logging for minutes would fill a pipe and block
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory, "--pool", pool,
+             "--grpc-port", str(grpc_port), "--admin-port", "0", "--log-level", "WARNING", *extra],
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(5)
+            self._stderr.seek(0)
+            raise RuntimeError(f"mcpctl epp serve exited with {self.proc.returncode}: {self._stderr.read()}")
+        self.ready = json.loads(line)
+        self.port, self.admin = self.ready["grpc_port"], self.ready["admin_port"]
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/stats", timeout=5) as r:
+            return json.load(r)
+
+    def wait(self, predicate, timeout: float = 10.0) -> dict:
+        """/stats once `predicate(stats)` holds; AssertionError with the last stats after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.stats()
+            if predicate(s):
+                return s
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the picker's stats never matched: {s}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self._stderr.close()

@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from mesh.resources import MeshConfig
+from mesh.json_body import parse_json_body
 from mesh.parse import parse_documents
 from mesh.validation import check
 from mesh.diagnostics import ConfigError, Diagnostic
@@ -327,9 +328,9 @@ class Server:
 
         async def body(request) -> dict:
             try:
-                doc = await request.json() if request.can_read_body else {}
+                doc = parse_json_body(await request.read()) if request.can_read_body else {}
             except ValueError as e:
-                raise InvalidArgument(f"body is not JSON: {e}") from None
+                raise InvalidArgument(str(e)) from None
             if not isinstance(doc, dict):
                 raise InvalidArgument("body must be a JSON object")
             return doc
@@ -389,7 +390,10 @@ class Server:
 
         @routes.post("/admin/workers")
         async def workers(request):
-            doc = await request.json()
+            try:
+                doc = parse_json_body(await request.read())
+            except ValueError as e:
+                return web.json_response({"error": str(e)}, status=400)
             ports = doc.get("peer_admin_ports") if isinstance(doc, dict) else None
             if not isinstance(ports, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
                 return web.json_response({"error": "peer_admin_ports: a list of ports"}, status=400)

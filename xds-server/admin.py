@@ -21,6 +21,7 @@ import json
 from aiohttp import web
 from google.protobuf import json_format
 
+from mesh.json_body import parse_json_body
 from xds_server.sync import short_name
 
 from xds_server.redact import known_secrets, redact, redact_text
@@ -74,7 +75,7 @@ def make_app(server) -> web.Application:
             return _json({"error": "test hooks are off (serve --test-hooks)"}, 403)
         from xds_server.hooks import parse_overrides
         try:
-            overrides = parse_overrides(await request.json())
+            overrides = parse_overrides(parse_json_body(await request.read()))
         except (ValueError, KeyError, json_format.ParseError) as e:
             return _json({"error": str(e)}, 400)
         server.inject(overrides)

@@ -33,6 +33,7 @@ import time
 from aiohttp import web
 
 from mesh import qos as Q
+from mesh.json_body import parse_json_body
 from mesh.header_contract import MAX_CLASS_REMAPS, ClassRemap
 from xds_server.endpoint_weights import WEIGHTS, parse_endpoint, parse_weights
 
@@ -191,7 +192,7 @@ def routes(server) -> list:
             return web.json_response({"error": "loopback only"}, status=403)
         now = time.time()
         try:
-            remap = parse_remap(await request.json(), now)
+            remap = parse_remap(parse_json_body(await request.read()), now)
             REMAPS.put(remap)
         except ValueError as e:
             return web.json_response({"error": str(e)}, status=400)
@@ -215,11 +216,7 @@ def routes(server) -> list:
             return web.json_response({"error": "loopback only"}, status=403)
         now = time.time()
         try:
-            body = await request.json()
-        except ValueError:
-            return web.json_response({"error": "body: expected JSON"}, status=400)
-        try:
-            weights = parse_weights(body, now)
+            weights = parse_weights(parse_json_body(await request.read()), now)
         except ValueError as e:
             return web.json_response({"error": str(e)}, status=400)
         cluster = weights[0].cluster

@@ -16,9 +16,9 @@ This module holds no translation code (translation imports it, not the reverse).
 from __future__ import annotations
 
 import ipaddress
-import threading
-import time
 from dataclasses import dataclass
+
+from xds_server.expiring import ExpiringTable
 
 MIN_WEIGHT, MAX_WEIGHT = 1, 128      # Envoy needs >= 1; more than 128:1 is a mistake, not a decision
 MAX_HOLD_S = 3600.0                  # as class remaps
@@ -90,18 +90,13 @@ def parse_weights(body, now: float) -> list[EndpointWeight]:
     return list(out.values())
 
 
-class EndpointWeights:
-    """The weights in force; read by translation (any thread), written by the admin API."""
+class EndpointWeights(ExpiringTable):
+    """The weights in force, one per (cluster, endpoint)."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._by_key: dict[tuple[str, str], EndpointWeight] = {}
-
-    def active(self, now: float | None = None) -> tuple[EndpointWeight, ...]:
-        now = time.time() if now is None else now
-        with self._lock:
-            return tuple(sorted((w for w in self._by_key.values() if w.expires_at > now),
-                                key=lambda w: (w.cluster, w.endpoint)))
+        key = lambda w: (w.cluster, w.endpoint)  # noqa: E731
+        super().__init__(key=key, order=key, limit=MAX_WEIGHTS,
+                         over_limit=f"weights: at most {MAX_WEIGHTS} endpoint weights in force")
 
     def by_cluster(self, now: float | None = None) -> dict[str, dict[str, int]]:
         """{cluster: {endpoint: weight}} of what is in force: what translation lays over EDS."""
@@ -112,27 +107,10 @@ class EndpointWeights:
 
     def put(self, weights: list[EndpointWeight]) -> None:
         """All of them or (over the limit) none."""
-        with self._lock:
-            new = {(w.cluster, w.endpoint) for w in weights} - set(self._by_key)
-            if len(self._by_key) + len(new) > MAX_WEIGHTS:
-                raise ValueError(f"weights: at most {MAX_WEIGHTS} endpoint weights in force")
-            for w in weights:
-                self._by_key[(w.cluster, w.endpoint)] = w
+        self.put_all(weights)
 
     def remove(self, cluster: str, endpoint: str | None = None) -> int:
-        with self._lock:
-            gone = [k for k in self._by_key if k[0] == cluster and (endpoint is None or k[1] == endpoint)]
-            for k in gone:
-                del self._by_key[k]
-        return len(gone)
-
-    def drop_expired(self, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
-        with self._lock:
-            gone = [k for k, w in self._by_key.items() if w.expires_at <= now]
-            for k in gone:
-                del self._by_key[k]
-        return bool(gone)
+        return self.remove_where(lambda k: k[0] == cluster and (endpoint is None or k[1] == endpoint))
 
 
 # One control plane per process: translation (Translator.translate) reads them here.

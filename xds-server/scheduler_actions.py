@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import itertools
-import threading
 import time
 
 from aiohttp import web
@@ -35,41 +34,24 @@ from aiohttp import web
 from mesh import qos as Q
 from mesh.json_body import parse_json_body
 from mesh.header_contract import MAX_CLASS_REMAPS, ClassRemap
+from xds_server.expiring import ExpiringTable
 from xds_server.endpoint_weights import WEIGHTS, parse_endpoint, parse_weights
 
 MAX_HOLD_S = 3600.0      # a remap longer than an hour is a mistake, not a decision
 
 
-class ClassRemaps:
-    """The remaps in force; read by translation (any thread), written by the admin API."""
+class ClassRemaps(ExpiringTable):
+    """The remaps in force, one per from-class, in priority order."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._by_from: dict[Q.QosClass, ClassRemap] = {}
-
-    def active(self, now: float | None = None) -> tuple[ClassRemap, ...]:
-        now = time.time() if now is None else now
-        with self._lock:
-            return tuple(sorted((r for r in self._by_from.values() if r.expires_at > now),
-                                key=lambda r: r.from_class.priority_level))
+        super().__init__(key=lambda r: r.from_class, order=lambda r: r.from_class.priority_level,
+                         limit=MAX_CLASS_REMAPS, over_limit=f"at most {MAX_CLASS_REMAPS} remaps")
 
     def put(self, remap: ClassRemap) -> None:
-        with self._lock:
-            if remap.from_class not in self._by_from and len(self._by_from) >= MAX_CLASS_REMAPS:
-                raise ValueError(f"at most {MAX_CLASS_REMAPS} remaps")
-            self._by_from[remap.from_class] = remap
+        self.put_all([remap])
 
     def remove(self, from_class: Q.QosClass) -> bool:
-        with self._lock:
-            return self._by_from.pop(from_class, None) is not None
-
-    def drop_expired(self, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
-        with self._lock:
-            gone = [k for k, r in self._by_from.items() if r.expires_at <= now]
-            for k in gone:
-                del self._by_from[k]
-        return bool(gone)
+        return self.remove_where(lambda k: k == from_class) > 0
 
 
 # One control plane per process: translation (wasm_plugins.plugin_configuration)

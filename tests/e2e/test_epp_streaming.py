@@ -76,8 +76,10 @@ def gateways():
         replica.stop()
 
 
-def _stream(port: int, picker: Picker, max_tokens: int = 48):
-    """Chat with stream=True; (arrival times of the content chunks, the final usage,
+def _stream(port: int, picker: Picker, max_tokens: int = 160):
+    """160 tokens: the answer streams for ~0.1 s, long enough that a stall of a few tens of ms
+    before the first chunk (a loaded CI machine) does not look like an answer held to its end.
+    Chat with stream=True; (arrival times of the content chunks, the final usage,
     the picker's in-flight count seen at the 6th chunk: well after the pick and the answer's headers)."""
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
     stream = client.chat.completions.create(

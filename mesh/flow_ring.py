@@ -22,7 +22,8 @@ Record (64 bytes):
   32  u16 src port   34 u16 dst port   36 u8 family (4|6)   37..39 pad
   40  u32 rtt_us      (the sampler's first request byte in -> first response byte out)
   44  u32 seq         (commit word: (i mod 2^31) + 1 once record i is whole; 0 while written)
-  48  u64 payload_bytes (request bytes the kernel saw before the response)
+  48  u64 payload_bytes (request bytes before the response: the TCP sequence space covered, so a
+                       retransmitted segment counts once)
   56  u64 ts_ns       (CLOCK_MONOTONIC, as bpf_ktime_get_ns / time.monotonic_ns)
 
 Protocol (many writers -- every CPU running the tc program -- and one reader):

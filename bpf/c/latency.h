@@ -25,9 +25,12 @@ struct latency_event {
     u64 ts_ns;              /* bpf_ktime_get_ns at the response's first byte */
 };
 
+/* The request's bytes are the sequence space it covered (seq_end - seq0), not the sum of the
+   segments seen: a retransmitted segment is not counted twice. */
 struct latency_open_v {
     u64 t0;
-    u64 bytes;
+    u32 seq0;           /* sequence number of the request's first byte */
+    u32 seq_end;        /* one past the highest byte seen so far */
 };
 
 /* Keyed client -> server, as the request travels. */
@@ -50,12 +53,14 @@ static __always_inline void sample_request_in(struct qos_config *cfg, struct pkt
     if (!p->is_tcp || p->payload_len == 0 || !is_service_port(cfg, p->flow.dport))
         return;
     /* a request already open keeps its first byte's time and counts the bytes */
+    u32 end = p->seq + p->payload_len;
     struct latency_open_v *open = latency_open.lookup(&p->flow);
     if (open) {
-        __sync_fetch_and_add(&open->bytes, (u64)p->payload_len);
+        if ((s32)(end - open->seq_end) > 0)      /* new bytes (mod 2^32); a retransmit is not */
+            open->seq_end = end;
         return;
     }
-    struct latency_open_v v = {.t0 = bpf_ktime_get_ns(), .bytes = p->payload_len};
+    struct latency_open_v v = {.t0 = bpf_ktime_get_ns(), .seq0 = p->seq, .seq_end = end};
     latency_open.insert(&p->flow, &v);
 }
 
@@ -71,7 +76,7 @@ static __always_inline void sample_response_out(struct qos_config *cfg, struct p
     struct latency_open_v *start = latency_open.lookup(&k);
     if (!start)
         return;
-    u64 t0 = start->t0, bytes = start->bytes;
+    u64 t0 = start->t0, bytes = (u32)(start->seq_end - start->seq0);
     latency_open.delete(&k);
     u64 now = bpf_ktime_get_ns();
     flow_ring_push(&k, p->family, (now - t0) / 1000, bytes, now);

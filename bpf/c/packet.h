@@ -40,6 +40,7 @@ struct pkt {
     u8 tos;             /* current TOS / traffic class byte */
     u32 payload_off;    /* TCP payload offset from the start of the frame */
     u32 payload_len;
+    u32 seq;            /* TCP sequence number of the payload's first byte */
 };
 
 static __always_inline void map_v4(u32 *out, __be32 addr)
@@ -100,6 +101,7 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct pkt *p)
     p->flow.sport = bpf_ntohs(tcp.source);
     p->flow.dport = bpf_ntohs(tcp.dest);
     p->tcp_flags = ((u8 *)&tcp)[13];
+    p->seq = bpf_ntohl(tcp.seq);
     p->payload_off = l4_off + tcp.doff * 4;
     if (ip_end > skb->len)
         ip_end = skb->len;

@@ -41,8 +41,8 @@ from benchmarks.epp_overhead import floor as overhead_floor_of
 from benchmarks.epp_overhead import overhead
 from benchmarks.epp_overhead import table as overhead_table
 from benchmarks.epp_stack import Picker, Replicas, write_pool
-from benchmarks.epp_sessions import (PRESET_SECONDS, PRESETS, Workload, make_sessions, prefix_hits,
-                                     run_sessions, summarise, working_set_tokens)
+from benchmarks.epp_sessions import (PRESET_SECONDS, PRESETS, Workload, hit_ceiling, make_sessions, prefix_hits,
+                                     run_sessions, summarise, turn_tokens, working_set_tokens)
 from harness.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
 from harness.ports import free_port
@@ -88,6 +88,7 @@ def run_variant(variant: str, w: Workload, replicas_n: int, args) -> dict:
         after = replicas.loads()
         phase["hits"], phase["queries"] = prefix_hits(before, after)
         phase["working_set_tokens"] = working_set_tokens(results)
+        phase["ceiling_hits"], phase["ceiling_queries"] = hit_ceiling(turn_tokens(sessions, results))
         phase["prompt_tokens_per_replica"] = [
             sum(m["prefix_cache_queries"] for m in a["models"]) - sum(m["prefix_cache_queries"] for m in b["models"])
             for b, a in zip(before, after)]
@@ -110,11 +111,14 @@ def combine(variant: str, phases: list[dict]) -> dict:
     sessions = [s for p in phases for s in p["sessions"]]
     wall = sum(p["wall_s"] for p in phases)
     hits, queries = sum(p["hits"] for p in phases), sum(p["queries"] for p in phases)
+    c_hits, c_queries = sum(p["ceiling_hits"] for p in phases), sum(p["ceiling_queries"] for p in phases)
     out = {"variant": variant, "rounds": len(phases), "wall_s": round(wall, 2),
            "loadavg_1m": [round(p["loadavg_1m"], 2) for p in phases],
            **asdict(summarise(results, sessions, wall)),
            "prefix_hit_rate": hits / queries if queries else None,
            "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+           "ceiling_hit_rate": c_hits / c_queries if c_queries else None,
+           "of_ceiling": hits * c_queries / (queries * c_hits) if queries and c_hits else None,
            "working_set_mb": round(max(p["working_set_tokens"] for p in phases) * KV_BYTES_PER_TOKEN / 2**20, 2),
            "prompt_tokens_per_replica": [p["prompt_tokens_per_replica"] for p in phases]}
     if any("epp" in p for p in phases):
@@ -126,6 +130,7 @@ def combine(variant: str, phases: list[dict]) -> dict:
 ROWS = (("TTFT p50 (ms)", "ttft_p50_ms", "lower"), ("TTFT p99 (ms)", "ttft_p99_ms", "lower"),
         ("request p50 (ms)", "total_p50_ms", "lower"), ("request p99 (ms)", "total_p99_ms", "lower"),
         ("tokens/s", "tokens_per_s", "higher"), ("prefix-hit rate (replicas)", "prefix_hit_rate", "higher"),
+        ("hit-rate ceiling (oracle)", "ceiling_hit_rate", "-"), ("hit rate / ceiling", "of_ceiling", "higher"),
         ("cached share (usage)", "cached_share", "higher"), ("working set (MB of KV)", "working_set_mb", "-"),
         ("OK requests", "ok", "higher"),
         ("failed", "failed", "lower"), ("abandoned turns", "abandoned_turns", "lower"))
@@ -156,6 +161,12 @@ def table(results: dict[str, dict], title: str) -> str:
         if refused:
             lines.append(f"refused {n}: " + ", ".join(f"{c} {s}: {k}" for c, by in sorted(refused.items())
                                                        for s, k in sorted(by.items())))
+    lr = results.get(BASELINE, {})
+    if lr.get("ceiling_hit_rate") and lr.get("prefix_hit_rate"):
+        c = lr["ceiling_hit_rate"] / lr["prefix_hit_rate"]
+        lines.append(f"ceiling / {BASELINE}: {lr['ceiling_hit_rate']:.3f} / {lr['prefix_hit_rate']:.3f} = {c:.2f}x "
+                     f"(the most any picker's hit rate could be over {BASELINE}'s on this work"
+                     + ("; 2x is out of reach)" if c < 2 else ")"))
     picks = {n: results[n]["prompt_tokens_per_replica"] for n in names}
     lines.append("prompt tokens per replica: " + "; ".join(f"{n} {v}" for n, v in picks.items()))
     lines.append("load average (1 min) at the end of each phase: " +
@@ -170,6 +181,9 @@ def floors(results: dict[str, dict]) -> dict[str, dict]:
         if lr.get("prefix_hit_rate") is not None and epp.get("prefix_hit_rate") is not None:
             ratio = epp["prefix_hit_rate"] / lr["prefix_hit_rate"] if lr["prefix_hit_rate"] else float("inf")
             out["prefix_hit_rate >= 2x least_request"] = {"value": round(ratio, 3), "holds": ratio >= 2.0}
+            if lr.get("ceiling_hit_rate") and lr["prefix_hit_rate"]:
+                out["prefix_hit_rate >= 2x least_request"]["ceiling"] = round(
+                    lr["ceiling_hit_rate"] / lr["prefix_hit_rate"], 3)
         if lr.get("ttft_p99_ms") and epp.get("ttft_p99_ms"):
             ratio = epp["ttft_p99_ms"] / lr["ttft_p99_ms"]
             out["ttft p99 <= least_request"] = {"value": round(ratio, 3), "holds": ratio <= 1.0}
@@ -249,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for n, r in by_count.items():
         for name, f in r["floors"].items():
-            print(f"floor {name} ({n} replicas, {args.preset}): {f['value']} -> {'holds' if f['holds'] else 'MISSED'}")
+            ceiling = f" (ceiling {f['ceiling']})" if "ceiling" in f else ""
+            print(f"floor {name} ({n} replicas, {args.preset}): {f['value']}{ceiling} -> "
+                  f"{'holds' if f['holds'] else 'MISSED'}")
     for name, f in overhead_floor(over).items():
         print(f"floor {name}: {f['value']} -> {'holds' if f['holds'] else 'MISSED'}")
     doc = {"preset": args.preset, "workload": {**asdict(w), "replica_threads": args.threads},

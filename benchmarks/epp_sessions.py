@@ -52,7 +52,8 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from inference_backend.decoder import MAX_CONTEXT
-from inference_backend.tokenizer import chat_prompt
+from inference_backend.kv_blocks import BLOCK_TOKENS, prefix_digests
+from inference_backend.tokenizer import chat_prompt, encode
 
 WORDS = ("the mesh routes each request to a replica that already holds its prefix so the model "
          "skips work it has done before while queues stay short and tokens keep flowing under load "
@@ -83,6 +84,7 @@ class TurnResult:
     cached_tokens: int = 0
     error: str | None = None
     due_s: float = 0.0              # when it was due, seconds after the run's t0
+    answer: str = ""                # the answer's text, as the next turn resends it
 
 
 @dataclass
@@ -209,6 +211,7 @@ async def _session(http, url: str, s: Session, start: float, w: Workload, timeou
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
         messages.append({"role": "user", "content": user})
         result, answer = await _turn(http, url, s, k, messages, w.max_tokens, due, timeout_s, t0)
+        result.answer = answer
         out.append(result)
         if result.status != 200 or result.error:
             return                  # shed or failed: this user gives up (the rest is counted as abandoned)
@@ -311,6 +314,55 @@ def working_set_tokens(results: list[TurnResult]) -> int:
         live += delta
         peak = max(peak, live)
     return peak
+
+
+def turn_tokens(sessions: list[Session], results: list[TurnResult]) -> list[tuple[float, list[int], list[int]]]:
+    """Each answered turn as a replica saw it, in the order they were due: (due_s, the prompt's
+    token ids, the ids the replica's KV cache keeps after the prompt). A generation's last token
+    is sampled but never fed back, so the cache holds the answer's ids but the last; those are
+    known from the text only up to its first U+FFFD (an invalid byte, whose id the text lost), so
+    the answer is cut there. (They hardly matter: the next prompt resends the answer after
+    `assistant: `, so its blocks diverge where the answer starts.)"""
+    by_sid = {s.sid: s for s in sessions}
+    answers = {(r.sid, r.turn): r.answer for r in results if r.status == 200 and not r.error}
+    due = {(r.sid, r.turn): r.due_s for r in results}
+    out = []
+    for (sid, k), answer in answers.items():
+        s = by_sid[sid]
+        messages = [{"role": "system", "content": s.system}]
+        for j in range(k):
+            messages += [{"role": "user", "content": s.user_turns[j]},
+                         {"role": "assistant", "content": answers[(sid, j)]}]
+        messages.append({"role": "user", "content": s.user_turns[k]})
+        exact = answer.split("\ufffd", 1)[0]           # ids known before the first invalid byte
+        kept = encode(answer)[:-1] if exact == answer else encode(exact)
+        out.append((due[(sid, k)], encode(chat_prompt(messages)), kept))
+    out.sort(key=lambda t: t[0])
+    return out
+
+
+def hit_ceiling(turns, block_tokens: int = BLOCK_TOKENS) -> tuple[int, int]:
+    """(hits, queries) in prompt tokens, counted as the replicas' `/v1/load` counters count them
+    (inference_backend.kv_blocks: a prompt looks up the full blocks of all but its last token --
+    one token is always run -- and a hit is the longest run of leading blocks held, in whole
+    blocks; every prompt token is a query), for a cache that never forgets and a picker that
+    always sends a request where every block any earlier request made is held: the best any
+    picker can do on this work. `turns`: (prompt ids, ids cached after the prompt) in the order
+    they are sent (a 3-tuple with a leading due time is also taken). An upper bound: a block
+    counts as held as soon as the request that makes it was sent, and never reclaimed."""
+    held: set[bytes] = set()
+    hits = queries = 0
+    for t in turns:
+        prompt, after = t[-2], t[-1]
+        n = 0
+        for d in prefix_digests(prompt[:len(prompt) - 1], "", block_tokens):
+            if d not in held:
+                break
+            n += 1
+        hits += n * block_tokens
+        queries += len(prompt)
+        held.update(prefix_digests(list(prompt) + list(after), "", block_tokens))
+    return hits, queries
 
 
 def _model_sum(load: dict, key: str) -> int:

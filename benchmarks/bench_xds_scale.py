@@ -55,6 +55,7 @@ class Fleet:
         self.lock = threading.Lock()
         self.status: dict[int, dict] = {}      # process -> its last status line
         self.final: dict[int, dict] = {}       # process -> its final line
+        self.unsynced: dict[int, dict] = {}    # client -> what it lacks at stop (xds_load_clients.diagnosis)
         self.procs = []
         per = -(-clients // procs)
         for p in range(procs):
@@ -65,7 +66,8 @@ class Fleet:
                 [sys.executable, "-m", "benchmarks.xds_load_clients", "--address", address,
                  "--clients", str(count), "--offset", str(p * per), "--mode", mode,
                  "--prefix", "scale-gw", "--shapes", str(shapes), "--report", "summary",
-                 "--streams-per-channel", str(per_channel)],
+                 "--streams-per-channel", str(per_channel),
+                 "--chaos", os.environ.get("SCALE_CHAOS", "0")],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
             self.procs.append(proc)
             threading.Thread(target=self._read, args=(p, proc), daemon=True).start()
@@ -120,6 +122,7 @@ class Fleet:
         out = {}
         for ev in self.final.values():
             out.update({int(c): rec for c, rec in ev["clients"].items()})
+            self.unsynced.update({int(c): d for c, d in ev.get("unsynced", {}).items()})
         return out
 
 
@@ -147,10 +150,31 @@ def churn_latencies(records: dict[int, dict], applied: list[float]) -> tuple[lis
     return latencies, late, missing
 
 
+def node_id(i: int) -> str:
+    """Load client i's node id (xds_load_clients.node with --prefix scale-gw)."""
+    return f"router~127.0.0.{i % 250 + 1}~scale-gw-{i}.default~default.svc.cluster.local"
+
+
+def describe_unsynced(unsynced: dict[int, dict], server_view: dict[str, dict]) -> list[dict]:
+    """Per client not synced at the end: what it lacks (its own account, at stop) next to what
+    the control plane's /debug/syncz said of its node when the push was given up on.
+    Printed, one line each, so that a stall names its type, names and nonces."""
+    out = []
+    for i, d in sorted(unsynced.items()):
+        server = server_view.get(node_id(i), {}).get("types", {})
+        rec = {"client": i, **d, "server": {t: {k: s.get(k) for k in ("status", "sent_nonce", "acked_nonce",
+                                                                      "resources")}
+                                            for t, s in server.items()}}
+        out.append(rec)
+        print(f"  unsynced client {i}: {json.dumps(rec, sort_keys=True)}", flush=True)
+    return out
+
+
 def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, services: int,
              per_channel: int) -> dict:
     churn = max(1, services // 100)                    # 1 % of the services per second
     out: dict = {"mode": mode, "loadavg_before": os.getloadavg()}
+    server_view: dict = {}                             # the control plane's syncz, if the push stalls
     with tempfile.TemporaryDirectory() as d:
         write_mesh(d, services, 10, free_port())
         cp = ControlPlane(d, test_hooks=False, log_level="warning")
@@ -191,6 +215,7 @@ def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, ser
             print(f"  {mode} full push: {out['full_push']}", flush=True)
             if not complete:            # what the control plane said while clients were missing
                 print("  control plane log tail:\n" + cp.log_tail(), flush=True)
+                server_view = {n["node"]: n for n in cp.syncz()}
 
             applied_at, applied_lags = [], []
             cpu1, lcpu1, w0 = cpu_s(pid), fleet.cpu(), time.time()
@@ -212,6 +237,8 @@ def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, ser
         finally:
             records = fleet.stop() if fleet is not None else {}
             cp.close()
+    if fleet is not None and fleet.unsynced:
+        out["unsynced"] = describe_unsynced(fleet.unsynced, server_view)
     latencies, late, missing = churn_latencies(records, applied_at)
     out["churn"] = {"changes": seconds, "services_per_change": churn, "wall_s": churn_wall,
                     "cp_cpu_s": churn_cpu, "cp_cores": churn_cpu / churn_wall,
@@ -224,6 +251,11 @@ def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, ser
                     "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"]}
     out["errors"] = sorted({r["error"] for r in records.values() if r.get("error")})
     out["stream_restarts"] = sum(r.get("restarts", 0) for r in records.values())
+    kinds: dict[str, int] = {}
+    for ev in (fleet.final.values() if fleet is not None else ()):
+        for k, n in ev.get("stream_errors", {}).items():
+            kinds[k] = kinds.get(k, 0) + n
+    out["stream_errors"] = kinds                        # every stream error, by kind
     out["clients_reported"] = len(records)
     out["loadavg_after"] = os.getloadavg()
     return out
@@ -285,7 +317,7 @@ def main(argv: list[str]) -> int:
     for x in r:
         if x["errors"]:
             print(f"{x['mode']} client errors ({x.get('stream_restarts', 0)} streams re-opened): "
-                  f"{', '.join(x['errors'])}")
+                  + ", ".join(f"{k} x{n}" for k, n in sorted(x.get("stream_errors", {}).items())))
     return 0
 
 

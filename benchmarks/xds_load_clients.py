@@ -159,7 +159,7 @@ def emit(**event) -> None:
 
 class Client:
     __slots__ = ("i", "args", "delta", "events", "node", "first", "subscribed", "holds",
-                 "got", "synced_at", "eds_times", "error", "restarts")
+                 "got", "synced_at", "eds_times", "error", "restarts", "state", "seen", "chaos")
 
     def __init__(self, i: int, args):
         self.i, self.args = i, args
@@ -169,6 +169,8 @@ class Client:
         self.eds_times: list[float] = []
         self.error = ""                          # the last stream error
         self.restarts = 0                        # streams re-opened after an error, as Envoy does
+        self.chaos = None                        # the call --chaos cancelled
+        self.state = "opening"                   # opening | open | backoff | ended (server closed) | died: ...
         self._fresh()
 
     def _fresh(self) -> None:
@@ -178,6 +180,9 @@ class Client:
         self.holds: dict[str, frozenset] = {}    # Delta: names held per followed type (interned)
         self.got: set[str] = set()               # types held in full
         self.synced_at = 0.0
+        # Per type on this stream: [responses, last nonce, last version, last receive time]
+        # (what `diagnosis` reports for a client that is not synced).
+        self.seen: dict[str, list] = {}
 
     def request(self, **kw) -> bytes:
         cls = discovery_pb2.DeltaDiscoveryRequest if self.delta else discovery_pb2.DiscoveryRequest
@@ -194,32 +199,85 @@ class Client:
         try:
             while True:
                 call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
+                if self.args.chaos and random.random() < self.args.chaos:
+                    asyncio.get_running_loop().call_later(random.uniform(0, self.args.chaos_window),
+                                                          self._chaos_cancel, call)
                 try:
                     await call.write(self.request(type_url=CLUSTER))
                     await call.write(self.request(type_url=LISTENER))
+                    self.state = "open"
                     ready.set()
                     while True:
                         raw = await call.read()
                         if raw is grpc.aio.EOF:
-                            return
+                            # The control plane ended the stream (status OK): Envoy re-opens it
+                            # then as after an error; before, this client stopped for good.
+                            self._failed(f"{(await call.code()).name}: stream ended by the control plane")
+                            break
                         t = time.time()
                         for req in (self.on_delta if self.delta else self.on_sotw)(raw, t):
                             await call.write(req)
                         backoff = 0.25
                 except grpc.aio.AioRpcError as e:
-                    self.error = f"{e.code().name}: {(e.details() or '')[:120]}"
-                    if self.events:
-                        emit(c=self.i, error=self.error)
+                    self._failed(f"{e.code().name}: {(e.details() or '')[:120]}")
+                except asyncio.InvalidStateError:
+                    # A write to a call that ended after the read before it returned (the
+                    # stream failed in between): grpc.aio raises this, not AioRpcError. The
+                    # stream is over all the same; before, it ended this client for good.
+                    self._failed(f"{(await call.code()).name}: {((await call.details()) or '')[:100]} (at a write)")
                 except asyncio.CancelledError:
-                    call.cancel()
-                    raise
+                    if self.chaos is not call or asyncio.current_task().cancelling():
+                        call.cancel()
+                        raise
+                    self._failed("CHAOS: cancelled by the client (--chaos)")
+                self.state = "backoff"
                 ready.set()
                 self.restarts += 1
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(4.0, backoff * 2)
                 self._fresh()
+        except Exception as e:      # anything else ends this client for good: say so
+            self.state = f"died: {type(e).__name__}: {e}"[:200]
+            raise
         finally:
             ready.set()
+
+    def _failed(self, error: str) -> None:
+        self.error = error
+        ERRORS[error] = ERRORS.get(error, 0) + 1
+        if self.events:
+            emit(c=self.i, error=error)
+
+    def _chaos_cancel(self, call) -> None:
+        """--chaos: end this stream from the client side now, wherever it is (as a client-side
+        stream error would); the client re-opens it as after any error."""
+        if not call.done():
+            self.chaos = call
+            call.cancel()
+
+    def diagnosis(self) -> dict:
+        """What a client that is not synced lacks: per type, the names it follows but does
+        not hold (first 5), what it received (responses, last nonce/version, when)."""
+        out = {"state": self.state, "restarts": self.restarts, "error": self.error, "types": {}}
+        for ty in (CLUSTER, ENDPOINT, LISTENER, ROUTE):
+            sub = self.subscribed.get(ty)
+            held = self.holds.get(ty, frozenset())
+            n, nonce, version, at = self.seen.get(ty, (0, "", "", 0.0))
+            d = {"full": ty in self.got, "responses": n, "nonce": nonce, "version": version, "at": at}
+            if sub is not None:
+                d["subscribed"] = len(sub)
+                if self.delta:
+                    missing = sorted(sub - held)
+                    d["held"], d["missing"], d["missing_first"] = len(held), len(missing), missing[:5]
+            out["types"][SHORT[ty]] = d
+        return out
+
+    def _seen(self, ty: str, nonce: str, version: str, t: float) -> None:
+        s = self.seen.get(ty)
+        if s is None:
+            s = self.seen[ty] = [0, "", "", 0.0]
+        s[0] += 1
+        s[1], s[2], s[3] = nonce, version, t
 
     def received(self, ty: str, raw: bytes, count: int, full: bool, t: float) -> None:
         if self.events:
@@ -235,6 +293,7 @@ class Client:
         head = HEADS["SotwHead"].FromString(raw)
         ty = head.type_url
         c = content(ty, ("sotw", ty, head.version_info), raw, False)
+        self._seen(ty, head.nonce, head.version_info, t)
         sub = self.subscribed.get(ty)
         self.received(ty, raw, c.count, sub is None or c.count >= len(sub), t)
         out = [self.request(type_url=ty, version_info=head.version_info, response_nonce=head.nonce,
@@ -253,6 +312,7 @@ class Client:
         # Delta bodies are shared per content; the same system version, size
         # less the nonce, and removals name one content (a benchmark's key).
         c = content(ty, ("delta", ty, head.system_version_info, len(raw) - len(head.nonce), removed), raw, True)
+        self._seen(ty, head.nonce, head.system_version_info, t)
         sub = self.subscribed.get(ty)
         if sub is not None:          # a followed type: what is held now
             held = self.holds.get(ty, frozenset())
@@ -279,6 +339,7 @@ class Client:
 
 
 DeltaHead = HEADS["DeltaHead"]
+ERRORS: dict[str, int] = {}      # stream errors of this process, by kind (the final line reports them)
 
 
 def cpu_seconds() -> float:
@@ -314,7 +375,8 @@ async def main(args) -> None:
     if args.report == "summary":
         emit(final=True, cpu_s=cpu_seconds(), maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
              clients={c.i: {"synced": c.synced_at, "eds": c.eds_times, "error": c.error, "restarts": c.restarts}
-                       for c in clients})
+                       for c in clients},
+             unsynced={c.i: c.diagnosis() for c in clients if not c.synced_at}, stream_errors=ERRORS)
     sys.stdout.flush()
     for ch in channels:
         await ch.close()
@@ -346,4 +408,8 @@ if __name__ == "__main__":
     p.add_argument("--streams-per-channel", type=int, default=1,
                    help="ADS streams sharing one channel (HTTP/2 connection); 1: one each, as Envoys")
     p.add_argument("--report", choices=("events", "summary"), default="events")
+    p.add_argument("--chaos", type=float, default=0.0,
+                   help="probability that a stream is cancelled by the client at a random moment in its "
+                        "first --chaos-window seconds (then re-opened, as after an error): makes re-opens frequent")
+    p.add_argument("--chaos-window", type=float, default=3.0)
     asyncio.run(main(p.parse_args()))

@@ -4,7 +4,11 @@ upstreams, interleaved request by request, for each ext_proc processing mode
 side by side (mesh/endpoint_picker.py):
 
   lean     request headers, then the buffered body: two messages, each
-           answered before Envoy goes on (the gateway's mode, LEAN_MODE)
+           answered before Envoy goes on (the gateway's mode, LEAN_MODE);
+           a live session's next turn is picked on its headers alone and
+           its body skipped (SESSION_MODE): one message. Both rows: the
+           same session every request (after the first, header picks), and
+           a new session every request (the pick waits for the body)
   answer   the response headers too (ANSWER_MODE): three messages
   duplex   GIE's own: the body FULL_DUPLEX_STREAMED (headers and body without
            waiting, the body echoed back), the response streamed through too
@@ -40,18 +44,23 @@ from mesh import endpoint_picker as epp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODES = {"lean": epp.LEAN_MODE, "answer": epp.ANSWER_MODE, "duplex": epp.DUPLEX_MODE}
-# A chat request as the sessions benchmark sends it, but not streamed: an echo upstream answers JSON.
-BODY = json.dumps({"model": "tiny-decoder", "max_tokens": 16, "temperature": 0, "messages": [
-    {"role": "system", "content": "You are assistant 0 of the mesh. " + "x" * 400},
-    {"role": "user", "content": "How does the picker choose a replica?"}]}).encode()
+def chat_body(history_kb: int = 0) -> bytes:
+    """A chat request as the sessions benchmark sends it, but not streamed (an echo upstream
+    answers JSON): a system prompt, then `history_kb` KiB of earlier turns (a later turn of a
+    chat resends its whole history), then the question."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "y" * 1017}
+             for i in range(history_kb)]
+    return json.dumps({"model": "tiny-decoder", "max_tokens": 16, "temperature": 0, "messages": [
+        {"role": "system", "content": "You are assistant 0 of the mesh. " + "x" * 400}, *turns,
+        {"role": "user", "content": "How does the picker choose a replica?"}]}).encode()
 FLOOR_US = 1000.0          # issue #14: the picker adds at most 1 ms at p50
 WARMUP = 50                # rounds that warm connections and caches, not counted
 
 
-def _timed_post(conn: http.client.HTTPConnection, body: bytes) -> float:
+def _timed_post(conn: http.client.HTTPConnection, body: bytes, session: str) -> float:
     t = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body=body,
-                 headers={"content-type": "application/json", "x-session-id": "overhead"})
+                 headers={"content-type": "application/json", epp.SESSION_HEADER: session})
     r = conn.getresponse()
     r.read()
     if r.status != 200:
@@ -59,10 +68,11 @@ def _timed_post(conn: http.client.HTTPConnection, body: bytes) -> float:
     return (time.perf_counter() - t) * 1e6
 
 
-def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer")) -> dict:
+def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history_kb: int = 0) -> dict:
     """Per-request latency (µs) to trivial echo upstreams: direct, through Envoy balancing
     alone (round robin), and per mode through Envoy asking a null ext_proc server (the gRPC
     conversation alone) and the picker; interleaved request by request."""
+    body = chat_body(history_kb)
     hosts = replica_hosts(2)
     port = port_free_on_all(hosts)
     ups = [EchoUpstream(f"echo-{h}", port=port, host=h) for h in hosts]
@@ -91,13 +101,16 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer")) -> dict
             for who, grpc_port in (("null", null_grpc), ("epp", picker.port)):
                 listen = free_port()
                 gateway(f"{who}:{m}", gateway_bootstrap({listen: False}, pool, grpc_port, mode=MODES[m]), listen)
+            if m == "lean":   # the same gateway, each request a new session: the pick waits for the body
+                targets["epp:lean-new"] = targets["epp:lean"]
         conns = {k: http.client.HTTPConnection(h, p, timeout=5) for k, (h, p) in targets.items()}
         lat = {k: [] for k in targets}
         names = list(targets)
         for i in range(requests + WARMUP):
             for j in range(len(names)):
                 k = names[(i + j) % len(names)]       # rotate the order: no target always goes first
-                us = _timed_post(conns[k], BODY)
+                # a live session's next turn (picked on its headers in lean mode), or a new one
+                us = _timed_post(conns[k], body, f"new-{i}" if k.endswith("-new") else "overhead")
                 if i >= WARMUP:
                     lat[k].append(us)
         for c in conns.values():
@@ -113,7 +126,7 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer")) -> dict
             u.stop()
     p50 = {k: statistics.median(v) for k, v in lat.items()}
     p99 = {k: percentile(v, 99) for k, v in lat.items()}
-    return {"requests": requests, "modes": list(modes),
+    return {"requests": requests, "modes": list(modes), "body_bytes": len(body),
             "p50_us": {k: round(v, 1) for k, v in p50.items()},
             "p99_us": {k: round(v, 1) for k, v in p99.items()},
             "over_envoy_p50_us": {k: round(p50[k] - p50["envoy"], 1) for k in names if ":" in k},
@@ -121,6 +134,10 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer")) -> dict
             # the figures the floor is judged on: the first mode given (the gateway's, lean, by default)
             "epp_overhead_p50_us": round(p50[f"epp:{modes[0]}"] - p50["envoy"], 1),
             "epp_overhead_p99_us": round(p99[f"epp:{modes[0]}"] - p99["envoy"], 1),
+            "epp_new_session_overhead_p50_us": round(p50["epp:lean-new"] - p50["envoy"], 1)
+            if "epp:lean-new" in p50 else None,
+            "epp_header_picks": stats.get("header_picks"), "epp_decisions": stats.get("decisions"),
+            "epp_session_mode_refused": stats.get("session_mode_refused"),
             "null_ext_proc_overhead_p50_us": round(p50[f"null:{modes[0]}"] - p50["envoy"], 1),
             "envoy_vs_direct_p50_us": round(p50["envoy"] - p50["direct"], 1),
             "epp_mean_decision_us": stats.get("mean_decision_us"),
@@ -131,7 +148,11 @@ def table(over: dict) -> str:
     rows = [("direct", "direct to the replica"), ("envoy", "Envoy alone (round robin)")]
     for m in over["modes"]:
         rows += [(f"null:{m}", f"Envoy + null processor, {m}"), (f"epp:{m}", f"Envoy + EPP, {m}")]
-    lines = [f"EPP overhead per request ({over['requests']} requests per row, interleaved; "
+        if m == "lean":
+            rows[-1] = (f"epp:{m}", "Envoy + EPP, lean: a session's next turn")
+            rows.append(("epp:lean-new", "Envoy + EPP, lean: a new session"))
+    lines = [f"EPP overhead per request ({over['requests']} requests per row of a {over['body_bytes']}-byte "
+             f"chat body, interleaved; "
              f"load average {over['loadavg_1m']})",
              f"{'':40}{'p50 µs':>10}{'p99 µs':>10}{'+p50 µs':>10}{'+p99 µs':>10}{'p50 ratio':>11}"]
     base = over["p50_us"]["envoy"]
@@ -140,7 +161,9 @@ def table(over: dict) -> str:
         lines.append(f"{label:40}{over['p50_us'][key]:>10.0f}{over['p99_us'][key]:>10.0f}"
                      f"{'' if plus50 is None else f'{plus50:+.0f}':>10}{'' if plus99 is None else f'{plus99:+.0f}':>10}"
                      f"{over['p50_us'][key] / base:>10.2f}x")
-    lines.append(f"the picker's decision alone: {over['epp_mean_decision_us']} µs mean")
+    lines.append(f"the picker's decision alone: {over['epp_mean_decision_us']} µs mean; picked on the headers "
+                 f"(a live session's turn, one ext_proc message): {over['epp_header_picks']} of "
+                 f"{over['epp_decisions']} decisions")
     return "\n".join(lines)
 
 
@@ -153,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=1000, help="requests per row (default 1000)")
     p.add_argument("--modes", default="lean,answer,duplex",
                    help="comma-separated, of " + ", ".join(MODES) + "; the first is the one the floor is on")
+    p.add_argument("--history-kb", type=int, default=0,
+                   help="KiB of earlier turns in each request's body (a later chat turn; default 0)")
     p.add_argument("--out", default=str(ROOT / "artifacts" / "bench" / "epp_overhead.json"))
     args = p.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or set(modes) - set(MODES):
         p.error(f"--modes: of {', '.join(MODES)}")
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    over = overhead(args.requests, modes)
+    over = overhead(args.requests, modes, args.history_kb)
     print(table(over))
     f = floor(over)
     print(f"floor EPP p50 overhead <= 1 ms ({modes[0]}): +{f['value']:.0f} µs -> {'holds' if f['holds'] else 'MISSED'}")

@@ -28,13 +28,16 @@ def ext_proc_filter(fail_open: bool, timeout_s: float = 1.0, mode: dict | None =
     ANSWER_MODE, DUPLEX_MODE)."""
     return {"name": "envoy.filters.http.ext_proc", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        "grpc_service": {"envoy_grpc": {"cluster_name": "endpoint-picker"}, "timeout": f"{timeout_s}s"},
+        "grpc_service": {"envoy_grpc": {"cluster_name": "endpoint-picker"}, "timeout": f"{timeout_s}s",
+                         # as the control plane tells the picker of a route in ANSWER_MODE
+                         "initial_metadata": [{"key": epp.PICKER_MODE_METADATA, "value": "answer"}]
+                         if mode == epp.ANSWER_MODE else []},
         "failure_mode_allow": fail_open,
         "message_timeout": f"{timeout_s}s",
         "processing_mode": dict(mode or epp.LEAN_MODE),
         # ANSWER_MODE: the picker switches the answer of a `"stream": true` request to pass through it
         "allow_mode_override": True,
-        "allowed_override_modes": [epp.STREAMED_RESPONSE_MODE],
+        "allowed_override_modes": [epp.STREAMED_RESPONSE_MODE, epp.SESSION_MODE],
         # Envoy keeps dynamic metadata from the processor only in namespaces listed here.
         "metadata_options": {"receiving_namespaces": {"untyped": [epp.DESTINATION_NAMESPACE]}},
         # the downstream address: the picker upgrades flows the decision loop marked (scheduler/loop/marks.py)

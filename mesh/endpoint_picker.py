@@ -40,6 +40,17 @@ ANSWER_MODE = {"request_header_mode": "SEND", "request_body_mode": "BUFFERED", "
 LEAN_MODE = {**ANSWER_MODE, "response_header_mode": "SKIP"}
 STREAMED_RESPONSE_MODE = {**ANSWER_MODE, "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"}
 DUPLEX_MODE = {**STREAMED_RESPONSE_MODE, "request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"}
+# SESSION_MODE: what the picker switches a LEAN request to (mode_override on the request
+# headers' answer) when it picks on the headers alone -- a live chat session's next turn goes
+# where its history is cached (scheduler.scheduling.Scheduler.pick_by_session): no body, so one
+# message instead of two; response trailers "sent" only so that Envoy keeps the stream open
+# until the request has ended (the in-flight count's end; an HTTP/1.1 answer has no trailers, so
+# nothing more is sent; with the request body NONE and nothing else asked, Envoy closes the
+# stream at once). The filter must allow exactly this override (allowed_override_modes).
+SESSION_MODE = {**LEAN_MODE, "request_body_mode": "NONE", "response_trailer_mode": "SEND"}
+# gRPC initial metadata on the ext_proc stream of a route in ANSWER_MODE: the picker must then
+# keep the response phases it was configured for, so it never picks such a request on headers.
+PICKER_MODE_METADATA = "x-mcp-endpoint-picker-mode"
 # An InferencePool annotation choosing its routes' mode: `lean` (the default) or
 # `answer` (the served endpoint observed, SSE answers streamed through the picker).
 MODE_ANNOTATION = "mcp-mesh.io/endpoint-picker-mode"

@@ -50,8 +50,9 @@ DUPLEX = _Mode.FULL_DUPLEX_STREAMED
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
 
-# The mode a streamed (SSE) answer is switched to (mesh/endpoint_picker.py).
+# The mode a streamed (SSE) answer is switched to, and a request picked on its headers (mesh/endpoint_picker.py).
 STREAMED_RESPONSE_MODE = json_format.ParseDict(epp.STREAMED_RESPONSE_MODE, _Mode())
+SESSION_MODE = json_format.ParseDict(epp.SESSION_MODE, _Mode())
 
 # Answers without content, built once (serialised per write, never mutated).
 _GO_ON = {
@@ -117,6 +118,15 @@ def _echo(phase: str, body: bytes, end_of_stream: bool) -> pb.ProcessingResponse
     return out
 
 
+def _answer_route(context) -> bool:
+    """The route asked for ANSWER_MODE (its ext_proc stream carries PICKER_MODE_METADATA: answer)."""
+    try:
+        metadata = context.invocation_metadata() or ()
+    except AttributeError:          # a test double without metadata
+        return False
+    return any(k == epp.PICKER_MODE_METADATA and v == "answer" for k, v in metadata)
+
+
 def _source_address(request: pb.ProcessingRequest) -> str | None:
     """The downstream address Envoy sends as the `source.address` request attribute."""
     for attrs in request.attributes.values():
@@ -167,6 +177,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         picked: str | None = None
         decided = duplex = streaming = sse = False
         watch: SseWatch | None = None
+        by_headers = not _answer_route(context)      # may pick a live session's request on its headers
         try:
             async for request in request_iterator:
                 kind = request.WhichOneof("request")
@@ -175,8 +186,15 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     streaming = request.protocol_config.response_body_mode == DUPLEX
                 if kind == "request_body":
                     chunk = request.request_body
-                    if decided:                       # duplex, past the parse limit: the rest streams through
-                        yield _echo(kind, chunk.body, chunk.end_of_stream)
+                    if decided:     # duplex past the parse limit: the rest streams through
+                        if duplex:
+                            yield _echo(kind, chunk.body, chunk.end_of_stream)
+                            continue
+                        # Picked on the headers, yet the body came: the filter does not allow
+                        # SESSION_MODE (the saving is lost, the pick stands). Counted for operators.
+                        if hasattr(self.state, "session_mode_refused"):
+                            self.state.session_mode_refused += 1
+                        yield _GO_ON[kind]
                         continue
                     body += chunk.body
                     if duplex and not chunk.end_of_stream and len(body) <= MAX_BODY_PARSED:
@@ -198,7 +216,12 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                         decided = True
                         yield response
                     elif not duplex:
-                        yield _GO_ON[kind]
+                        fast = self._decide_by_session(headers, subset) if by_headers else None
+                        if fast is None:
+                            yield _GO_ON[kind]        # the pick waits for the body
+                        else:
+                            (response, picked), decided = fast, True
+                            yield response
                     # duplex: the answer to the headers waits for the body (it carries the pick)
                 elif kind == "response_headers":
                     served = _served(request)
@@ -238,8 +261,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     picked, watch = self._done(picked, watch)
                     yield _GO_ON[kind]
         finally:
-            if picked:
-                self.state.scheduler.finished(picked)
+            # The stream ended first (Envoy may close it without a last chunk marked end_of_stream):
+            # the request is over, and what streamed through is recorded all the same.
+            self._done(picked, watch)
 
     def _read(self, request: pb.ProcessingRequest, headers: dict[str, str]) -> dict[str, str]:
         marks = getattr(self.state, "flow_marks", None)     # `mcpctl epp serve --flow-marks`
@@ -267,6 +291,27 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if watch is not None and watch.events and hasattr(self.state, "record_stream"):
             self.state.record_stream(watch.events, watch.usage)
         return None, None
+
+    def _decide_by_session(self, headers: dict, subset) -> tuple[pb.ProcessingResponse, str] | None:
+        """A live session's request picked on its headers (Scheduler.pick_by_session), its body
+        then skipped (SESSION_MODE); None where the body could change the decision: no session,
+        or objectives by model name that only the body's `model` would select."""
+        if not headers.get(epp.SESSION_HEADER):
+            return None
+        started = time.perf_counter()
+        view = self.state.view()
+        if view is None or (view.objectives and not headers.get(epp.OBJECTIVE_HEADER)):
+            return None
+        request, _ = build_request(headers, b"", view.objectives, subset)
+        pick = self.state.scheduler.pick_by_session(request, [e.key for e in view.endpoints], self.state.loads())
+        if pick is None:
+            return None
+        self.state.record(pick, time.perf_counter() - started, by_headers=True)
+        self.state.scheduler.started(pick.endpoints[0])
+        upgrade = ((H.QOS_CLASS, headers.get(UPGRADED)), (H.SESSION_SIG, headers.get(RESIGNED)))
+        response = _picked(pick, None, upgrade, "request_headers")
+        response.mode_override.CopyFrom(SESSION_MODE)
+        return response, pick.endpoints[0]
 
     def _decide(self, headers: dict, body: bytes, subset, phase: str) -> tuple[pb.ProcessingResponse, str | None]:
         started = time.perf_counter()

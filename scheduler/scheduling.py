@@ -43,6 +43,10 @@ SESSION_LIVE_S = 30.0
 # The spread score falls from 1 (the endpoint with the fewest live sessions) to 0 at this many
 # more: benchmarks/bench_epp.py --preset chat, where each session's history is most of its prompts.
 SESSION_SPREAD = 2.0
+# A live session's request is picked on its headers alone (pick_by_session) while its endpoint's
+# queue is at most this many requests longer than the shortest: the queue scorer costs it
+# 1.5 (weight 3 over QUEUE_SPREAD 2) against the ~2.5-3 its held history and the session add.
+SESSION_QUEUE_SLACK = 1.0
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,32 @@ class Scheduler:
         hit = self._prefix_share(chosen, blocks)
         self._learn(request, blocks, chosen, now)
         return Pick(ranked[:1 + self.fallbacks], scores, hit, len(blocks))
+
+    def pick_by_session(self, request: Request, endpoints: list[str], loads: dict[str, Load]) -> Pick | None:
+        """A request of a live session picked without its body: the session's endpoint, where
+        the full decision would send it anyway (ready, within the subset hint, not saturated,
+        its queue within SESSION_QUEUE_SLACK of the shortest) -- so the picker need not read the
+        body (one ext_proc message instead of two). None: decide on the body (`pick`)."""
+        if not request.session:
+            return None
+        now = self.clock()
+        self._expire(now)
+        live = self.live.get(request.session)
+        endpoint = live[0] if live else None
+        if endpoint is None or endpoint not in endpoints:
+            return None
+        if request.subset is not None and endpoint not in request.subset:
+            return None
+        load = loads.get(endpoint)
+        if load is None or not load.ready or self._saturated(load, endpoint):
+            return None
+        ready = [e for e in endpoints if (loads.get(e) or Load()).ready]
+        queues = {e: self._queue(loads[e], e) for e in ready}
+        if queues[endpoint] - min(queues.values()) > SESSION_QUEUE_SLACK:
+            return None
+        self._learn(request, [], endpoint, now)            # the session stays live there
+        fallbacks = sorted((e for e in ready if e != endpoint), key=lambda e: queues[e])[:self.fallbacks]
+        return Pick([endpoint, *fallbacks])
 
     def started(self, endpoint: str) -> None:
         self.inflight[endpoint] = self.inflight.get(endpoint, 0) + 1

@@ -35,6 +35,8 @@ class PickerState:
         self.picks: Counter = Counter()
         self.refusals: Counter = Counter()
         self.decisions, self.decision_s = 0, 0.0
+        self.header_picks = 0                  # of the decisions: picked on the headers (pick_by_session)
+        self.session_mode_refused = 0          # header picks whose body still came (override not allowed)
         self.prompts, self.prefix_hits = 0, 0.0
         self.streams, self.stream_events, self.stream_tokens = 0, 0, 0
         self.flow_marks = None                 # the loop's marked flows (--flow-marks)
@@ -51,8 +53,10 @@ class PickerState:
         if self.source.refresh() and self.source.view is not None:
             self.poller.set_endpoints(e.key for e in self.source.view.endpoints)
 
-    def record(self, result: Pick | Refusal, seconds: float) -> None:
+    def record(self, result: Pick | Refusal, seconds: float, by_headers: bool = False) -> None:
+        """`by_headers`: a live session's request picked without its body (one message)."""
         self.decisions += 1
+        self.header_picks += by_headers
         self.decision_s += seconds
         if isinstance(result, Refusal):
             self.refusals[result.status] += 1
@@ -82,6 +86,8 @@ class PickerState:
                           for k, l in self.loads().items()},
             "refused": {str(k): v for k, v in self.refusals.items()},
             "decisions": self.decisions,
+            "header_picks": self.header_picks,
+            "session_mode_refused": self.session_mode_refused,
             "upgrades_refused": self.upgrades_refused,
             "mean_decision_us": round(self.decision_s / self.decisions * 1e6, 1) if self.decisions else None,
             "prefix_hit_rate": round(self.prefix_hits / self.prompts, 4) if self.prompts else None,

@@ -228,9 +228,12 @@ def test_the_gateway_gets_ext_proc_disabled_last_before_fault_and_router():
     # LEAN_MODE: the pick needs the headers held (SEND) and the body; the response is not sent
     assert (mode.request_header_mode, mode.request_body_mode, mode.response_header_mode, mode.response_body_mode) == (
         m.SEND, m.BUFFERED, m.SKIP, m.NONE)
-    # the one override the picker may ask for: a streamed answer through it (ANSWER_MODE routes)
-    assert cfg.allow_mode_override and [(o.response_header_mode, o.response_body_mode, o.response_trailer_mode)
-                                        for o in cfg.allowed_override_modes] == [(m.SEND, m.FULL_DUPLEX_STREAMED, m.SEND)]
+    # the two overrides the picker may ask for: a streamed answer through it (ANSWER_MODE routes),
+    # and a live session's request picked on its headers: no body, the stream kept to the end
+    assert cfg.allow_mode_override and [
+        (o.request_body_mode, o.response_header_mode, o.response_body_mode, o.response_trailer_mode)
+        for o in cfg.allowed_override_modes] == [(m.BUFFERED, m.SEND, m.FULL_DUPLEX_STREAMED, m.SEND),
+                                                 (m.NONE, m.SKIP, m.NONE, m.SEND)]
     assert list(cfg.metadata_options.receiving_namespaces.untyped) == [epp.DESTINATION_NAMESPACE]
     assert epp.DESTINATION_NAMESPACE in cfg.metadata_options.forwarding_namespaces.untyped
     assert cfg.message_timeout.seconds == 5 and not cfg.failure_mode_allow
@@ -275,6 +278,7 @@ def test_a_pool_annotated_answer_mode_gets_the_response_headers_sent_to_its_pick
     routes = _routes(translate(config(), GATEWAY))
     _, override = _per_route(routes["/v1/"].typed_per_filter_config)
     assert not override.overrides.HasField("processing_mode")                       # the filter's LEAN_MODE
+    assert not override.overrides.grpc_initial_metadata
     annotated = pool().replace(f"metadata: {{name: decoders, namespace: {NS}}}",
                                f"metadata: {{name: decoders, namespace: {NS}, "
                                f"annotations: {{{epp.MODE_ANNOTATION}: answer}}}}")
@@ -283,6 +287,9 @@ def test_a_pool_annotated_answer_mode_gets_the_response_headers_sent_to_its_pick
     _, override = _per_route(_routes(translate(answer, GATEWAY))["/v1/"].typed_per_filter_config)
     mode = override.overrides.processing_mode
     assert (mode.request_header_mode, mode.request_body_mode, mode.response_header_mode) == (m.SEND, m.BUFFERED, m.SEND)
+    # the picker is told, so that it never skips the response by picking on the headers alone
+    assert [(h.key, h.value) for h in override.overrides.grpc_initial_metadata] == [
+        (epp.PICKER_MODE_METADATA, "answer")]
 
 
 def test_a_split_rule_asks_the_picker_only_for_the_pool_share():

@@ -23,13 +23,15 @@ never open an ext_proc stream.
 
 What the filter sends (the Endpoint Picker Protocol, mesh/endpoint_picker.py
 LEAN_MODE): request headers, then the whole body (`BUFFERED`: the picker reads
-the OpenAI `model` and prompt); nothing of the response (Envoy keeps the
+the OpenAI `model` and prompt) -- unless the picker picks a live session's
+request on its headers and switches it to SESSION_MODE (no body: one message); nothing of the response (Envoy keeps the
 stream of a request with a body open until the request ends, which ends the
 picker's in-flight count; the response headers would cost a third message,
 scheduler/README.md measures it); no trailers. `allow_mode_override` for
 exactly STREAMED_RESPONSE_MODE, what the picker switches a `"stream": true`
-answer to where the response headers are sent: a pool annotated
-`mcp-mesh.io/endpoint-picker-mode: answer` gets ANSWER_MODE on its routes.
+answer to where the response headers are sent, and SESSION_MODE: a pool annotated
+`mcp-mesh.io/endpoint-picker-mode: answer` gets ANSWER_MODE on its routes, with
+gRPC initial metadata `x-mcp-endpoint-picker-mode: answer` telling the picker so.
 It keeps the picker's dynamic metadata in `envoy.lb` (the pick the cluster's
 override_host policy reads) and forwards `envoy.lb` and
 `envoy.lb.subset_hint` to the picker (the subset hint a filter before it may
@@ -93,9 +95,11 @@ def external_processor() -> ext_proc_pb2.ExternalProcessor:
     cfg.grpc_service.envoy_grpc.cluster_name = UNUSED_CLUSTER
     cfg.failure_mode_allow = False
     cfg.processing_mode.CopyFrom(processing_mode(epp.LEAN_MODE))
-    # A pool route in ANSWER_MODE lets the picker stream SSE answers through it; exactly that override.
+    # Exactly two overrides: a pool route in ANSWER_MODE lets the picker stream SSE answers through
+    # it; a LEAN request of a live session is picked on its headers and its body skipped.
     cfg.allow_mode_override = True
     cfg.allowed_override_modes.append(processing_mode(epp.STREAMED_RESPONSE_MODE))
+    cfg.allowed_override_modes.append(processing_mode(epp.SESSION_MODE))
     cfg.message_timeout.FromSeconds(MESSAGE_TIMEOUT_S)
     cfg.metadata_options.receiving_namespaces.untyped.append(epp.DESTINATION_NAMESPACE)
     cfg.metadata_options.forwarding_namespaces.untyped.extend([epp.DESTINATION_NAMESPACE, epp.SUBSET_NAMESPACE])
@@ -116,6 +120,8 @@ def per_route(pool: inference_pool.Pool) -> any_pb2.Any:
     override.overrides.failure_mode_allow.value = pool.fail_open
     if pool.picker_mode != "lean" and pool.picker_mode in epp.POOL_MODES:
         override.overrides.processing_mode.CopyFrom(processing_mode(epp.POOL_MODES[pool.picker_mode]))
+        # and tells the picker so: it then never picks on the headers alone (that would skip the response)
+        override.overrides.grpc_initial_metadata.add(key=epp.PICKER_MODE_METADATA, value=pool.picker_mode)
     return _pack(route_components_pb2.FilterConfig(config=_pack(override), disabled=False))
 
 

@@ -29,6 +29,19 @@ Two named shapes (PRESETS); what routing can win depends entirely on which:
   with the budget: on a quiet machine, 6 MB gave EPP/LEAST_REQUEST 1.61x
   (2 replicas) and 1.84x (3); 4 MB gave 1.50x and 2.17x (at 4 MB two replicas
   cannot hold half the working set each, so the picker's affinity misses too).
+  What any picker could reach at all (hit_ceiling: every block an earlier
+  request made is held, nothing forgotten) is 0.79 on this work: a session's
+  first turn can hit only its system prompt, and each turn computes its new
+  user message and the previous answer (the cache holds the answer as
+  generated, right after `assistant:`; the next prompt resends it after
+  `assistant: `, so the blocks differ from there on). So 2x
+  LEAST_REQUEST is possible only where LEAST_REQUEST hits under 0.40. The 6 MB
+  budget stays (scheduler/README.md "Benchmark", KV-budget sweep 4-8 MB):
+  no budget lets two replicas' pool hold the working set while LEAST_REQUEST
+  stays under half the ceiling -- at two replicas it lands a turn where the
+  session's previous turn was half the time -- and the 2x floor held only at
+  4 MB with 3 replicas (`--kv-cache-mb 4`), where 2 replicas' 8 MB cannot
+  hold the working set and the EPP reached 1.42x.
 - "shared-prompt" (the earlier shape, kept to compare): 3-6 short turns
   (40-120 tokens, 16-token answers) after 300-600-token system prompts, a
   64 MB budget that holds everything: the few system prompts end up cached on

@@ -40,8 +40,9 @@ Two named shapes (PRESETS); what routing can win depends entirely on which:
   no budget lets two replicas' pool hold the working set while LEAST_REQUEST
   stays under half the ceiling -- at two replicas it lands a turn where the
   session's previous turn was half the time -- and the 2x floor held only at
-  4 MB with 3 replicas (`--kv-cache-mb 4`), where 2 replicas' 8 MB cannot
-  hold the working set and the EPP reached 1.42x.
+  4 MB with 3 replicas (`--kv-cache-mb 4`: 2.06x, TTFT p99 1.18x
+  LEAST_REQUEST's), where 2 replicas' 8 MB cannot hold the working set and
+  the EPP reached 1.51x.
 - "shared-prompt" (the earlier shape, kept to compare): 3-6 short turns
   (40-120 tokens, 16-token answers) after 300-600-token system prompts, a
   64 MB budget that holds everything: the few system prompts end up cached on

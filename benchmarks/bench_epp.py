@@ -94,7 +94,8 @@ def run_variant(variant: str, w: Workload, replicas_n: int, args) -> dict:
             for b, a in zip(before, after)]
         if picker is not None:
             s = picker.stats()
-            phase["epp"] = {k: s.get(k) for k in ("prefix_hit_rate", "decisions", "mean_decision_us", "refused")}
+            phase["epp"] = {k: s.get(k) for k in ("prefix_hit_rate", "decisions", "header_picks",
+                                                  "mean_decision_us", "refused")}
             phase["epp"]["picked"] = [v["picked"] for v in s["endpoints"].values()]
         return phase
     finally:
@@ -167,6 +168,11 @@ def table(results: dict[str, dict], title: str) -> str:
         lines.append(f"ceiling / {BASELINE}: {lr['ceiling_hit_rate']:.3f} / {lr['prefix_hit_rate']:.3f} = {c:.2f}x "
                      f"(the most any picker's hit rate could be over {BASELINE}'s on this work"
                      + ("; 2x is out of reach)" if c < 2 else ")"))
+    for n in names:           # the picker's decisions made on the headers alone (a live session's turn)
+        phases = [e for e in results[n].get("epp") or [] if e and e.get("decisions")]
+        if phases:
+            lines.append(f"{n} picked on the headers: {sum(e.get('header_picks') or 0 for e in phases)} of "
+                         f"{sum(e['decisions'] for e in phases)} decisions")
     picks = {n: results[n]["prompt_tokens_per_replica"] for n in names}
     lines.append("prompt tokens per replica: " + "; ".join(f"{n} {v}" for n, v in picks.items()))
     lines.append("load average (1 min) at the end of each phase: " +

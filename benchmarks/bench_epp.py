@@ -40,7 +40,8 @@ from dataclasses import asdict, replace
 from benchmarks.epp_overhead import floor as overhead_floor_of
 from benchmarks.epp_overhead import overhead
 from benchmarks.epp_overhead import table as overhead_table
-from benchmarks.epp_stack import Picker, Replicas, write_pool
+from benchmarks.epp_stack import Picker, Replicas
+from harness.endpoint_picker import write_pool
 from benchmarks.epp_sessions import (PRESET_SECONDS, PRESETS, Workload, hit_ceiling, make_sessions, prefix_hits,
                                      run_sessions, summarise, turn_tokens, working_set_tokens)
 from harness.envoy import Envoy

@@ -33,7 +33,8 @@ import tempfile
 import time
 
 from benchmarks.epp_sessions import percentile
-from benchmarks.epp_stack import IDLE_METRICS, Picker, replica_hosts, write_pool
+from benchmarks.epp_stack import IDLE_METRICS, Picker, replica_hosts
+from harness.endpoint_picker import write_pool
 from harness.ports import port_free_on_all
 from harness.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap

@@ -4,7 +4,6 @@ shared port (as Pods), their InferencePool and WorkloadEntries in a directory, a
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -72,24 +71,6 @@ class Replicas:
 
     def stop(self) -> None:
         stop_processes(self.procs, grace=5)
-
-
-def write_pool(directory: str, hosts: list[str], port: int) -> None:
-    """The InferencePool and one WorkloadEntry per replica, as tests/e2e/test_endpoint_picker.py writes them."""
-    docs = [f"""apiVersion: inference.networking.k8s.io/v1
-kind: InferencePool
-metadata: {{name: decoders, namespace: inference}}
-spec:
-  selector: {{matchLabels: {{app: decoder}}}}
-  targetPorts: [{{number: {port}}}]
-  endpointPickerRef: {{name: epp, port: {{number: 9002}}, failureMode: FailClose}}
-"""] + [f"""apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: decoder-{i}, namespace: inference}}
-spec: {{address: {h}, labels: {{app: decoder}}}}
-""" for i, h in enumerate(hosts)]
-    with open(os.path.join(directory, "pool.yaml"), "w") as f:
-        f.write("---\n".join(docs))
 
 
 class Picker(PickerProcess):

@@ -4,10 +4,13 @@ ready line, its `/stats`, and a wait on them.
     picker = PickerProcess(directory, "--metrics-interval-ms", "20")   # pool inference/decoders
     picker.wait(lambda s: all(e["ready"] for e in s["endpoints"].values()))
     picker.stop()
+
+`write_pool` writes the pool such a picker serves.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -51,3 +54,22 @@ class PickerProcess:
     def stop(self) -> None:
         stop_process(self.proc)
         self._stderr.close()
+
+
+def write_pool(directory: str, hosts: list[str], port: int) -> None:
+    """`directory`/pool.yaml: InferencePool inference/decoders over `port` (its picker FailClose)
+    and one WorkloadEntry per replica address, as a Pod per replica would be."""
+    docs = [f"""apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {{name: decoders, namespace: inference}}
+spec:
+  selector: {{matchLabels: {{app: decoder}}}}
+  targetPorts: [{{number: {port}}}]
+  endpointPickerRef: {{name: epp, port: {{number: 9002}}, failureMode: FailClose}}
+"""] + [f"""apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: decoder-{i}, namespace: inference}}
+spec: {{address: {h}, labels: {{app: decoder}}}}
+""" for i, h in enumerate(hosts)]
+    with open(os.path.join(directory, "pool.yaml"), "w") as f:
+        f.write("---\n".join(docs))

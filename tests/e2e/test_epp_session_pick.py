@@ -12,14 +12,13 @@ with the real `openai` client:
   answer`) never skips the response phases: every turn is picked on its body
   and streamed through the picker.
 """
-import os
 import tempfile
 import time
 
 import openai
 import pytest
 
-from harness.endpoint_picker import PickerProcess
+from harness.endpoint_picker import PickerProcess, write_pool
 from harness.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
 from harness.inference_server import InferenceServer
@@ -32,29 +31,12 @@ HOSTS = ("127.0.0.2", "127.0.0.3")
 SYSTEM = "You are the mesh's assistant. " + "Answer briefly and cite the replica you run on. " * 6
 
 
-def _pool(directory: str, port: int) -> None:
-    docs = [f"""apiVersion: inference.networking.k8s.io/v1
-kind: InferencePool
-metadata: {{name: decoders, namespace: inference}}
-spec:
-  selector: {{matchLabels: {{app: decoder}}}}
-  targetPorts: [{{number: {port}}}]
-  endpointPickerRef: {{name: epp, port: {{number: 9002}}, failureMode: FailClose}}
-"""] + [f"""apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: decoder-{i}, namespace: inference}}
-spec: {{address: {h}, labels: {{app: decoder}}}}
-""" for i, h in enumerate(HOSTS)]
-    with open(os.path.join(directory, "pool.yaml"), "w") as f:
-        f.write("---\n".join(docs))
-
-
 @pytest.fixture(scope="module")
 def gateways():
     port = port_free_on_all(HOSTS)
     replicas = []
     directory = tempfile.mkdtemp(prefix="epp-session-")
-    _pool(directory, port)
+    write_pool(directory, list(HOSTS), port)
     picker, envoys = None, []
     try:
         for h in HOSTS:

@@ -11,14 +11,13 @@ client (`stream=True`):
   counts the request in flight until Envoy closes the ext_proc stream at the
   request's end (Envoy 1.40 keeps the stream of a request with a body open).
 """
-import os
 import tempfile
 import time
 
 import openai
 import pytest
 
-from harness.endpoint_picker import PickerProcess
+from harness.endpoint_picker import PickerProcess, write_pool
 from harness.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
 from harness.inference_server import InferenceServer
@@ -28,23 +27,6 @@ from mesh import endpoint_picker as epp
 pytestmark = pytest.mark.e2e
 
 HOST = "127.0.0.2"
-
-
-def _pool(directory: str, port: int) -> None:
-    with open(os.path.join(directory, "pool.yaml"), "w") as f:
-        f.write(f"""apiVersion: inference.networking.k8s.io/v1
-kind: InferencePool
-metadata: {{name: decoders, namespace: inference}}
-spec:
-  selector: {{matchLabels: {{app: decoder}}}}
-  targetPorts: [{{number: {port}}}]
-  endpointPickerRef: {{name: epp, port: {{number: 9002}}, failureMode: FailClose}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: decoder-0, namespace: inference}}
-spec: {{address: {HOST}, labels: {{app: decoder}}}}
-""")
 
 
 class Picker(PickerProcess):
@@ -59,7 +41,7 @@ class Picker(PickerProcess):
 def gateways():
     replica = InferenceServer("builtin:tiny-decoder", "--host", HOST, admin=False).start()
     directory = tempfile.mkdtemp(prefix="epp-stream-")
-    _pool(directory, replica.http_port)
+    write_pool(directory, [HOST], replica.http_port)
     picker = Picker(directory)
     lean, answer = free_port(), free_port()
     pool = [(HOST, replica.http_port)]

@@ -24,10 +24,11 @@ never open an ext_proc stream.
 What the filter sends (the Endpoint Picker Protocol, mesh/endpoint_picker.py
 LEAN_MODE): request headers, then the whole body (`BUFFERED`: the picker reads
 the OpenAI `model` and prompt) -- unless the picker picks a live session's
-request on its headers and switches it to SESSION_MODE (no body: one message); nothing of the response (Envoy keeps the
-stream of a request with a body open until the request ends, which ends the
-picker's in-flight count; the response headers would cost a third message,
-scheduler/README.md measures it); no trailers. `allow_mode_override` for
+request on its headers and switches it to SESSION_MODE (no body: one
+message); nothing of the response (Envoy keeps the stream of a request with a
+body open until the request ends, which ends the picker's in-flight count; the
+response headers would cost a third message, scheduler/README.md measures
+it); no trailers. `allow_mode_override` for
 exactly STREAMED_RESPONSE_MODE, what the picker switches a `"stream": true`
 answer to where the response headers are sent, and SESSION_MODE: a pool annotated
 `mcp-mesh.io/endpoint-picker-mode: answer` gets ANSWER_MODE on its routes, with

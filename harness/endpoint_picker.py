@@ -5,7 +5,7 @@ ready line, its `/stats`, and a wait on them.
     picker.wait(lambda s: all(e["ready"] for e in s["endpoints"].values()))
     picker.stop()
 
-`write_pool` writes the pool such a picker serves.
+`pool_yaml` / `write_pool`: the pool such a picker serves.
 """
 from __future__ import annotations
 
@@ -56,20 +56,24 @@ class PickerProcess:
         self._stderr.close()
 
 
-def write_pool(directory: str, hosts: list[str], port: int) -> None:
-    """`directory`/pool.yaml: InferencePool inference/decoders over `port` (its picker FailClose)
-    and one WorkloadEntry per replica address, as a Pod per replica would be."""
-    docs = [f"""apiVersion: inference.networking.k8s.io/v1
+def pool_yaml(port: int, hosts, picker_port: int = 9002) -> str:
+    """InferencePool inference/decoders over `port` (its picker `epp`, FailClose) and one
+    WorkloadEntry per replica address, as a Pod per replica would be."""
+    return "---\n".join([f"""apiVersion: inference.networking.k8s.io/v1
 kind: InferencePool
 metadata: {{name: decoders, namespace: inference}}
 spec:
   selector: {{matchLabels: {{app: decoder}}}}
   targetPorts: [{{number: {port}}}]
-  endpointPickerRef: {{name: epp, port: {{number: 9002}}, failureMode: FailClose}}
+  endpointPickerRef: {{name: epp, port: {{number: {picker_port}}}, failureMode: FailClose}}
 """] + [f"""apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {{name: decoder-{i}, namespace: inference}}
 spec: {{address: {h}, labels: {{app: decoder}}}}
-""" for i, h in enumerate(hosts)]
+""" for i, h in enumerate(hosts)])
+
+
+def write_pool(directory: str, hosts, port: int) -> None:
+    """`directory`/pool.yaml: `pool_yaml`, what `PickerProcess(directory)` serves."""
     with open(os.path.join(directory, "pool.yaml"), "w") as f:
-        f.write("---\n".join(docs))
+        f.write(pool_yaml(port, hosts))

@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.request
 
+from harness.endpoint_picker import pool_yaml
 from harness.inference_server import InferenceServer
 from harness.paths import HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port, port_free_on_all
@@ -94,21 +95,6 @@ spec:
   failStrategy: FAIL_CLOSE
   pluginConfig: {json.dumps(plugin)}
 """
-
-
-def pool_yaml(port: int, hosts=HOSTS) -> str:
-    return "---\n".join([f"""apiVersion: inference.networking.k8s.io/v1
-kind: InferencePool
-metadata: {{name: decoders, namespace: inference}}
-spec:
-  selector: {{matchLabels: {{app: decoder}}}}
-  targetPorts: [{{number: {port}}}]
-  endpointPickerRef: {{name: epp, port: {{number: 9002}}}}
-"""] + [f"""apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: decoder-{i}, namespace: inference}}
-spec: {{address: {h}, labels: {{app: decoder}}}}
-""" for i, h in enumerate(hosts)])
 
 
 class LoopProcess:

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
-from harness.endpoint_picker import PickerProcess
+from harness.endpoint_picker import PickerProcess, pool_yaml
 from harness.ports import free_port, port_free_on_all
 from harness.upstreams import EchoUpstream
 from mesh import endpoint_picker as epp
@@ -32,24 +32,13 @@ IDLE = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv
 
 
 def _config(directory: str, port: int, picker_port: int) -> None:
-    docs = [f"""apiVersion: inference.networking.k8s.io/v1
-kind: InferencePool
-metadata: {{name: decoders, namespace: inference}}
-spec:
-  selector: {{matchLabels: {{app: decoder}}}}
-  targetPorts: [{{number: {port}}}]
-  endpointPickerRef: {{name: epp, port: {{number: {picker_port}}}, failureMode: FailClose}}
-""", """apiVersion: inference.networking.x-k8s.io/v1alpha2
+    objective = """apiVersion: inference.networking.x-k8s.io/v1alpha2
 kind: InferenceObjective
 metadata: {name: batch-jobs, namespace: inference}
 spec: {priority: -1, poolRef: {name: decoders}}
-"""] + [f"""apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: decoder-{i}, namespace: inference}}
-spec: {{address: {h}, labels: {{app: decoder}}}}
-""" for i, h in enumerate(HOSTS)]
+"""
     with open(os.path.join(directory, "pool.yaml"), "w") as f:
-        f.write("---\n".join(docs))
+        f.write(pool_yaml(port, HOSTS, picker_port) + "---\n" + objective)
 
 
 class Picker(PickerProcess):

@@ -48,7 +48,8 @@ def test_a_home_that_is_not_ready_saturated_busier_or_outside_the_subset_needs_t
     s, _, home = started_on(idle(A, B))
     other = B if home == A else A
     not_ready = {home: Load(), other: Load(scraped_at=1.0)}
-    saturated = {home: Load(waiting=5, scraped_at=1.0), other: Load(scraped_at=1.0)}
+    # KV past the saturation bound with an equal queue: only the saturation filter can refuse it
+    saturated = {home: Load(kv_utilisation=0.9, scraped_at=1.0), other: Load(scraped_at=1.0)}
     busier = {home: Load(waiting=2, scraped_at=1.0), other: Load(scraped_at=1.0)}
     for loads in (not_ready, saturated, busier):
         assert s.pick_by_session(Request(session="s1"), [A, B], loads) is None

@@ -4,8 +4,9 @@ cost of a Python gRPC ext_proc conversation with no decision in it, so that
 the overhead benchmark (benchmarks/epp_overhead.py) can split the picker's
 overhead into the protocol's and its own. It follows the mode Envoy announces
 (`protocol_config`), as the picker does: BUFFERED (answer the headers, pick
-on the body) or FULL_DUPLEX_STREAMED (hold the headers' answer until the body
-has ended, then answer both, the body echoed)."""
+on the body), FULL_DUPLEX_STREAMED (hold the headers' answer until the body
+has ended, then answer both, the body echoed) or NONE (pick on the headers,
+as the picker does a live session's next turn; one message)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from mesh import endpoint_picker as epp
 
 DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+NO_BODY = processing_mode_pb2.ProcessingMode.NONE
 
 
 class NullPicker(pb_grpc.ExternalProcessorServicer):
@@ -41,15 +43,16 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):
         return out
 
     async def Process(self, request_iterator, context):
-        duplex_in = duplex_out = False
+        duplex_in = duplex_out = no_body = False
         body = bytearray()
         async for request in request_iterator:
             if request.HasField("protocol_config"):
                 duplex_in = request.protocol_config.request_body_mode == DUPLEX
                 duplex_out = request.protocol_config.response_body_mode == DUPLEX
+                no_body = request.protocol_config.request_body_mode == NO_BODY
             kind = request.WhichOneof("request")
             if kind == "request_headers":
-                if request.request_headers.end_of_stream:
+                if request.request_headers.end_of_stream or no_body:
                     yield self._pick(kind)
                 elif not duplex_in:
                     yield pb.ProcessingResponse(request_headers=pb.HeadersResponse())

@@ -15,6 +15,11 @@ side by side (mesh/endpoint_picker.py):
 
 Each mode with the picker (`mcpctl epp serve`) and with a null processor
 (benchmarks/epp_null_processor.py: the protocol's cost alone, no decision).
+With lean, two more rows split a session turn's one-message exchange: the
+null processor asked for the headers alone, and a native processor (a second
+Envoy answering a fixed pick, benchmarks/epp_fixed_processor.py), which is
+what ext_proc costs with no Python in it, the floor under any processor.
+Every row that always picks the same endpoint is checked to have landed there.
 
 `python -m benchmarks.epp_overhead [--requests N] [--modes lean,answer,duplex]`
 (also run by `python -m benchmarks epp`); writes artifacts/bench/epp_overhead.json.
@@ -32,6 +37,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks.epp_fixed_processor import ONE_MESSAGE_MODE, fixed_processor_bootstrap
 from benchmarks.epp_sessions import percentile
 from benchmarks.epp_stack import IDLE_METRICS, Picker, replica_hosts
 from harness.endpoint_picker import write_pool
@@ -58,7 +64,8 @@ FLOOR_US = 1000.0          # issue #14: the picker adds at most 1 ms at p50
 WARMUP = 50                # rounds that warm connections and caches, not counted
 
 
-def _timed_post(conn: http.client.HTTPConnection, body: bytes, session: str) -> float:
+def _timed_post(conn: http.client.HTTPConnection, body: bytes, session: str) -> tuple[float, str | None]:
+    """(µs, the echo upstream that answered)."""
     t = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body=body,
                  headers={"content-type": "application/json", epp.SESSION_HEADER: session})
@@ -66,7 +73,7 @@ def _timed_post(conn: http.client.HTTPConnection, body: bytes, session: str) -> 
     r.read()
     if r.status != 200:
         raise RuntimeError(f"status {r.status}")
-    return (time.perf_counter() - t) * 1e6
+    return (time.perf_counter() - t) * 1e6, r.getheader("x-upstream")
 
 
 def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history_kb: int = 0) -> dict:
@@ -90,6 +97,8 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
         null = subprocess.Popen([sys.executable, "-m", "benchmarks.epp_null_processor", str(null_grpc),
                                  f"{hosts[0]}:{port}"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
         null.stdout.readline()
+        fixed_port = free_port()
+        envoys.append(Envoy(fixed_processor_bootstrap(fixed_port, f"{hosts[0]}:{port}")).start())
         targets = {"direct": (hosts[0], port)}
 
         def gateway(name: str, bootstrap: dict, listen: int) -> None:
@@ -104,6 +113,11 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
                 gateway(f"{who}:{m}", gateway_bootstrap({listen: False}, pool, grpc_port, mode=MODES[m]), listen)
             if m == "lean":   # the same gateway, each request a new session: the pick waits for the body
                 targets["epp:lean-new"] = targets["epp:lean"]
+                # a session turn's one message, from the null processor and from a native one
+                for who, grpc_port in (("null", null_grpc), ("fixed", fixed_port)):
+                    listen = free_port()
+                    gateway(f"{who}:one", gateway_bootstrap({listen: False}, pool, grpc_port,
+                                                            mode=ONE_MESSAGE_MODE), listen)
         conns = {k: http.client.HTTPConnection(h, p, timeout=5) for k, (h, p) in targets.items()}
         lat = {k: [] for k in targets}
         names = list(targets)
@@ -111,7 +125,10 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
             for j in range(len(names)):
                 k = names[(i + j) % len(names)]       # rotate the order: no target always goes first
                 # a live session's next turn (picked on its headers in lean mode), or a new one
-                us = _timed_post(conns[k], body, f"new-{i}" if k.endswith("-new") else "overhead")
+                us, upstream = _timed_post(conns[k], body, f"new-{i}" if k.endswith("-new") else "overhead")
+                if k.startswith(("null:", "fixed:")) and upstream != ups[0].name:
+                    # those processors always pick the first replica: anything else was not their pick
+                    raise RuntimeError(f"{k}: answered by {upstream}, not the pick {ups[0].name}")
                 if i >= WARMUP:
                     lat[k].append(us)
         for c in conns.values():
@@ -140,6 +157,12 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
             "epp_header_picks": stats.get("header_picks"), "epp_decisions": stats.get("decisions"),
             "epp_session_mode_refused": stats.get("session_mode_refused"),
             "null_ext_proc_overhead_p50_us": round(p50[f"null:{modes[0]}"] - p50["envoy"], 1),
+            # a session turn's one message: what ext_proc costs with a native processor, what the
+            # Python gRPC stream adds to that, and what the picker adds to a null Python processor
+            "one_message_split_p50_us": {
+                "ext_proc_native": round(p50["fixed:one"] - p50["envoy"], 1),
+                "python_grpc_stream": round(p50["null:one"] - p50["fixed:one"], 1),
+                "picker": round(p50["epp:lean"] - p50["null:one"], 1)} if "fixed:one" in p50 else None,
             "envoy_vs_direct_p50_us": round(p50["envoy"] - p50["direct"], 1),
             "epp_mean_decision_us": stats.get("mean_decision_us"),
             "loadavg_1m": round(os.getloadavg()[0], 2)}
@@ -151,7 +174,9 @@ def table(over: dict) -> str:
         rows += [(f"null:{m}", f"Envoy + null processor, {m}"), (f"epp:{m}", f"Envoy + EPP, {m}")]
         if m == "lean":
             rows[-1] = (f"epp:{m}", "Envoy + EPP, lean: a session's next turn")
-            rows.append(("epp:lean-new", "Envoy + EPP, lean: a new session"))
+            rows += [("epp:lean-new", "Envoy + EPP, lean: a new session"),
+                     ("null:one", "Envoy + null processor, one message"),
+                     ("fixed:one", "Envoy + native fixed pick, one message")]
     lines = [f"EPP overhead per request ({over['requests']} requests per row of a {over['body_bytes']}-byte "
              f"chat body, interleaved; "
              f"load average {over['loadavg_1m']})",
@@ -165,6 +190,11 @@ def table(over: dict) -> str:
     lines.append(f"the picker's decision alone: {over['epp_mean_decision_us']} µs mean; picked on the headers "
                  f"(a live session's turn, one ext_proc message): {over['epp_header_picks']} of "
                  f"{over['epp_decisions']} decisions")
+    split = over.get("one_message_split_p50_us")
+    if split:
+        lines.append(f"a session turn's +p50, split: ext_proc with a native processor {split['ext_proc_native']:+.0f} µs, "
+                     f"the Python gRPC stream {split['python_grpc_stream']:+.0f} µs, "
+                     f"the picker's own work {split['picker']:+.0f} µs")
     return "\n".join(lines)
 
 

@@ -8,8 +8,10 @@ with no outputs listed) and as JSON `data` otherwise.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
+from typing import Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
@@ -27,20 +29,126 @@ EXTENSIONS = ["binary_tensor_data", "schedule_policy", "sequence", "model_stream
               # Triton's names: perf_analyzer reads server-side statistics only when "statistics" is listed
               "model_configuration", "statistics", "model_repository", "parameters"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH_LOWER = HEADER_LENGTH.lower()
 
 
 def error_response(e: InferenceError) -> web.Response:
     return web.json_response({"error": e.message}, status=e.http_status)
 
 
-def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | None = None) -> web.Application:
+class Answer(NamedTuple):
+    """An infer answer, whatever front end sends it."""
+    status: int
+    headers: list[tuple[str, str]]      # besides Content-Type and Content-Length
+    body: bytes
+    content_type: str
+    charset: str | None = None          # Content-Type: {content_type}; charset={charset}
+
+
+def error_answer(status: int, message: str) -> Answer:
+    """The {"error": ...} body web.json_response would send."""
+    return Answer(status, [], json.dumps({"error": message}).encode(), "application/json", "utf-8")
+
+
+class InferCore:
+    """The KServe v2 infer semantics, once: the aiohttp route below and the fast lane
+    (rest_fast.py) both call answer()."""
+
+    def __init__(self, server: ModelServer, max_body_bytes: int, only_class: QosClass | None = None):
+        self.server = server
+        self.max_body_bytes = max_body_bytes
+        self.admission = QosAdmission(server.session_key, server.telemetry, only_class, server.session_max_age)
+        self.bodies = BodyDecoder(max_body_bytes)
+
+    async def answer(self, name: str, version: str, headers, read_body: Callable[[], Awaitable[bytes]],
+                     method: str = "POST") -> Answer:
+        """`headers`: the request's (name, value) pairs; `read_body` raises TooLarge over the limit.
+        Never raises: a failure is its error answer."""
+        try:
+            return await self._infer(name, version, headers, read_body, method)
+        except InferenceError as e:     # every answer is counted, refusals and failures too
+            self.server.telemetry.requests.add(1, {"model": name, "protocol": "http", "code": e.code.name})
+            return error_answer(e.http_status, e.message)
+        except Exception as e:  # never take the server down for one request
+            log.exception("REST infer failed")
+            self.server.telemetry.requests.add(1, {"model": name, "protocol": "http", "code": "INTERNAL"})
+            return error_answer(500, f"internal error: {type(e).__name__}: {e}")
+
+    async def _infer(self, name, version, headers, read_body, method) -> Answer:
+        t0 = time.monotonic_ns()
+        served = self.server.get(name, version)
+        try:
+            return await self._answer(served, headers, read_body, method, t0)
+        except InferenceError:
+            served.stats.on_failure(served.model.version, time.monotonic_ns() - t0)
+            raise
+
+    async def _answer(self, served, headers, read_body, method: str, t0: int) -> Answer:
+        server, admission = self.server, self.admission
+        with served.arrival():          # the batcher's idle dispatch waits for this one
+            qos = admission.admit(headers, served.name, method)
+            body = await read_body()
+            header_len = next((v for k, v in headers if k.lower() == HEADER_LENGTH_LOWER), None)
+            if header_len is not None:
+                try:
+                    n = int(header_len)
+                except ValueError:
+                    raise InvalidArgument(f"{HEADER_LENGTH} {header_len!r} is not an integer") from None
+                if not 0 <= n <= len(body):
+                    raise InvalidArgument(f"{HEADER_LENGTH} {n} is outside the {len(body)}-byte body")
+                view = memoryview(body)         # the tensors are decoded in place (np.frombuffer), not copied
+                json_part, binary = bytes(view[:n]), view[n:]
+            else:
+                json_part, binary = body, b""
+            # large JSON is parsed in the parser process, never on this loop (rest_body)
+            decoded = await self.bodies.decode(json_part, binary, served.model)
+            doc, names, binary_out, params = decoded.doc, decoded.outputs, decoded.binary_outputs, decoded.parameters
+            pending = served.prepare(decoded.arrays, names, params)
+            priority = admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
+        result = await served.infer(pending, qos, priority)
+        server.telemetry.request_duration.record((result.queue_us + result.compute_us) / 1e6,
+                                                 {"model": served.name, "priority_level": str(result.level)})
+        server.telemetry.requests.add(1, {"model": served.name, "protocol": "http", "code": "OK"})
+        server.telemetry.record_spans(served.name, result.level, pending.arrival_ns, result,
+                                      str(doc.get("id", "")), "http")
+        t_out = time.monotonic_ns()
+        all_binary = not names and bool(params.get("binary_data_output", False))
+        out_docs, chunks = [], []
+        for name, array in result.outputs.items():
+            spec = served.model.outputs[name]
+            d = {"name": name, "datatype": spec.datatype, "shape": list(array.shape)}
+            if all_binary or binary_out.get(name):
+                raw = datatypes.to_raw(array)
+                d["parameters"] = {"binary_data_size": len(raw)}
+                chunks.append(raw)
+            else:
+                data = fastjson.output_data(array)
+                d["data"] = datatypes.to_list(array) if data is None else data
+            out_docs.append(d)
+        response = {"model_name": served.name, "model_version": result.version,
+                    "outputs": out_docs, "parameters": response_parameters(result)}
+        if "id" in doc:
+            response["id"] = doc["id"]
+        headers = timing_pairs(result, served.load.header_value())
+        text = fastjson.dumps(response)
+        end = time.monotonic_ns()
+        served.stats.on_success(result.version, pending.rows, result.batch_size, end - t0, result.queue_us * 1000,
+                                result.assemble_us * 1000, result.compute_us * 1000, end - t_out)
+        if chunks:
+            headers.append((HEADER_LENGTH, str(len(text))))
+            return Answer(200, headers, text + b"".join(chunks), "application/octet-stream")
+        return Answer(200, headers, text, "application/json")
+
+
+def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | None = None,
+              core: InferCore | None = None) -> web.Application:
+    """`core`: the infer semantics to share with a fast lane (rest_fast.py); made here if None."""
     app = web.Application(client_max_size=max_body_bytes)
     routes = web.RouteTableDef()
-    admission = QosAdmission(server.session_key, server.telemetry, only_class, server.session_max_age)
-    bodies = BodyDecoder(max_body_bytes)
+    core = core or InferCore(server, max_body_bytes, only_class)
 
     async def close_bodies(_app):
-        bodies.close()
+        core.bodies.close()
     app.on_cleanup.append(close_bodies)
 
     @routes.get("/v2/health/live")
@@ -85,88 +193,16 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
     @routes.post("/v2/models/{name}/infer")
     @routes.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(request):
-        def count(code: str) -> None:     # every answer is counted, refusals and failures too
-            server.telemetry.requests.add(1, {"model": request.match_info["name"], "protocol": "http", "code": code})
-
-        try:
-            return await _infer(request)
-        except web.HTTPException:
-            raise
-        except InferenceError as e:
-            count(e.code.name)
-            return error_response(e)
-        except Exception as e:  # never take the server down for one request
-            log.exception("REST infer failed")
-            count("INTERNAL")
-            return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
-
-    async def _infer(request):
-        t0 = time.monotonic_ns()
-        served = _model(request)
-        try:
-            return await _answer(request, served, t0)
-        except InferenceError:
-            served.stats.on_failure(served.model.version, time.monotonic_ns() - t0)
-            raise
-
-    async def _answer(request, served, t0: int):
-        with served.arrival():          # the batcher's idle dispatch waits for this one
-            qos = admission.admit(request.headers.items(), served.name, request.method)
+        async def read_body() -> bytes:
             try:
-                body = await request.read()
+                return await request.read()
             except web.HTTPRequestEntityTooLarge:
                 raise TooLarge(f"request body exceeds {max_body_bytes} bytes") from None
-            header_len = request.headers.get(HEADER_LENGTH)
-            if header_len is not None:
-                try:
-                    n = int(header_len)
-                except ValueError:
-                    raise InvalidArgument(f"{HEADER_LENGTH} {header_len!r} is not an integer") from None
-                if not 0 <= n <= len(body):
-                    raise InvalidArgument(f"{HEADER_LENGTH} {n} is outside the {len(body)}-byte body")
-                view = memoryview(body)         # the tensors are decoded in place (np.frombuffer), not copied
-                json_part, binary = bytes(view[:n]), view[n:]
-            else:
-                json_part, binary = body, b""
-            # large JSON is parsed in the parser process, never on this loop (rest_body)
-            decoded = await bodies.decode(json_part, binary, served.model)
-            doc, names, binary_out, params = decoded.doc, decoded.outputs, decoded.binary_outputs, decoded.parameters
-            pending = served.prepare(decoded.arrays, names, params)
-            priority = admission.priority(params, qos, served.batcher.settings.default_priority_level, served.name)
-        result = await served.infer(pending, qos, priority)
-        server.telemetry.request_duration.record((result.queue_us + result.compute_us) / 1e6,
-                                                 {"model": served.name, "priority_level": str(result.level)})
-        server.telemetry.requests.add(1, {"model": served.name, "protocol": "http", "code": "OK"})
-        server.telemetry.record_spans(served.name, result.level, pending.arrival_ns, result,
-                                      str(doc.get("id", "")), "http")
-        t_out = time.monotonic_ns()
-        all_binary = not names and bool(params.get("binary_data_output", False))
-        out_docs, chunks = [], []
-        for name, array in result.outputs.items():
-            spec = served.model.outputs[name]
-            d = {"name": name, "datatype": spec.datatype, "shape": list(array.shape)}
-            if all_binary or binary_out.get(name):
-                raw = datatypes.to_raw(array)
-                d["parameters"] = {"binary_data_size": len(raw)}
-                chunks.append(raw)
-            else:
-                data = fastjson.output_data(array)
-                d["data"] = datatypes.to_list(array) if data is None else data
-            out_docs.append(d)
-        response = {"model_name": served.name, "model_version": result.version,
-                    "outputs": out_docs, "parameters": response_parameters(result)}
-        if "id" in doc:
-            response["id"] = doc["id"]
-        headers = dict(timing_pairs(result, served.load.header_value()))
-        text = fastjson.dumps(response)
-        end = time.monotonic_ns()
-        served.stats.on_success(result.version, pending.rows, result.batch_size, end - t0, result.queue_us * 1000,
-                                result.assemble_us * 1000, result.compute_us * 1000, end - t_out)
-        if chunks:
-            headers[HEADER_LENGTH] = str(len(text))
-            return web.Response(body=text + b"".join(chunks), headers=headers,
-                                content_type="application/octet-stream")
-        return web.Response(body=text, headers=headers, content_type="application/json")
+
+        a = await core.answer(request.match_info["name"], request.match_info.get("version", ""),
+                              request.headers.items(), read_body, request.method)
+        return web.Response(status=a.status, body=a.body, headers=a.headers, content_type=a.content_type,
+                            charset=a.charset)
 
     @routes.get("/metrics")
     async def metrics(_):

@@ -35,7 +35,8 @@ from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
 from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
 from inference_backend.protos import grpc_service_pb2 as pb
-from inference_backend.rest import build_app
+from inference_backend.rest import InferCore, build_app
+from inference_backend.rest_fast import FastLane
 from inference_backend import openai_api, triton_rpcs
 from inference_backend.telemetry import Telemetry
 
@@ -76,6 +77,7 @@ class ServeOptions:
     workers: int = 1                         # processes serving the same ports (SO_REUSEPORT): see Workers
     worker_argv: list[str] | None = None     # first worker: `mcpctl serve` arguments of the others, less ports
     worker_index: int = 0                    # 0: the first worker (admin, fan-out); 1..N-1: the others
+    rest_frontend: str = "fast"              # fast: infer on rest_fast's lane, the rest on aiohttp; aiohttp: all
 
 
 GRPC_OPTIONS = [
@@ -125,6 +127,7 @@ class Server:
         self.settings = self._initial_settings()
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
+        self._fast: FastLane | None = None
         self._grpc: grpc.aio.Server | None = None
         self._priority: PriorityWorker | None = None
         self._workers: list[PriorityWorker] = []     # the first worker's handles on the others
@@ -153,13 +156,18 @@ class Server:
             await self._priority.start()
             log.info("priority worker started; this process's %d threads now run at nice %d",
                      lower_own_priority(), PARENT_NICE)
-        app = build_app(self.models, o.max_body_bytes, self.only_class)
+        core = InferCore(self.models, o.max_body_bytes, self.only_class)
+        app = build_app(self.models, o.max_body_bytes, self.only_class, core)
         openai_api.register(app, self.models, o.openai_models, self.only_class)   # /v1/...: the OpenAI API, /v1/load
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, o.host, o.http_port, backlog=1024, reuse_address=True,
-                          reuse_port=o.workers > 1 or None).start()
-        http_port = self._runner.addresses[0][1]
+        listen = dict(backlog=1024, reuse_address=True, reuse_port=o.workers > 1 or None)
+        if o.rest_frontend == "fast":   # infer on the fast lane; any other request's connection goes to aiohttp
+            self._fast = FastLane(core, self._runner)
+            http_port = await self._fast.start(o.host, o.http_port, **listen)
+        else:
+            await web.TCPSite(self._runner, o.host, o.http_port, **listen).start()
+            http_port = self._runner.addresses[0][1]
         self._grpc = grpc.aio.server(options=grpc_options(o.workers))
         add_to_server(self.models, self._grpc, self.only_class)
         triton_rpcs.add_to_server(self.models, self._grpc)     # ModelConfig, ModelStatistics, repository
@@ -440,7 +448,7 @@ class Server:
         # Both front ends stop taking requests at once and let in-flight ones finish
         # (the batcher still runs), then the queues are drained and closed.
         await asyncio.gather(*([self._grpc.stop(grace=5)] if self._grpc else []),
-                             *([self._runner.cleanup()] if self._runner else []))
+                             *([self._stop_rest()] if self._runner else []))
         if self._admin_runner:
             await self._admin_runner.cleanup()
         await asyncio.to_thread(self.models.stop)
@@ -451,6 +459,11 @@ class Server:
             for served in self.models.models.values():
                 log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
         self.telemetry.shutdown()
+
+    async def _stop_rest(self) -> None:
+        if self._fast:                  # first: its answers still need the body parser and the batcher
+            await self._fast.close(grace=5)
+        await self._runner.cleanup()
 
     async def run_forever(self) -> int:
         loop = asyncio.get_running_loop()
@@ -465,6 +478,8 @@ class Server:
             await asyncio.gather(*(w.stop() for w in self._workers))
             if self._grpc:
                 await self._grpc.stop(0)
+            if self._fast:
+                await self._fast.close(grace=0)
             for runner in (self._runner, self._admin_runner):
                 if runner:
                     await runner.cleanup()

@@ -125,6 +125,7 @@ class FastLane:
         self.core = core
         self.runner = runner            # its web.Server makes the aiohttp handler a connection is handed to
         self.connections: set[_Connection] = set()
+        self.tasks: set[asyncio.Task] = set()   # answers being computed (the loop keeps only weak references)
         self.server: asyncio.AbstractServer | None = None
 
     def __call__(self) -> "_Connection":
@@ -294,8 +295,10 @@ class _Connection(asyncio.Protocol):
                 raise TooLarge(f"request body exceeds {self.limit} bytes")
             return body
 
-        asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._answer(slot, self.model, self.version, self.headers, read_body, self.http_version, keep_alive))
+        self.lane.tasks.add(task)
+        task.add_done_callback(self.lane.tasks.discard)
 
     async def _answer(self, slot, model, version, headers, read_body, http_version, keep_alive) -> None:
         a = await self.core.answer(model, version, headers, read_body)

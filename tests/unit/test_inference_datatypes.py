@@ -75,3 +75,5 @@ def test_load_sampler_reports_busy_fraction_and_rate():
     assert 0.4 <= report["application_utilization"] <= 0.55
     assert 30 / (elapsed + 0.05) <= report["rps_fractional"] <= 30 / elapsed + 1
     assert report["named_metrics.queue_depth"] == 5 and 0 <= report["cpu_utilization"] <= 1
+    # the sampled part is formatted once per sample: the header is still exactly the full report
+    assert sampler.header_value() == format_text_report(sampler.values, {"queue_depth": 5})

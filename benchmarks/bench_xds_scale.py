@@ -33,10 +33,12 @@ import time
 
 from benchmarks.bench_xds import cpu_s, rss_mb
 from benchmarks.xds_config import service_yaml, write_mesh
+from benchmarks.xds_load_clients import node_id
 from harness.ports import free_port
 from harness.xds import ControlPlane, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = "scale-gw"         # the load clients' node-id prefix (xds_load_clients.node_id)
 
 # istiod, "Performance and Scalability" (istio.io docs, Istio 1.12.3-1.16.2): 1,000 services and
 # 2,000 sidecars, 70,000 mesh-wide requests per second; istiod used 1 vCPU and 1.5 GB.
@@ -65,7 +67,7 @@ class Fleet:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.xds_load_clients", "--address", address,
                  "--clients", str(count), "--offset", str(p * per), "--mode", mode,
-                 "--prefix", "scale-gw", "--shapes", str(shapes), "--report", "summary",
+                 "--prefix", PREFIX, "--shapes", str(shapes), "--report", "summary",
                  "--streams-per-channel", str(per_channel),
                  "--chaos", os.environ.get("SCALE_CHAOS", "0")],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -150,18 +152,13 @@ def churn_latencies(records: dict[int, dict], applied: list[float]) -> tuple[lis
     return latencies, late, missing
 
 
-def node_id(i: int) -> str:
-    """Load client i's node id (xds_load_clients.node with --prefix scale-gw)."""
-    return f"router~127.0.0.{i % 250 + 1}~scale-gw-{i}.default~default.svc.cluster.local"
-
-
 def describe_unsynced(unsynced: dict[int, dict], server_view: dict[str, dict]) -> list[dict]:
     """Per client not synced at the end: what it lacks (its own account, at stop) next to what
     the control plane's /debug/syncz said of its node when the push was given up on.
     Printed, one line each, so that a stall names its type, names and nonces."""
     out = []
     for i, d in sorted(unsynced.items()):
-        server = server_view.get(node_id(i), {}).get("types", {})
+        server = server_view.get(node_id(i, PREFIX), {}).get("types", {})
         rec = {"client": i, **d, "server": {t: {k: s.get(k) for k in ("status", "sent_nonce", "acked_nonce",
                                                                       "resources")}
                                             for t, s in server.items()}}

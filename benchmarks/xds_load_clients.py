@@ -143,14 +143,18 @@ def sorted_names(names: frozenset) -> list:
     return found
 
 
+def node_id(i: int, prefix: str) -> str:
+    """Client i's node id (what the control plane's /debug/syncz names it by)."""
+    return f"router~127.0.0.{i % 250 + 1}~{prefix}-{i}.default~default.svc.cluster.local"
+
+
 def node(i: int, prefix: str, labels: dict, shapes: int = 1) -> base_pb2.Node:
     """Client i's node; with `shapes` > 1 its cluster is one of that many (the
     cluster is part of the control plane's translation key: one snapshot per shape)."""
     meta = struct_pb2.Struct()
     meta.update({"LABELS": labels})
     cluster = prefix if shapes <= 1 else f"{prefix}-shape-{i % shapes}"
-    return base_pb2.Node(id=f"router~127.0.0.{i % 250 + 1}~{prefix}-{i}.default~default.svc.cluster.local",
-                         cluster=cluster, metadata=meta)
+    return base_pb2.Node(id=node_id(i, prefix), cluster=cluster, metadata=meta)
 
 
 def emit(**event) -> None:

@@ -307,11 +307,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if pick is None:
             return None
         self.state.record(pick, time.perf_counter() - started, by_headers=True)
-        self.state.scheduler.started(pick.endpoints[0])
-        upgrade = ((H.QOS_CLASS, headers.get(UPGRADED)), (H.SESSION_SIG, headers.get(RESIGNED)))
-        response = _picked(pick, None, upgrade, "request_headers")
+        response, endpoint = self._commit(pick, None, headers, "request_headers")
         response.mode_override.CopyFrom(SESSION_MODE)
-        return response, pick.endpoints[0]
+        return response, endpoint
 
     def _decide(self, headers: dict, body: bytes, subset, phase: str) -> tuple[pb.ProcessingResponse, str | None]:
         started = time.perf_counter()
@@ -323,6 +321,11 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self.state.record(result, time.perf_counter() - started)
         if isinstance(result, Refusal):
             return _refuse(result), None
-        self.state.scheduler.started(result.endpoints[0])
+        return self._commit(result, model, headers, phase)
+
+    def _commit(self, pick: Pick, model: str | None, headers: dict, phase: str) -> tuple[pb.ProcessingResponse, str]:
+        """The pick made: counted in flight on its endpoint, answered to `phase` (with the class and
+        signature of a flow the loop upgraded)."""
+        self.state.scheduler.started(pick.endpoints[0])
         upgrade = ((H.QOS_CLASS, headers.get(UPGRADED)), (H.SESSION_SIG, headers.get(RESIGNED)))
-        return _picked(result, model, upgrade, phase), result.endpoints[0]
+        return _picked(pick, model, upgrade, phase), pick.endpoints[0]

@@ -27,7 +27,8 @@ RFC 9112 9.3.2).
 HTTP/1.1: keep-alive (HTTP/1.0: when asked), Connection: close, Expect:
 100-continue, chunked bodies (httptools de-chunks), pipelining (answers are
 written in request order, however they complete), the body limit (413 as the
-aiohttp route answers it), malformed input (400, then close). Flow control:
+aiohttp route answers it), a head that never ends (431 past MAX_HEAD_BYTES),
+malformed input (400, then close). Flow control:
 reading pauses while MAX_IN_FLIGHT requests of a connection are unanswered or
 while the transport asks us to stop writing.
 """
@@ -54,6 +55,11 @@ INFER_PATH = re.compile(r"/v2/models/([^{}/]+)(?:/versions/([^{}/]+))?/infer")  
 MAX_IN_FLIGHT = 32          # unanswered requests per connection before reading pauses
 RETAIN_BYTES = 1 << 20      # bytes kept since the last known request start, for a pipelined handoff
 LINGER_S = 5.0              # after a 413, how long the rest of the body is read (and dropped) before closing
+# The request line and headers are held until complete (httptools joins a header's pieces itself):
+# past this many bytes read while they are, 431 and close. Counted by reads, so a read in which a
+# head starts counts whole (up to 256 KiB with uvloop); aiohttp refuses a field over 8,190 bytes,
+# Envoy a head over 60 KiB, so no request they pass comes near it.
+MAX_HEAD_BYTES = 1 << 20
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
@@ -160,11 +166,14 @@ class _Connection(asyncio.Protocol):
         self.closing = False            # no more requests are taken; close once answered
         self.write_paused = self.read_paused = False
         self.in_message = False
+        self.in_head = False            # between a request's first byte and its headers' end
+        self.head_bytes = 0             # bytes read while in_head (an over-count: see MAX_HEAD_BYTES)
         self.raw: list[bytes] | None = []   # bytes since the last known request start (None: dropped)
         self.raw_len = 0
         self.begun = 0                  # requests begun since then
         self.handoff: bytearray | None = None   # bytes for aiohttp, waiting for the answers before them
-        self.linger = None              # after a 413: the body is still arriving
+        self.linger = None              # after a 413 or 431: the request is still arriving
+        self.discarding = False         # after a 431: nothing more is parsed
 
     # -- transport events ----------------------------------------------------------
     def connection_made(self, transport):
@@ -190,6 +199,8 @@ class _Connection(asyncio.Protocol):
         if self.handoff is not None:
             self.handoff += data
             return
+        if self.discarding:             # after a 431: read and dropped until the connection closes
+            return
         if self.closing and self.linger is None:
             return
         if not self.in_message:         # a request starts here: a known boundary
@@ -199,8 +210,13 @@ class _Connection(asyncio.Protocol):
             self.raw_len += len(data)
             if self.raw_len > RETAIN_BYTES:
                 self.raw = None
+        was_in_head = self.in_head
         try:
             self.parser.feed_data(data)
+            if self.in_head:
+                self.head_bytes = self.head_bytes + len(data) if was_in_head else len(data)
+                if self.head_bytes > MAX_HEAD_BYTES and not self.closing:
+                    self._head_too_large()
         except httptools.HttpParserError as e:
             if isinstance(e, httptools.HttpParserCallbackError) and isinstance(e.__context__, _Stop):
                 pass                    # a handoff, or no more requests taken
@@ -220,7 +236,7 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self):
         if self.closing:
             raise _Stop
-        self.in_message = True
+        self.in_message = self.in_head = True
         self.index = self.begun
         self.begun += 1
         self.url = b""
@@ -238,6 +254,7 @@ class _Connection(asyncio.Protocol):
         self.headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self):
+        self.in_head = False
         p = self.parser
         path = self.url.split(b"?", 1)[0]
         # a percent-encoded or non-ASCII path is aiohttp's to decode
@@ -312,6 +329,14 @@ class _Connection(asyncio.Protocol):
         self.closing = True
         self._dispatch(None, False)
         self.linger = asyncio.get_running_loop().call_later(LINGER_S, self._linger_over)
+
+    def _head_too_large(self) -> None:
+        """431 after the answers before it; what still arrives is dropped unparsed, for at most
+        LINGER_S, then the connection closes (closing at once, with unread bytes, would reset it
+        and could take the 431 from the client)."""
+        self.closing = self.discarding = True
+        self.linger = asyncio.get_running_loop().call_later(LINGER_S, self._linger_over)
+        self._queue(error_answer(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes"), b"1.1", False)
 
     def _linger_over(self) -> None:
         self.linger = None

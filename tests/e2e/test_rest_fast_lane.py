@@ -198,6 +198,19 @@ def test_body_over_the_limit_is_413_as_on_aiohttp(fast, aio, framing):
     assert answers[0] == (413, {"error": f"request body exceeds {MAX_BODY} bytes"})
 
 
+def test_endless_header_is_431_and_closes(fast):
+    # httptools holds a header until it ends: the lane caps what it reads meanwhile (rest_fast.MAX_HEAD_BYTES)
+    c = Conn(fast).send(b"POST /v2/models/relu/infer HTTP/1.1\r\nHost: t\r\nX-Big: ")
+    try:
+        for _ in range(8):
+            c.sock.sendall(b"a" * (1 << 20))
+    except OSError:
+        pass                            # the server answered and closed while we still sent
+    status, _, body = c.read()
+    assert status == 431 and b"headers exceed" in body
+    c.close()
+
+
 def test_garbage_request_line_is_400_and_closes(fast):
     c = Conn(fast).send(b"\x01\x02 nonsense\r\n\r\n")
     status, headers, body = c.read()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from mesh.resources import MeshConfig
 from mesh.json_body import parse_json_body
@@ -31,6 +31,7 @@ from mesh.qos import QosClass
 from mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
+from inference_backend.grpc_fast import GrpcLane
 from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
 from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
@@ -78,6 +79,7 @@ class ServeOptions:
     worker_argv: list[str] | None = None     # first worker: `mcpctl serve` arguments of the others, less ports
     worker_index: int = 0                    # 0: the first worker (admin, fan-out); 1..N-1: the others
     rest_frontend: str = "fast"              # fast: infer on rest_fast's lane, the rest on aiohttp; aiohttp: all
+    grpc_frontend: str = "fast"              # fast: grpc_fast's HTTP/2 lane serves the gRPC port; grpcio: grpc.aio
 
 
 GRPC_OPTIONS = [
@@ -168,7 +170,10 @@ class Server:
         else:
             await web.TCPSite(self._runner, o.host, o.http_port, **listen).start()
             http_port = self._runner.addresses[0][1]
-        self._grpc = grpc.aio.server(options=grpc_options(o.workers))
+        if o.grpc_frontend == "fast":   # the same servicers on grpc_fast's lane
+            self._grpc = GrpcLane(GRPC_MAX_MESSAGE, GRPC_MAX_MESSAGE)
+        else:
+            self._grpc = grpc.aio.server(options=grpc_options(o.workers))
         add_to_server(self.models, self._grpc, self.only_class)
         triton_rpcs.add_to_server(self.models, self._grpc)     # ModelConfig, ModelStatistics, repository
         # grpc.health.v1 for Envoy's gRPC health checks (NOT_SERVING until the model is warm),
@@ -176,16 +181,24 @@ class Server:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         await _set_health(self._health, "", health_pb2.HealthCheckResponse.NOT_SERVING)
-        reflection.enable_server_reflection(
+        # the asyncio servicer on either server (enable_server_reflection picks grpcio's
+        # thread-pool one for anything not a grpc.aio.Server)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
             (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name, reflection.SERVICE_NAME),
-            self._grpc, pool=pb.DESCRIPTOR.pool)   # the protocol's messages live in a private pool
-        try:
-            grpc_port = self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}")
-        except RuntimeError as e:     # grpcio raises where older versions returned 0
-            raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}: {e}") from None
-        if grpc_port == 0:
-            raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
-        await self._grpc.start()
+            pool=pb.DESCRIPTOR.pool), self._grpc)   # the protocol's messages live in a private pool
+        if isinstance(self._grpc, GrpcLane):
+            try:
+                grpc_port = await self._grpc.start(o.host, o.grpc_port, **listen)
+            except OSError as e:
+                raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}: {e.strerror or e}") from None
+        else:
+            try:
+                grpc_port = self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}")
+            except RuntimeError as e:     # grpcio raises where older versions returned 0
+                raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}: {e}") from None
+            if grpc_port == 0:
+                raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
+            await self._grpc.start()
         if o.worker_argv and o.workers > 1:
             # The others bind the ports this one got (port 0 resolved) and load the model
             # beside this one; each has its own GIL, event loop, batcher and ONNX session.

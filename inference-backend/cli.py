@@ -85,6 +85,9 @@ def register(subparsers) -> None:
     p.add_argument("--rest-frontend", default="fast", choices=("fast", "aiohttp"),
                    help="fast (default): KServe v2 infer on an httptools fast lane, every other REST request "
                         "handed to aiohttp; aiohttp: all REST on aiohttp (README: Against the peers)")
+    p.add_argument("--grpc-frontend", default="fast", choices=("fast", "grpcio"),
+                   help="fast (default): the gRPC port on an asyncio HTTP/2 lane serving the same services; "
+                        "grpcio: grpcio's grpc.aio server (README: gRPC lane)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
     p.set_defaults(func=run)
 
@@ -146,7 +149,7 @@ def run(args) -> int:
             trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
             watch_model=args.watch_model, drain_seconds=args.drain_seconds, fast_path=not args.no_fast_path,
             model_control_mode=args.model_control_mode, workers=args.workers, worker_index=args.worker_index,
-            rest_frontend=args.rest_frontend,
+            rest_frontend=args.rest_frontend, grpc_frontend=args.grpc_frontend,
             worker_argv=_child_argv(args, skip=("workers",)) if args.workers > 1 and not args.worker_index else None)
         return serve(opts)
     except (ValueError, OSError) as e:
@@ -158,7 +161,8 @@ def run(args) -> int:
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
                  "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
-                 "model_control_mode", "workers", "rest_frontend")
+                 "model_control_mode", "workers", "rest_frontend",
+                 "grpc_frontend")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path")
 
 

@@ -1,0 +1,508 @@
+"""The gRPC lane: gRPC over h2_server's HTTP/2, serving the same servicers grpc.aio would.
+
+`mcpctl serve --grpc-frontend fast` (the default) serves the gRPC port with this
+instead of grpcio's server: per call it costs about a third of grpc.aio's CPU on
+this machine (inference-backend/README.md "gRPC lane"). The servicers do not
+change: GRPCInferenceService, Triton's extra RPCs, grpc.health.v1 and reflection
+register here through the calls grpcio's generated code makes
+(add_generic_rpc_handlers, add_registered_method_handlers), and each call runs
+their behaviour with a context offering what grpc.aio's ServicerContext does
+(abort, set_code/set_details, trailing metadata, invocation metadata, write for
+server streaming, time_remaining, peer).
+
+The protocol (grpc/grpc doc/PROTOCOL-HTTP2.md): POST with content-type
+application/grpc[+proto]; messages framed as 1 byte compressed flag + 4 bytes
+length; grpc-timeout (a deadline: the handler is cancelled and the call ends
+DEADLINE_EXCEEDED); `-bin` metadata base64; grpc-encoding gzip/deflate accepted
+on requests, answers never compressed; grpc-status / percent-encoded
+grpc-message in the trailers, or a trailers-only answer when no message was
+sent. All four call shapes. Limits as grpcio's options set them: a message over
+max_receive is RESOURCE_EXHAUSTED before it is kept whole.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import inspect
+import logging
+import struct
+import time
+import zlib
+
+import grpc
+
+from inference_backend import h2_server
+from inference_backend.h2_server import STATUS_200, H2Connection, literal, status_block
+
+log = logging.getLogger("inference_backend")
+
+_LEN = struct.Struct(">I")
+RESPONSE_HEADERS = STATUS_200 + literal(b"content-type", b"application/grpc")
+_STATUS_BY_CODE = {c.value[0]: c for c in grpc.StatusCode}
+_OK_TRAILERS = literal(b"grpc-status", b"0")
+_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+# what a call's invocation_metadata leaves out, as grpcio does (the transport's own headers)
+_TRANSPORT_HEADERS = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
+_END = object()         # the request stream's end, in a streaming call's queue
+
+
+def percent_encode(text: str) -> bytes:
+    """grpc-message: UTF-8, every byte outside 0x20-0x7E and '%' as %XX."""
+    out = bytearray()
+    for b in text.encode("utf-8", "replace"):
+        out += b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
+    return bytes(out)
+
+
+def metadata_block(pairs) -> bytes:
+    """Custom metadata as literals; a `-bin` key's value base64 without padding."""
+    out = b""
+    for key, value in pairs or ():
+        key = key.lower()
+        if key.endswith("-bin"):
+            value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
+        elif isinstance(value, str):
+            value = value.encode("latin-1", "replace")
+        out += literal(key.encode("ascii"), value)
+    return out
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """grpc-timeout: up to 8 digits and a unit; None when malformed (then ignored, as grpcio does)."""
+    if 2 <= len(value) <= 9 and value[:-1].isdigit() and value[-1] in _TIMEOUT_UNITS:
+        return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+    return None
+
+
+class AbortError(Exception):
+    """context.abort's way out of a handler (grpc.aio raises its own AbortError)."""
+
+
+class _Details(grpc.HandlerCallDetails):
+    def __init__(self, method: str, invocation_metadata):
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+
+
+class Context:
+    """What a handler sees of its call; grpc.aio.ServicerContext's methods used by servicers."""
+
+    def __init__(self, call: "Call"):
+        self._call = call
+        self.code_ = None
+        self.details_ = None
+        self.trailers = ()
+        self._done_callbacks = []
+
+    def invocation_metadata(self):
+        return self._call.metadata
+
+    def peer(self) -> str:
+        return self._call.conn.peer
+
+    def peer_identities(self):
+        return None
+
+    def peer_identity_key(self):
+        return None
+
+    def auth_context(self) -> dict:
+        return {}
+
+    def time_remaining(self) -> float | None:
+        d = self._call.deadline
+        return None if d is None else max(0.0, d - time.monotonic())
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code_ = code
+
+    def set_details(self, details: str) -> None:
+        self.details_ = details
+
+    def code(self):
+        return self.code_
+
+    def details(self):
+        return self.details_
+
+    def set_trailing_metadata(self, trailing_metadata) -> None:
+        self.trailers = tuple(trailing_metadata)
+
+    def trailing_metadata(self):
+        return self.trailers
+
+    def set_compression(self, compression) -> None:
+        pass        # answers are never compressed
+
+    def disable_next_message_compression(self) -> None:
+        pass
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()):
+        if code == grpc.StatusCode.OK:
+            raise ValueError("abort() with StatusCode.OK")
+        self.code_, self.details_ = code, details
+        if trailing_metadata:
+            self.trailers = tuple(trailing_metadata)
+        raise AbortError(details)
+
+    async def send_initial_metadata(self, initial_metadata) -> None:
+        self._call.send_headers(metadata_block(initial_metadata))
+
+    async def write(self, message) -> None:
+        self._call.send_message(message)
+
+    async def read(self):
+        return await self._call.next_request()
+
+    def cancelled(self) -> bool:
+        return self._call.cancelled
+
+    def done(self) -> bool:
+        return self._call.finished
+
+    def add_done_callback(self, callback) -> None:
+        self._done_callbacks.append(callback)
+
+
+class Call:
+    """One RPC on one stream: collects request messages, runs the handler, answers."""
+
+    __slots__ = ("conn", "stream", "lane", "handler", "path", "metadata", "deadline", "timer", "encoding",
+                 "buf", "need", "requests", "queue", "task", "context", "headers_sent", "cancelled", "finished",
+                 "deadline_hit")
+
+    def __init__(self, lane: "GrpcLane", conn: H2Connection, stream, handler, path: str, metadata, deadline,
+                 encoding: bytes | None):
+        self.lane, self.conn, self.stream, self.handler, self.path = lane, conn, stream, handler, path
+        self.metadata, self.deadline, self.encoding = metadata, deadline, encoding
+        self.timer = None
+        self.buf = bytearray()              # a message not yet whole
+        self.need = 0                       # bytes it takes (prefix included) before it is
+        self.requests: list = []            # unary request: its one message
+        self.queue: asyncio.Queue | None = asyncio.Queue() if handler.request_streaming else None
+        self.task = None
+        self.context = Context(self)
+        self.headers_sent = self.cancelled = self.finished = self.deadline_hit = False
+        if handler.request_streaming:       # starts at once: it reads as messages come
+            self._start()
+
+    # -- h2_server's events ------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.finished:
+            return
+        if self.buf:            # a message arriving in pieces: appended until whole (never re-copied)
+            self.buf += data
+            if len(self.buf) < self.need:
+                return
+            data, self.buf = bytes(self.buf), bytearray()
+        limit = self.lane.max_receive
+        i, n = 0, len(data)
+        while n - i >= 5:
+            size = _LEN.unpack_from(data, i + 1)[0]
+            if size > limit:
+                return self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"Received message larger than max ({size} vs. {limit})")
+            if n - i < 5 + size:
+                break
+            compressed = data[i]
+            message = data[i + 5:i + 5 + size]
+            i += 5 + size
+            if compressed:
+                try:
+                    message = self._decompress(message)
+                except (ValueError, zlib.error) as e:
+                    return self.fail(grpc.StatusCode.INTERNAL if isinstance(e, zlib.error)
+                                     else grpc.StatusCode.UNIMPLEMENTED, str(e))
+            try:
+                request = self.handler.request_deserializer(message) if self.handler.request_deserializer \
+                    else message
+            except Exception as e:     # noqa: BLE001 - a message that does not parse is the client's
+                return self.fail(grpc.StatusCode.INTERNAL, f"Failed to parse request: {type(e).__name__}")
+            if self.queue is not None:
+                self.queue.put_nowait(request)
+            else:
+                self.requests.append(request)
+                if len(self.requests) > 1:
+                    return self.fail(grpc.StatusCode.UNIMPLEMENTED, "more than one request message on a unary call")
+        if i < n:
+            self.buf = bytearray(data[i:])
+            self.need = 5 + _LEN.unpack_from(data, i + 1)[0] if n - i >= 5 else 5
+
+    def end(self) -> None:
+        if self.finished:
+            return
+        if self.buf:
+            return self.fail(grpc.StatusCode.INTERNAL, "the request stream ended inside a message")
+        if self.queue is not None:
+            self.queue.put_nowait(_END)
+        elif len(self.requests) != 1:
+            self.fail(grpc.StatusCode.UNIMPLEMENTED, "a unary call without its request message")
+        else:
+            self._start()
+
+    def reset(self) -> None:
+        """The client cancelled (RST_STREAM) or the connection went."""
+        self.cancelled = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self._done()
+
+    # -- the handler -----------------------------------------------------------
+
+    def _start(self) -> None:
+        if self.deadline is not None:
+            self.timer = asyncio.get_running_loop().call_at(
+                asyncio.get_running_loop().time() + max(0.0, self.deadline - time.monotonic()), self._expire)
+        self.task = asyncio.ensure_future(self._run())
+        self.lane.calls.add(self.task)
+        self.task.add_done_callback(self.lane.calls.discard)
+
+    def _expire(self) -> None:
+        self.timer = None
+        if not self.finished:
+            self.deadline_hit = True
+            if self.task is not None:
+                self.task.cancel()
+
+    async def next_request(self):
+        item = await self.queue.get()
+        return None if item is _END else item    # grpc.aio's read() returns EOF; callers test falsiness
+
+    async def _requests(self):
+        while (item := await self.queue.get()) is not _END:
+            yield item
+
+    async def _run(self) -> None:
+        h, ctx = self.handler, self.context
+        try:
+            if h.unary_unary:
+                result = h.unary_unary(self.requests[0], ctx)
+                self._answer(await result if inspect.isawaitable(result) else result)
+            elif h.stream_unary:
+                result = h.stream_unary(self._requests(), ctx)
+                self._answer(await result if inspect.isawaitable(result) else result)
+            else:
+                behavior = h.unary_stream or h.stream_stream
+                arg = self.requests[0] if h.unary_stream else self._requests()
+                result = behavior(arg, ctx)
+                if inspect.isasyncgen(result):
+                    async for message in result:
+                        self.send_message(message)
+                elif inspect.isawaitable(result):
+                    await result            # it wrote with context.write
+                else:
+                    for message in result or ():
+                        self.send_message(message)
+                self._close(ctx.code_ or grpc.StatusCode.OK, ctx.details_)
+        except AbortError:
+            self._close(ctx.code_, ctx.details_)
+        except asyncio.CancelledError:
+            if self.deadline_hit:
+                self._close(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            else:
+                self._done()
+        except Exception as e:     # noqa: BLE001 - grpcio answers UNKNOWN for a handler's exception
+            log.exception("gRPC handler %s raised", self.path)
+            self._close(grpc.StatusCode.UNKNOWN, f"Unexpected error in RPC handling: {type(e).__name__}: {e}")
+
+    # -- answers ---------------------------------------------------------------
+
+    def _answer(self, response) -> None:
+        """A unary answer: headers, the message and the trailers in one write (the usual case)."""
+        code = self.context.code_
+        if code is not None and code != grpc.StatusCode.OK:
+            return self._close(code, self.context.details_)
+        if self.finished:
+            return
+        try:
+            data = self._frame(response)
+        except _TooLarge as e:
+            return self._close(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        conn, st = self.conn, self.stream
+        if not self.headers_sent:
+            self.headers_sent = True
+            conn.send_headers(st, RESPONSE_HEADERS)
+        conn.send_data(st, data)
+        trailers = self.context.trailers
+        conn.send_trailers(st, _OK_TRAILERS + metadata_block(trailers) if trailers else _OK_TRAILERS)
+        self._done()
+
+    def _frame(self, message) -> bytes:
+        data = self.handler.response_serializer(message) if self.handler.response_serializer else message
+        if len(data) > self.lane.max_send:
+            raise _TooLarge(f"Sent message larger than max ({len(data)} vs. {self.lane.max_send})")
+        return b"\x00" + _LEN.pack(len(data)) + data
+
+    def send_headers(self, extra: bytes = b"") -> None:
+        if not self.headers_sent and not self.finished:
+            self.headers_sent = True
+            self.conn.send_headers(self.stream, RESPONSE_HEADERS + extra)
+
+    def send_message(self, message) -> None:
+        if self.finished:
+            raise asyncio.CancelledError()      # the call is over: stop the writer
+        self.send_headers()
+        self.conn.send_data(self.stream, self._frame(message))
+
+    def _close(self, code: grpc.StatusCode, details: str | None) -> None:
+        if self.finished:
+            return
+        block = literal(b"grpc-status", str(code.value[0]).encode())
+        if details:
+            block += literal(b"grpc-message", percent_encode(details))
+        block += metadata_block(self.context.trailers)
+        if self.headers_sent:
+            self.conn.send_trailers(self.stream, block)
+        else:       # trailers-only
+            self.headers_sent = True
+            self.conn.send_headers(self.stream, RESPONSE_HEADERS + block, end_stream=True)
+        self._done()
+
+    def fail(self, code: grpc.StatusCode, details: str) -> None:
+        """Ends the call from the transport side (bad input): status, then no more reading."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self._close(code, details)
+
+    def _done(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for cb in self.context._done_callbacks:
+            try:
+                cb(self.context)
+            except Exception:      # noqa: BLE001
+                log.exception("gRPC done callback raised")
+
+    def _decompress(self, message: bytes) -> bytes:
+        if self.encoding == b"gzip":
+            out = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(message, self.lane.max_receive + 1)
+        elif self.encoding == b"deflate":
+            out = zlib.decompressobj().decompress(message, self.lane.max_receive + 1)
+        else:
+            raise ValueError(f"unsupported grpc-encoding {self.encoding!r}")
+        if len(out) > self.lane.max_receive:
+            raise ValueError("decompressed message over the limit")
+        return out
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class GrpcLane:
+    """The server: handlers registered as on a grpc.aio.Server, listening with asyncio."""
+
+    def __init__(self, max_receive: int, max_send: int):
+        self.max_receive, self.max_send = max_receive, max_send
+        self.registered: dict[str, object] = {}    # "/service/method" -> RpcMethodHandler
+        self.generic: list = []
+        self.resolved: dict[bytes, object] = {}    # :path -> handler, once looked up
+        self.connections: set[H2Connection] = set()
+        self.calls: set[asyncio.Task] = set()
+        self.server: asyncio.AbstractServer | None = None
+
+    # -- what grpcio's generated add_*_to_server functions call ------------
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self.generic.extend(handlers)
+        self.resolved.clear()
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        for method, h in handlers.items():
+            self.registered[f"/{service}/{method}"] = h
+        self.resolved.clear()
+
+    def _lookup(self, path: bytes, metadata):
+        h = self.resolved.get(path)
+        if h is None:
+            name = path.decode("ascii", "replace")
+            h = self.registered.get(name)
+            for g in self.generic if h is None else ():
+                h = g.service(_Details(name, metadata))
+                if h is not None:
+                    break
+            if h is None:
+                return None
+            self.resolved[path] = h
+        return h
+
+    # -- serving ---------------------------------------------------------------
+
+    async def start(self, host: str, port: int, **listen) -> int:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(self._connection, host, port, **listen)
+        return self.server.sockets[0].getsockname()[1]
+
+    def _connection(self) -> H2Connection:
+        conn = H2Connection(self._new_call, self.connections.discard)
+        self.connections.add(conn)
+        return conn
+
+    def _new_call(self, conn: H2Connection, st, headers):
+        path = method = content_type = timeout = encoding = None
+        metadata = []
+        for k, v in headers:
+            if k[0] == 58:      # ':'
+                if k == b":path":
+                    path = v
+                elif k == b":method":
+                    method = v
+            elif k in _TRANSPORT_HEADERS:
+                if k == b"content-type":
+                    content_type = v
+                elif k == b"grpc-timeout":
+                    timeout = parse_timeout(v)
+                elif k == b"grpc-encoding":
+                    encoding = v
+            else:
+                key = k.decode("ascii", "replace")
+                metadata.append((key, _b64decode(v) if key.endswith("-bin") else v.decode("latin-1")))
+        if method != b"POST" or path is None:
+            conn.send_headers(st, status_block(405), end_stream=True)
+            return None
+        if content_type is None or not content_type.startswith(b"application/grpc"):
+            conn.send_headers(st, status_block(415), end_stream=True)
+            return None
+        metadata = tuple(metadata)
+        handler = self._lookup(path, metadata)
+        if handler is None:
+            conn.send_headers(st, RESPONSE_HEADERS + literal(b"grpc-status", b"12")
+                              + literal(b"grpc-message", percent_encode(f"Method not found: {path.decode('ascii', 'replace')}")),
+                              end_stream=True)
+            return None
+        if encoding == b"identity":
+            encoding = None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return Call(self, conn, st, handler, path.decode("ascii", "replace"), metadata, deadline, encoding)
+
+    async def stop(self, grace: float | None) -> None:
+        """As grpc.aio's stop: no new calls; those running get `grace` seconds, then are cancelled."""
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            conn.go_away()
+        if self.calls and grace:
+            await asyncio.wait(list(self.calls), timeout=grace)
+        for task in list(self.calls):
+            task.cancel()
+        if self.calls:
+            await asyncio.gather(*list(self.calls), return_exceptions=True)
+        for conn in list(self.connections):
+            conn._flush()
+            if conn.transport is not None:
+                conn.transport.close()
+
+
+def _b64decode(value: bytes) -> bytes:
+    try:
+        return base64.b64decode(value + b"=" * (-len(value) % 4))
+    except ValueError:
+        return value
+
+
+__all__ = ["GrpcLane", "Context", "AbortError", "h2_server"]

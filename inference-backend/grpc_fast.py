@@ -44,6 +44,9 @@ _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-
 # what a call's invocation_metadata leaves out, as grpcio does (the transport's own headers)
 _TRANSPORT_HEADERS = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _END = object()         # the request stream's end, in a streaming call's queue
+# Bytes of request messages a streaming call may hold unread before its stream's window
+# stops coming back (the client then waits, as grpcio's flow control makes it).
+STREAM_BUFFER = 1 << 20
 
 
 def percent_encode(text: str) -> bytes:
@@ -168,7 +171,7 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, answers."""
 
     __slots__ = ("conn", "stream", "lane", "handler", "path", "metadata", "deadline", "timer", "encoding",
-                 "buf", "need", "requests", "queue", "task", "context", "headers_sent", "cancelled", "finished",
+                 "buf", "need", "requests", "queued", "uncredited", "queue", "task", "context", "headers_sent", "cancelled", "finished",
                  "deadline_hit")
 
     def __init__(self, lane: "GrpcLane", conn: H2Connection, stream, handler, path: str, metadata, deadline,
@@ -180,6 +183,8 @@ class Call:
         self.need = 0                       # bytes it takes (prefix included) before it is
         self.requests: list = []            # unary request: its one message
         self.queue: asyncio.Queue | None = asyncio.Queue() if handler.request_streaming else None
+        self.queued = 0                     # wire bytes of the messages in `queue`
+        self.uncredited = 0                 # window held back from the client until they are read
         self.task = None
         self.context = Context(self)
         self.headers_sent = self.cancelled = self.finished = self.deadline_hit = False
@@ -211,16 +216,20 @@ class Call:
             if compressed:
                 try:
                     message = self._decompress(message)
+                except _TooLarge as e:
+                    return self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+                except _Unsupported as e:
+                    return self.fail(grpc.StatusCode.UNIMPLEMENTED, str(e))
                 except (ValueError, zlib.error) as e:
-                    return self.fail(grpc.StatusCode.INTERNAL if isinstance(e, zlib.error)
-                                     else grpc.StatusCode.UNIMPLEMENTED, str(e))
+                    return self.fail(grpc.StatusCode.INTERNAL, f"cannot decompress the message: {e}")
             try:
                 request = self.handler.request_deserializer(message) if self.handler.request_deserializer \
                     else message
             except Exception as e:     # noqa: BLE001 - a message that does not parse is the client's
                 return self.fail(grpc.StatusCode.INTERNAL, f"Failed to parse request: {type(e).__name__}")
             if self.queue is not None:
-                self.queue.put_nowait(request)
+                self.queue.put_nowait((request, 5 + size))
+                self.queued += 5 + size
             else:
                 self.requests.append(request)
                 if len(self.requests) > 1:
@@ -235,11 +244,26 @@ class Call:
         if self.buf:
             return self.fail(grpc.StatusCode.INTERNAL, "the request stream ended inside a message")
         if self.queue is not None:
-            self.queue.put_nowait(_END)
+            self.queue.put_nowait((_END, 0))
         elif len(self.requests) != 1:
             self.fail(grpc.StatusCode.UNIMPLEMENTED, "a unary call without its request message")
         else:
             self._start()
+
+    def credit_now(self, length: int) -> bool:
+        """h2_server: may this stream's window come back now? Not while a streaming call
+        holds STREAM_BUFFER of messages its handler has not read (taken() gives it back)."""
+        if self.queue is None or self.queued < STREAM_BUFFER:
+            return True
+        self.uncredited += length
+        return False
+
+    def taken(self, size: int) -> None:
+        """The handler read a message of `size` wire bytes."""
+        self.queued -= size
+        if self.uncredited and self.queued < STREAM_BUFFER:
+            self.conn.credit(self.stream, self.uncredited)
+            self.uncredited = 0
 
     def reset(self) -> None:
         """The client cancelled (RST_STREAM) or the connection went."""
@@ -266,11 +290,16 @@ class Call:
                 self.task.cancel()
 
     async def next_request(self):
-        item = await self.queue.get()
+        item, size = await self.queue.get()
+        self.taken(size)
         return None if item is _END else item    # grpc.aio's read() returns EOF; callers test falsiness
 
     async def _requests(self):
-        while (item := await self.queue.get()) is not _END:
+        while True:
+            item, size = await self.queue.get()
+            self.taken(size)
+            if item is _END:
+                return
             yield item
 
     async def _run(self) -> None:
@@ -383,14 +412,20 @@ class Call:
             out = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(message, self.lane.max_receive + 1)
         elif self.encoding == b"deflate":
             out = zlib.decompressobj().decompress(message, self.lane.max_receive + 1)
+        elif self.encoding is None:
+            raise ValueError("a compressed message without grpc-encoding")
         else:
-            raise ValueError(f"unsupported grpc-encoding {self.encoding!r}")
+            raise _Unsupported(f"Compression algorithm '{self.encoding.decode('ascii', 'replace')}' is not supported")
         if len(out) > self.lane.max_receive:
-            raise ValueError("decompressed message over the limit")
+            raise _TooLarge(f"Decompressed message larger than max (over {self.lane.max_receive})")
         return out
 
 
 class _TooLarge(Exception):
+    pass
+
+
+class _Unsupported(Exception):
     pass
 
 
@@ -444,6 +479,11 @@ class GrpcLane:
         return conn
 
     def _new_call(self, conn: H2Connection, st, headers):
+        if headers is None:     # over h2_server.MAX_HEADER_LIST: this call only, as grpcio answers it
+            conn.send_headers(st, RESPONSE_HEADERS + literal(b"grpc-status", b"8") + literal(
+                b"grpc-message", percent_encode(f"received metadata size exceeds limit ({h2_server.MAX_HEADER_LIST})")),
+                end_stream=True)
+            return None
         path = method = content_type = timeout = encoding = None
         metadata = []
         for k, v in headers:

@@ -7,16 +7,19 @@ grpc_fast on top of it, ~110 us (inference-backend/README.md "gRPC lane").
 What it does: the preface and SETTINGS exchange, HEADERS + CONTINUATION
 (hpack_decoder decodes; what we send is never indexed, so the peer's table size does
 not matter), DATA with padding, flow control both ways (what we send waits for
-the peer's windows; what we receive is credited back as it arrives, bounded by
-the stream handler's own message limit), PING, RST_STREAM, GOAWAY (ours on
+the peer's windows; what a stream receives is credited back as it arrives, or,
+while its handler holds unread messages, once they are read), PING, RST_STREAM, GOAWAY (ours on
 stop, with the last stream we took; the peer's: no new streams), the peer's
 MAX_FRAME_SIZE and INITIAL_WINDOW_SIZE, and MAX_CONCURRENT_STREAMS (a stream
 past it is refused, the client retries). Not here: server push, priorities
 (PRIORITY is read and ignored), TLS, h2c upgrade from HTTP/1.1.
 
-The stream handler (grpc_fast.Call) gets headers, data and end/reset events and
-answers with send_headers / send_data / send_trailers / reset. Writes of one
-loop turn go out as one transport.write.
+The stream handler (grpc_fast.Call) gets headers (None when the block was over
+MAX_HEADER_LIST: it refuses that stream), data and end/reset events, says
+whether a stream's window comes back as data arrives (credit_now) or later
+(credit), and answers with send_headers / send_data / send_trailers / reset.
+Writes of one loop turn go out as one transport.write; while the transport's
+buffer is over its high-water mark (the peer is not reading), reading stops.
 """
 from __future__ import annotations
 
@@ -150,6 +153,16 @@ class H2Connection(asyncio.Protocol):
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW)))
 
+    def pause_writing(self) -> None:
+        """The peer is not reading what we send: stop reading what it sends (PINGs, new
+        calls), so that what we owe it cannot grow without bound."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
     def connection_lost(self, exc) -> None:
         self.closed = True
         for st in list(self.streams.values()):
@@ -240,7 +253,9 @@ class H2Connection(asyncio.Protocol):
             if sid > self.last_stream:
                 raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
             return      # a stream we reset or finished: its late data is dropped (and credited)
-        if length and not flags & END_STREAM:   # credit the stream as it arrives: its handler bounds what it keeps
+        # the stream's window comes back as it arrives, unless its handler keeps it until its
+        # reader has caught up (then it calls credit())
+        if length and not flags & END_STREAM and st.handler.credit_now(length):
             self._write(frame(WINDOW_UPDATE, 0, sid, _U32.pack(length)))
         if payload:
             st.handler.data_received(payload)
@@ -278,6 +293,8 @@ class H2Connection(asyncio.Protocol):
             headers = self.decoder.decode(block)
         except HPACKError as e:
             raise ConnectionError_(COMPRESSION_ERROR, f"header block: {e}") from None
+        if self.decoder.oversized:      # the block was read whole (the table is in step); refused below
+            headers = None
         st = self.streams.get(sid)
         if st is not None:      # trailers from the client: only the end of its stream matters
             if not flags & END_STREAM:
@@ -356,6 +373,11 @@ class H2Connection(asyncio.Protocol):
         return payload[1:len(payload) - payload[0]]
 
     # -- frames out (the stream handler's calls) ------------------------------
+
+    def credit(self, st: Stream, n: int) -> None:
+        """Give `n` bytes of the stream's window back (what its handler held, now read)."""
+        if n > 0 and not st.remote_closed and not self.closed:
+            self._write(frame(WINDOW_UPDATE, 0, st.id, _U32.pack(n)))
 
     def send_headers(self, st: Stream, block: bytes, end_stream: bool = False) -> None:
         """A header block (under the peer's frame size: ours are small)."""

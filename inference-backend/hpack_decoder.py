@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 
-from hpack.exceptions import HPACKDecodingError, InvalidTableIndex, OversizedHeaderListError
+from hpack.exceptions import HPACKDecodingError, InvalidTableIndex
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
@@ -20,15 +20,23 @@ ENTRY_OVERHEAD = 32                     # RFC 7541 4.1
 class Decoder:
     """One connection's decoding context: its dynamic table, at most `max_table` bytes
     (our SETTINGS_HEADER_TABLE_SIZE, the default 4,096), and a cap on a block's
-    decoded size (`max_list`, as SETTINGS_MAX_HEADER_LIST_SIZE counts it)."""
+    decoded size (`max_list`, as SETTINGS_MAX_HEADER_LIST_SIZE counts it).
+
+    A block over the cap is still read to its end, so that the table stays the
+    peer's (the connection lives on; only that request is refused), but the fields
+    past the cap are not kept: `oversized` is set and the list is cut there. (Small
+    indexes naming large table entries would otherwise inflate a 64 KiB block to
+    hundreds of MB.)"""
 
     def __init__(self, max_list: int, max_table: int = 4096):
         self.max_list = max_list
         self.max_table = self.table_limit = max_table
         self.table: collections.deque = collections.deque()    # newest first
         self.table_size = 0
+        self.oversized = False              # the last block went over max_list
 
     def decode(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        self.oversized = False
         out = []
         i, n, total = 0, len(data), 0
         while i < n:
@@ -54,8 +62,9 @@ class Decoder:
                 value, i = _str(data, i)
             total += len(name) + len(value) + ENTRY_OVERHEAD
             if total > self.max_list:
-                raise OversizedHeaderListError(f"header list over {self.max_list} bytes")
-            out.append((name, value))
+                self.oversized = True
+            else:
+                out.append((name, value))
         return out
 
     def _get(self, index: int) -> tuple[bytes, bytes]:

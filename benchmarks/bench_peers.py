@@ -10,7 +10,8 @@ writes artifacts/bench/peers.json.
   figure is the server), and `mlp` (builtin:mlp, compute-bound: batch 1
   reads 77 MB of weights; batching pays).
 - Servers, each with the batching it does best (BATCHING below): ours
-  (`mcpctl serve` as it is on disk, `--workers 2`); Triton (the tritonserver PyTriton ships,
+  (`mcpctl serve` as it is on disk; relu `--workers 2`, mlp one process
+  with 2 ONNX threads); Triton (the tritonserver PyTriton ships,
   which carries only the python backend: the ONNX file runs in onnxruntime
   inside a python-backend model, under Triton's dynamic batcher); KServe's
   ModelServer (onnxruntime in a sync predict(); its Python server has no
@@ -52,10 +53,12 @@ MLP_IN, MLP_OUT = 64, 16
 
 # Per model, what each server does best with it (what was tried here is in
 # inference-backend/README.md "Against the peers"). Ours: an
-# L7SchedulingPolicy preset (balanced, the default) and two worker processes
-# on the same ports (--workers 2: one per core of this machine, as Triton's
-# front end and instance threads use both; env PEER_OURS_FLAGS_RELU / _MLP
-# override). Triton: max_batch_size and max_queue_delay_microseconds of its
+# L7SchedulingPolicy preset (balanced, the default); for the overhead-bound
+# relu two worker processes on the same ports (--workers 2: one per core of
+# this machine, as Triton's front end and instance threads use both), for the
+# memory-bound mlp one process with both cores as ONNX threads (its batches
+# then read the weights once for all in flight; the trade is measured in the
+# README); env PEER_OURS_FLAGS_RELU / _MLP override. Triton: max_batch_size and max_queue_delay_microseconds of its
 # dynamic batcher (0: a batch leaves as soon as the instance is free, with
 # whatever queued meanwhile). MLServer: its adaptive batcher (max_batch_size,
 # max_batch_time in us; None: off) and parallel_workers (0: inference on its
@@ -65,7 +68,7 @@ MLP_IN, MLP_OUT = 64, 16
 BATCHING = {
     "relu": {"ours": os.environ.get("PEER_OURS_FLAGS_RELU", "--qos-policy balanced --workers 2").split(),
              "triton": (64, 0), "mlserver": {"batch": None, "parallel_workers": 0}},
-    "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced --workers 2").split(),
+    "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced --workers 1 --intra-op-threads 2").split(),
             "triton": (32, 0), "mlserver": {"batch": (32, 2000), "parallel_workers": 1}},
 }
 

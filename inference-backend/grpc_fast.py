@@ -171,8 +171,8 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, answers."""
 
     __slots__ = ("conn", "stream", "lane", "handler", "path", "metadata", "deadline", "timer", "encoding",
-                 "buf", "need", "requests", "queued", "uncredited", "queue", "task", "context", "headers_sent", "cancelled", "finished",
-                 "deadline_hit")
+                 "buf", "need", "requests", "queue", "queued", "uncredited", "task", "context",
+                 "headers_sent", "cancelled", "finished", "deadline_hit")
 
     def __init__(self, lane: "GrpcLane", conn: H2Connection, stream, handler, path: str, metadata, deadline,
                  encoding: bytes | None):
@@ -480,9 +480,8 @@ class GrpcLane:
 
     def _new_call(self, conn: H2Connection, st, headers):
         if headers is None:     # over h2_server.MAX_HEADER_LIST: this call only, as grpcio answers it
-            conn.send_headers(st, RESPONSE_HEADERS + literal(b"grpc-status", b"8") + literal(
-                b"grpc-message", percent_encode(f"received metadata size exceeds limit ({h2_server.MAX_HEADER_LIST})")),
-                end_stream=True)
+            _refuse(conn, st, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"received metadata size exceeds limit ({h2_server.MAX_HEADER_LIST})")
             return None
         path = method = content_type = timeout = encoding = None
         metadata = []
@@ -511,9 +510,7 @@ class GrpcLane:
         metadata = tuple(metadata)
         handler = self._lookup(path, metadata)
         if handler is None:
-            conn.send_headers(st, RESPONSE_HEADERS + literal(b"grpc-status", b"12")
-                              + literal(b"grpc-message", percent_encode(f"Method not found: {path.decode('ascii', 'replace')}")),
-                              end_stream=True)
+            _refuse(conn, st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path.decode('ascii', 'replace')}")
             return None
         if encoding == b"identity":
             encoding = None
@@ -536,6 +533,12 @@ class GrpcLane:
             conn._flush()
             if conn.transport is not None:
                 conn.transport.close()
+
+
+def _refuse(conn: H2Connection, st, code: grpc.StatusCode, details: str) -> None:
+    """A trailers-only answer to a call that never reaches a handler."""
+    conn.send_headers(st, RESPONSE_HEADERS + literal(b"grpc-status", str(code.value[0]).encode())
+                      + literal(b"grpc-message", percent_encode(details)), end_stream=True)
 
 
 def _b64decode(value: bytes) -> bytes:

@@ -148,7 +148,8 @@ class H2Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"ipv6:[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"ipv4:{peer[0]}:{peer[1]}"
-        settings = (_SETTING.pack(S_MAX_CONCURRENT_STREAMS, MAX_STREAMS) + _SETTING.pack(S_INITIAL_WINDOW_SIZE, STREAM_WINDOW)
+        settings = (_SETTING.pack(S_MAX_CONCURRENT_STREAMS, MAX_STREAMS)
+                    + _SETTING.pack(S_INITIAL_WINDOW_SIZE, STREAM_WINDOW)
                     + _SETTING.pack(S_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST))
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW)))

@@ -31,7 +31,7 @@ from mesh.qos import QosClass
 from mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
-from inference_backend.grpc_fast import GrpcLane
+from mesh.grpc_fast import GrpcLane
 from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
 from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority

@@ -20,7 +20,7 @@ import pytest
 from hpack import Decoder, Encoder
 
 from harness.inference_server import InferenceServer
-from inference_backend.grpc_fast import GrpcLane
+from mesh.grpc_fast import GrpcLane
 
 pytestmark = pytest.mark.e2e
 

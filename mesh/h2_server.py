@@ -1,4 +1,4 @@
-"""A small server side of HTTP/2 (RFC 9113) over asyncio, for the gRPC lane.
+"""A small server side of HTTP/2 (RFC 9113) over asyncio, for the gRPC lane (grpc_fast).
 
 Why not grpcio: on relu gRPC, a bare grpc.aio handler used ~370 us of CPU per
 call on this machine and Triton's C++ front end ~285 us; this connection and
@@ -30,9 +30,9 @@ import struct
 
 from hpack.exceptions import HPACKError
 
-from inference_backend.hpack_decoder import Decoder
+from mesh.hpack_decoder import Decoder
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mesh.h2_server")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 

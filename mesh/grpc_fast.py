@@ -1,8 +1,10 @@
 """The gRPC lane: gRPC over h2_server's HTTP/2, serving the same servicers grpc.aio would.
 
-`mcpctl serve --grpc-frontend fast` (the default) serves the gRPC port with this
-instead of grpcio's server: per call it costs about a third of grpc.aio's CPU on
-this machine (inference-backend/README.md "gRPC lane"). The servicers do not
+The model server's gRPC port (`mcpctl serve --grpc-frontend fast`, the default)
+and the Endpoint Picker's ext_proc port (`mcpctl epp serve --grpc-frontend
+fast`) run on this instead of grpcio's server: per call it costs about a third
+of grpc.aio's CPU on this machine (inference-backend/README.md "gRPC lane"),
+and an ext_proc stream through Envoy ~0.5 ms less (scheduler/README.md). The servicers do not
 change: GRPCInferenceService, Triton's extra RPCs, grpc.health.v1 and reflection
 register here through the calls grpcio's generated code makes
 (add_generic_rpc_handlers, add_registered_method_handlers), and each call runs
@@ -31,10 +33,10 @@ import zlib
 
 import grpc
 
-from inference_backend import h2_server
-from inference_backend.h2_server import STATUS_200, H2Connection, literal, status_block
+from mesh import h2_server
+from mesh.h2_server import STATUS_200, H2Connection, literal, status_block
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mesh.grpc_fast")
 
 _LEN = struct.Struct(">I")
 RESPONSE_HEADERS = STATUS_200 + literal(b"content-type", b"application/grpc")

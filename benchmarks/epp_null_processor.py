@@ -1,5 +1,5 @@
 """An ext_proc server that answers every message at once and always picks the
-same endpoint (`python -m benchmarks.epp_null_processor PORT ENDPOINT`): the
+same endpoint (`python -m benchmarks.epp_null_processor PORT ENDPOINT [fast|grpcio]`): the
 cost of a Python gRPC ext_proc conversation with no decision in it, so that
 the overhead benchmark (benchmarks/epp_overhead.py) can split the picker's
 overhead into the protocol's and its own. It follows the mode Envoy announces
@@ -18,6 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from mesh import endpoint_picker as epp
+from mesh.grpc_fast import GrpcLane
 
 DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 NO_BODY = processing_mode_pb2.ProcessingMode.NONE
@@ -77,7 +78,14 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):
                 yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
-async def main(port: int, endpoint: str) -> None:
+async def main(port: int, endpoint: str, frontend: str = "fast") -> None:
+    """On the gRPC server the picker runs on by default (mesh.grpc_fast), or grpc.aio."""
+    if frontend == "fast":
+        server = GrpcLane(4 << 20, 4 << 20)
+        pb_grpc.add_ExternalProcessorServicer_to_server(NullPicker(endpoint), server)
+        await server.start("127.0.0.1", port)
+        print('{"event": "ready"}', flush=True)
+        await asyncio.Event().wait()
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(NullPicker(endpoint), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -87,4 +95,4 @@ async def main(port: int, endpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:4]))

@@ -13,13 +13,16 @@ side by side (mesh/endpoint_picker.py):
   duplex   GIE's own: the body FULL_DUPLEX_STREAMED (headers and body without
            waiting, the body echoed back), the response streamed through too
 
-Each mode with the picker (`mcpctl epp serve`) and with a null processor
-(benchmarks/epp_null_processor.py: the protocol's cost alone, no decision).
-With lean, two more rows split a session turn's one-message exchange: the
-null processor asked for the headers alone, and a native processor (a second
-Envoy answering a fixed pick, benchmarks/epp_fixed_processor.py), which is
-what ext_proc costs with no Python in it, the floor under any processor.
-Every row that always picks the same endpoint is checked to have landed there.
+Each mode with the picker (`mcpctl epp serve`, on its default gRPC server,
+mesh.grpc_fast) and with a null processor (benchmarks/epp_null_processor.py,
+on the same server: the protocol's cost alone, no decision). With lean, three
+more rows: the picker on grpc.aio (`--grpc-frontend grpcio`, what it ran on
+before), and a session turn's one-message exchange split: the null processor
+asked for the headers alone, and a native processor (a second Envoy answering
+a fixed pick, benchmarks/epp_fixed_processor.py): ext_proc with no Python in
+it, though with that Envoy's own work in it (the null processor on the lane
+has read below it). Every row that always picks the same endpoint is checked
+to have landed there.
 
 `python -m benchmarks.epp_overhead [--requests N] [--modes lean,answer,duplex]`
 (also run by `python -m benchmarks epp`); writes artifacts/bench/epp_overhead.json.
@@ -89,9 +92,11 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
         u.start()
     directory = tempfile.mkdtemp(prefix="bench-epp-overhead-")
     write_pool(directory, hosts, port)
-    picker, null, envoys = None, None, []
+    picker, aio_picker, null, envoys = None, None, None, []
     try:
         picker = Picker(directory, 2)
+        # the same picker on grpc.aio (its --grpc-frontend before the lane): the lane's share, side by side
+        aio_picker = Picker(directory, 2, None, "--grpc-frontend", "grpcio") if "lean" in modes else None
         pool = [(h, port) for h in hosts]
         null_grpc = free_port()
         null = subprocess.Popen([sys.executable, "-m", "benchmarks.epp_null_processor", str(null_grpc),
@@ -113,6 +118,9 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
                 gateway(f"{who}:{m}", gateway_bootstrap({listen: False}, pool, grpc_port, mode=MODES[m]), listen)
             if m == "lean":   # the same gateway, each request a new session: the pick waits for the body
                 targets["epp:lean-new"] = targets["epp:lean"]
+                listen = free_port()
+                gateway("epp-grpcio:lean", gateway_bootstrap({listen: False}, pool, aio_picker.port,
+                                                             mode=MODES[m]), listen)
                 # a session turn's one message, from the null processor and from a native one
                 for who, grpc_port in (("null", null_grpc), ("fixed", fixed_port)):
                     listen = free_port()
@@ -138,8 +146,9 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
         for e in envoys:
             e.stop()
         stop_processes([p for p in (null,) if p], grace=2)
-        if picker:
-            picker.stop()
+        for p in (picker, aio_picker):
+            if p:
+                p.stop()
         for u in ups:
             u.stop()
     p50 = {k: statistics.median(v) for k, v in lat.items()}
@@ -175,6 +184,7 @@ def table(over: dict) -> str:
         if m == "lean":
             rows[-1] = (f"epp:{m}", "Envoy + EPP, lean: a session's next turn")
             rows += [("epp:lean-new", "Envoy + EPP, lean: a new session"),
+                     ("epp-grpcio:lean", "Envoy + EPP on grpc.aio, lean: next turn"),
                      ("null:one", "Envoy + null processor, one message"),
                      ("fixed:one", "Envoy + native fixed pick, one message")]
     lines = [f"EPP overhead per request ({over['requests']} requests per row of a {over['body_bytes']}-byte "

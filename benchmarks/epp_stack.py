@@ -76,9 +76,9 @@ class Replicas:
 class Picker(PickerProcess):
     """`mcpctl epp serve` for the pool in `directory`; ready once every endpoint has been scraped."""
 
-    def __init__(self, directory: str, endpoints: int, metrics_interval_ms: float | None = None):
+    def __init__(self, directory: str, endpoints: int, metrics_interval_ms: float | None = None, *extra: str):
         interval = ["--metrics-interval-ms", str(metrics_interval_ms)] if metrics_interval_ms else []
-        super().__init__(directory, *interval)
+        super().__init__(directory, *interval, *extra)
         try:
             self.wait(lambda s: len(s["endpoints"]) == endpoints and all(e["ready"] for e in s["endpoints"].values()),
                       timeout=20)

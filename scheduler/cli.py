@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     s.add_argument("--session-key-file", metavar="PATH",
                    help="the header contract's session key (raw bytes, mode 0600, as `mcpctl serve --session-key-file`): "
                         "the class of a flow the loop upgraded is re-signed with it, so the model server honours it")
+    s.add_argument("--grpc-frontend", default="fast", choices=("fast", "grpcio"),
+                   help="fast (default): ext_proc and health on mesh.grpc_fast's HTTP/2 lane; grpcio: on grpc.aio "
+                        "(scheduler/README.md: overhead)")
     s.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     s.set_defaults(func=_serve)
     from scheduler.loop.cli import register as register_loop     # `mcpctl scheduler run|status`
@@ -57,7 +60,7 @@ def _serve(args) -> int:
     async def main():
         task = asyncio.create_task(serve(args.config_dir, args.pool, args.grpc_port, args.admin_port,
                                          args.address, args.metrics_interval_ms, flow_marks=args.flow_marks,
-                                         session_key=key))
+                                         session_key=key, grpc_frontend=args.grpc_frontend))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

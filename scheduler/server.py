@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mesh import endpoint_picker as epp
+from mesh.grpc_fast import GrpcLane
 from scheduler.ext_proc import EndpointPicker
 from scheduler.metrics import MetricsPoller
 from scheduler.pool_source import PoolSource, PoolView
@@ -24,6 +25,7 @@ from scheduler.scheduling import Pick, Refusal, Scheduler
 
 log = logging.getLogger("scheduler")
 POOL_REFRESH_S = 0.5
+EXT_PROC_MAX_MESSAGE = 4 << 20     # grpcio's default receive limit, which the grpc.aio server had
 
 
 class PickerState:
@@ -99,7 +101,7 @@ class PickerState:
 
 async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, address: str,
                 metrics_interval_ms: float, ready: asyncio.Event | None = None, flow_marks: str | None = None,
-                session_key: bytes | None = None) -> None:
+                session_key: bytes | None = None, grpc_frontend: str = "fast") -> None:
     source = PoolSource(config_dir, pool)
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
@@ -108,14 +110,22 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
         state.flow_marks = FlowMarks(flow_marks)
     state.session_key = session_key
     state.refresh()
-    server = grpc.aio.server()
+    # fast: mesh.grpc_fast's lane (an ext_proc stream through Envoy ~0.5 ms cheaper than on
+    # grpc.aio, scheduler/README.md); grpcio: grpc.aio
+    server = GrpcLane(EXT_PROC_MAX_MESSAGE, EXT_PROC_MAX_MESSAGE) if grpc_frontend == "fast" else grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{address}:{grpc_port}")
-    if not bound:
-        raise OSError(f"cannot bind the ext_proc port {address}:{grpc_port}")
-    await server.start()
+    if isinstance(server, GrpcLane):
+        try:
+            bound = await server.start(address, grpc_port, reuse_address=True)
+        except OSError as e:
+            raise OSError(f"cannot bind the ext_proc port {address}:{grpc_port}: {e.strerror or e}") from None
+    else:
+        bound = server.add_insecure_port(f"{address}:{grpc_port}")
+        if not bound:
+            raise OSError(f"cannot bind the ext_proc port {address}:{grpc_port}")
+        await server.start()
 
     async def set_health():
         serving = health_pb2.HealthCheckResponse.SERVING

@@ -161,8 +161,7 @@ def run(args) -> int:
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
                  "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
-                 "model_control_mode", "workers", "rest_frontend",
-                 "grpc_frontend")
+                 "model_control_mode", "workers", "rest_frontend", "grpc_frontend")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path")
 
 

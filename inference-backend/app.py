@@ -22,6 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from mesh.grpc_fast import GrpcLane
 from mesh.resources import MeshConfig
 from mesh.json_body import parse_json_body
 from mesh.parse import parse_documents
@@ -31,7 +32,6 @@ from mesh.qos import QosClass
 from mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
-from mesh.grpc_fast import GrpcLane
 from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model
 from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority

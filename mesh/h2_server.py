@@ -409,11 +409,14 @@ class H2Connection(asyncio.Protocol):
         self._pump(st)
 
     def reset(self, st: Stream, code: int = CANCEL) -> None:
+        """Ends the stream with RST_STREAM; its handler is told, as when the peer resets it."""
         if not st.local_closed and not self.closed:
             self._write(frame(RST_STREAM, 0, st.id, _U32.pack(code)))
         st.local_closed = st.remote_closed = True
         st.queue.clear()
         self._drop(st)
+        if st.handler is not None:
+            st.handler.reset()
 
     def _pump(self, st: Stream) -> None:
         while st.queue:

@@ -670,6 +670,18 @@ def test_raw_connection_drop_cancels_handler(lt):
     serves(lt)
 
 
+def test_raw_stream_window_overflow_resets_that_stream_and_cancels_its_handler(lt):
+    raw = Raw(lt.port)
+    raw.send(raw.headers(1, request_headers("/t.S/Slow", ("tag", "overflow"))) + frame(DATA, END_STREAM, 1, grpc_message(b"30")))
+    assert lt.rec.event("started", "overflow").wait(5)
+    raw.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 0x7FFFFFFF)))     # 65,535 + 2^31-1 on stream 1
+    frames = raw.read_until(lambda fs: any(f.kind == RST_STREAM and f.stream == 1 for f in fs))
+    assert [struct.unpack(">I", f.payload)[0] for f in frames if f.kind == RST_STREAM] == [FLOW_CONTROL_ERROR]
+    assert lt.rec.event("cancelled", "overflow").wait(3), "the reset stream's handler kept running"
+    assert not any(f.kind == GOAWAY for f in frames) and not raw.eof     # the connection lives on
+    raw.close()
+
+
 def test_raw_client_not_reading_cannot_grow_server_output(lt):
     """16 MB of PINGs from a client that reads nothing: the server must stop reading (or close)
     rather than queue every PING ACK (grpcio: GOAWAY ENHANCE_YOUR_CALM too_many_pings)."""

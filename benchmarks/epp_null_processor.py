@@ -18,7 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from mesh import endpoint_picker as epp
-from mesh.grpc_fast import GrpcLane
+from mesh.grpc_fast import GrpcLane, start_server
 
 DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 NO_BODY = processing_mode_pb2.ProcessingMode.NONE
@@ -80,18 +80,11 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):
 
 async def main(port: int, endpoint: str, frontend: str = "fast") -> None:
     """On the gRPC server the picker runs on by default (mesh.grpc_fast), or grpc.aio."""
-    if frontend == "fast":
-        server = GrpcLane(4 << 20, 4 << 20)
-        pb_grpc.add_ExternalProcessorServicer_to_server(NullPicker(endpoint), server)
-        await server.start("127.0.0.1", port)
-        print('{"event": "ready"}', flush=True)
-        await asyncio.Event().wait()
-    server = grpc.aio.server()
+    server = GrpcLane(4 << 20, 4 << 20) if frontend == "fast" else grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(NullPicker(endpoint), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
+    await start_server(server, "127.0.0.1", port, "the null processor's port")
     print('{"event": "ready"}', flush=True)
-    await server.wait_for_termination()
+    await asyncio.Event().wait()        # until the benchmark stops this process
 
 
 if __name__ == "__main__":

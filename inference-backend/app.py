@@ -22,7 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from mesh.grpc_fast import GrpcLane
+from mesh.grpc_fast import GrpcLane, start_server
 from mesh.resources import MeshConfig
 from mesh.json_body import parse_json_body
 from mesh.parse import parse_documents
@@ -186,19 +186,7 @@ class Server:
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
             (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name, reflection.SERVICE_NAME),
             pool=pb.DESCRIPTOR.pool), self._grpc)   # the protocol's messages live in a private pool
-        if isinstance(self._grpc, GrpcLane):
-            try:
-                grpc_port = await self._grpc.start(o.host, o.grpc_port, **listen)
-            except OSError as e:
-                raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}: {e.strerror or e}") from None
-        else:
-            try:
-                grpc_port = self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}")
-            except RuntimeError as e:     # grpcio raises where older versions returned 0
-                raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}: {e}") from None
-            if grpc_port == 0:
-                raise OSError(f"cannot bind gRPC port {o.host}:{o.grpc_port}")
-            await self._grpc.start()
+        grpc_port = await start_server(self._grpc, o.host, o.grpc_port, "gRPC port", **listen)
         if o.worker_argv and o.workers > 1:
             # The others bind the ports this one got (port 0 resolved) and load the model
             # beside this one; each has its own GIL, event loop, batcher and ONNX session.

@@ -34,13 +34,12 @@ import zlib
 import grpc
 
 from mesh import h2_server
-from mesh.h2_server import STATUS_200, H2Connection, literal, status_block
+from mesh.h2_server import STATUS_200, H2Connection, http_status_block, literal
 
 log = logging.getLogger("mesh.grpc_fast")
 
 _LEN = struct.Struct(">I")
 RESPONSE_HEADERS = STATUS_200 + literal(b"content-type", b"application/grpc")
-_STATUS_BY_CODE = {c.value[0]: c for c in grpc.StatusCode}
 _OK_TRAILERS = literal(b"grpc-status", b"0")
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 # what a call's invocation_metadata leaves out, as grpcio does (the transport's own headers)
@@ -70,6 +69,12 @@ def metadata_block(pairs) -> bytes:
             value = value.encode("latin-1", "replace")
         out += literal(key.encode("ascii"), value)
     return out
+
+
+def status_block(code: grpc.StatusCode, details: str | None) -> bytes:
+    """grpc-status and, when there are details, the percent-encoded grpc-message."""
+    block = literal(b"grpc-status", str(code.value[0]).encode())
+    return block + literal(b"grpc-message", percent_encode(details)) if details else block
 
 
 def parse_timeout(value: bytes) -> float | None:
@@ -278,8 +283,8 @@ class Call:
 
     def _start(self) -> None:
         if self.deadline is not None:
-            self.timer = asyncio.get_running_loop().call_at(
-                asyncio.get_running_loop().time() + max(0.0, self.deadline - time.monotonic()), self._expire)
+            self.timer = asyncio.get_running_loop().call_later(max(0.0, self.deadline - time.monotonic()),
+                                                               self._expire)
         self.task = asyncio.ensure_future(self._run())
         self.lane.calls.add(self.task)
         self.task.add_done_callback(self.lane.calls.discard)
@@ -379,10 +384,7 @@ class Call:
     def _close(self, code: grpc.StatusCode, details: str | None) -> None:
         if self.finished:
             return
-        block = literal(b"grpc-status", str(code.value[0]).encode())
-        if details:
-            block += literal(b"grpc-message", percent_encode(details))
-        block += metadata_block(self.context.trailers)
+        block = status_block(code, details) + metadata_block(self.context.trailers)
         if self.headers_sent:
             self.conn.send_trailers(self.stream, block)
         else:       # trailers-only
@@ -504,10 +506,10 @@ class GrpcLane:
                 key = k.decode("ascii", "replace")
                 metadata.append((key, _b64decode(v) if key.endswith("-bin") else v.decode("latin-1")))
         if method != b"POST" or path is None:
-            conn.send_headers(st, status_block(405), end_stream=True)
+            conn.send_headers(st, http_status_block(405), end_stream=True)
             return None
         if content_type is None or not content_type.startswith(b"application/grpc"):
-            conn.send_headers(st, status_block(415), end_stream=True)
+            conn.send_headers(st, http_status_block(415), end_stream=True)
             return None
         metadata = tuple(metadata)
         handler = self._lookup(path, metadata)
@@ -537,10 +539,27 @@ class GrpcLane:
                 conn.transport.close()
 
 
+async def start_server(server, host: str, port: int, what: str, **listen) -> int:
+    """Bind and start a GrpcLane (`listen`: create_server's options) or a grpc.aio server;
+    the port bound, or OSError naming `what` and the address."""
+    if isinstance(server, GrpcLane):
+        try:
+            return await server.start(host, port, **listen)
+        except OSError as e:
+            raise OSError(f"cannot bind {what} {host}:{port}: {e.strerror or e}") from None
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:     # grpcio raises where older versions returned 0
+        raise OSError(f"cannot bind {what} {host}:{port}: {e}") from None
+    if not bound:
+        raise OSError(f"cannot bind {what} {host}:{port}")
+    await server.start()
+    return bound
+
+
 def _refuse(conn: H2Connection, st, code: grpc.StatusCode, details: str) -> None:
     """A trailers-only answer to a call that never reaches a handler."""
-    conn.send_headers(st, RESPONSE_HEADERS + literal(b"grpc-status", str(code.value[0]).encode())
-                      + literal(b"grpc-message", percent_encode(details)), end_stream=True)
+    conn.send_headers(st, RESPONSE_HEADERS + status_block(code, details), end_stream=True)
 
 
 def _b64decode(value: bytes) -> bytes:
@@ -549,5 +568,3 @@ def _b64decode(value: bytes) -> bytes:
     except ValueError:
         return value
 
-
-__all__ = ["GrpcLane", "Context", "AbortError", "h2_server"]

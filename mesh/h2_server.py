@@ -88,7 +88,7 @@ def literal(name: bytes, value: bytes) -> bytes:
 STATUS_200 = b"\x88"            # :status 200, static table entry 8
 
 
-def status_block(code: int) -> bytes:
+def http_status_block(code: int) -> bytes:
     return b"\x08" + hpack_int(3, 7) + str(code).encode()     # :status, name from the static table (8)
 
 

@@ -17,7 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mesh import endpoint_picker as epp
-from mesh.grpc_fast import GrpcLane
+from mesh.grpc_fast import GrpcLane, start_server
 from scheduler.ext_proc import EndpointPicker
 from scheduler.metrics import MetricsPoller
 from scheduler.pool_source import PoolSource, PoolView
@@ -116,16 +116,7 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if isinstance(server, GrpcLane):
-        try:
-            bound = await server.start(address, grpc_port, reuse_address=True)
-        except OSError as e:
-            raise OSError(f"cannot bind the ext_proc port {address}:{grpc_port}: {e.strerror or e}") from None
-    else:
-        bound = server.add_insecure_port(f"{address}:{grpc_port}")
-        if not bound:
-            raise OSError(f"cannot bind the ext_proc port {address}:{grpc_port}")
-        await server.start()
+    bound = await start_server(server, address, grpc_port, "the ext_proc port", reuse_address=True)
 
     async def set_health():
         serving = health_pb2.HealthCheckResponse.SERVING

@@ -13,10 +13,13 @@ for the answer:
 
     system: You are terse.
     user: Hello
-    assistant:
+    assistant: 
 
-(`{role}: {content}\\n` per message, then `assistant:`; content given as a
-list of parts is the concatenation of its text parts.)
+(`{role}: {content}\\n` per message, then `assistant: `; content given as a
+list of parts is the concatenation of its text parts.) The answer is
+generated after the same `assistant: ` that renders it in the next turn's
+history, so that turn's prompt carries the answer's token ids exactly as
+generated and its KV blocks, cached by the generation, are reused.
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ def message_text(content) -> str:
 
 def chat_prompt(messages: list[dict]) -> str:
     lines = [f"{m['role']}: {message_text(m.get('content'))}\n" for m in messages]
-    return "".join(lines) + "assistant:"
+    return "".join(lines) + "assistant: "
 
 
 class TextAssembler:

@@ -121,7 +121,7 @@ def test_streams_sync_and_async_equal_the_whole_answer_and_stop_sequences_end_it
     text = whole.choices[0].message.content
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
     assert whole.usage.completion_tokens == 24 and whole.usage.prompt_tokens == len(
-        "system: Be brief.\nuser: Tell me about meshes\nassistant:")
+        "system: Be brief.\nuser: Tell me about meshes\nassistant: ")
     chunks = list(c.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text
@@ -183,6 +183,32 @@ def test_prefix_reuse_is_exact_same_tokens_with_the_cache_on_and_off():
     assert all(cached >= system_tokens - 16 for _, cached in with_cache[1:])
     assert all(cached == 0 for _, cached in without)
     assert load_on["prefix_cache_hit_rate"] > 0.5 and load_off["prefix_cache_hit_rate"] == 0
+
+
+def test_a_chat_turn_reuses_the_cached_blocks_of_the_answer_before_it(server):
+    """The next turn resends the answer after the same `assistant: ` it was generated after, so
+    the blocks the generation cached (its prompt and every generated id but the last) match:
+    here the first prompt ends one token short of a block, which the answer completes."""
+    from inference_backend.tokenizer import chat_prompt, encode
+    c = client(server)
+    msgs = [{"role": "system", "content": "Reuse check."}, {"role": "user", "content": "Say something!!!!!!!!!!!"}]
+    prompt1 = encode(chat_prompt(msgs))
+    first = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                      extra_body={"return_token_ids": True})
+    generated = first.choices[0].model_extra["token_ids"]
+    text = first.choices[0].message.content
+    ok_bytes = encode(text.split("\ufffd")[0])               # the text's bytes as generated (tiny-decoder
+    assert generated[:len(ok_bytes)] == ok_bytes              # answers random bytes: U+FFFD soon)
+    msgs2 = msgs + [{"role": "assistant", "content": text}, {"role": "user", "content": "And then?"}]
+    second = c.chat.completions.create(model=MODEL, messages=msgs2, max_tokens=2, temperature=0)
+    held = prompt1 + generated[:-1]                           # what the first request left cached
+    prompt2 = encode(chat_prompt(msgs2))
+    common = next(i for i, (a, b) in enumerate(zip(held + [None], prompt2)) if a != b)
+    expected = min(common, len(prompt2) - 1) // 16 * 16
+    assert expected > len(prompt1) // 16 * 16, (              # a block holding answer tokens is reused
+        f"the answer's {len(ok_bytes)} bytes as generated do not complete the block the prompt's "
+        f"{len(prompt1)} tokens end in")
+    assert second.usage.prompt_tokens_details.cached_tokens == expected
 
 
 def test_kv_utilisation_of_a_live_sequence_and_idle_blocks_reclaimed():

@@ -39,7 +39,7 @@ def test_stop_sequence_ends_the_text_before_it_and_no_piece_of_it_is_streamed():
 def test_chat_template_is_role_tagged_lines_then_the_assistant_tag():
     msgs = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}]
-    assert chat_prompt(msgs) == "system: Be brief.\nuser: Hi!\nassistant:"
+    assert chat_prompt(msgs) == "system: Be brief.\nuser: Hi!\nassistant: "
 
 
 def test_sampling_is_greedy_at_temperature_zero_and_seeded_otherwise():

@@ -78,7 +78,7 @@ def _gateway(variant: str, pool: list[tuple[str, int]], directory: str,
 def run_variant(variant: str, w: Workload, replicas_n: int, args) -> dict:
     """One phase on fresh replicas (and a fresh picker): the raw results and counters."""
     sessions = make_sessions(w)
-    replicas = Replicas(replicas_n, w.kv_cache_mb, args.threads)
+    replicas = Replicas(replicas_n, w.replica_kv_mb(replicas_n), args.threads)
     directory = tempfile.mkdtemp(prefix="bench-epp-")
     envoy = picker = None
     try:
@@ -215,8 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--think", type=float, default=None, help="seconds between an answer and the next turn")
     p.add_argument("--groups", type=int, default=None, help="distinct shared system prompts")
     p.add_argument("--kv-cache-mb", type=float, default=None,
-                   help="each replica's KV-cache budget in MB (default: the preset's; "
-                        + ", ".join(f"{k} {w.kv_cache_mb:g}" for k, w in PRESETS.items()) + ")")
+                   help="each replica's KV-cache budget in MB (default: the preset's; " + ", ".join(
+                       f"{k} {w.kv_cache_mb:g}" if w.kv_cache_mb is not None else f"{k} the pool's {w.kv_pool_mb:g} / replicas"
+                       for k, w in PRESETS.items()) + ")")
+    p.add_argument("--kv-pool-mb", type=float, default=None,
+                   help="instead, the pool's KV budget in MB, split evenly over the replicas")
     p.add_argument("--quick", action="store_true", help="a smoke run: sessions start over 10 s")
     p.add_argument("--threads", type=int, default=1, help="each replica's intra-op threads (default 1)")
     p.add_argument("--metrics-interval-ms", type=float, default=None,
@@ -237,12 +240,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--replicas: a comma-separated list of 2 and/or 3")
     base = PRESETS[args.preset]
     seconds = 10.0 if args.quick and args.seconds is None else args.seconds or PRESET_SECONDS[args.preset]
+    if args.kv_cache_mb is not None and args.kv_pool_mb is not None:
+        p.error("--kv-cache-mb and --kv-pool-mb: give one (a replica's budget, or the pool's)")
     given = {k: v for k, v in (("rate", args.rate), ("think_s", args.think), ("groups", args.groups),
-                               ("kv_cache_mb", args.kv_cache_mb)) if v is not None}
+                               ("kv_cache_mb", args.kv_cache_mb), ("kv_pool_mb", args.kv_pool_mb)) if v is not None}
+    if args.kv_pool_mb is not None:
+        given["kv_cache_mb"] = None
     w = replace(base, **given)
+    if (w.kv_cache_mb is not None and w.kv_cache_mb < 0) or (w.kv_cache_mb is None and not w.kv_pool_mb > 0):
+        p.error("--kv-cache-mb must be at least 0 (0: no cache), --kv-pool-mb above 0")
     w = replace(w, sessions=max(1, int(w.rate * seconds)))
     print(f"preset {args.preset}: {w.sessions} sessions at {w.rate}/s, {w.turns[0]}-{w.turns[1]} turns, "
-          f"{w.groups} system prompts, replicas {counts}, kv-cache {w.kv_cache_mb} MB each, "
+          f"{w.groups} system prompts, replicas {counts}, kv-cache "
+          + ", ".join(f"{w.replica_kv_mb(n):g} MB each of {n}" for n in counts) + ", "
           f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     by_count: dict[int, dict] = {}
     for n in counts:
@@ -260,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{ph['working_set_tokens'] * KV_BYTES_PER_TOKEN / 2**20:.1f} MB, load average "
                       f"{ph['loadavg_1m']:.1f} ({time.monotonic() - t:.0f} s)", flush=True)
         results = {v: combine(v, phases[v]) for v in variants}
-        by_count[n] = {"variants": results, "floors": floors(results)}
+        by_count[n] = {"variants": results, "floors": floors(results), "kv_cache_mb": w.replica_kv_mb(n)}
     over = overhead(args.overhead_requests) if args.overhead_requests else None
     for n, r in by_count.items():
         print()
-        print(table(r["variants"], f"{n} replicas ({args.preset})"))
+        print(table(r["variants"], f"{n} replicas ({args.preset}, {r['kv_cache_mb']:g} MB KV each)"))
     if over:
         print("\n" + overhead_table(over))
     print()

@@ -116,9 +116,18 @@ def from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndar
     converted, and nesting deeper than the shape's rank is refused: a body whose data
     runs past its shape costs as much as the shape, not as much as the body."""
     count = element_count(shape)
-    if datatype != "BYTES" and type(data) is list and len(data) == count and count \
-            and set(map(type, data)) <= _FLAT_SCALARS:
-        flat = data             # the common case: flat numbers, checked at C speed
+    arr = None
+    if datatype != "BYTES" and type(data) is list and len(data) == count and count:
+        # The common case, flat numbers: one C pass, and anything else shows in the array
+        # (strings: kind U, None or a dict: O, nesting: more dimensions or a ValueError).
+        try:
+            arr = np.asarray(data)
+        except (ValueError, TypeError):
+            arr = None
+        if arr is not None and not (arr.ndim == 1 and arr.dtype.kind in "biuf"):
+            arr = None
+    if arr is not None:
+        flat = data
     else:
         flat = _flat(name, data, count, shape)
     if datatype == "BYTES":
@@ -126,10 +135,11 @@ def from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndar
             raise InvalidArgument(f"input {name!r}: BYTES data must be strings")
         return np.array([x.encode() if isinstance(x, str) else bytes(x) for x in flat], dtype=object).reshape(shape)
     dtype = DTYPES[datatype]
-    try:
-        arr = np.asarray(flat)
-    except (ValueError, TypeError) as e:
-        raise InvalidArgument(f"input {name!r}: data is not a list of {datatype} values ({e})") from None
+    if arr is None:
+        try:
+            arr = np.asarray(flat)
+        except (ValueError, TypeError) as e:
+            raise InvalidArgument(f"input {name!r}: data is not a list of {datatype} values ({e})") from None
     arr = arr.reshape(-1)
     if arr.size and arr.dtype.kind not in "biuf":
         raise InvalidArgument(f"input {name!r}: data holds {arr.dtype.kind!r} values, not {datatype}")
@@ -145,7 +155,6 @@ def from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndar
     return arr.astype(dtype, copy=False).reshape(shape)
 
 
-_FLAT_SCALARS = {float, int, bool}
 
 
 def _flat(name: str, data, count: int, shape: tuple[int, ...]) -> list:

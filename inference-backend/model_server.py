@@ -68,6 +68,34 @@ class ReloadRecord:
     at: float = field(default_factory=time.time)
 
 
+def _on_loop(future) -> asyncio.Future:
+    """`future` (the batcher's) as this loop's future. asyncio.wrap_future hands every result
+    over with call_soon_threadsafe, a wake-up write even when the batch ran inline on this
+    very loop, as most batches of a cheap model do; here only a compute thread's result is."""
+    loop = asyncio.get_running_loop()
+    out = loop.create_future()
+    loop_thread = threading.get_ident()
+
+    def done(f) -> None:
+        if threading.get_ident() == loop_thread:
+            _copy_state(f, out)
+        elif not loop.is_closed():    # (a server stopping: nobody waits any more)
+            loop.call_soon_threadsafe(_copy_state, f, out)
+    future.add_done_callback(done)
+    return out
+
+
+def _copy_state(src, dst: asyncio.Future) -> None:
+    if dst.done():                # cancelled meanwhile (the caller cancels `src` then)
+        return
+    if src.cancelled():
+        dst.cancel()
+    elif (error := src.exception()) is not None:
+        dst.set_exception(error)
+    else:
+        dst.set_result(src.result())
+
+
 class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
                  kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True):
@@ -238,7 +266,7 @@ class ServedModel:
                 asyncio.get_running_loop().call_soon(self._flush)
             future = pending.future
         try:
-            return await asyncio.wrap_future(future)
+            return await _on_loop(future)
         except asyncio.CancelledError:
             future.cancel()       # the client went away: drop it from the queue
             raise

@@ -22,12 +22,13 @@ def wire_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[t
     non-ASCII value (`end-user: €`) is turned back into its bytes here, so the
     session check judges it (403) instead of failing to encode it (500)."""
     pairs = headers.items() if isinstance(headers, Mapping) else headers
-    out = []
-    for k, v in pairs:
-        if isinstance(v, str):
-            v = v.encode("utf-8", "surrogateescape")
-        out.append((k, bytes(v).decode("latin-1")))
-    return out
+    return [(k, wire_value(v)) for k, v in pairs]
+
+
+def wire_value(v: str | bytes) -> str:
+    if isinstance(v, str):
+        v = v.encode("utf-8", "surrogateescape")
+    return bytes(v).decode("latin-1")
 
 
 class QosAdmission:
@@ -56,8 +57,12 @@ class QosAdmission:
               method: str = "POST") -> str | None:
         """Session check (with a key), then the class the request is served at (None: the
         protocol's priority parameter or the default level). Cheap: before any body work."""
-        pairs = wire_pairs(headers)
-        raws = [v for k, v in pairs if k.lower() == H.QOS_CLASS]
+        if self.key is None:            # only the class header is read: only its value converted
+            items = headers.items() if isinstance(headers, Mapping) else headers
+            raws = [wire_value(v) for k, v in items if k.lower() == H.QOS_CLASS]
+        else:
+            pairs = wire_pairs(headers)
+            raws = [v for k, v in pairs if k.lower() == H.QOS_CLASS]
         raw = raws[0] if raws else None
         if self.key is None:
             if len(raws) > 1:    # which one the sidecar set cannot be told: neither is taken

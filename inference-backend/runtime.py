@@ -24,6 +24,7 @@ spins steals the core the event loop needs to parse the next requests.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -33,7 +34,6 @@ import numpy as np
 import onnxruntime as ort
 
 from inference_backend.datatypes import DTYPES, ORT_TYPES, check_input
-from inference_backend.errors import InvalidArgument
 
 log = logging.getLogger("inference_backend")
 
@@ -209,7 +209,7 @@ class OnnxModel:
         self.session.run_with_iobinding(binding)
         return dict(zip(names, (v.numpy() for v in binding.get_outputs())))
 
-    @property
+    @functools.cached_property        # per request on the REST path; a version's inputs never change
     def input_specs(self) -> dict[str, tuple[str, tuple]]:
         """name -> (datatype, shape): what datatypes.check_input takes (plain, so it pickles
         to the REST body parser process without onnxruntime)."""

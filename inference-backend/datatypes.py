@@ -116,20 +116,8 @@ def from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndar
     converted, and nesting deeper than the shape's rank is refused: a body whose data
     runs past its shape costs as much as the shape, not as much as the body."""
     count = element_count(shape)
-    arr = None
-    if datatype != "BYTES" and type(data) is list and len(data) == count and count:
-        # The common case, flat numbers: one C pass, and anything else shows in the array
-        # (strings: kind U, None or a dict: O, nesting: more dimensions or a ValueError).
-        try:
-            arr = np.asarray(data)
-        except (ValueError, TypeError):
-            arr = None
-        if arr is not None and not (arr.ndim == 1 and arr.dtype.kind in "biuf"):
-            arr = None
-    if arr is not None:
-        flat = data
-    else:
-        flat = _flat(name, data, count, shape)
+    arr = _flat_numbers(data, count) if datatype != "BYTES" else None
+    flat = data if arr is not None else _flat(name, data, count, shape)
     if datatype == "BYTES":
         if not all(isinstance(x, (str, bytes)) for x in flat):
             raise InvalidArgument(f"input {name!r}: BYTES data must be strings")
@@ -155,6 +143,17 @@ def from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndar
     return arr.astype(dtype, copy=False).reshape(shape)
 
 
+def _flat_numbers(data, count: int) -> np.ndarray | None:
+    """`data` as a 1-D array when it is a flat list of `count` numbers, the common case, in one C
+    pass; None for anything else, which shows in the array (strings: kind U; None or a dict: O;
+    nesting: more dimensions, or a ValueError) and goes the checked way (`_flat`)."""
+    if type(data) is not list or len(data) != count or not count:
+        return None
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError):
+        return None
+    return arr if arr.ndim == 1 and arr.dtype.kind in "biuf" else None
 
 
 def _flat(name: str, data, count: int, shape: tuple[int, ...]) -> list:

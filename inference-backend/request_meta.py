@@ -14,21 +14,23 @@ from mesh.qos import QosClass
 log = logging.getLogger("inference_backend")
 
 
-def wire_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(name, value) pairs with each value as the bytes it came in, one character per byte.
+def wire_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]],
+               only: str | None = None) -> list[tuple[str, str]]:
+    """(name, value) pairs with each value as the bytes it came in, one character per byte;
+    `only`: just the pairs of that (lower-case) name, the others not converted.
 
     The signature covers bytes (mesh.session encodes values as latin-1), while
     aiohttp decodes a value as UTF-8 with surrogateescape and gRPC as UTF-8: a
     non-ASCII value (`end-user: €`) is turned back into its bytes here, so the
     session check judges it (403) instead of failing to encode it (500)."""
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    return [(k, wire_value(v)) for k, v in pairs]
-
-
-def wire_value(v: str | bytes) -> str:
-    if isinstance(v, str):
-        v = v.encode("utf-8", "surrogateescape")
-    return bytes(v).decode("latin-1")
+    out = []
+    for k, v in headers.items() if isinstance(headers, Mapping) else headers:
+        if only is not None and k.lower() != only:
+            continue
+        if isinstance(v, str):
+            v = v.encode("utf-8", "surrogateescape")
+        out.append((k, bytes(v).decode("latin-1")))
+    return out
 
 
 class QosAdmission:
@@ -57,12 +59,9 @@ class QosAdmission:
               method: str = "POST") -> str | None:
         """Session check (with a key), then the class the request is served at (None: the
         protocol's priority parameter or the default level). Cheap: before any body work."""
-        if self.key is None:            # only the class header is read: only its value converted
-            items = headers.items() if isinstance(headers, Mapping) else headers
-            raws = [wire_value(v) for k, v in items if k.lower() == H.QOS_CLASS]
-        else:
-            pairs = wire_pairs(headers)
-            raws = [v for k, v in pairs if k.lower() == H.QOS_CLASS]
+        # Without a key only the class header is read, so only its value is converted.
+        pairs = wire_pairs(headers, only=H.QOS_CLASS if self.key is None else None)
+        raws = [v for k, v in pairs if k.lower() == H.QOS_CLASS]
         raw = raws[0] if raws else None
         if self.key is None:
             if len(raws) > 1:    # which one the sidecar set cannot be told: neither is taken

@@ -51,6 +51,21 @@ CONCURRENCY = (1, 16, 64)
 RELU_WIDTH = 256
 MLP_IN, MLP_OUT = 64, 16
 
+def _triton(model: str, default: tuple) -> tuple:
+    """Triton's settings for `model`: (max_batch_size, max_queue_delay_microseconds,
+    instance_group count, intra_op_threads per instance; 0: onnxruntime's default, all
+    cores). Env PEER_TRITON_MLP="32,0,2,1" (or _RELU) overrides."""
+    name = f"PEER_TRITON_{model.upper()}"
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    parts = raw.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise SystemExit(f"{name}={raw!r}: expected MAX_BATCH,QUEUE_DELAY_US,INSTANCES,INTRA_OP_THREADS "
+                         f"(four integers, e.g. 32,0,2,1)")
+    return tuple(int(p) for p in parts)
+
+
 # Per model, what each server does best with it (what was tried here is in
 # inference-backend/README.md "Against the peers"). Ours: an
 # L7SchedulingPolicy preset (balanced, the default); for the overhead-bound
@@ -60,16 +75,18 @@ MLP_IN, MLP_OUT = 64, 16
 # then read the weights once for all in flight; the trade is measured in the
 # README); env PEER_OURS_FLAGS_RELU / _MLP override. Triton: max_batch_size and max_queue_delay_microseconds of its
 # dynamic batcher (0: a batch leaves as soon as the instance is free, with
-# whatever queued meanwhile). MLServer: its adaptive batcher (max_batch_size,
+# whatever queued meanwhile), one instance with onnxruntime's threads (count 2
+# of one thread each was tried on the MLP: ahead at c=64, behind at c=16; the
+# README); env PEER_TRITON_RELU / _MLP override. MLServer: its adaptive batcher (max_batch_size,
 # max_batch_time in us; None: off) and parallel_workers (0: inference on its
 # event loop, which an overhead-bound model prefers to a hop to a worker
 # process; 1: one worker, which with batching did best on the MLP). KServe:
 # nothing to set (no batcher in its Python server).
 BATCHING = {
     "relu": {"ours": os.environ.get("PEER_OURS_FLAGS_RELU", "--qos-policy balanced --workers 2").split(),
-             "triton": (64, 0), "mlserver": {"batch": None, "parallel_workers": 0}},
+             "triton": _triton("relu", (64, 0, 1, 0)), "mlserver": {"batch": None, "parallel_workers": 0}},
     "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced --workers 1 --intra-op-threads 2").split(),
-            "triton": (32, 0), "mlserver": {"batch": (32, 2000), "parallel_workers": 1}},
+            "triton": _triton("mlp", (32, 0, 1, 0)), "mlserver": {"batch": (32, 2000), "parallel_workers": 1}},
 }
 
 
@@ -193,8 +210,9 @@ def make_server(label: str, model: dict):
         return GrpcFloor(model)
     if label == "triton":
         from benchmarks.peers.triton import TritonPeer
-        max_batch, delay = batching["triton"]
-        return TritonPeer(ROOT, [{**model, "max_batch": max_batch, "max_queue_delay_us": delay}],
+        max_batch, delay, instances, intra = batching["triton"]
+        return TritonPeer(ROOT, [{**model, "max_batch": max_batch, "max_queue_delay_us": delay,
+                                  "instances": instances, "intra_op_threads": intra}],
                           free_port(), free_port(), free_port())
     if label == "kserve":
         from benchmarks.peers.kserve import KServePeer

@@ -13,6 +13,18 @@ DELAY moves it behind every fresh request of its level and above.
 One compute thread per model instance takes the batches; everything else
 (parsing, encoding) happens on the server's threads, which only enqueue.
 
+Instances (`instances` N, Triton's instance_group count; `mcpctl serve
+--instances`). N compute threads take batches from the same queues, each
+running its batch on the same session beside the others (ORT's run is
+thread-safe). On a CPU a batch then runs on fewer intra-op threads
+(model_server gives each instance its share of the cores): a GEMM split over
+two threads waits at its end for the slower half, and on a machine whose
+cores also parse and answer requests one half is often descheduled, while two
+single-threaded batches never wait for each other (builtin:mlp batch 32 under
+a 0.6-core background load: 3,000-3,500 rows/s against 2,100-2,400 with one
+two-thread instance, inference-backend/README.md). An executor that cannot
+run concurrently (`concurrent_runs = False`, the decoder) uses instance 0 only.
+
 Reserved lane (`reserved_lane_levels` N > 0; on in the latency-critical
 preset). A batch cannot be pre-empted, so with one instance a top-level
 request that arrives while a low-priority batch computes waits for all of it
@@ -65,7 +77,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -120,7 +132,7 @@ class Observer(Protocol):
 
 class DynamicBatcher:
     def __init__(self, name: str, executor: Executor, settings: BatcherSettings,
-                 observer: Observer | None = None, idle_dispatch: bool = False):
+                 observer: Observer | None = None, idle_dispatch: bool = False, instances: int = 1):
         self.name = name
         self.executor = executor
         self.settings = settings
@@ -137,23 +149,27 @@ class DynamicBatcher:
         self._count: dict[int, int] = collections.defaultdict(int)
         self._next_deadline = 0
         self._stopping = False
-        self.in_flight = 0                 # requests of the batch being computed (main instance)
-        self.busy_ns = 0                   # main instance's compute time so far, for utilisation
+        self.in_flight = 0                 # requests of the batches being computed (main instances)
+        self.busy_ns = 0                   # main instances' compute time so far, summed, for utilisation
         self.lane_busy_ns = 0              # the reserved lane's
         self.lane_batches = 0
         self.completed = 0
         self.idle_dispatch = idle_dispatch
         self.arriving = 0                  # requests read by a front end, not yet submitted (idle dispatch)
         self.inline_runs = 0
-        self._main_busy = False            # the main instance is running a batch (its thread or inline)
+        self.instances = max(1, instances)
+        self._busy_instances = 0           # main instances running a batch (their thread, or an inline run)
         # Policy changes and when the first batch under each was formed (wall clock, so another
         # process - a benchmark, the decision loop - can compare with its own times): /admin/status.
         self.policy_generation = 0
         self.policy_changes: collections.deque = collections.deque(maxlen=64)
         self._batch_generation = 0
         self._lane: threading.Thread | None = None
-        self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, kwargs={"instance": i}, daemon=True,
+                                          name=f"batcher-{name}" + (f"-{i}" if i else ""))
+                         for i in range(self.instances)]
+        for t in self._threads:
+            t.start()
         self._start_lane()
         # Timeouts fire at their deadline even while the compute thread is busy
         # with a long batch: a refused client should hear so at once.
@@ -216,22 +232,19 @@ class DynamicBatcher:
         inline = self.idle_dispatch and getattr(self.executor, "inline_ok", False)
         while inline:
             with self._cond:
-                if self._main_busy or self._stopping:
+                if not self.instance_free() or self._stopping:
                     break
                 batch, _ = self._form(time.monotonic_ns())
                 if not batch:           # nothing queued, or a batch waiting for a request being decoded
                     break
-                self._take(batch)
-                self._formed()
-                self._main_busy = True
-                self.in_flight = len(batch)
+                self._started(batch)
                 executor = self.executor
             self.inline_runs += 1
             try:
                 self._run(executor, batch)
             finally:
                 with self._cond:
-                    self._main_busy = False
+                    self._finished(batch)
         with self._cond:
             if any(self._count.values()):
                 self._cond.notify()
@@ -259,6 +272,22 @@ class DynamicBatcher:
                                         "applied_at": time.time(), "first_batch_at": None})
             self._start_lane()
             self._notify_all()
+
+    def instance_free(self) -> bool:
+        """A main instance is idle (read without the lock, it is a hint)."""
+        return self._busy_instances < self.instances
+
+    def _started(self, batch: list[Pending]) -> None:
+        """A main instance takes `batch` (the lock is held)."""
+        self._take(batch)
+        self._formed()
+        self._busy_instances += 1
+        self.in_flight += len(batch)
+
+    def _finished(self, batch: list[Pending]) -> None:
+        """...and is done with it (the lock is held)."""
+        self._busy_instances -= 1
+        self.in_flight -= len(batch)
 
     def _formed(self) -> None:
         """A batch was just taken (the lock is held): the first under a new policy is recorded."""
@@ -296,7 +325,8 @@ class DynamicBatcher:
         with self._cond:
             self._stopping = True
             self._notify_all()
-        self._thread.join(timeout)
+        for t in self._threads:
+            t.join(timeout)
         if self._lane:
             self._lane.join(timeout)
         self._reaper.join(timeout)
@@ -388,8 +418,11 @@ class DynamicBatcher:
             return None, (GATED_RECHECK_S if gated else None)
         if overflow or rows >= s.max_batch_size or s.max_queue_delay_us == 0 or self._stopping:
             return batch, None
-        if self.idle_dispatch and self.arriving <= 0:
-            return batch, None          # this instance is idle and nothing can join in time
+        if self.idle_dispatch and self.arriving <= 0 and (top or not self._busy_instances):
+            # nothing can join in time and every main instance is idle (while another computes,
+            # its answers bring more requests, so Triton's rules below apply); the reserved
+            # lane's top-level requests never wait for company
+            return batch, None
         if s.preferred_batch_sizes:
             # Triton: the largest preferred size a prefix of the queue reaches goes now.
             total, best = 0, 0
@@ -404,30 +437,31 @@ class DynamicBatcher:
             return batch, None
         return None, (wait_until - now) / 1e9
 
-    def _loop(self, lane: bool = False) -> None:
-        """The main instance's compute thread, or (lane=True) the reserved lane's."""
+    def _loop(self, lane: bool = False, instance: int = 0) -> None:
+        """A main instance's compute thread, or (lane=True) the reserved lane's."""
         while True:
             with self._cond:
                 while True:
                     now = time.monotonic_ns()
                     self._expire(now)
                     top = self.settings.reserved_lane_levels if lane else 0
-                    if lane and not getattr(self.executor, "concurrent_runs", True):
-                        top = 0             # e.g. a decoder's KV cache: one run at a time
-                    if lane and (not top or self._stopping):
+                    serial = not getattr(self.executor, "concurrent_runs", True)   # e.g. a decoder's KV cache
+                    if lane and serial:
+                        top = 0
+                    if (lane and (not top or self._stopping)) or (instance and serial):
                         if self._stopping:
-                            return          # the main instance drains what is left
-                        batch, wait = None, None   # lane switched off by a policy update: idle
+                            return          # instance 0 drains what is left
+                        batch, wait = None, None   # lane switched off by a policy update, or a serial model: idle
                     else:
                         batch, wait = self._form(now, top)
-                    if batch and not lane and self._main_busy:
-                        batch, wait = None, None    # an inline run holds the main instance
+                    if batch and not lane and not self.instance_free():
+                        batch, wait = None, None    # an inline run holds the last free instance
                     if batch:
-                        self._take(batch)
-                        self._formed()
-                        if not lane:
-                            self.in_flight = len(batch)
-                            self._main_busy = True
+                        if lane:
+                            self._take(batch)
+                            self._formed()
+                        else:
+                            self._started(batch)
                         break
                     if self._stopping and not self.total_queued():
                         return
@@ -440,7 +474,8 @@ class DynamicBatcher:
                 self._run(executor, batch, lane)
             finally:
                 if not lane:
-                    self._main_busy = False
+                    with self._cond:
+                        self._finished(batch)
 
     def _run(self, executor: Executor, batch: list[Pending], lane: bool = False) -> None:
         start = time.monotonic_ns()
@@ -461,9 +496,6 @@ class DynamicBatcher:
             for p in batch:
                 _fail(p, error)
             return
-        finally:
-            if not lane:
-                self.in_flight = 0
         self._busy(lane, time.monotonic_ns() - start)
         rows = sum(p.rows for p in batch)
         version = getattr(getattr(executor, "model", None), "version", "")
@@ -475,16 +507,18 @@ class DynamicBatcher:
                     p.future.set_result(Result(out, queue_us, compute_us, assemble_us, rows, len(batch), p.level, version, par))
                 except concurrent.futures.InvalidStateError:  # cancelled meanwhile
                     pass
-        self.completed += len(batch)
+        with self._cond:                # instances finish concurrently
+            self.completed += len(batch)
         if self.observer:
             self.observer.on_batch(batch, (start, assemble_us, compute_us), rows, version)
 
     def _busy(self, lane: bool, ns: int) -> None:
-        if lane:
-            self.lane_busy_ns += ns
-            self.lane_batches += 1
-        else:
-            self.busy_ns += ns
+        with self._cond:
+            if lane:
+                self.lane_busy_ns += ns
+                self.lane_batches += 1
+            else:
+                self.busy_ns += ns
 
 
 def _classify(e: Exception, model: str) -> InferenceError:

@@ -49,8 +49,11 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch", type=int, help="override max_batch_size of the policy")
     p.add_argument("--max-queue-delay-us", type=int, help="override max_queue_delay_microseconds")
     p.add_argument("--intra-op-threads", type=int,
-                   help="ONNX Runtime intra-op threads (default: CPU cores / replicas, "
-                        "halved when the policy has a reserved lane)")
+                   help="ONNX Runtime intra-op threads (default: CPU cores / (replicas x workers x instances), "
+                        "shared with the reserved lane when the policy has one)")
+    p.add_argument("--instances", type=int, default=1,
+                   help="compute threads per model, each running batches beside the others on its share of the "
+                        "ONNX threads (Triton's instance_group count; default 1)")
     p.add_argument("--kv-cache-mb", type=float, default=64, help="KV-cache budget of a decoder model (MiB)")
     p.add_argument("--kv-idle-seconds", type=float, default=5.0,
                    help="drop KV-cache blocks no sequence uses after this many idle seconds (default 5)")
@@ -109,9 +112,10 @@ def run(args) -> int:
     if args.worker_index:           # started by the first worker, after its gRPC threads began
         from inference_backend.priority_worker import bind_to_parent
         bind_to_parent()
-    if args.replicas < 1 or args.workers < 1:
-        print("mcpctl serve: --replicas and --workers must be at least 1", file=sys.stderr)
-        return 2
+    for flag in ("replicas", "workers", "instances"):
+        if getattr(args, flag) < 1:
+            print(f"mcpctl serve: --{flag} must be at least 1, got {getattr(args, flag)}", file=sys.stderr)
+            return 2
     if args.workers > 1 and args.model_control_mode == "explicit":
         # a repository load / unload reaches the one worker the connection landed on
         print("mcpctl serve: --model-control-mode explicit needs --workers 1", file=sys.stderr)
@@ -135,13 +139,14 @@ def run(args) -> int:
     try:
         check_model_spec(args.model)
         intra = args.intra_op_threads     # None: the cores, split between two lanes (model_server)
-        if intra is None and args.workers > 1:    # the workers share the cores
-            intra = max(1, (os.cpu_count() or 1) // args.workers)
+        if intra is None and args.workers > 1:    # the workers (and their instances) share the cores
+            intra = max(1, (os.cpu_count() or 1) // (args.workers * args.instances))
         opts = ServeOptions(
             model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
+            instances=args.instances,
             kv_cache_mb=args.kv_cache_mb, kv_idle_seconds=args.kv_idle_seconds,
             openai_models=parse_model_map(args.openai_model), max_body_bytes=args.max_body_bytes,
             session_key_file=args.session_key_file,
@@ -159,7 +164,7 @@ def run(args) -> int:
 
 # Flags passed to every replica as given (the port flags are set per replica).
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
-                 "max_queue_delay_us", "intra_op_threads", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
+                 "max_queue_delay_us", "intra_op_threads", "instances", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
                  "model_control_mode", "workers", "rest_frontend", "grpc_frontend")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path")
@@ -186,7 +191,7 @@ def _priority_argv(args) -> list[str]:
     the top class only, one intra-op thread, its own ports (0: any free port)
     and a loopback admin port on any free port (the parent forwards to it)."""
     from inference_backend.priority_worker import SERVE_CLASS, WORKER_INTRA_OP_THREADS
-    argv = _child_argv(args, skip=("intra_op_threads", "workers"))
+    argv = _child_argv(args, skip=("intra_op_threads", "workers", "instances"))
     return [*argv, "--serve-class", SERVE_CLASS.header_value, "--intra-op-threads", str(WORKER_INTRA_OP_THREADS),
             "--grpc-port", str(args.priority_grpc_port or 0), "--http-port", str(args.priority_http_port or 0),
             "--admin-port", "0"]
@@ -198,7 +203,7 @@ def run_replicas(args) -> int:
     from inference_backend.pool import envoy_bootstrap, replica_ports
     log = logging.getLogger("inference_backend")
     if args.intra_op_threads is None:  # replicas share the cores
-        args.intra_op_threads = max(1, (os.cpu_count() or 1) // (args.replicas * args.workers))
+        args.intra_op_threads = max(1, (os.cpu_count() or 1) // (args.replicas * args.workers * args.instances))
     argv = _child_argv(args)
     children = []
     layout = replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port,

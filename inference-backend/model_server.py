@@ -98,7 +98,8 @@ def _copy_state(src, dst: asyncio.Future) -> None:
 
 class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
-                 kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True):
+                 kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
+                 instances: int = 1):
         self.name = name
         self.model = model
         self.telemetry = telemetry
@@ -114,8 +115,10 @@ class ServedModel:
         self.stats.add_version(model.version)
         self.loaded = True                          # False after a repository unload (repository.py)
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
-                                      idle_dispatch=fast_path)
-        self.load = LoadSampler(lambda: self.batcher.busy_ns, lambda: self.batcher.completed,
+                                      idle_dispatch=fast_path, instances=instances)
+        # utilisation of the instances together (0-1), as each is busy that fraction of the time
+        self.load = LoadSampler(lambda: self.batcher.busy_ns / self.batcher.instances,
+                                lambda: self.batcher.completed,
                                 self.batcher.total_queued, named=self._orca_named)
         self.version_count = 1
         self._reload_lock = threading.Lock()
@@ -243,7 +246,7 @@ class ServedModel:
         loop anyway; running it now saves the loop turn, the future's thread-safe wake-up and
         the task switch (gRPC c=1: ~15-25% more req/s, ~100 us less server CPU a request)."""
         b = self.batcher
-        return (not self._flush_scheduled and b.arriving <= 0 and not b._main_busy
+        return (not self._flush_scheduled and b.arriving <= 0 and b.instance_free()
                 and getattr(b.executor, "inline_ok", False) and b.total_queued() == 1)
 
     async def infer(self, pending: Pending, qos_class: str | None, priority: int | None,
@@ -314,6 +317,7 @@ class ServedModel:
             "name": self.name, "version": m.version, "path": m.path, "provider": m.provider, "device": m.device,
             "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
+            "instances": self.batcher.instances,
             "batching": self.batcher.settings.describe(), "queue_depth": self.batcher.queue_depth(),
             "reserved_lane": {"batches": self.batcher.lane_batches,
                               "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4)},
@@ -347,20 +351,23 @@ class ModelServer:
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
-            profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True) -> ServedModel:
+            profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
+            instances: int = 1) -> ServedModel:
         if intra_op_threads is None:
-            # Two lanes (the reserved one, see batcher.py) may run at once on this
-            # session: each gets half the cores, so together they do not
-            # oversubscribe the machine (2 + 2 ORT threads on 2 cores, beside the
-            # event loop). On builtin:mlp batch-1 compute alone was about the same
-            # at 1 thread as at 2 (it is bound by reading the weights).
+            # The instances and the reserved lane (batcher.py) may run at once on
+            # this session: each gets its share of the cores, so together they do
+            # not oversubscribe the machine (2 + 2 ORT threads on 2 cores, beside
+            # the event loop). On builtin:mlp batch-1 compute alone was about the
+            # same at 1 thread as at 2 (it is bound by reading the weights).
             cores = max(1, os.cpu_count() or 1)
-            intra_op_threads = max(1, cores // 2) if settings.reserved_lane_levels else cores
+            runners = instances + (1 if settings.reserved_lane_levels else 0)
+            intra_op_threads = max(1, cores // runners)
         model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
-        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path)
+        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
+                             instances=instances)
         self.models[name] = served
         return served
 

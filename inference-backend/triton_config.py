@@ -12,7 +12,7 @@ What maps to what:
   priority_queue_policy (timeout_action, default_timeout_microseconds,
   allow_timeout_override, max_queue_size), exactly the settings the batcher runs with
   (preset, policy file or POST /admin/policy: the current ones);
-- instance_group: one instance of kind KIND_GPU (CUDA / TensorRT) or KIND_CPU; the
+- instance_group: `--instances` (count) of kind KIND_GPU (CUDA / TensorRT) or KIND_CPU; the
   reserved lane (a second compute thread for levels 1..N only) and the fast path are
   not Triton fields: they are in `parameters` (reserved_lane_levels, idle_dispatch),
   with execution_provider;
@@ -57,7 +57,7 @@ def config_doc(served) -> dict:
             "priority_queue_policy": {str(level): _queue_policy(p) for level, p in sorted(s.queue_policies.items())},
         },
         "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_CPU" if m.device == "cpu" else "KIND_GPU",
-                            "count": 1, "gpus": [] if m.device == "cpu" else [_device_id(m)]}],
+                            "count": served.batcher.instances, "gpus": [] if m.device == "cpu" else [_device_id(m)]}],
         "default_model_filename": "model.onnx",
         "parameters": {
             "execution_provider": {"string_value": m.provider},

@@ -29,7 +29,7 @@ _TYPES = {"FP32": "TYPE_FP32", "FP16": "TYPE_FP16", "FP64": "TYPE_FP64", "INT64"
 
 
 def model_config(name: str, onnx_path: str, inputs: list[dict], outputs: list[dict], max_batch: int,
-                 max_queue_delay_us: int, intra_op_threads: int = 0) -> str:
+                 max_queue_delay_us: int, intra_op_threads: int = 0, instances: int = 1) -> str:
     """config.pbtxt for one model. Shapes are given with the batch dimension
     first (-1); Triton's dims leave it out when max_batch_size > 0."""
     def tensors(specs: list[dict]) -> str:
@@ -38,7 +38,7 @@ def model_config(name: str, onnx_path: str, inputs: list[dict], outputs: list[di
                           for s in specs)
     out = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {max_batch}",
            f"input [\n{tensors(inputs)}\n]", f"output [\n{tensors(outputs)}\n]",
-           "instance_group [ { kind: KIND_CPU count: 1 } ]",
+           f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]",
            f'parameters {{ key: "onnx_path" value: {{ string_value: "{onnx_path}" }} }}',
            f'parameters {{ key: "intra_op_threads" value: {{ string_value: "{intra_op_threads}" }} }}']
     if max_batch > 0:
@@ -73,7 +73,8 @@ class TritonPeer:
             shutil.copy(os.path.join(HERE, "triton_onnx_model.py"), os.path.join(repo, m["name"], "1", "model.py"))
             with open(os.path.join(repo, m["name"], "config.pbtxt"), "w") as f:
                 f.write(model_config(m["name"], m["onnx_path"], m["inputs"], m["outputs"], m["max_batch"],
-                                     m["max_queue_delay_us"], intra_op_threads))
+                                     m["max_queue_delay_us"], m.get("intra_op_threads", intra_op_threads),
+                                     m.get("instances", 1)))
         libs = [os.path.join(sp, "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR")]
         env = {**os.environ,
                "LD_LIBRARY_PATH": os.pathsep.join(libs + [os.environ.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep),

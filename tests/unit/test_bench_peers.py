@@ -128,6 +128,18 @@ def test_triton_model_config_leaves_the_batch_dimension_out():
     assert 'backend: "python"' in cfg and 'string_value: "/m/mlp.onnx"' in cfg
     unbatched = triton.model_config("mlp", "/m/mlp.onnx", spec["inputs"], spec["outputs"], 0, 0)
     assert "dims: [ -1, 64 ]" in unbatched and "dynamic_batching" not in unbatched
+    assert "instance_group [ { kind: KIND_CPU count: 1 } ]" in cfg
+    two = triton.model_config("mlp", "/m/mlp.onnx", spec["inputs"], spec["outputs"], 32, 0, intra_op_threads=1,
+                              instances=2)
+    assert "instance_group [ { kind: KIND_CPU count: 2 } ]" in two and 'string_value: "1"' in two
+
+
+def test_triton_settings_from_the_environment_are_checked(monkeypatch):
+    monkeypatch.setenv("PEER_TRITON_MLP", "32,0,2,1")
+    assert bp._triton("mlp", (32, 0, 1, 0)) == (32, 0, 2, 1)
+    monkeypatch.setenv("PEER_TRITON_MLP", "32,0")
+    with pytest.raises(SystemExit, match="PEER_TRITON_MLP='32,0': expected MAX_BATCH"):
+        bp._triton("mlp", (32, 0, 1, 0))
 
 
 def test_venv_marker_must_match_the_requirements(tmp_path):

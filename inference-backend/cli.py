@@ -21,6 +21,7 @@ import time
 from mesh.scheduling import DEFAULT_PRESET, PRESETS
 
 DEFAULT_WORKERS = 1
+MAX_INSTANCES = 64                  # a compute thread each: more than a machine has cores is a typo
 
 
 def register(subparsers) -> None:
@@ -116,6 +117,9 @@ def run(args) -> int:
         if getattr(args, flag) < 1:
             print(f"mcpctl serve: --{flag} must be at least 1, got {getattr(args, flag)}", file=sys.stderr)
             return 2
+    if args.instances > MAX_INSTANCES:
+        print(f"mcpctl serve: --instances must be at most {MAX_INSTANCES}, got {args.instances}", file=sys.stderr)
+        return 2
     if args.workers > 1 and args.model_control_mode == "explicit":
         # a repository load / unload reaches the one worker the connection landed on
         print("mcpctl serve: --model-control-mode explicit needs --workers 1", file=sys.stderr)

@@ -58,6 +58,7 @@ def test_concurrent_answers_are_the_models_own(server):
 
 @pytest.mark.parametrize("model, flags, why", [
     ("builtin:mlp", ["--instances", "0"], "--instances must be at least 1"),
+    ("builtin:mlp", ["--instances", "100000"], "--instances must be at most 64"),
     # its KV cache is advanced by one run at a time
     ("builtin:tiny-decoder", ["--instances", "2"], "--instances > 1 cannot serve a decoder model"),
 ])

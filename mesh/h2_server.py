@@ -8,7 +8,8 @@ What it does: the preface and SETTINGS exchange, HEADERS + CONTINUATION
 (hpack_decoder decodes; what we send is never indexed, so the peer's table size does
 not matter), DATA with padding, flow control both ways (what we send waits for
 the peer's windows; what a stream receives is credited back as it arrives, or,
-while its handler holds unread messages, once they are read), PING, RST_STREAM, GOAWAY (ours on
+while its handler holds unread messages, once they are read), PING (grpc-core's ping-abuse
+policy: too many without data between ends the connection), RST_STREAM, GOAWAY (ours on
 stop, with the last stream we took; the peer's: no new streams), the peer's
 MAX_FRAME_SIZE and INITIAL_WINDOW_SIZE, and MAX_CONCURRENT_STREAMS (a stream
 past it is refused, the client retries). Not here: server push, priorities
@@ -27,6 +28,7 @@ import asyncio
 import collections
 import logging
 import struct
+import time
 
 from hpack.exceptions import HPACKError
 
@@ -56,6 +58,14 @@ STREAM_WINDOW = 1 << 20         # what each stream may send before we credit it
 CONNECTION_WINDOW = 16 << 20    # and the connection
 MAX_HEADER_LIST = 16 << 10      # decoded header bytes per block (grpcio's default hard limit is 16 KiB)
 MAX_HEADER_BLOCK = 64 << 10     # encoded bytes of one block with its CONTINUATIONs
+# PING abuse, as grpc-core's servers judge it (ping_abuse_policy): a PING sooner than this after
+# the last one, with nothing sent in between, is a strike (2 h while no stream is open:
+# keepalive_permit_without_calls 0); past MAX_PING_STRIKES the connection ends with GOAWAY
+# ENHANCE_YOUR_CALM "too_many_pings". Sending HEADERS or DATA clears the count, so a client's
+# BDP probes (one per burst of data it receives) never add up.
+MIN_RECV_PING_INTERVAL_S = 300.0
+IDLE_RECV_PING_INTERVAL_S = 7200.0
+MAX_PING_STRIKES = 2
 
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
@@ -140,6 +150,8 @@ class H2Connection(asyncio.Protocol):
         self.going_away = False             # GOAWAY sent or received: no new streams
         self.closed = False
         self.failed = False                 # we sent GOAWAY for a protocol error: the rest is not read
+        self.last_ping = float("-inf")      # when the last PING came (none since we last sent anything)
+        self.ping_strikes = 0
 
     # -- asyncio.Protocol --------------------------------------------------
 
@@ -216,6 +228,7 @@ class H2Connection(asyncio.Protocol):
                     if sid or length != 8:
                         raise ConnectionError_(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "bad PING")
                     if not flags & ACK:
+                        self._on_ping()
                         self._write(frame(PING, ACK, 0, payload))
                 elif kind == RST_STREAM:
                     if not sid or length != 4:
@@ -380,10 +393,25 @@ class H2Connection(asyncio.Protocol):
         if n > 0 and not st.remote_closed and not self.closed:
             self._write(frame(WINDOW_UPDATE, 0, st.id, _U32.pack(n)))
 
+    def _on_ping(self) -> None:
+        now = time.monotonic()
+        interval = MIN_RECV_PING_INTERVAL_S if self.streams else IDLE_RECV_PING_INTERVAL_S
+        too_soon = now < self.last_ping + interval
+        self.last_ping = now
+        if too_soon:
+            self.ping_strikes += 1
+            if self.ping_strikes > MAX_PING_STRIKES:
+                raise ConnectionError_(ENHANCE_YOUR_CALM, "too_many_pings")
+
+    def _sent(self) -> None:
+        """HEADERS or DATA went out: the PINGs before it were not abuse."""
+        self.last_ping, self.ping_strikes = float("-inf"), 0
+
     def send_headers(self, st: Stream, block: bytes, end_stream: bool = False) -> None:
         """A header block (under the peer's frame size: ours are small)."""
         if st.local_closed or self.closed:
             return
+        self._sent()
         self._write(frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0), st.id, block))
         if end_stream:
             self._finish(st)
@@ -391,6 +419,7 @@ class H2Connection(asyncio.Protocol):
     def send_data(self, st: Stream, data: bytes) -> None:
         if st.local_closed or self.closed:
             return
+        self._sent()
         if not st.queue and len(data) <= min(st.send_window, self.send_window, self.peer_max_frame):
             st.send_window -= len(data)         # the common case: one frame, windows open
             self.send_window -= len(data)

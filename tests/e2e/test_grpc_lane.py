@@ -34,6 +34,7 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0, 1, 3, 6, 7, 9
+ENHANCE_YOUR_CALM = 11
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
@@ -604,9 +605,9 @@ def goaway_code(f: Frame) -> int:
     return struct.unpack(">II", f.payload[:8])[1]
 
 
-def assert_goaway_and_closed(lt: LaneThread, raw: Raw, code: int | None) -> None:
+def assert_goaway_and_closed(lt: LaneThread, raw: Raw, code: int | None) -> list:
     """GOAWAY (with `code`, or any error code when None), EOF, the lane lets the connection go
-    and a fresh grpcio channel is still served."""
+    and a fresh grpcio channel is still served; -> the frames read."""
     peer = raw.peer_name
     frames = raw.read_to_eof(5)
     assert raw.eof, "the server kept the connection open"
@@ -620,6 +621,7 @@ def assert_goaway_and_closed(lt: LaneThread, raw: Raw, code: int | None) -> None
         time.sleep(0.02)
     assert peer not in lt.peers(), "the lane still holds the closed connection"
     serves(lt)
+    return frames
 
 
 def test_raw_padded_data_and_priority_headers_served(lt):
@@ -684,7 +686,7 @@ def test_raw_stream_window_overflow_resets_that_stream_and_cancels_its_handler(l
 
 def test_raw_client_not_reading_cannot_grow_server_output(lt):
     """16 MB of PINGs from a client that reads nothing: the server must stop reading (or close)
-    rather than queue every PING ACK (grpcio: GOAWAY ENHANCE_YOUR_CALM too_many_pings)."""
+    rather than queue every PING ACK (it closes: too_many_pings, the next test)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", lt.port))
@@ -705,6 +707,33 @@ def test_raw_client_not_reading_cannot_grow_server_output(lt):
     sock.close()
     assert not buffered or buffered[0] < 4 * MB, f"{buffered[0] / MB:.1f} MB queued for a client that reads nothing"
     serves(lt)
+
+
+def test_raw_ping_flood_ends_with_goaway_too_many_pings(lt):
+    """grpc-core's ping-abuse policy: on an idle connection the second and later PINGs
+    with nothing sent in between are strikes; the third strike ends the connection."""
+    raw = Raw(lt.port)
+    raw.send(frame(PING, 0, 0, b"12345678") * 4)
+    frames = assert_goaway_and_closed(lt, raw, ENHANCE_YOUR_CALM)
+    assert sum(f.kind == PING and f.flags & ACK for f in frames) == 3
+    assert next(f for f in frames if f.kind == GOAWAY).payload[8:] == b"too_many_pings"
+
+
+def test_raw_pings_between_answers_are_not_abuse(lt):
+    """Sending an answer clears the strikes (as a BDP probe after each burst of data is
+    never abuse): two PINGs after each of five answered calls keep the connection."""
+    raw = Raw(lt.port)
+    for i in range(5):
+        sid = 1 + 2 * i
+        raw.send(raw.headers(sid, request_headers()) + frame(DATA, END_STREAM, sid, grpc_message(b"hi"))
+                 + frame(PING, 0, 0, b"%08d" % i))
+        frames = raw.read_until(lambda fs: any(f.kind == HEADERS and f.flags & END_STREAM and f.stream == sid
+                                                for f in fs) and any(f.kind == PING for f in fs))
+        raw.send(frame(PING, 0, 0, b"x%07d" % i))
+        frames += raw.read_until(lambda fs: any(f.kind == PING for f in fs))
+        assert not any(f.kind == GOAWAY for f in frames) and not raw.eof, i
+        assert sum(f.kind == PING and f.flags & ACK for f in frames) == 2
+    raw.close()
 
 
 def test_raw_interrupted_header_block_and_even_stream_goaway(lt):

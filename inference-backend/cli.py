@@ -142,7 +142,7 @@ def run(args) -> int:
     from inference_backend.openai_api import parse_model_map
     try:
         check_model_spec(args.model)
-        intra = args.intra_op_threads     # None: the cores, split between two lanes (model_server)
+        intra = args.intra_op_threads     # None: the cores, shared by the instances and the lane (model_server)
         if intra is None and args.workers > 1:    # the workers (and their instances) share the cores
             intra = max(1, (os.cpu_count() or 1) // (args.workers * args.instances))
         opts = ServeOptions(
@@ -168,7 +168,8 @@ def run(args) -> int:
 
 # Flags passed to every replica as given (the port flags are set per replica).
 _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
-                 "max_queue_delay_us", "intra_op_threads", "instances", "kv_cache_mb", "kv_idle_seconds", "max_body_bytes",
+                 "max_queue_delay_us", "intra_op_threads", "instances", "kv_cache_mb", "kv_idle_seconds",
+                 "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
                  "model_control_mode", "workers", "rest_frontend", "grpc_frontend")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path")

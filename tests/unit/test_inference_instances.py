@@ -103,10 +103,10 @@ def test_idle_dispatch_waits_for_the_batch_while_another_instance_computes():
     waits the queue delay for them as Triton's rules say."""
     ex = Held()
     delay_us = 150_000
-    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=8, preferred_batch_sizes=(), max_queue_delay_us=delay_us),
-                       idle_dispatch=True, instances=2)
-    first = b.submit(req("first"))                 # every instance idle: leaves at once
-    assert ex.wait_running(1, timeout=delay_us / 1e6 / 2)
+    settings = BatcherSettings(max_batch_size=8, preferred_batch_sizes=(), max_queue_delay_us=delay_us)
+    b = DynamicBatcher("m", ex, settings, idle_dispatch=True, instances=2)
+    first = b.submit(req("first"))                 # every instance idle: leaves at once (queue_us below)
+    assert ex.wait_running(1)
     t0 = time.monotonic()
     second = b.submit(req("second"))               # instance 0 computes: waits for company
     late = b.submit(req("late"))
@@ -129,7 +129,7 @@ def test_the_reserved_lane_still_dispatches_at_once_while_the_main_instance_comp
     low = b.submit(req("low"), qos_class="batch")
     assert ex.wait_running(1)
     high = b.submit(req("high"), qos_class="latency-critical")
-    assert ex.wait_running(2, timeout=delay_us / 1e6 / 4)      # the lane took it beside the held batch
+    assert ex.wait_running(2)                      # the lane took it beside the held batch (queue_us below)
     ex.gate.set()
     assert high.result(5).queue_us < delay_us / 4 and low.result(5)
     b.stop()

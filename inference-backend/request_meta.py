@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from mesh import headers as H
 from mesh.session import DEFAULT_MAX_AGE_S, SessionError, verify_session

@@ -404,7 +404,8 @@ class H2Connection(asyncio.Protocol):
                 raise ConnectionError_(ENHANCE_YOUR_CALM, "too_many_pings")
 
     def _sent(self) -> None:
-        """HEADERS or DATA went out: the PINGs before it were not abuse."""
+        """HEADERS or DATA is being sent (DATA perhaps queued behind a window): the PINGs before
+        it were not abuse."""
         self.last_ping, self.ping_strikes = float("-inf"), 0
 
     def send_headers(self, st: Stream, block: bytes, end_stream: bool = False) -> None:

@@ -57,7 +57,7 @@ import hmac
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mesh import headers as H
 

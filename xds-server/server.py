@@ -25,6 +25,9 @@ from xds_server.watch import DirectorySource
 
 log = logging.getLogger("xds_server")
 
+UNREQUESTED_STREAM_HOLD_S = 600     # gRPC core's default: 30 s
+MAX_HELD_STREAMS = 20_000           # gRPC core's default: 1,000 (past it, some refused), 3,000 (all)
+
 
 def default_load():
     """mesh.change_set.load_config, re-parsing only changed files (see incremental_load.py)."""
@@ -76,6 +79,14 @@ class XdsServer:
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            # A stream waits in gRPC core until this loop asks for it. When a fleet connects at
+            # once the loop is busy pushing to the streams before it, and core cancels a stream
+            # it held 30 s (its default) with CANCELLED, or refuses new ones past 1,000 held:
+            # the proxy then re-opens and is sent everything again. Envoy waits on a slow ADS
+            # stream, so hold them (xds-server/README.md "Scale": 1,000 clients at once).
+            ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_STREAM_HOLD_S),
+            ("grpc.server.max_pending_requests", MAX_HELD_STREAMS),
+            ("grpc.server.max_pending_requests_hard_limit", MAX_HELD_STREAMS),
         ])
         add_to_server(self.hub, self._grpc)
         try:

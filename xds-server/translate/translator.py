@@ -57,6 +57,7 @@ class Translator:
         self._keep = keep
         self._configs: "OrderedDict[int, ConfigTranslation]" = OrderedDict()   # id(config) -> its translation
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()    # held while a config's ConfigTranslation is built
 
     # -- the whole snapshot ----------------------------------------------------
     def translate(self, config: MeshConfig, node: ProxyNode) -> Snapshot:
@@ -144,9 +145,8 @@ class Translator:
                 lis = bound_listener(vip[0] if vip else self.options.bind_address, port, chains,
                                      head + filters[port] + tail, gateway)
                 out[lis.name] = lis
-        with state.lock:
-            state.listeners[cache_key] = out
-        return out
+        with state.lock:        # built meanwhile for another proxy of this key: share that one
+            return state.listeners.setdefault(cache_key, out)
 
     # -- a sidecar's Sidecar resource: inbound listeners, egress scope ----------
     def sidecar(self, state: ConfigTranslation, node: ProxyNode, snapshot: Snapshot) -> Snapshot:
@@ -168,10 +168,13 @@ class Translator:
 
     # -- the per-config cache --------------------------------------------------
     def cached(self, config: MeshConfig) -> ConfigTranslation | None:
-        """The kept translation of this config object, if any."""
+        """The kept translation of this config object, if any (kept longer: it was used)."""
         with self._lock:
             found = self._configs.get(id(config))
-        return found if found is not None and found.config is config else None
+            if found is None or found.config is not config:
+                return None
+            self._configs.move_to_end(id(config))
+            return found
 
     def reset(self) -> None:
         """Forget every config's translation: the next one is a full translation."""
@@ -179,17 +182,24 @@ class Translator:
             self._configs.clear()
 
     def _translation(self, config: MeshConfig) -> tuple[ConfigTranslation, bool]:
-        with self._lock:
-            found = self._configs.get(id(config))
-            if found is not None and found.config is config:
-                self._configs.move_to_end(id(config))
+        found = self.cached(config)
+        if found is not None:
+            return found, True
+        # One build per config: the first proxies of several shapes arrive together (the
+        # server translates each new shape in a worker thread), and each used to build a
+        # ConfigTranslation of its own, then all of its clusters and routes: 20 shapes of
+        # a 1,000-service mesh cost 20 full translations (xds-server/README.md "Scale").
+        with self._build_lock:
+            found = self.cached(config)
+            if found is not None:
                 return found, True
-            previous = next(reversed(self._configs.values()), None)     # the config translated last
-        state = ConfigTranslation(config, previous)
-        with self._lock:
-            self._configs[id(config)] = state
-            while len(self._configs) > self._keep:
-                self._configs.popitem(last=False)
+            with self._lock:
+                previous = next(reversed(self._configs.values()), None)     # the config translated last
+            state = ConfigTranslation(config, previous)
+            with self._lock:
+                self._configs[id(config)] = state
+                while len(self._configs) > self._keep:
+                    self._configs.popitem(last=False)
         return state, False
 
 

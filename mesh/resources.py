@@ -57,8 +57,16 @@ class MeshConfig:
     # Non-blocking findings (warnings, notes) from validation and analysis.
     warnings: list[Diagnostic] = field(default_factory=list)
 
+    # of_kind's answers, per kinds asked: translation asks ~10 times a proxy shape, each a
+    # walk over every resource (~1 ms at 3,000; 0.2 s of a 20-shape change set). Nothing
+    # changes `resources` once a config is built; the length check catches what would.
+    _by_kinds: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
     def of_kind(self, *kinds: str) -> list[Resource]:
-        return [r for r in self.resources if r.kind in kinds]
+        found = self._by_kinds.get(kinds)
+        if found is None or found[0] != len(self.resources):
+            found = self._by_kinds[kinds] = (len(self.resources), [r for r in self.resources if r.kind in kinds])
+        return list(found[1])
 
     def __iter__(self) -> Iterator[Resource]:
         return iter(self.resources)

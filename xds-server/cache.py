@@ -99,26 +99,32 @@ class PreparedSnapshot:
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot, generation: str = "",
                       previous: "PreparedSnapshot | None" = None,
-                      packed_by_id: dict | None = None) -> "PreparedSnapshot":
+                      packings: "Packings | None" = None) -> "PreparedSnapshot":
         """Pack every resource; one that is the very message object `previous`
         packed (translation reuses them: read-only) keeps its packing and version.
-        `packed_by_id` (id(message) -> PreparedResource) shares packings between
-        the snapshots of different node shapes, which translation gives the same
-        message objects: 20 shapes of one gateway hold one packed copy, not 20."""
+        `packings` shares packings between the snapshots of different node shapes,
+        which translation gives the same message objects: 20 shapes of one gateway
+        hold one packed copy, not 20, and a type whose every message is one another
+        shape's type was packed from is that type's packed dict itself."""
         out = {}
-        shared = packed_by_id if packed_by_id is not None else {}
+        shared = packings if packings is not None else Packings()
         for type_url, by_name in snapshot.items():
+            whole = (type_url, tuple(by_name), tuple(map(id, by_name.values())))
+            packed = shared.by_type.get(whole)
+            if packed is not None:
+                out[type_url] = packed
+                continue
             before = previous.of_type(type_url) if previous is not None else {}
             packed = out[type_url] = {}
             for name, msg in sorted(by_name.items()):
                 old = before.get(name)
                 if old is None or old.message is not msg:
-                    old = shared.get(id(msg))
+                    old = shared.by_id.get(id(msg))
                     if old is None or old.message is not msg or old.name != name:
                         old = prepare(name, msg)
                 packed[name] = old
-                if packed_by_id is not None:
-                    packed_by_id[id(msg)] = old
+                shared.by_id[id(msg)] = old
+            shared.by_type[whole] = packed
         return cls(out, generation)
 
     def of_type(self, type_url: str) -> dict[str, PreparedResource]:
@@ -146,6 +152,18 @@ class PreparedSnapshot:
         return list(self.resources)
 
 
+class Packings:
+    """Packed resources the snapshots of one build share (from_snapshot): each message's
+    packing by id(message), and each type's packed dict by (type URL, names, ids of the
+    messages). Every entry keeps its messages alive, so an id is never reused while it is
+    here. Read-only once packed, as the snapshots are."""
+    __slots__ = ("by_id", "by_type")
+
+    def __init__(self):
+        self.by_id: dict[int, PreparedResource] = {}
+        self.by_type: dict[tuple, dict[str, PreparedResource]] = {}
+
+
 def translation_key(node: ProxyNode) -> tuple:
     """What translation may depend on: nodes with equal keys get one snapshot."""
     return (node.kind, node.namespace, node.cluster, tuple(sorted((node.labels or {}).items())))
@@ -164,11 +182,10 @@ class SnapshotCache:
         self.generation = ""
         self.overrides: dict[str, dict[str, message.Message]] = {}
         self._by_key: dict[tuple, PreparedSnapshot] = {}
-        # id(message) -> PreparedResource for the snapshots being served and built
-        # (from_snapshot); each entry keeps its message alive, so an id is never reused
-        # while it is here. Replaced by each build's own at install.
-        self._packed: dict[int, PreparedResource] = {}
-        self._building: dict[int, PreparedResource] | None = None
+        # The packings of the snapshots being served and of the build under way
+        # (from_snapshot); replaced by each build's own at install.
+        self._packed = Packings()
+        self._building: Packings | None = None
         self.translations = 0   # how many times translate() ran (tests, metrics)
 
     @property
@@ -182,7 +199,7 @@ class SnapshotCache:
         that fails to translate for any node is rejected whole.
         """
         out: dict[tuple, PreparedSnapshot] = {}
-        self._building = {}
+        self._building = Packings()
         for node in nodes:
             key = translation_key(node)
             if key not in out:
@@ -191,7 +208,7 @@ class SnapshotCache:
 
     def install(self, config, generation: str, snapshots: dict[tuple, PreparedSnapshot]) -> None:
         self.config, self.generation, self._by_key = config, generation, dict(snapshots)
-        self._packed, self._building = self._building or {}, None
+        self._packed, self._building = self._building or Packings(), None
 
     def snapshot_for(self, node: ProxyNode) -> PreparedSnapshot | None:
         """The node's snapshot, translated now if its key is new (None before any config)."""
@@ -221,7 +238,7 @@ class SnapshotCache:
         self.overrides = overrides
         if self.config is not None:
             self._by_key = self.build(self.config, self.generation, nodes)
-            self._packed, self._building = self._building or {}, None
+            self._packed, self._building = self._building or Packings(), None
 
     def _prepare(self, config, node: ProxyNode, generation: str) -> PreparedSnapshot:
         from xds_server import telemetry

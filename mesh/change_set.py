@@ -99,12 +99,13 @@ def expand(config: MeshConfig) -> tuple[MeshConfig, list[Diagnostic]]:
 
 
 def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" = None,
-                 strict: bool = False) -> MeshConfig:
+                 strict: bool = False, analysis: "analyzers.AnalysisCache | None" = None) -> MeshConfig:
     """Validate and analyze `config`; raise ConfigError on any error.
 
     With `cache` (the control plane's, across change sets) only resources it
-    has not validated before are validated again; the result is the same.
-    The cross-resource analyzers always run on the whole set."""
+    has not validated before are validated again; with `analysis`, after a
+    change of endpoint data only the analyzers that read endpoints run again.
+    The result is the same either way."""
     kept, found = partition(config.resources, strict)
     if len(kept) != len(config.resources):
         config = MeshConfig(kept)
@@ -115,7 +116,7 @@ def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" 
     if not errors:
         config, notes = expand(config)
         found += notes
-        found += analyzers.analyze(config)
+        found += analyzers.analyze(config, analysis)
         errors = [d for d in found if d.severity == "error"]
     if errors:
         raise ConfigError(ordered(errors))

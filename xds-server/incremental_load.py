@@ -8,7 +8,9 @@ still checked as one (mesh.change_set.check_config), so the result is exactly
 between successive configs: validation and translation only read them, so
 per-resource validation results are kept by resource object
 (mesh.validation.ValidationCache) and only the re-parsed files' resources are
-validated again; the cross-resource analyzers run on the whole set.
+validated again; the cross-resource analyzers run on the whole set, but
+after an endpoint-only change only those that read endpoints do
+(mesh.analyze.AnalysisCache).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ class IncrementalLoader:
         self.parsed = 0      # files parsed by the last load (tests, logs)
         from mesh.validation import ValidationCache
         self.validation = ValidationCache()   # .validated: resources validated by the last load
+        from mesh.analyze import AnalysisCache
+        self.analysis = AnalysisCache()       # .reused: analyzers whose findings the last load kept
 
     def __call__(self, directory: str) -> MeshConfig:
         from mesh.change_set import check_config
@@ -56,7 +60,7 @@ class IncrementalLoader:
         if errors:
             self.validation.validated = 0
             raise ConfigError(errors)
-        return check_config(MeshConfig(resources), self.validation)
+        return check_config(MeshConfig(resources), self.validation, analysis=self.analysis)
 
     @staticmethod
     def _parse(path: str) -> tuple[list[Resource] | None, list[Diagnostic]]:

@@ -119,6 +119,32 @@ def test_incremental_validation_matches_a_full_load_over_a_sequence_of_edits(tmp
     assert seen == {"rejected", ("ok", True), ("ok", False)}   # the sequence covered all three
 
 
+def test_an_endpoint_change_reruns_only_the_analyzers_that_read_endpoints(tmp_path):
+    """mesh.analyze.AnalysisCache: what the analyzers that read no endpoints found is kept
+    across an endpoint-only change, never across any other; the outcome equals a full load."""
+    from mesh.analyze import ANALYZERS, READS_ENDPOINTS
+    d = str(tmp_path)
+    write_config(d, "gateway.yaml", GATEWAY)
+    for name in ("svc-a", "svc-b"):
+        write_config(d, f"{name}.yaml", service(name))
+        write_config(d, f"route-{name[-1]}.yaml", route(name))
+    loader = IncrementalLoader()
+    loader(d)
+    kept = len(ANALYZERS) - len(READS_ENDPOINTS)
+    for what, name, text, reused in [
+            ("an endpoint port", "svc-a.yaml", service("svc-a", p1=9101), kept),
+            ("endpoint labels: the v2 subset now selects nothing", "svc-b.yaml", service("svc-b", v2="v9"), kept),
+            ("a route to an unknown host", "route-a.yaml", route("svc-a", host="nowhere.mesh.local"), 0),
+            ("endpoint labels back", "svc-b.yaml", service("svc-b"), kept),
+            ("a comment shifts the lines of a service", "svc-a.yaml", "# moved\n" + service("svc-a", p1=9101), 0)]:
+        write_config(d, name, text)
+        got, want = outcome(loader, d), outcome(load_config, d)
+        assert got == want, what
+        assert loader.analysis.reused == reused, what
+        if "selects nothing" in what:
+            assert any(w.code == "IST0173" for w in got[2]), got[2]
+
+
 def test_only_changed_resources_are_validated_again(tmp_path):
     d = str(tmp_path)
     write_config(d, "gateway.yaml", GATEWAY)

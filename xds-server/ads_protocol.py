@@ -199,11 +199,7 @@ class Stream:
         self.shared.metrics.nacks.add(1, {"type": short_name(type_url), "protocol": self.protocol})
 
     def _count(self, type_url: str, wire: bytes, n: int) -> None:
-        m = self.shared.metrics
-        attrs = {"type": short_name(type_url), "protocol": self.protocol}
-        m.pushes.add(1, attrs)
-        m.push_resources.add(n, attrs)
-        m.push_bytes.add(len(wire), attrs)
+        self.shared.metrics.count_push(short_name(type_url), self.protocol, n, len(wire))
 
 
 class SotwStream(Stream):

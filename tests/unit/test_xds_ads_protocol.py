@@ -533,3 +533,15 @@ def test_runner_over_typed_events_without_grpc():
             await anext(out)
         assert hub.streams == set() and hub.tracker.nodes == {}
     asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_push_spans_are_capped_per_second():
+    """ads.RateLimit, which caps xds.push spans: a burst of `rate`, then `rate` a second."""
+    from xds_server.ads import RateLimit
+    now = [100.0]
+    limit = RateLimit(200, clock=lambda: now[0])
+    assert sum(limit.take() for _ in range(1000)) == 200
+    now[0] += 0.5
+    assert sum(limit.take() for _ in range(1000)) == 100
+    now[0] += 60
+    assert sum(limit.take() for _ in range(1000)) == 200       # never more than a burst

@@ -1,0 +1,92 @@
+"""What one endpoint change costs the control plane next to a large mesh, incremental vs from scratch.
+
+The scale benchmark's mesh (benchmarks/xds_config.py: 1,000 services x 10
+routes, ServiceEntry + DestinationRule + VirtualService each) and its churn:
+each change rewrites the endpoint ports of 10 services (1 %). Per change, CPU
+of this process (time.process_time), median of --changes:
+
+  load    the control plane's loader (xds_server.incremental_load: re-parses
+          the 10 files, re-validates their resources, re-runs only the
+          analyzers that read endpoints) vs mesh.change_set.load_config
+          (everything, as at start-up)
+  build   SnapshotCache.build for --shapes node shapes with the server's
+          Translator kept (the previous config's translation reused: EDS
+          only) vs a fresh Translator (a full translation)
+
+Run from the repo root: `python -m benchmarks xds_change` (~40 s); writes
+artifacts/bench/xds_change.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from benchmarks.xds_config import service_yaml, write_mesh
+from benchmarks.xds_load_clients import node
+from harness.xds import write_config
+from mesh.change_set import load_config
+from xds_server.cache import SnapshotCache
+from xds_server.incremental_load import IncrementalLoader
+from xds_server.node import ProxyNode
+from xds_server.translate import Translator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cpu_ms(fn):
+    t = time.process_time()
+    out = fn()
+    return out, 1e3 * (time.process_time() - t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--services", type=int, default=1000)
+    ap.add_argument("--shapes", type=int, default=20)
+    ap.add_argument("--changes", type=int, default=5)
+    ap.add_argument("--json", default=os.path.join(ROOT, "artifacts", "bench", "xds_change.json"))
+    a = ap.parse_args(argv)
+    nodes = [ProxyNode.from_proto(node(i, "scale-gw", {"istio": "ingressgateway"}, a.shapes))
+             for i in range(a.shapes)]
+    per = max(1, a.services // 100)
+    rows = {k: [] for k in ("load incremental", "load full", "build kept", "build fresh")}
+    with tempfile.TemporaryDirectory() as d:
+        write_mesh(d, a.services, 10, 18080)
+        loader, cache = IncrementalLoader(), SnapshotCache(Translator().translate)
+        config = loader(d)
+        cache.install(config, "g0", cache.build(config, "g0", nodes))
+        for change in range(1, a.changes + 1):
+            for k in range(per):
+                i = (change * per + k) % a.services
+                write_config(d, f"svc-{i:04d}.yaml", service_yaml(i, ports=(30000 + change, 31000 + change)))
+            config, ms = cpu_ms(lambda: loader(d))
+            rows["load incremental"].append(ms)
+            rows["load full"].append(cpu_ms(lambda: load_config(d))[1])
+            snaps, ms = cpu_ms(lambda: cache.build(config, f"g{change}", nodes))
+            rows["build kept"].append(ms)
+            cache.install(config, f"g{change}", snaps)
+            fresh = SnapshotCache(Translator().translate)
+            rows["build fresh"].append(cpu_ms(lambda: fresh.build(config, f"g{change}", nodes))[1])
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"{a.services} services x 10 routes, {per} services' endpoints per change, {a.shapes} node shapes; "
+          f"CPU ms per change, median of {a.changes} (load average {os.getloadavg()[0]:.1f})")
+    print(f"{'stage':<8}{'incremental':>14}{'from scratch':>15}{'ratio':>8}")
+    for stage, inc, full in (("load", "load incremental", "load full"), ("build", "build kept", "build fresh"),
+                             ("total", None, None)):
+        i = med[inc] if inc else med["load incremental"] + med["build kept"]
+        f = med[full] if full else med["load full"] + med["build fresh"]
+        print(f"{stage:<8}{i:>14.0f}{f:>15.0f}{i / f:>8.2f}")
+    os.makedirs(os.path.dirname(a.json), exist_ok=True)
+    with open(a.json, "w") as fh:
+        json.dump({"services": a.services, "shapes": a.shapes, "per_change": per, "ms": rows, "median_ms": med}, fh,
+                  indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

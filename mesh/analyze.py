@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 from mesh import hosts, kube
 from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from, workload_entry_labels
-from mesh.resources import MeshConfig, Resource
+from mesh.resources import MeshConfig, Resource, same_except_endpoints
 from mesh.diagnostics import Diagnostic
 
 Analyzer = Callable[["Index"], Iterable[Diagnostic]]
@@ -158,37 +158,25 @@ class AnalysisCache:
 
 
 def _same_but_endpoints(old: MeshConfig, new: MeshConfig) -> bool:
-    if len(old) != len(new):
-        return False
-    for a, b in zip(old, new):
-        if a is b:
-            continue
-        if (a.kind, a.api_version, a.name, a.namespace, a.labels, a.annotations, a.file, a.line, a.lines) != \
-                (b.kind, b.api_version, b.name, b.namespace, b.labels, b.annotations, b.file, b.line, b.lines):
-            return False
-        if a.kind == "WorkloadEntry":
-            continue
-        if a.kind == "ServiceEntry":
-            if {k: v for k, v in a.spec.items() if k != "endpoints"} != \
-                    {k: v for k, v in b.spec.items() if k != "endpoints"}:
-                return False
-        elif a.spec != b.spec:
-            return False
-    return True
+    """Every resource equal in order, file and lines, and but for endpoint data."""
+    return len(old) == len(new) and all(
+        a is b or ((a.file, a.line, a.lines) == (b.file, b.line, b.lines)
+                   and same_except_endpoints(a, b, workload_entries=True))
+        for a, b in zip(old, new))
 
 
 def analyze(config: MeshConfig, cache: AnalysisCache | None = None) -> list[Diagnostic]:
     index = Index(config)
     keep = cache is not None and cache.config is not None and _same_but_endpoints(cache.config, config)
-    findings = {}
+    findings, reused = {}, 0
     for fn in ANALYZERS:
         if keep and fn not in READS_ENDPOINTS and fn in cache.findings:
             findings[fn] = cache.findings[fn]
+            reused += 1
         else:
             findings[fn] = list(fn(index))
     if cache is not None:
-        cache.config, cache.findings = config, findings
-        cache.reused = sum(1 for fn in ANALYZERS if keep and fn not in READS_ENDPOINTS)
+        cache.config, cache.findings, cache.reused = config, findings, reused
     return [d for fn in ANALYZERS for d in findings[fn]]
 
 

@@ -50,6 +50,23 @@ class Resource:
                           resource=self.ref, field=field_path, code=code, severity=severity)
 
 
+def same_except_endpoints(a: Resource, b: Resource, workload_entries: bool = False) -> bool:
+    """Equal but for endpoint data: a ServiceEntry's spec.endpoints and, with
+    `workload_entries`, a WorkloadEntry's whole spec. File and field lines are
+    left out: they only name places in errors, and a translation of equal
+    content that succeeded once succeeds again (mesh.analyze.AnalysisCache,
+    whose findings name them, compares them as well)."""
+    if a is b:
+        return True
+    if (a.api_version, a.kind, a.name, a.namespace, a.labels, a.annotations) != \
+            (b.api_version, b.kind, b.name, b.namespace, b.labels, b.annotations):
+        return False
+    if a.kind == "ServiceEntry":
+        return ({k: v for k, v in a.spec.items() if k != "endpoints"}
+                == {k: v for k, v in b.spec.items() if k != "endpoints"})
+    return (workload_entries and a.kind == "WorkloadEntry") or a.spec == b.spec
+
+
 @dataclass
 class MeshConfig:
     """A whole, consistent set of resources (one directory's worth)."""

@@ -57,7 +57,6 @@ class Metrics:
         self.translate_seconds = m.create_histogram("xds_translate_duration", unit="s",
                                                     description="translating one change set for all node shapes")
 
-
     def count_push(self, type_name: str, protocol: str, resources: int, size: int) -> None:
         """One response sent (the ADS loop's thread only)."""
         tally = self._pushes.get((type_name, protocol))

@@ -119,6 +119,15 @@ def test_incremental_validation_matches_a_full_load_over_a_sequence_of_edits(tmp
     assert seen == {"rejected", ("ok", True), ("ok", False)}   # the sequence covered all three
 
 
+WORKLOAD_ENTRY = """apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: vm-1, namespace: default}}
+spec:
+  address: {address}
+  labels: {{app: vm, version: v1}}
+"""
+
+
 def test_an_endpoint_change_reruns_only_the_analyzers_that_read_endpoints(tmp_path):
     """mesh.analyze.AnalysisCache: what the analyzers that read no endpoints found is kept
     across an endpoint-only change, never across any other; the outcome equals a full load."""
@@ -128,6 +137,7 @@ def test_an_endpoint_change_reruns_only_the_analyzers_that_read_endpoints(tmp_pa
     for name in ("svc-a", "svc-b"):
         write_config(d, f"{name}.yaml", service(name))
         write_config(d, f"route-{name[-1]}.yaml", route(name))
+    write_config(d, "we.yaml", WORKLOAD_ENTRY.format(address="10.0.0.7"))
     loader = IncrementalLoader()
     loader(d)
     kept = len(ANALYZERS) - len(READS_ENDPOINTS)
@@ -136,6 +146,7 @@ def test_an_endpoint_change_reruns_only_the_analyzers_that_read_endpoints(tmp_pa
             ("endpoint labels: the v2 subset now selects nothing", "svc-b.yaml", service("svc-b", v2="v9"), kept),
             ("a route to an unknown host", "route-a.yaml", route("svc-a", host="nowhere.mesh.local"), 0),
             ("endpoint labels back", "svc-b.yaml", service("svc-b"), kept),
+            ("a WorkloadEntry's address", "we.yaml", WORKLOAD_ENTRY.format(address="10.0.0.8"), kept),
             ("a comment shifts the lines of a service", "svc-a.yaml", "# moved\n" + service("svc-a", p1=9101), 0)]:
         write_config(d, name, text)
         got, want = outcome(loader, d), outcome(load_config, d)

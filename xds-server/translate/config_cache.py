@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from mesh.resources import MeshConfig
+from mesh.resources import MeshConfig, same_except_endpoints
 from xds_server.translate.clusters import reassign
 from xds_server.translate.index import EXPORTABLE, MeshIndex, build_index, exported_to
 from xds_server.translate.route_configs import gateway_route_config
@@ -17,22 +17,6 @@ from xds_server.translate.routes import RouteContext
 _ENDPOINT_KINDS = ("WorkloadEntry",)
 
 
-def _same_except_endpoints(a, b) -> bool:
-    """Equal as translation reads them: everything but a ServiceEntry's
-    spec.endpoints. File and field lines are left out: they only name places
-    in errors, and a translation of equal content that succeeded once
-    succeeds again."""
-    if a is b:
-        return True
-    if (a.api_version, a.kind, a.name, a.namespace, a.labels, a.annotations) != \
-            (b.api_version, b.kind, b.name, b.namespace, b.labels, b.annotations):
-        return False
-    if a.kind != "ServiceEntry":
-        return a.spec == b.spec
-    return ({k: v for k, v in a.spec.items() if k != "endpoints"}
-            == {k: v for k, v in b.spec.items() if k != "endpoints"})
-
-
 # What clusters and assignments are built from (build_clusters reads only the
 # index's services and DestinationRules): with these unchanged, CDS and EDS are too.
 _CLUSTER_KINDS = ("ServiceEntry", "DestinationRule", "WorkloadEntry")
@@ -42,7 +26,7 @@ def same_cluster_inputs(old: MeshConfig, new: MeshConfig) -> bool:
     """Whether every resource clusters are built from is equal (in order) in both."""
     a, b = old.of_kind(*_CLUSTER_KINDS), new.of_kind(*_CLUSTER_KINDS)
     return len(a) == len(b) and all(
-        x is y or (_same_except_endpoints(x, y) and (x.kind != "ServiceEntry" or x.spec == y.spec))
+        x is y or (same_except_endpoints(x, y) and (x.kind != "ServiceEntry" or x.spec == y.spec))
         for x, y in zip(a, b))
 
 
@@ -54,7 +38,7 @@ def endpoint_only_change(old: MeshConfig, new: MeshConfig) -> bool:
     EDS is decided per service by clusters.reassign (STATIC services only)."""
     a = [r for r in old if r.kind not in _ENDPOINT_KINDS]
     b = [r for r in new if r.kind not in _ENDPOINT_KINDS]
-    return len(a) == len(b) and all(_same_except_endpoints(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(same_except_endpoints(x, y) for x, y in zip(a, b))
 
 
 class ConfigTranslation:
@@ -109,7 +93,7 @@ class ConfigTranslation:
         deps = _route_inputs(idx, servers)
         before = self.previous_routes.get(key)
         if before is not None and len(before[0]) == len(deps) and all(
-                a is b or (a is not None and b is not None and _same_except_endpoints(a, b))
+                a is b or (a is not None and b is not None and same_except_endpoints(a, b))
                 for a, b in zip(before[0], deps)):
             rc = before[1]
         else:

@@ -2,20 +2,23 @@
 `.[gpu]` first) or `python -m benchmarks.gpu_check`. Prints one table; writes
 artifacts/bench/gpu_check.json. Meant to finish in well under 10 minutes.
 
-1. Providers: what onnxruntime offers, and what `--device auto` gets (TensorRT > CUDA > CPU).
+1. Providers: what onnxruntime lists, and what `--device tensorrt:0`, `cuda:0` and `auto`
+   really run on (onnxruntime-gpu lists TensorRT even where libnvinfer is absent, and a
+   session falls back to the next provider).
 2. TensorRT engine cache: builtin:mlp loaded on tensorrt:0 with an empty cache (the
    engine is built) and again (the engine is read from disk): load + warm-up seconds,
    engine files written (inference_backend.runtime.trt_cache_dir).
-3. Runs on the GPU, builtin:mlp, median of 200: session.run; I/O binding with outputs
-   bound to host memory (runtime.OnnxModel.run_bound, what the server uses on a GPU
-   provider); CUDA graph capture and replay (enable_cuda_graph, inputs and outputs in
-   device buffers at fixed addresses), batch 1 and 32; each checked equal to the CPU's
-   answer.
-4. Serving: `mcpctl serve --device auto` on the GPU, the batching comparison (balanced vs
-   --max-batch 1, c = 32, REST and gRPC, mcp-bench) and priority isolation (the
-   latency-critical preset with its priority worker: a 100/s latency-critical stream on
-   the worker's port alone, then beside a 64-wide batch-class closed loop on the main
-   port; its p99 ratio, floor <= 2x, as bench_inference judges it).
+3. Runs on the GPU, builtin:mlp, median of 200, batch 1, 32 and 256: session.run; I/O
+   binding with outputs bound to host memory (runtime.OnnxModel.run_bound, what the server
+   uses on a GPU provider); the CPU provider's run beside them; CUDA graph capture and
+   replay (enable_cuda_graph, inputs and outputs in device buffers at fixed addresses);
+   each checked equal to the CPU's answer.
+4. Serving: `mcpctl serve --device auto` on the GPU (the provider its model metadata
+   reports), the batching comparison (balanced vs --max-batch 1, c = 32, REST and gRPC,
+   mcp-bench), the same balanced load on `--device cpu` (the GPU's gain), and priority
+   isolation (the latency-critical preset with its priority worker: a 100/s
+   latency-critical stream on the worker's port alone, then beside a 64-wide batch-class
+   closed loop on the main port; its p99 ratio, floor <= 2x, as bench_inference judges it).
 
 Without a GPU it says so and exits 0; GPU_CHECK_ALLOW_CPU=1 runs what it can on the
 CPU provider (a dry run of the script itself).
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 
@@ -63,19 +67,42 @@ def median_us(fn, runs: int = RUNS) -> float:
     return statistics.median(times) * 1e6
 
 
-def check_providers(ort) -> str:
+def tool(name: str) -> str:
+    """A console script of this install: beside the interpreter (a venv), else on PATH
+    (a --target install, as gpu_check.sh's GPU_WHEELS makes)."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    return here if os.path.exists(here) else (shutil.which(name) or name)
+
+
+def check_providers(ort, path: str) -> str:
+    """The best provider that really runs here: onnxruntime-gpu lists TensorRT and CUDA
+    whether or not their libraries (libnvinfer, libcudart, cuDNN) can be loaded, and a
+    session that cannot load one falls back to the next, so each is tried."""
     available = ort.get_available_providers()
     row("onnxruntime", ort.__version__, ", ".join(available))
-    from inference_backend.runtime import provider_plan
-    plan = [p if isinstance(p, str) else p[0] for p in provider_plan("auto")]
+    from inference_backend import runtime
+    plan = [p if isinstance(p, str) else p[0] for p in runtime.provider_plan("auto")]
     row("--device auto offers", " > ".join(plan))
-    return "tensorrt:0" if "TensorrtExecutionProvider" in available else \
-        "cuda:0" if "CUDAExecutionProvider" in available else "cpu"
+    for device, provider in (("tensorrt:0", "TensorrtExecutionProvider"), ("cuda:0", "CUDAExecutionProvider")):
+        if provider not in available:
+            continue
+        with tempfile.TemporaryDirectory() as cache:       # no engine of an earlier run
+            os.environ["MCP_MESH_CACHE"] = cache
+            try:
+                got = runtime.OnnxModel.load("mlp", "1", path, device, warmup=False).provider
+            except Exception as e:
+                got = f"{type(e).__name__}: {e}"[:160]
+            finally:
+                os.environ.pop("MCP_MESH_CACHE", None)
+        row(f"--device {device} runs on", got)
+    auto = runtime.OnnxModel.load("mlp", "1", path, "auto", warmup=False).provider
+    row("--device auto runs on", auto)
+    return {"TensorrtExecutionProvider": "tensorrt:0", "CUDAExecutionProvider": "cuda:0"}.get(auto, "cpu")
 
 
 def check_trt_cache(path: str, device: str) -> None:
     if not device.startswith("tensorrt"):
-        row("TensorRT engine cache", "skipped", "no TensorrtExecutionProvider")
+        row("TensorRT engine cache", "skipped", "TensorRT does not run here (see above)")
         return
     from inference_backend import runtime
     with tempfile.TemporaryDirectory() as cache:
@@ -96,13 +123,15 @@ def check_runs(ort, path: str, device: str) -> None:
     on_gpu = device != "cpu"
     model = runtime.OnnxModel.load("mlp", "1", path, "cuda:0" if on_gpu else "cpu")
     row("session for runs", model.provider)
-    for batch in (1, 32):
+    for batch in (1, 32, 256):
         x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
         want = cpu.run(["OUTPUT0"], {"INPUT0": x})[0]
         plain = median_us(lambda: model.session.run(["OUTPUT0"], {"INPUT0": x}))
         bound = median_us(lambda: model.run_bound({"INPUT0": x}, ["OUTPUT0"]))
         same = np.allclose(model.run_bound({"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"], want, rtol=1e-2, atol=1e-3)
-        row(f"batch {batch}: run / I/O binding", f"{plain:.0f} / {bound:.0f} us", f"answers equal the CPU's: {same}")
+        on_cpu = median_us(lambda: cpu.run(["OUTPUT0"], {"INPUT0": x}))
+        row(f"batch {batch}: run / I/O binding", f"{plain:.0f} / {bound:.0f} us",
+            f"CPU provider {on_cpu:.0f} us; answers equal the CPU's: {same}")
         if not on_gpu:
             row(f"batch {batch}: CUDA graph", "skipped", "no GPU")
             continue
@@ -119,7 +148,7 @@ def check_runs(ort, path: str, device: str) -> None:
 
 
 def mcp_bench(url: str, *args: str, grpc: bool = False) -> dict:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mcp-bench"), "-u", url, "--output-format", "json",
+    cmd = [tool("mcp-bench"), "-u", url, "--output-format", "json",
            "--duration", str(SECONDS), *args] + (["--grpc"] if grpc else [])
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=SECONDS + 120).stdout)
 
@@ -129,8 +158,14 @@ def check_serving(device: str) -> None:
     from inference_backend.bench.serve_process import ServeProcess
     dev = "auto" if device != "cpu" else "cpu"
     results = {}
-    for name, flags in (("balanced", ["--qos-policy", "balanced"]), ("max-batch 1", ["--max-batch", "1"])):
-        with ServeProcess("builtin:mlp", free_port(), free_port(), "--device", dev, *flags) as s:
+    setups = [("balanced", ["--device", dev, "--qos-policy", "balanced"]),
+              ("max-batch 1", ["--device", dev, "--max-batch", "1"])]
+    if dev != "cpu":        # the same server and load on the CPU provider, for the GPU's gain
+        setups.append(("CPU balanced", ["--device", "cpu", "--qos-policy", "balanced"]))
+    for name, flags in setups:
+        with ServeProcess("builtin:mlp", free_port(), free_port(), *flags) as s:
+            with urllib.request.urlopen(s.rest_url, timeout=10) as r:      # what the server says it runs on
+                row(f"serve {name}: model on", json.load(r)["execution_provider"])
             for proto, url in (("REST", s.rest_url), ("gRPC", s.grpc_url)):
                 r = mcp_bench(url, "-c", "32", "--warmup", "200", grpc=proto == "gRPC")["rows"][0]
                 results[(name, proto)] = r
@@ -139,13 +174,17 @@ def check_serving(device: str) -> None:
     for proto in ("REST", "gRPC"):
         a, b = results[("balanced", proto)], results[("max-batch 1", proto)]
         row(f"batching gain {proto}", f"{a['throughput_rps'] / max(b['throughput_rps'], 1e-9):.2f}x", "balanced / max-batch 1")
+        if ("CPU balanced", proto) in results:
+            c = results[("CPU balanced", proto)]
+            row(f"GPU gain {proto}", f"{a['throughput_rps'] / max(c['throughput_rps'], 1e-9):.2f}x",
+                f"balanced, GPU / CPU provider; p99 {a['latency_ms']['p99']:.1f} vs {c['latency_ms']['p99']:.1f} ms")
     worker = free_port()        # the judged setup of bench_inference: the top class on its priority worker
     with ServeProcess("builtin:mlp", free_port(), free_port(), "--device", dev, "--qos-policy", "latency-critical",
                       "--priority-http-port", str(worker)) as s:
         high_url = s.rest_url.replace(f":{s.http_port}/", f":{worker}/")
         high = ["--rate", "100", "-c", "8", "--priority-mix", "latency-critical=1"]
         alone = mcp_bench(high_url, *high)["rows"][0]["latency_ms"]["p99"]
-        low = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "mcp-bench"), "-u", s.rest_url,
+        low = subprocess.Popen([tool("mcp-bench"), "-u", s.rest_url,
                                 "-c", "64", "--duration", str(SECONDS + 4), "--priority-mix", "low=1",
                                 "--output-format", "json"], stdout=subprocess.PIPE, text=True)   # batch class, main port
         time.sleep(2)
@@ -165,8 +204,8 @@ def main() -> int:
     import onnxruntime as ort
     from inference_backend.builtin_models import builtin_path
     row("GPU", gpu or "none (dry run on CPU)")
-    device = check_providers(ort)
     path = builtin_path("mlp")
+    device = check_providers(ort, path)
     for step in (lambda: check_trt_cache(path, device), lambda: check_runs(ort, path, device),
                  lambda: check_serving(device)):
         try:

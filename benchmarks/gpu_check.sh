@@ -6,9 +6,12 @@
 #
 #   bash benchmarks/gpu_check.sh            # GPU_VENV=DIR to choose the venv (default .cache/gpu-venv)
 #
-# Without a GPU it says so and exits 0. Where PyPI cannot be reached (a device machine
-# without network), it uses the Python it finds with onnxruntime-gpu already installed
-# (GPU_PYTHON=PATH), or says what is missing.
+# Without a GPU it says so and exits 0. Where PyPI cannot be reached (an air-gapped GPU
+# node), either GPU_PYTHON=PATH names a Python with onnxruntime-gpu and the project's
+# dependencies installed, or GPU_WHEELS=DIR names a wheelhouse (onnxruntime-gpu and what the
+# machine's python3 lacks of the project's dependencies): they and the project are installed
+# with --no-index into a folder put first on that python3's path, so the CUDA libraries
+# already beside it (nvidia-* wheels) are the ones used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -18,7 +21,20 @@ fi
 nvidia-smi -L
 VENV=${GPU_VENV:-.cache/gpu-venv}
 PY=${GPU_PYTHON:-}
-if [ -z "$PY" ]; then
+if [ -n "${GPU_WHEELS:-}" ]; then
+    PY=${PY:-python3}
+    TARGET=${GPU_TARGET:-.cache/gpu-site}
+    rm -rf "$TARGET"
+    if "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$TARGET" "$GPU_WHEELS"/*.whl \
+        && "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$TARGET" .; then
+        echo "installed $(ls "$GPU_WHEELS" | wc -l) wheels and the project into $TARGET for $PY"
+    else
+        echo "gpu_check: installing from $GPU_WHEELS failed" >&2
+        exit 1
+    fi
+    export PYTHONPATH="$(realpath "$TARGET")${PYTHONPATH:+:$PYTHONPATH}"
+    export PATH="$(realpath "$TARGET")/bin:$PATH"     # its mcpctl and mcp-bench
+elif [ -z "$PY" ]; then
     python3 -m venv "$VENV" && PY="$VENV/bin/python"
     # The CPU and GPU wheels both provide the `onnxruntime` module: the project's
     # dependency brings the CPU one, so it goes before the GPU one is (re)installed.
@@ -33,7 +49,8 @@ if [ -z "$PY" ]; then
 fi
 # TensorRT's and CUDA's libraries from their wheels, for onnxruntime's providers.
 SITE=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
-LIBS=$(ls -d "$SITE"/tensorrt_libs "$SITE"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
+# Every folder of them (CUDA 13's wheels keep theirs in nvidia/cu13/lib, 12's in nvidia/NAME/lib).
+LIBS=$(find "$SITE"/tensorrt_libs "$SITE"/nvidia -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:-}"
-export PATH="$(dirname "$PY"):$PATH"      # its mcpctl and mcp-bench
+case "$PY" in */*) export PATH="$(dirname "$PY"):$PATH" ;; esac     # a venv's mcpctl and mcp-bench
 timeout 540 "$PY" -m benchmarks.gpu_check

@@ -25,9 +25,13 @@ if [ -n "${GPU_WHEELS:-}" ]; then
     PY=${PY:-python3}
     TARGET=${GPU_TARGET:-.cache/gpu-site}
     rm -rf "$TARGET"
+    if ls "$GPU_WHEELS"/*.part1 >/dev/null 2>&1; then        # gpu_wheelhouse --split-mb cut it
+        echo "gpu_check: $GPU_WHEELS holds a wheel in parts: cat NAME.whl.part* > NAME.whl && sha256sum -c NAME.whl.sha256 first" >&2
+        exit 1
+    fi
     if "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$TARGET" "$GPU_WHEELS"/*.whl \
         && "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$TARGET" .; then
-        echo "installed $(ls "$GPU_WHEELS" | wc -l) wheels and the project into $TARGET for $PY"
+        echo "installed the wheels of $GPU_WHEELS and the project into $TARGET for $PY"
     else
         echo "gpu_check: installing from $GPU_WHEELS failed" >&2
         exit 1

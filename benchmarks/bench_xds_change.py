@@ -11,7 +11,10 @@ of this process (time.process_time), median of --changes:
           (everything, as at start-up)
   build   SnapshotCache.build for --shapes node shapes with the server's
           Translator kept (the previous config's translation reused: EDS
-          only) vs a fresh Translator (a full translation)
+          only) vs a fresh Translator (a full translation); then, as the
+          server's build does, the selections and Delta diffs its streams
+          will ask for (cache.prepare_selections: one subscription per shape
+          and type, to every resource of it, holding the previous config's)
 
 Run from the repo root: `python -m benchmarks xds_change` (~40 s); writes
 artifacts/bench/xds_change.json.
@@ -30,7 +33,7 @@ from benchmarks.xds_config import service_yaml, write_mesh
 from benchmarks.xds_load_clients import node
 from harness.xds import write_config
 from mesh.change_set import load_config
-from xds_server.cache import SnapshotCache
+from xds_server.cache import WILDCARD_TYPES, SnapshotCache, prepare_selections, subscription_key
 from xds_server.incremental_load import IncrementalLoader
 from xds_server.node import ProxyNode
 from xds_server.translate import Translator
@@ -42,6 +45,25 @@ def cpu_ms(fn):
     t = time.process_time()
     out = fn()
     return out, 1e3 * (time.process_time() - t)
+
+
+def subscriptions(snapshots: dict) -> list[tuple]:
+    """What the hub would list (AdsHub.subscriptions) with a Delta client of every shape holding
+    every resource of `snapshots`, each type subscribed by name (wildcard for CDS and LDS)."""
+    out = []
+    for key, snap in snapshots.items():
+        for type_url, have in snap.resources.items():
+            wildcard, names = type_url in WILDCARD_TYPES, frozenset(have)
+            sub_key = subscription_key(wildcard, names)
+            out.append((key, type_url, wildcard, names, sub_key, snap.selection(type_url, wildcard, names, sub_key)))
+    return out
+
+
+def build(cache: SnapshotCache, config, generation: str, nodes, subs: list[tuple]) -> dict:
+    """XdsServer._build: the snapshots, then the selections and diffs for `subs`."""
+    snapshots = cache.build(config, generation, nodes)
+    prepare_selections(snapshots, subs)
+    return snapshots
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         write_mesh(d, a.services, 10, 18080)
         loader, cache = IncrementalLoader(), SnapshotCache(Translator().translate)
         config = loader(d)
-        cache.install(config, "g0", cache.build(config, "g0", nodes))
+        snaps = cache.build(config, "g0", nodes)
+        cache.install(config, "g0", snaps)
+        subs = subscriptions(snaps)
         for change in range(1, a.changes + 1):
             for k in range(per):
                 i = (change * per + k) % a.services
@@ -67,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             config, ms = cpu_ms(lambda: loader(d))
             rows["load incremental"].append(ms)
             rows["load full"].append(cpu_ms(lambda: load_config(d))[1])
-            snaps, ms = cpu_ms(lambda: cache.build(config, f"g{change}", nodes))
+            snaps, ms = cpu_ms(lambda: build(cache, config, f"g{change}", nodes, subs))
             rows["build kept"].append(ms)
-            cache.install(config, f"g{change}", snaps)
             fresh = SnapshotCache(Translator().translate)
-            rows["build fresh"].append(cpu_ms(lambda: fresh.build(config, f"g{change}", nodes))[1])
+            rows["build fresh"].append(cpu_ms(lambda: build(fresh, config, f"g{change}", nodes, subs))[1])
+            cache.install(config, f"g{change}", snaps)
+            subs = subscriptions(snaps)
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"{a.services} services x 10 routes, {per} services' endpoints per change, {a.shapes} node shapes; "
           f"CPU ms per change, median of {a.changes} (load average {os.getloadavg()[0]:.1f})")

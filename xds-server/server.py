@@ -18,7 +18,7 @@ import grpc
 from mesh.diagnostics import ConfigError, Diagnostic
 from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
-from xds_server.cache import SnapshotCache
+from xds_server.cache import SnapshotCache, prepare_selections
 from xds_server.translate import Translator
 from xds_server.settle import DEFAULT_SETTLE, weakenings
 from xds_server.watch import DirectorySource
@@ -173,12 +173,7 @@ class XdsServer:
         """Translate for every translation key, then the selections and Delta diffs the streams
         will ask for, so the push itself (on the loop) only looks them up."""
         snapshots = self.cache.build(config, generation, nodes)
-        for key, type_url, wildcard, names, sub_key, held in subscriptions:
-            snap = snapshots.get(key)
-            if snap is not None:
-                want = snap.selection(type_url, wildcard, names, sub_key)
-                if held is not None:
-                    snap.diff(held, want)
+        prepare_selections(snapshots, subscriptions)
         return snapshots
 
     def _held(self, config) -> bool:

@@ -11,10 +11,10 @@ of this process (time.process_time), median of --changes:
           (everything, as at start-up)
   build   SnapshotCache.build for --shapes node shapes with the server's
           Translator kept (the previous config's translation reused: EDS
-          only) vs a fresh Translator (a full translation); then, as the
-          server's build does, the selections and Delta diffs its streams
-          will ask for (cache.prepare_selections: one subscription per shape
-          and type, to every resource of it, holding the previous config's)
+          only) vs a fresh Translator (a full translation), with the
+          selections and Delta diffs the server's streams would ask for
+          prepared in it (one subscription per shape and type, to every
+          resource of it, holding the previous config's)
 
 Run from the repo root: `python -m benchmarks xds_change` (~40 s); writes
 artifacts/bench/xds_change.json.
@@ -33,7 +33,7 @@ from benchmarks.xds_config import service_yaml, write_mesh
 from benchmarks.xds_load_clients import node
 from harness.xds import write_config
 from mesh.change_set import load_config
-from xds_server.cache import WILDCARD_TYPES, SnapshotCache, prepare_selections, subscription_key
+from xds_server.cache import WILDCARD_TYPES, SnapshotCache, subscription_key
 from xds_server.incremental_load import IncrementalLoader
 from xds_server.node import ProxyNode
 from xds_server.translate import Translator
@@ -57,13 +57,6 @@ def subscriptions(snapshots: dict) -> list[tuple]:
             sub_key = subscription_key(wildcard, names)
             out.append((key, type_url, wildcard, names, sub_key, snap.selection(type_url, wildcard, names, sub_key)))
     return out
-
-
-def build(cache: SnapshotCache, config, generation: str, nodes, subs: list[tuple]) -> dict:
-    """XdsServer._build: the snapshots, then the selections and diffs for `subs`."""
-    snapshots = cache.build(config, generation, nodes)
-    prepare_selections(snapshots, subs)
-    return snapshots
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             config, ms = cpu_ms(lambda: loader(d))
             rows["load incremental"].append(ms)
             rows["load full"].append(cpu_ms(lambda: load_config(d))[1])
-            snaps, ms = cpu_ms(lambda: build(cache, config, f"g{change}", nodes, subs))
+            snaps, ms = cpu_ms(lambda: cache.build(config, f"g{change}", nodes, subs))
             rows["build kept"].append(ms)
             fresh = SnapshotCache(Translator().translate)
-            rows["build fresh"].append(cpu_ms(lambda: build(fresh, config, f"g{change}", nodes, subs))[1])
+            rows["build fresh"].append(cpu_ms(lambda: fresh.build(config, f"g{change}", nodes, subs))[1])
             cache.install(config, f"g{change}", snaps)
             subs = subscriptions(snaps)
     med = {k: statistics.median(v) for k, v in rows.items()}

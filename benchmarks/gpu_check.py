@@ -37,6 +37,8 @@ import urllib.request
 
 import numpy as np
 
+from inference_backend.bench.serve_process import console_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = int(os.environ.get("GPU_CHECK_RUNS", "200"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
@@ -65,13 +67,6 @@ def median_us(fn, runs: int = RUNS) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e6
-
-
-def tool(name: str) -> str:
-    """A console script of this install: beside the interpreter (a venv), else on PATH
-    (a --target install, as gpu_check.sh's GPU_WHEELS makes)."""
-    here = os.path.join(os.path.dirname(sys.executable), name)
-    return here if os.path.exists(here) else (shutil.which(name) or name)
 
 
 def check_providers(ort, path: str) -> str:
@@ -148,7 +143,7 @@ def check_runs(ort, path: str, device: str) -> None:
 
 
 def mcp_bench(url: str, *args: str, grpc: bool = False) -> dict:
-    cmd = [tool("mcp-bench"), "-u", url, "--output-format", "json",
+    cmd = [console_script("mcp-bench"), "-u", url, "--output-format", "json",
            "--duration", str(SECONDS), *args] + (["--grpc"] if grpc else [])
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=SECONDS + 120).stdout)
 
@@ -184,7 +179,7 @@ def check_serving(device: str) -> None:
         high_url = s.rest_url.replace(f":{s.http_port}/", f":{worker}/")
         high = ["--rate", "100", "-c", "8", "--priority-mix", "latency-critical=1"]
         alone = mcp_bench(high_url, *high)["rows"][0]["latency_ms"]["p99"]
-        low = subprocess.Popen([tool("mcp-bench"), "-u", s.rest_url,
+        low = subprocess.Popen([console_script("mcp-bench"), "-u", s.rest_url,
                                 "-c", "64", "--duration", str(SECONDS + 4), "--priority-mix", "low=1",
                                 "--output-format", "json"], stdout=subprocess.PIPE, text=True)   # batch class, main port
         time.sleep(2)

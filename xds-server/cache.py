@@ -66,19 +66,19 @@ def subscription_key(wildcard: bool, names: set[str]) -> tuple:
 class PreparedSnapshot:
     """type URL -> name -> PreparedResource, plus the config generation it came from.
 
-    `selection()` and `diff()` are memoized per snapshot: the proxies of one
-    shape subscribe to the same names, so 100 of them cost one selection and
-    one diff per type, not 100 walks over 3,000 clusters. And across the shapes
-    of one build (`Packings.memo`): shapes that share a type's packed dict share
-    its selections, and a diff depends only on the two selections' versions, so
-    20 shapes of one gateway cost one selection and one diff per type, not 20.
+    `selection()` and `diff()` are memoized: the proxies of one shape subscribe
+    to the same names, so 100 of them cost one selection and one diff per type,
+    not 100 walks over 3,000 clusters. And across the shapes of one build
+    (`Packings.memo`): shapes that share a type's packed dict share its
+    selections, and a diff depends only on the two selections' versions, so 20
+    shapes of one gateway cost one selection and one diff per type, not 20.
     """
 
     def __init__(self, resources: dict[str, dict[str, PreparedResource]], generation: str = "",
                  packings: "Packings | None" = None):
         self.resources = resources
         self.generation = generation
-        self._memo: dict[tuple, object] = {}
+        self._memo: dict[tuple, Selection] = {}      # this snapshot's selections, by type and subscription
         self._shared: dict[tuple, object] = packings.memo if packings is not None else {}
 
     def selection(self, type_url: str, wildcard: bool, names: set[str], key: tuple) -> Selection:
@@ -101,13 +101,12 @@ class PreparedSnapshot:
     def diff(self, held: Selection, want: Selection) -> tuple[list, list]:
         """(resources to send, names to remove) taking a client from `held` to `want`."""
         memo_key = ("diff", held.version, want.version)     # versions: hashes of every name and version
-        found = self._memo.get(memo_key) or self._shared.get(memo_key)
+        found = self._shared.get(memo_key)
         if found is None:
             old = held.items
             changed = [r for r in want.resources if old.get(r.name) != r.version]
             removed = sorted(n for n in old if n not in want.items)
             found = self._shared[memo_key] = (changed, removed)
-        self._memo[memo_key] = found
         return found
 
     @classmethod
@@ -219,8 +218,11 @@ class SnapshotCache:
     def ready(self) -> bool:
         return self.config is not None
 
-    def build(self, config, generation: str, nodes: Iterable[ProxyNode]) -> dict[tuple, PreparedSnapshot]:
-        """Translate `config` for every distinct translation key among `nodes`; raises what translate raises.
+    def build(self, config, generation: str, nodes: Iterable[ProxyNode],
+              subscriptions: Iterable[tuple] = ()) -> dict[tuple, PreparedSnapshot]:
+        """Translate `config` for every distinct translation key among `nodes`, then prepare
+        the selections and diffs of `subscriptions` (prepare_selections); raises what
+        translate raises.
 
         Pure: nothing in the cache changes until `install()`, so a change set
         that fails to translate for any node is rejected whole.
@@ -231,6 +233,7 @@ class SnapshotCache:
             key = translation_key(node)
             if key not in out:
                 out[key] = self._prepare(config, node, generation)
+        prepare_selections(out, subscriptions)
         return out
 
     def install(self, config, generation: str, snapshots: dict[tuple, PreparedSnapshot]) -> None:

@@ -18,7 +18,7 @@ import grpc
 from mesh.diagnostics import ConfigError, Diagnostic
 from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
-from xds_server.cache import SnapshotCache, prepare_selections
+from xds_server.cache import SnapshotCache
 from xds_server.translate import Translator
 from xds_server.settle import DEFAULT_SETTLE, weakenings
 from xds_server.watch import DirectorySource
@@ -172,9 +172,7 @@ class XdsServer:
     def _build(self, config, generation: str, nodes, subscriptions) -> dict:
         """Translate for every translation key, then the selections and Delta diffs the streams
         will ask for, so the push itself (on the loop) only looks them up."""
-        snapshots = self.cache.build(config, generation, nodes)
-        prepare_selections(snapshots, subscriptions)
-        return snapshots
+        return self.cache.build(config, generation, nodes, subscriptions)
 
     def _held(self, config) -> bool:
         """The settle rule (settle.py): hold a change set that weakens a security resource

@@ -10,9 +10,15 @@ import time
 import urllib.request
 
 
+def console_script(name: str) -> str:
+    """A console script of this install: beside the interpreter (a venv), else on PATH
+    (a `pip install --target` install, as benchmarks/gpu_check.sh's GPU_WHEELS makes)."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    return here if os.path.exists(here) else (shutil.which(name) or name)
+
+
 def mcpctl() -> str:
-    here = os.path.join(os.path.dirname(sys.executable), "mcpctl")
-    return here if os.path.exists(here) else (shutil.which("mcpctl") or "mcpctl")
+    return console_script("mcpctl")
 
 
 class ServeProcess:

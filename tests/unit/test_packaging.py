@@ -8,14 +8,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FOLDERS = {"mesh": "mesh", "xds-server": "xds_server", "wasm-filters": "wasm_filters",
-           "inference-backend": "inference_backend", "bpf": "bpf", "harness": "harness",
-           "demo": "demo", "scheduler": "scheduler"}
+with open(os.path.join(ROOT, "pyproject.toml"), "rb") as _fh:      # folder -> the package it installs as
+    FOLDERS = {folder: package for package, folder in
+               tomllib.load(_fh)["tool"]["setuptools"]["package-dir"].items()}
 RUNTIME_DATA = (".c", ".h", ".lua", ".html", ".yaml", ".wit", ".mjs", ".proto")
 
 

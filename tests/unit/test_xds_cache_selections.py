@@ -71,3 +71,21 @@ def test_prepare_selections_fills_what_the_push_looks_up():
     prepare_selections({("gw", 1): one, ("gw", 2): two}, subs)
     assert ("sel", T.ENDPOINT, KEY) in one._memo and ("sel", T.ENDPOINT, KEY) in two._memo
     assert one._memo[("sel", T.ENDPOINT, KEY)] is two._memo[("sel", T.ENDPOINT, KEY)]
+
+
+def test_a_build_prepares_the_subscriptions_it_is_given():
+    """SnapshotCache.build (what the server's change path calls): the selections and diffs
+    of the streams' subscriptions are ready in the snapshots before they are installed."""
+    from xds_server.cache import SnapshotCache, translation_key
+    from xds_server.node import ProxyNode
+    nodes = [ProxyNode(id=f"gw-{i}", labels={"shape": str(i)}) for i in range(2)]
+    keys = [translation_key(n) for n in nodes]
+    cache = SnapshotCache(lambda config, node: {T.CLUSTER: CLUSTERS, T.ENDPOINT: EDS})
+    held = PreparedSnapshot.from_snapshot({T.ENDPOINT: {"a": cla("a", 1)}}, "g0").selection(
+        T.ENDPOINT, False, NAMES, KEY)
+    snaps = cache.build(object(), "g1", nodes, [(k, T.ENDPOINT, False, NAMES, KEY, held) for k in keys])
+    first, second = (snaps[k] for k in keys)
+    want = first._memo[("sel", T.ENDPOINT, KEY)]
+    assert second._memo[("sel", T.ENDPOINT, KEY)] is want and sorted(want.items) == ["a", "c"]
+    assert ("diff", held.version, want.version) in first._shared
+    assert not any(s._memo for s in cache.build(object(), "g2", nodes).values())   # none given, none made

@@ -39,19 +39,24 @@ CUDA_PROVIDER = "libonnxruntime_providers_cuda.so"
 
 def elf_section(data: bytes, name: str) -> tuple[int, int] | None:
     """(file offset, size) of a section of a 64-bit little-endian ELF file, or None."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+    if data[:4] != b"\x7fELF" or len(data) < 0x40 or data[4] != 2 or data[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF file")
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     def header(i):      # sh_name, sh_offset, sh_size
         base = shoff + i * shentsize
         return struct.unpack_from("<I", data, base)[0], *struct.unpack_from("<QQ", data, base + 0x18)
-    _, strtab, _ = header(shstrndx)
-    for i in range(shnum):
-        sh_name, offset, size = header(i)
-        end = data.index(b"\0", strtab + sh_name)
-        if data[strtab + sh_name:end].decode() == name:
-            return offset, size
+    try:
+        _, strtab, _ = header(shstrndx)
+        for i in range(shnum):
+            sh_name, offset, size = header(i)
+            end = data.index(b"\0", strtab + sh_name)
+            if data[strtab + sh_name:end] == name.encode():
+                if offset + size > len(data):
+                    raise ValueError(f"section {name} runs past the end of the file")
+                return offset, size
+    except (struct.error, ValueError) as e:
+        raise ValueError(f"truncated or malformed ELF file: {e}") from None
     return None
 
 
@@ -73,6 +78,8 @@ def prune_fatbin(data: bytearray, offset: int, size: int, sm: int) -> dict[str, 
             arch, = struct.unpack_from("<I", data, entry + 28)
             usable = (kind == KIND_ELF and arch == sm) or (kind == KIND_PTX and arch <= sm)
             start = entry + entry_header
+            if start + payload > last or last > end:      # never write outside the section
+                raise ValueError(f"fatbin entry at {entry:#x} runs past its container")
             if usable:
                 kept += payload
             else:

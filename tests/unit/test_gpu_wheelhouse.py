@@ -47,3 +47,17 @@ def test_elf_section_of_a_real_file():
     assert elf_section(data, ".nv_fatbin") is None
     with pytest.raises(ValueError):
         elf_section(b"#!/bin/sh\n" + bytes(64), ".text")
+
+
+def test_malformed_input_is_refused_not_written_past():
+    good = container(entry(KIND_ELF, 80, b"\x80" * 40))
+    lying = bytearray(good)
+    struct.pack_into("<Q", lying, 16 + 8, 4000)             # the entry claims 4,000 payload bytes
+    data = bytearray(b"HEAD" + lying + b"TAIL")
+    with pytest.raises(ValueError, match="runs past"):
+        prune_fatbin(data, 4, len(lying), 90)
+    assert data.endswith(b"TAIL") and len(data) == 4 + len(lying) + 4
+    with open(sys.executable, "rb") as fh:
+        head = fh.read(0x200)                               # the ELF header, no section table
+    with pytest.raises(ValueError, match="truncated or malformed"):
+        elf_section(head, ".text")

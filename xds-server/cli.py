@@ -151,7 +151,6 @@ def _identity_flags(serve) -> None:
 
 def _identity(args):
     """The SDS identity service from the serve flags (ValueError: a bad flag or CA state)."""
-    from xds_server.ca import CAError, MeshCA
     from xds_server.sds import IdentityService
     from mesh.validation.schema import duration_ns
     ns = duration_ns(args.workload_cert_ttl)
@@ -161,6 +160,7 @@ def _identity(args):
     if args.ca_cert or args.ca_key or args.ca_dir:
         if not args.ca_dir:
             raise ValueError("--ca-cert/--ca-key need --ca-dir too (it holds the node-token key)")
+        from xds_server.ca import CAError, MeshCA   # cryptography: ~9 MB resident, only with a CA
         try:
             ca = MeshCA.load_or_create(args.ca_dir, args.trust_domain, args.ca_cert, args.ca_key)
         except (CAError, OSError) as e:

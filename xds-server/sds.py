@@ -39,14 +39,17 @@ import datetime as dt
 import logging
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from mesh.resources import MeshConfig
-from xds_server.ca import DEFAULT_WORKLOAD_TTL, IssuedCert, MeshCA, describe  # noqa: F401 (re-exported)
 from xds_server.cache import PreparedSnapshot, Selection, prepare
 from xds_server.node import ProxyNode
 from xds_server.type_urls import SECRET
+
+if TYPE_CHECKING:   # ca.py loads cryptography (~9 MB resident): only a control plane with a CA needs it
+    from xds_server.ca import IssuedCert, MeshCA
 
 log = logging.getLogger("xds_server.sds")
 
@@ -144,7 +147,7 @@ class IdentityService:
     the lock guards `_nodes`.
     """
 
-    def __init__(self, ca: MeshCA | None, ttl: float, clock=None):
+    def __init__(self, ca: MeshCA | None, ttl: float = 0.0, clock=None):
         self.ca = ca
         self.ttl = ttl
         self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
@@ -235,10 +238,12 @@ class IdentityService:
     # -- /debug/certs -----------------------------------------------------------------
     def debug_certs(self) -> dict:
         """Certificates only (subject, SAN, validity, serial): never a key."""
+        if self.ca is not None:                 # a cert below implies a CA
+            from xds_server.ca import describe   # here, not at import: see TYPE_CHECKING above
         out = {"trust_domain": self.ca.trust_domain if self.ca else None,
                "root": describe(self.ca.root_pem()) if self.ca else [],
                "plugged_in_ca": bool(self.ca and self.ca.plugged),
-               "workload_cert_ttl_s": self.ttl, "nodes": {}}
+               "workload_cert_ttl_s": self.ttl if self.ca else None, "nodes": {}}
         with self._lock:
             nodes = dict(self._nodes)
         for node_id, ident in sorted(nodes.items()):

@@ -59,8 +59,8 @@ class XdsServer:
         self.telemetry = telemetry or default_telemetry()
         self.hub = AdsHub(self.cache, self.telemetry)
         # SDS (sds.py): the mesh CA's certificates and credentialName secrets, per node.
-        from xds_server.sds import DEFAULT_WORKLOAD_TTL, IdentityService
-        self.identity = self.hub.identity = identity or IdentityService(None, DEFAULT_WORKLOAD_TTL)
+        from xds_server.sds import IdentityService
+        self.identity = self.hub.identity = identity or IdentityService(None)   # no CA: issues nothing
         self._rotation: asyncio.Task | None = None
         self.test_hooks = test_hooks
         self.source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)

@@ -35,12 +35,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 from harness.ports import free_port
 from inference_backend.bench.serve_process import ServeProcess
+from mesh.scripts import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
@@ -86,7 +86,7 @@ def h2load(url: str, body: str, c: int) -> dict:
 
 
 def mcp_bench(url: str, c: int, grpc: bool) -> dict:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mcp-bench"), "-c", str(c), "--duration", str(SECONDS),
+    cmd = [executable("mcp-bench"), "-c", str(c), "--duration", str(SECONDS),
            "--warmup", str(min(200, 20 * c)), "-u", url, "--output-format", "json"] + (["--grpc"] if grpc else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 60)
     if p.returncode != 0:

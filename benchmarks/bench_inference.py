@@ -75,6 +75,7 @@ from inference_backend.bench.runner import Config, event_loop_runner, run_all
 from inference_backend.bench.serve_process import ServeProcess
 from harness.envoy import Envoy
 from harness.ports import free_port
+from mesh.scripts import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -267,7 +268,7 @@ def mcp_bench(*args: str, nice: int = 0) -> subprocess.Popen:
     Python work must not delay the measured stream's event loop. The measured
     stream runs at nice -5 (we are root here; else as it is) so that on two
     busy cores its own scheduling delay stays out of the figure it reports."""
-    exe = os.path.join(os.path.dirname(sys.executable), "mcp-bench")
+    exe = executable("mcp-bench")
     prefix = ["nice", "-n", str(nice)] if nice and (nice > 0 or os.geteuid() == 0) else []
     return subprocess.Popen([*prefix, exe, *args, "--output-format", "json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

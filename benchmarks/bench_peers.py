@@ -38,6 +38,8 @@ import sys
 import time
 import uuid
 
+from mesh.scripts import executable
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("triton", "kserve", "mlserver")
 # Not a peer (never judged): a bare grpc.aio ModelInfer handler, gRPC points only
@@ -278,7 +280,7 @@ def remove_stale_netns() -> None:
 
 def bench_argv(url: str, grpc: bool, c: int, seconds: float, width: int) -> list[str]:
     """mcp-bench's command line for one run (inputs given: the peers' metadata differ)."""
-    exe = os.path.join(os.path.dirname(sys.executable), "mcp-bench")
+    exe = executable("mcp-bench")
     argv = [exe, "-u", url, "-c", str(c), "--duration", str(seconds), "--warmup", str(max(20, 2 * c)),
             "--input", f"INPUT0:FP32:1,{width}", "--timeout", "10", "--output-format", "json"]
     if grpc:

@@ -20,6 +20,7 @@ import sys
 from harness import perf_analyzer
 from harness.ports import free_port
 from inference_backend.bench.serve_process import ServeProcess
+from mesh.scripts import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
@@ -27,7 +28,7 @@ CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "1,16,64").sp
 
 
 def mcp_bench(url: str, c: int, grpc: bool) -> dict:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mcp-bench"), "-c", str(c), "--duration", str(SECONDS),
+    cmd = [executable("mcp-bench"), "-c", str(c), "--duration", str(SECONDS),
            "--warmup", str(min(200, 20 * c)), "-u", url, "--output-format", "json"] + (["--grpc"] if grpc else [])
     row = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=SECONDS + 60).stdout)["rows"][0]
     return {"rps": row["throughput_rps"], "p50": row["latency_ms"]["p50"], "p99": row["latency_ms"]["p99"]}

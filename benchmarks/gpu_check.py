@@ -37,7 +37,7 @@ import urllib.request
 
 import numpy as np
 
-from inference_backend.bench.serve_process import console_script
+from mesh.scripts import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = int(os.environ.get("GPU_CHECK_RUNS", "200"))
@@ -143,7 +143,7 @@ def check_runs(ort, path: str, device: str) -> None:
 
 
 def mcp_bench(url: str, *args: str, grpc: bool = False) -> dict:
-    cmd = [console_script("mcp-bench"), "-u", url, "--output-format", "json",
+    cmd = [executable("mcp-bench"), "-u", url, "--output-format", "json",
            "--duration", str(SECONDS), *args] + (["--grpc"] if grpc else [])
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=SECONDS + 120).stdout)
 
@@ -179,7 +179,7 @@ def check_serving(device: str) -> None:
         high_url = s.rest_url.replace(f":{s.http_port}/", f":{worker}/")
         high = ["--rate", "100", "-c", "8", "--priority-mix", "latency-critical=1"]
         alone = mcp_bench(high_url, *high)["rows"][0]["latency_ms"]["p99"]
-        low = subprocess.Popen([console_script("mcp-bench"), "-u", s.rest_url,
+        low = subprocess.Popen([executable("mcp-bench"), "-u", s.rest_url,
                                 "-c", "64", "--duration", str(SECONDS + 4), "--priority-mix", "low=1",
                                 "--output-format", "json"], stdout=subprocess.PIPE, text=True)   # batch class, main port
         time.sleep(2)

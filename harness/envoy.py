@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -14,11 +13,11 @@ import yaml
 
 from harness.ports import free_port
 from harness.processes import stop_process
+from mesh.scripts import executable
 
 
 def envoy_binary() -> str:
-    here = os.path.join(os.path.dirname(sys.executable), "envoy")
-    return here if os.path.exists(here) else (shutil.which("envoy") or "envoy")
+    return executable("envoy")
 
 
 class Envoy:

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import urllib.request
 from types import SimpleNamespace
@@ -31,6 +30,7 @@ from harness.paths import CONSOLE, HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port, wait_port
 from harness.processes import stop_process
 from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mesh.scripts import executable
 
 EXAMPLE = CONSOLE / "examples" / "grpc-web.yaml"
 MODEL = "mlp"
@@ -72,7 +72,7 @@ class Console:
 
     def __init__(self, port: int | None = None, **flags: str):
         self.port = port or free_port()
-        mcpctl = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+        mcpctl = executable("mcpctl")
         self.args = [mcpctl, "console", "--port", str(self.port)]
         for k, v in flags.items():
             self.args += [f"--{k.replace('_', '-')}", str(v)]

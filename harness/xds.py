@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -26,6 +25,7 @@ import urllib.request
 from harness.envoy import Envoy
 from harness.ports import free_port, wait_port
 from harness.processes import stop_process
+from mesh.scripts import executable
 
 GATEWAY_NODE = "router~127.0.0.1~gateway.default~default.svc.cluster.local"
 
@@ -82,7 +82,7 @@ class ControlPlane:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "ControlPlane":
-        mcpctl = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+        mcpctl = executable("mcpctl")
         args = [mcpctl, "xds", "serve", "--config-dir", self.config_dir, "--port", str(self.port),
                 "--admin-port", str(self.admin_port), "--debounce-ms", str(self.debounce_ms),
                 "--log-level", self.log_level]

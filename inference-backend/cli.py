@@ -19,6 +19,7 @@ import sys
 import time
 
 from mesh.scheduling import DEFAULT_PRESET, PRESETS
+from mesh.scripts import executable
 
 DEFAULT_WORKERS = 1
 MAX_INSTANCES = 64                  # a compute thread each: more than a machine has cores is a typo
@@ -235,8 +236,7 @@ def run_replicas(args) -> int:
         fd, path = tempfile.mkstemp(prefix="mcp-pool-envoy-", suffix=".yaml")
         with os.fdopen(fd, "w") as fh:
             yaml.safe_dump(bootstrap, fh)
-        binary = os.path.join(os.path.dirname(sys.executable), "envoy")
-        envoy = subprocess.Popen([binary if os.path.exists(binary) else "envoy", "-c", path,
+        envoy = subprocess.Popen([executable("envoy"), "-c", path,
                                   "--disable-hot-restart", "-l", "warning", "--concurrency", "1"])
         children.append(envoy)
         log.info("envoy: pid %d, listener %s:%d -> %d replicas (bootstrap %s)", envoy.pid, args.host,

@@ -7,11 +7,12 @@ import ipaddress
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import urllib.error
 import urllib.request
+
+from mesh.scripts import executable
 
 
 STREAM_IDLE_ENV = "MCP_XDS_STREAM_IDLE_TIMEOUT"
@@ -193,11 +194,6 @@ def _bootstrap(args) -> int:
     return 0
 
 
-def envoy_binary() -> str:
-    here = os.path.join(os.path.dirname(sys.executable), "envoy")
-    return here if os.path.exists(here) else (shutil.which("envoy") or "envoy")
-
-
 def _run_envoy(args) -> int:
     try:
         text = _bootstrap_text(args)
@@ -223,7 +219,7 @@ def _run_envoy(args) -> int:
         print("mcpctl envoy run: --session-key-env needs --session-key-file", file=sys.stderr)
         return 2
     extra = [a for a in (args.envoy_args or []) if a != "--"]
-    argv = [envoy_binary(), "-c", path, "--disable-hot-restart", "-l", args.log_level, *extra]
+    argv = [executable("envoy"), "-c", path, "--disable-hot-restart", "-l", args.log_level, *extra]
     sys.stdout.flush()
     os.execve(argv[0], argv, env)   # Envoy replaces us: signals reach it directly
 

@@ -2,23 +2,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 
-
-def console_script(name: str) -> str:
-    """A console script of this install: beside the interpreter (a venv), else on PATH
-    (a `pip install --target` install, as benchmarks/gpu_check.sh's GPU_WHEELS makes)."""
-    here = os.path.join(os.path.dirname(sys.executable), name)
-    return here if os.path.exists(here) else (shutil.which(name) or name)
-
-
-def mcpctl() -> str:
-    return console_script("mcpctl")
+from mesh.scripts import executable
 
 
 class ServeProcess:
@@ -27,7 +16,7 @@ class ServeProcess:
 
     def __init__(self, model: str, http_port: int, grpc_port: int, *extra: str):
         self.model, self.http_port, self.grpc_port = model, http_port, grpc_port
-        self.args = [mcpctl(), "serve", "--model", model, "--http-port", str(http_port),
+        self.args = [executable("mcpctl"), "serve", "--model", model, "--http-port", str(http_port),
                      "--grpc-port", str(grpc_port), *extra]
         self.log = tempfile.NamedTemporaryFile(prefix="mcpctl-serve-", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -23,12 +22,13 @@ from harness.paths import HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port
 from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 from xds_server.redact import redact_text
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
 KEY = hashlib.sha256(b"adversarial admin key").digest()
 FORMS = [KEY.hex(), KEY.hex().upper(), base64.b64encode(KEY).decode()]
-MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+MCPCTL = executable("mcpctl")
 
 
 def config(gw_port: int) -> str:

@@ -21,10 +21,11 @@ import pytest
 from harness.xds import ControlPlane, write_config
 from mesh.diagnostics import ConfigError
 from mesh.parse import parse_documents
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
-MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+MCPCTL = executable("mcpctl")
 LIMIT_AS = 1 << 30          # the child may not map more than 1 GiB
 PEAK_RSS_MB = 300           # what the refusing child may reach at most (imports included)
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 import subprocess
-import sys
 import urllib.request
 
 import pytest
@@ -17,9 +15,10 @@ import pytest
 from inference_backend.bench.serve_process import ServeProcess
 from mesh.qos import QosClass
 from harness.ports import free_port
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
-MCP_BENCH = os.path.join(os.path.dirname(sys.executable), "mcp-bench")
+MCP_BENCH = executable("mcp-bench")
 
 
 def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -4,15 +4,14 @@ The tables are read from what the control plane says it sent the node, and,
 with --envoy-admin, compared with what that Envoy holds: after the Envoy
 ACKs, every resource must read SAME.
 """
-import os
 import subprocess
-import sys
 
 import pytest
 
 from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, GATEWAY_NODE, mesh_envoy
 from harness.ports import free_port
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +52,7 @@ spec:
   - route: [{{destination: {{host: reviews, subset: v1}}}}]
 """
 
-MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+MCPCTL = executable("mcpctl")
 
 
 def mcpctl(*args):

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -21,6 +20,7 @@ from xds_server.explain import envoy_match
 from xds_server.explain.route_explain import explain, load, proxy_for
 from xds_server.translate import translate
 from xds_server.translate.static import static_bootstrap
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
@@ -209,7 +209,7 @@ def test_explained_cluster_is_where_envoy_routes(setup, host, method, path, head
 
 
 def test_cli_json_names_the_rule_and_line(setup):
-    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mcpctl"), "route", "explain", setup["dir"],
+    out = subprocess.run([executable("mcpctl"), "route", "explain", setup["dir"],
                           "--host", "bookinfo.example.com", "--port", str(setup["port"]), "--path", "/reviews/7",
                           "-H", "end-user:jason", "-o", "json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

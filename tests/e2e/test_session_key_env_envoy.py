@@ -12,7 +12,6 @@ import http.client
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -24,12 +23,13 @@ from harness.paths import HEADER_CONTRACT_WASM as WASM
 from harness.ports import free_port
 from harness.upstreams import EchoUpstream
 from harness.xds import GATEWAY_NODE, ControlPlane, write_config
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
 KEY = hashlib.sha256(b"e2e session key from the environment").digest()
 ENV = "MESH_SESSION_KEY"
-MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+MCPCTL = executable("mcpctl")
 
 
 def mesh_yaml(gw_port: int, upstream: int) -> str:

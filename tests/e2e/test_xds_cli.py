@@ -3,7 +3,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -12,10 +11,11 @@ import yaml
 
 from harness.envoy import envoy_binary
 from harness.paths import HEADER_CONTRACT_WASM as WASM
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
-MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+MCPCTL = executable("mcpctl")
 
 
 @pytest.mark.parametrize("delta", [False, True])

@@ -7,9 +7,7 @@
   restart it on the same port: Envoy reconnects and converges, and takes the
   next change. Both SotW and Delta; no request may fail throughout.
 """
-import os
 import subprocess
-import sys
 import threading
 import time
 
@@ -20,6 +18,7 @@ from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, mesh_envoy, write_config
 from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 from xds_server.type_urls import ROUTE
+from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +69,7 @@ def test_nacked_route_keeps_previous_routes_and_syncz_shows_error(mesh):
     assert "regex" in rds["error"].lower() or "(?=" in rds["error"], rds["error"]
     assert rds["acked_version"] == good                 # the last accepted version, not the rejected one
     assert rds["nacked_version"] != good
-    status = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mcpctl"), "proxy-status",
+    status = subprocess.run([executable("mcpctl"), "proxy-status",
                              "--admin-address", f"127.0.0.1:{cp.admin_port}"],
                             capture_output=True, text=True, timeout=60)
     row = next(line for line in status.stdout.splitlines() if line.startswith(NODE))

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import yaml
 
+from mesh.scripts import executable
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+MCPCTL = executable("mcpctl")
 
 BROKEN = """apiVersion: networking.istio.io/v1
 kind: VirtualService

@@ -2,12 +2,13 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
+from mesh.scripts import executable
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-MCPCTL = os.path.join(os.path.dirname(sys.executable), "mcpctl")
+MCPCTL = executable("mcpctl")
 
 GOOD_VS = """apiVersion: networking.istio.io/v1
 kind: VirtualService

@@ -3,12 +3,12 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 PIP := .venv/bin/pip
-DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2 libclang-rt-14-dev-wasm32 python3-venv
+DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2 libclang-rt-14-dev-wasm32 python3-venv libb64-0d
 PYTEST_ARGS ?=
 
-.PHONY: install debs venv kernel-headers wasm test demo bench clean proto web
+.PHONY: install debs venv kernel-headers wasm test demo bench clean proto web perf-analyzer
 
-install: debs kernel-headers venv wasm web
+install: debs kernel-headers venv wasm web perf-analyzer
 
 # Debian packages: installed only when one is missing, so re-runs are fast.
 debs:
@@ -40,6 +40,13 @@ venv: .venv/.installed
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc $$site/bcc; fi
 	@touch $@
+
+# Triton's perf_analyzer (tritonclient 2.50.0's binary, in a venv of its own: it would replace
+# the project's tritonclient) for tests/e2e/test_perf_analyzer.py; it links Debian's libb64-0d.
+perf-analyzer: .cache/perf-analyzer-venv/bin/perf_analyzer
+
+.cache/perf-analyzer-venv/bin/perf_analyzer: | .venv/.installed
+	$(PY) -c 'from harness import perf_analyzer; perf_analyzer.install()'
 
 wasm: venv
 	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters; fi

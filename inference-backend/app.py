@@ -22,7 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from mesh.grpc_fast import GrpcLane, start_server
+from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
 from mesh.resources import MeshConfig
 from mesh.json_body import parse_json_body
 from mesh.parse import parse_documents
@@ -86,14 +86,14 @@ class ServeOptions:
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-    ("grpc.so_reuseport", 0),      # grpcio's Linux default is 1: a second server would share the port unseen
+    EXCLUSIVE_PORT,                # SO_REUSEPORT only with --workers (grpc_options)
 ]
 
 
 def grpc_options(workers: int) -> list[tuple]:
     """With --workers N > 1 every worker binds the same ports with SO_REUSEPORT and the kernel
     spreads connections over them; with one, a port in use is an error, as before."""
-    return [(k, 1 if k == "grpc.so_reuseport" and workers > 1 else v) for k, v in GRPC_OPTIONS]
+    return [(k, 1 if k == EXCLUSIVE_PORT[0] and workers > 1 else v) for k, v in GRPC_OPTIONS]
 
 
 def load_policy_file(path: str, labels: dict | None = None) -> BatcherSettings:

@@ -539,6 +539,13 @@ class GrpcLane:
                 conn.transport.close()
 
 
+# grpcio's Linux default is SO_REUSEPORT on: a second server started on a port in use binds it
+# too, and the kernel splits new connections between them unseen (two control planes each
+# serving half the proxies). Every grpc.aio server here passes this option, so a port in use is
+# an error; only `mcpctl serve --workers N` turns it on, deliberately.
+EXCLUSIVE_PORT = ("grpc.so_reuseport", 0)
+
+
 async def start_server(server, host: str, port: int, what: str, **listen) -> int:
     """Bind and start a GrpcLane (`listen`: create_server's options) or a grpc.aio server;
     the port bound, or OSError naming `what` and the address."""
@@ -549,10 +556,10 @@ async def start_server(server, host: str, port: int, what: str, **listen) -> int
             raise OSError(f"cannot bind {what} {host}:{port}: {e.strerror or e}") from None
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as e:     # grpcio raises where older versions returned 0
-        raise OSError(f"cannot bind {what} {host}:{port}: {e}") from None
+    except RuntimeError:          # grpcio raises where older versions returned 0, and says only "failed"
+        bound = 0
     if not bound:
-        raise OSError(f"cannot bind {what} {host}:{port}")
+        raise OSError(f"cannot bind {what} {host}:{port}: in use, or not an address of this host")
     await server.start()
     return bound
 

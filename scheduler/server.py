@@ -17,7 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mesh import endpoint_picker as epp
-from mesh.grpc_fast import GrpcLane, start_server
+from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
 from scheduler.ext_proc import EndpointPicker
 from scheduler.metrics import MetricsPoller
 from scheduler.pool_source import PoolSource, PoolView
@@ -112,7 +112,7 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     state.refresh()
     # fast: mesh.grpc_fast's lane (an ext_proc stream through Envoy ~0.5 ms cheaper than on
     # grpc.aio, scheduler/README.md); grpcio: grpc.aio
-    server = GrpcLane(EXT_PROC_MAX_MESSAGE, EXT_PROC_MAX_MESSAGE) if grpc_frontend == "fast" else grpc.aio.server()
+    server = GrpcLane(EXT_PROC_MAX_MESSAGE, EXT_PROC_MAX_MESSAGE) if grpc_frontend == "fast" else grpc.aio.server(options=[EXCLUSIVE_PORT])
     pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -16,6 +16,7 @@ import time
 import grpc
 
 from mesh.diagnostics import ConfigError, Diagnostic
+from mesh.grpc_fast import EXCLUSIVE_PORT, start_server
 from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
 from xds_server.cache import SnapshotCache
@@ -87,16 +88,10 @@ class XdsServer:
             ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_STREAM_HOLD_S),
             ("grpc.server.max_pending_requests", MAX_HELD_STREAMS),
             ("grpc.server.max_pending_requests_hard_limit", MAX_HELD_STREAMS),
+            EXCLUSIVE_PORT,         # a second control plane on this port is an error, not half the proxies
         ])
         add_to_server(self.hub, self._grpc)
-        try:
-            bound = self._grpc.add_insecure_port(f"{self.address}:{self.port}")
-        except RuntimeError:        # grpcio raises where it used to return 0
-            bound = 0
-        if not bound:
-            raise OSError(f"cannot bind ADS on {self.address}:{self.port} (in use?)")
-        self.port = bound
-        await self._grpc.start()
+        self.port = await start_server(self._grpc, self.address, self.port, "ADS on")
         from xds_server.admin import start_admin
         self._admin = await start_admin(self, self.address, self.admin_port)
         if self._admin.addresses:                      # --admin-port 0: the port it got

@@ -48,6 +48,7 @@ _END = object()         # the request stream's end, in a streaming call's queue
 # Bytes of request messages a streaming call may hold unread before its stream's window
 # stops coming back (the client then waits, as grpcio's flow control makes it).
 STREAM_BUFFER = 1 << 20
+BIG_MESSAGE = 64 << 10          # a response this large is not copied behind its 5-byte prefix
 
 
 def percent_encode(text: str) -> bytes:
@@ -159,7 +160,13 @@ class Context:
         self._call.send_headers(metadata_block(initial_metadata))
 
     async def write(self, message) -> None:
-        self._call.send_message(message)
+        """Returns once the message has left for the transport, as grpc.aio's write waits for
+        the peer's flow control: a streaming writer cannot run ahead of a slow reader."""
+        call = self._call
+        call.send_message(message)
+        waiter = call.conn.drained(call.stream)
+        if waiter is not None:
+            await waiter
 
     async def read(self):
         return await self._call.next_request()
@@ -365,10 +372,14 @@ class Call:
         self._done()
 
     def _frame(self, message) -> bytes:
+        data = self._serialize(message)
+        return b"\x00" + _LEN.pack(len(data)) + data
+
+    def _serialize(self, message) -> bytes:
         data = self.handler.response_serializer(message) if self.handler.response_serializer else message
         if len(data) > self.lane.max_send:
             raise _TooLarge(f"Sent message larger than max ({len(data)} vs. {self.lane.max_send})")
-        return b"\x00" + _LEN.pack(len(data)) + data
+        return data
 
     def send_headers(self, extra: bytes = b"") -> None:
         if not self.headers_sent and not self.finished:
@@ -379,7 +390,12 @@ class Call:
         if self.finished:
             raise asyncio.CancelledError()      # the call is over: stop the writer
         self.send_headers()
-        self.conn.send_data(self.stream, self._frame(message))
+        data = self._serialize(message)
+        if len(data) < BIG_MESSAGE:
+            self.conn.send_data(self.stream, b"\x00" + _LEN.pack(len(data)) + data)
+        else:       # the prefix on its own: the message (a shared 5 MB xDS body) is sent, not copied
+            self.conn.send_data(self.stream, b"\x00" + _LEN.pack(len(data)))
+            self.conn.send_data(self.stream, data)
 
     def _close(self, code: grpc.StatusCode, details: str | None) -> None:
         if self.finished:
@@ -436,8 +452,13 @@ class _Unsupported(Exception):
 class GrpcLane:
     """The server: handlers registered as on a grpc.aio.Server, listening with asyncio."""
 
-    def __init__(self, max_receive: int, max_send: int):
+    def __init__(self, max_receive: int, max_send: int,
+                 min_ping_interval_s: float = h2_server.MIN_RECV_PING_INTERVAL_S):
         self.max_receive, self.max_send = max_receive, max_send
+        # grpcio's grpc.http2.min_ping_interval_without_data_ms: a client pinging more often
+        # than this, with nothing sent to it between, is told too_many_pings (h2_server).
+        self.min_ping_interval_s = min_ping_interval_s
+        self.stopped = asyncio.Event()
         self.registered: dict[str, object] = {}    # "/service/method" -> RpcMethodHandler
         self.generic: list = []
         self.resolved: dict[bytes, object] = {}    # :path -> handler, once looked up
@@ -478,7 +499,7 @@ class GrpcLane:
         return self.server.sockets[0].getsockname()[1]
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(self._new_call, self.connections.discard)
+        conn = H2Connection(self._new_call, self.connections.discard, self.min_ping_interval_s)
         self.connections.add(conn)
         return conn
 
@@ -537,6 +558,11 @@ class GrpcLane:
             conn._flush()
             if conn.transport is not None:
                 conn.transport.close()
+        self.stopped.set()
+
+    async def wait_for_termination(self) -> None:
+        """As grpc.aio's: returns once stop() has run."""
+        await self.stopped.wait()
 
 
 # grpcio's Linux default is SO_REUSEPORT on: a second server started on a port in use binds it

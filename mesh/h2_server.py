@@ -56,6 +56,7 @@ DEFAULT_FRAME = 16384
 MAX_STREAMS = 1024              # concurrent streams a connection may open
 STREAM_WINDOW = 1 << 20         # what each stream may send before we credit it
 CONNECTION_WINDOW = 16 << 20    # and the connection
+OUT_HIGH = 256 << 10            # frames gathered for one transport write; past it streams and writers wait
 MAX_HEADER_LIST = 16 << 10      # decoded header bytes per block (grpcio's default hard limit is 16 KiB)
 MAX_HEADER_BLOCK = 64 << 10     # encoded bytes of one block with its CONTINUATIONs
 # PING abuse, as grpc-core's servers judge it (ping_abuse_policy): a PING sooner than this after
@@ -113,7 +114,7 @@ class ConnectionError_(Exception):
 class Stream:
     """One request stream: its send window, what waits for it, and its handler."""
 
-    __slots__ = ("id", "handler", "send_window", "queue", "remote_closed", "local_closed")
+    __slots__ = ("id", "handler", "send_window", "queue", "remote_closed", "local_closed", "drain")
 
     def __init__(self, stream_id: int, send_window: int):
         self.id = stream_id
@@ -122,6 +123,7 @@ class Stream:
         self.queue: collections.deque = collections.deque()   # bytes to send as DATA, then the trailers block
         self.remote_closed = False
         self.local_closed = False
+        self.drain: asyncio.Future | None = None     # its writer, waiting for what it sent to leave (drained())
 
 
 class H2Connection(asyncio.Protocol):
@@ -129,9 +131,10 @@ class H2Connection(asyncio.Protocol):
     returns the stream's handler (data_received(bytes), end(), reset()) or None
     when it answered the stream itself."""
 
-    def __init__(self, new_handler, on_close=None):
+    def __init__(self, new_handler, on_close=None, min_ping_interval_s: float = MIN_RECV_PING_INTERVAL_S):
         self.new_handler = new_handler
         self.on_close = on_close
+        self.min_ping_interval_s = min_ping_interval_s
         self.transport = None
         self.peer = ""
         self.buf = b""
@@ -143,15 +146,18 @@ class H2Connection(asyncio.Protocol):
         self.send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = DEFAULT_FRAME
-        self.blocked: dict[int, Stream] = {}    # streams waiting for the connection window
+        self.blocked: dict[int, Stream] = {}    # streams waiting for the connection window or the transport
         self.received_uncredited = 0
         self.out: list[bytes] = []
+        self.out_size = 0                   # bytes in `out`, not yet handed to the transport
         self.flush_scheduled = False
         self.going_away = False             # GOAWAY sent or received: no new streams
         self.closed = False
         self.failed = False                 # we sent GOAWAY for a protocol error: the rest is not read
         self.last_ping = float("-inf")      # when the last PING came (none since we last sent anything)
         self.ping_strikes = 0
+        self.write_paused = False           # the transport's buffer is over its high-water mark
+        self.waiting: dict[int, Stream] = {}    # streams whose writer waits in drained()
 
     # -- asyncio.Protocol --------------------------------------------------
 
@@ -168,16 +174,21 @@ class H2Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         """The peer is not reading what we send: stop reading what it sends (PINGs, new
-        calls), so that what we owe it cannot grow without bound."""
+        calls), so that what we owe it cannot grow without bound; writers wait (drained())."""
+        self.write_paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
+        self._unblock()
+        self._wake_all()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self._wake_all()
         for st in list(self.streams.values()):
             if st.handler is not None:
                 st.handler.reset()
@@ -235,6 +246,9 @@ class H2Connection(asyncio.Protocol):
                         raise ConnectionError_(PROTOCOL_ERROR, "bad RST_STREAM")
                     st = self.streams.pop(sid, None)
                     self.blocked.pop(sid, None)
+                    if st is not None:
+                        st.local_closed = True     # nothing more goes out on it
+                        self._wake(st)
                     if st is not None and st.handler is not None:
                         st.handler.reset()
                 elif kind == GOAWAY:
@@ -395,7 +409,7 @@ class H2Connection(asyncio.Protocol):
 
     def _on_ping(self) -> None:
         now = time.monotonic()
-        interval = MIN_RECV_PING_INTERVAL_S if self.streams else IDLE_RECV_PING_INTERVAL_S
+        interval = self.min_ping_interval_s if self.streams else IDLE_RECV_PING_INTERVAL_S
         too_soon = now < self.last_ping + interval
         self.last_ping = now
         if too_soon:
@@ -455,6 +469,11 @@ class H2Connection(asyncio.Protocol):
                 st.queue.popleft()
                 self.send_headers(st, head, end_stream=True)
                 return
+            if self.write_paused or self.out_size >= OUT_HIGH:
+                # The rest waits here, a view of the caller's bytes, not frames copied out of
+                # it: a 5 MB message to many streams costs its one buffer until it is sent.
+                self.blocked[st.id] = st
+                return
             room = min(st.send_window, self.send_window, self.peer_max_frame)
             if room <= 0 and len(head):
                 if self.send_window <= 0:
@@ -463,11 +482,15 @@ class H2Connection(asyncio.Protocol):
             part = head[:room]
             st.send_window -= len(part)
             self.send_window -= len(part)
-            self._write(frame(DATA, 0, st.id, bytes(part)))
+            n = len(part)                       # the frame header, then the view itself (joined once in _flush)
+            self._write(bytes((n >> 16, (n >> 8) & 255, n & 255, DATA, 0)) + _U32.pack(st.id))
+            self._write(part)
             if len(part) == len(head):
                 st.queue.popleft()
             else:
                 st.queue[0] = head[room:]
+        if st.drain is not None:
+            self._wake(st)
 
     def _finish(self, st: Stream) -> None:
         st.local_closed = True
@@ -479,12 +502,15 @@ class H2Connection(asyncio.Protocol):
     def _drop(self, st: Stream) -> None:
         self.streams.pop(st.id, None)
         self.blocked.pop(st.id, None)
+        if st.drain is not None:
+            self._wake(st)
         if self.going_away and not self.streams and self.transport is not None:
             self._flush()
             self.transport.close()
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data) -> None:
         self.out.append(data)
+        self.out_size += len(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -492,8 +518,50 @@ class H2Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self.flush_scheduled = False
         if self.out and not self.closed and self.transport is not None:
-            self.transport.write(b"".join(self.out))
+            self.transport.write(b"".join(self.out))     # may call pause_writing
         self.out.clear()
+        self.out_size = 0
+        self._unblock()
+        if self.waiting:
+            self._wake_all()
+
+    def _unblock(self) -> None:
+        """Streams held back for the transport go on while it takes more."""
+        if self.blocked and not self.write_paused and not self.closed:
+            blocked, self.blocked = self.blocked, {}
+            for st in blocked.values():
+                self._pump(st)
+
+    # -- a writer's backpressure ---------------------------------------------------
+
+    def drained(self, st: Stream) -> asyncio.Future | None:
+        """None when what `st` sent has left for the transport and the transport takes more;
+        else a future that resolves once it has (or the stream or connection is over).
+
+        Without it a streaming writer never waits: a 5 MB message to a peer that reads
+        slowly (or a push to a thousand) piles up here, unbounded.
+        """
+        if self._is_drained(st):
+            return None
+        st.drain = asyncio.get_running_loop().create_future()
+        self.waiting[st.id] = st
+        return st.drain
+
+    def _is_drained(self, st: Stream) -> bool:
+        # Small writes of one loop turn still go out in one transport write; past OUT_HIGH the
+        # writer waits for that write (and for the transport, if it then pauses).
+        return st.local_closed or self.closed or not (st.queue or self.write_paused or self.out_size > OUT_HIGH)
+
+    def _wake(self, st: Stream) -> None:
+        if self._is_drained(st):
+            fut, st.drain = st.drain, None
+            self.waiting.pop(st.id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def _wake_all(self) -> None:
+        for st in list(self.waiting.values()):
+            self._wake(st)
 
     def go_away(self) -> None:
         """No new streams; close once those open have finished."""

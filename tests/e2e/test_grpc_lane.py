@@ -134,6 +134,11 @@ def services(rec: Recorder):
             return b"first " + r
         return b"none"
 
+    async def flood(req, ctx):                  # int(req) writes of 256 KiB, each counted once it returns
+        for i in range(int(req)):
+            await ctx.write(bytes([i]) * (256 << 10))
+            rec.inflight += 1                   # here: writes completed (the loop's thread only)
+
     async def noread(it, ctx):                  # does not read for 1 s, then counts what came
         await asyncio.sleep(1.0)
         return str(len([r async for r in it])).encode()
@@ -143,6 +148,7 @@ def services(rec: Recorder):
         "UA": grpc.unary_stream_rpc_method_handler(ustream_abort),
         "CE": grpc.stream_unary_rpc_method_handler(sunary_early),
         "NoRead": grpc.stream_unary_rpc_method_handler(noread),
+        "Flood": grpc.unary_stream_rpc_method_handler(flood),
         "Echo": grpc.unary_unary_rpc_method_handler(echo),
         "Slow": grpc.unary_unary_rpc_method_handler(slow),
         "Delay": grpc.unary_unary_rpc_method_handler(delay),
@@ -155,10 +161,10 @@ def services(rec: Recorder):
 
 
 class LaneThread:
-    def __init__(self, max_receive: int = 64 * MB, max_send: int = 64 * MB):
+    def __init__(self, max_receive: int = 64 * MB, max_send: int = 64 * MB, **lane_options):
         self.rec = Recorder()
         self.loop = asyncio.new_event_loop()
-        self.lane = GrpcLane(max_receive, max_send)
+        self.lane = GrpcLane(max_receive, max_send, **lane_options)
         self.lane.add_generic_rpc_handlers((services(self.rec),))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -707,6 +713,54 @@ def test_raw_client_not_reading_cannot_grow_server_output(lt):
     sock.close()
     assert not buffered or buffered[0] < 4 * MB, f"{buffered[0] / MB:.1f} MB queued for a client that reads nothing"
     serves(lt)
+
+
+def test_raw_stream_writer_waits_for_the_peers_window():
+    """context.write returns once the message has left, as grpc.aio's does: a client that grants
+    no window holds a streaming writer at its first 256 KiB message (not 16 messages queued
+    in the server), and a WINDOW_UPDATE lets every one through, intact and in order."""
+    lane = LaneThread()
+    try:
+        raw = Raw(lane.port)           # SETTINGS without a window: 65,535 bytes per stream and connection
+        raw.send(raw.headers(1, request_headers("/t.S/Flood")) + frame(DATA, END_STREAM, 1, grpc_message(b"16")))
+        first = raw.read_until(lambda fs: sum(len(f.payload) for f in fs if f.kind == DATA) >= 65535, timeout=3)
+        time.sleep(0.5)
+        assert lane.on_loop(lambda: lane.rec.inflight) == 0, "writes returned with nothing read by the client"
+        assert lane.on_loop(lambda: sum(len(p) for c in lane.lane.connections for st in c.streams.values()
+                                        for p in st.queue)) < MB, "the server queued the unread messages"
+        raw.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 64 * MB)) + frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 64 * MB)))
+        rest = raw.read_until(lambda fs: any(f.kind == HEADERS and f.flags & END_STREAM for f in fs), timeout=10)
+        body = b"".join(f.payload for f in first + rest if f.kind == DATA and f.stream == 1)
+        assert body == b"".join(grpc_message(bytes([i]) * (256 << 10)) for i in range(16))
+        assert lane.on_loop(lambda: lane.rec.inflight) == 16
+        raw.close()
+    finally:
+        lane.close()
+
+
+@pytest.mark.parametrize("interval, kept", [(0.1, True), (None, False)])
+def test_raw_pings_on_an_open_stream_within_min_ping_interval(interval, kept):
+    """A quiet open stream (an ADS stream between pushes) and a client pinging every 0.3 s, as
+    Envoy's ADS keepalive does every 10 s: allowed at min_ping_interval_s 0.1; the default
+    (300 s, grpc-core's) ends the connection at the third strike."""
+    lane = LaneThread(**({"min_ping_interval_s": interval} if interval else {}))
+    try:
+        raw = Raw(lane.port)
+        raw.send(raw.headers(1, request_headers("/t.S/BR")))          # open, nothing to answer yet
+        time.sleep(0.3)
+        for i in range(5):
+            raw.send(frame(PING, 0, 0, b"%08d" % i))
+            time.sleep(0.3)
+        frames = raw.read_until(lambda fs: sum(f.kind == PING for f in fs) == 5 or any(f.kind == GOAWAY for f in fs),
+                                timeout=3)
+        goaway = [f for f in frames if f.kind == GOAWAY]
+        if kept:
+            assert not goaway and sum(f.kind == PING and f.flags & ACK for f in frames) == 5
+        else:
+            assert goaway and goaway[0].payload[8:] == b"too_many_pings"
+        raw.close()
+    finally:
+        lane.close()
 
 
 def test_raw_ping_flood_ends_with_goaway_too_many_pings(lt):

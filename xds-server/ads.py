@@ -18,8 +18,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from google.protobuf import message
+from envoy.service.discovery.v3 import ads_pb2_grpc
 
 from xds_server.ads_protocol import DeltaStream, Shared, SotwStream, Stream
 from xds_server.cache import PreparedSnapshot, SnapshotCache, translation_key
@@ -39,8 +38,10 @@ class Push:
 
 @dataclass(frozen=True)
 class Request:
-    """The client sent a request."""
-    req: message.Message
+    """The client sent a request: its wire bytes, parsed when its turn comes. A stream's
+    requests wait behind its pushes, and while a fleet connects 2,000 EDS subscriptions of
+    3,000 names wait at once: 0.15 MB each as bytes, 0.29 MB as a parsed message."""
+    wire: bytes
 
 
 @dataclass(frozen=True)
@@ -177,12 +178,14 @@ class StreamRunner:
                             continue
                         trigger = "config"
                         responses = stream.push(await self.hub.snapshot(stream.node))
-                    case Request(req):
+                    case Request(wire):
+                        req = stream.request_type.FromString(wire)
                         if stream.hello(req):
                             log.info("%s stream from %s (%s, %s)", protocol, stream.node.id,
                                      stream.node.kind, self.peer)
                         trigger = "request"
                         responses = stream.on_request(req, await self.hub.snapshot(stream.node))
+                        req = None       # not kept (with its names) until this stream's next event
                 # A span only for what sent something (not for every ACK), and at most
                 # PUSH_SPANS_PER_S of them: /debug/tracez keeps the last 500 anyway, and a
                 # span is ~50 us of SDK work, 11 % of the loop when 1,000 proxies take a change.
@@ -204,8 +207,8 @@ class StreamRunner:
 
     async def _read(self, request_iterator) -> None:
         try:
-            async for req in request_iterator:
-                self.queue.put_nowait(Request(req))
+            async for wire in request_iterator:
+                self.queue.put_nowait(Request(wire))
             self.queue.put_nowait(END)
         except asyncio.CancelledError:
             raise
@@ -275,11 +278,11 @@ def add_to_server(hub: AdsHub, server) -> None:
     handlers = {
         "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
             servicer.StreamAggregatedResources,
-            request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+            request_deserializer=None,          # bytes: parsed in turn (ads.Request)
             response_serializer=_join),
         "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
             servicer.DeltaAggregatedResources,
-            request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+            request_deserializer=None,
             response_serializer=_join),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(

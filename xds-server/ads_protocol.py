@@ -124,6 +124,7 @@ class TypeState:
 class Stream:
     """Per stream: the node (from the first request) and a TypeState per type URL asked for."""
     protocol = ""
+    request_type = None          # the message class of its requests (ads.py parses them in turn)
 
     def __init__(self, shared: Shared):
         self.shared = shared
@@ -204,6 +205,7 @@ class Stream:
 
 class SotwStream(Stream):
     protocol = "sotw"
+    request_type = discovery_pb2.DiscoveryRequest
 
     def on_request(self, req: discovery_pb2.DiscoveryRequest, snap: PreparedSnapshot | None) -> list[bytes]:
         type_url = req.type_url
@@ -260,6 +262,7 @@ class SotwStream(Stream):
 
 class DeltaStream(Stream):
     protocol = "delta"
+    request_type = discovery_pb2.DeltaDiscoveryRequest
     _clusters_sent: frozenset = frozenset()    # the clusters of the last CDS response
 
     def on_request(self, req: discovery_pb2.DeltaDiscoveryRequest, snap: PreparedSnapshot | None) -> list[bytes]:

@@ -511,9 +511,9 @@ def test_runner_over_typed_events_without_grpc():
         hub = AdsHub(cache, telemetry)
         requests: asyncio.Queue = asyncio.Queue()
 
-        async def client():
+        async def client():            # the wire, as gRPC hands it over (parsed by the runner in turn)
             while (req := await requests.get()) is not None:
-                yield req
+                yield req.SerializeToString()
         out = StreamRunner(hub, SotwStream(hub.shared), "test-peer").run(client())
         requests.put_nowait(discovery_pb2.DiscoveryRequest(node=NODE, type_url=CDS))
         r1 = discovery_pb2.DiscoveryResponse.FromString(await anext(out))

@@ -482,6 +482,7 @@ class H2Connection(asyncio.Protocol):
             part = head[:room]
             st.send_window -= len(part)
             self.send_window -= len(part)
+            self._sent()                        # DATA going out from here (a window opened) clears strikes too
             n = len(part)                       # the frame header, then the view itself (joined once in _flush)
             self._write(bytes((n >> 16, (n >> 8) & 255, n & 255, DATA, 0)) + _U32.pack(st.id))
             self._write(part)

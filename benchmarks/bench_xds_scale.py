@@ -18,6 +18,8 @@ against a fresh `mcpctl xds serve`:
   installed to that client receiving EDS (p50/p99/max), and CPU per second of
   the control plane and of the load processes (whose CPU is whose: they share
   the machine's cores).
+SCALE_FRONTENDS ("fast", the default; "grpcio,fast" for both, one after the
+other per mode) picks what serves ADS (`mcpctl xds serve --grpc-frontend`).
 Prints a table next to istiod's published figures; JSON in artifacts/bench/xds_scale.json.
 """
 from __future__ import annotations
@@ -168,13 +170,13 @@ def describe_unsynced(unsynced: dict[int, dict], server_view: dict[str, dict]) -
 
 
 def run_mode(mode: str, clients: int, seconds: int, procs: int, shapes: int, services: int,
-             per_channel: int) -> dict:
+             per_channel: int, frontend: str = "fast") -> dict:
     churn = max(1, services // 100)                    # 1 % of the services per second
-    out: dict = {"mode": mode, "loadavg_before": os.getloadavg()}
+    out: dict = {"mode": mode, "frontend": frontend, "loadavg_before": os.getloadavg()}
     server_view: dict = {}                             # the control plane's syncz, if the push stalls
     with tempfile.TemporaryDirectory() as d:
         write_mesh(d, services, 10, free_port())
-        cp = ControlPlane(d, test_hooks=False, log_level="warning")
+        cp = ControlPlane(d, test_hooks=False, log_level="warning", grpc_frontend=frontend)
         fleet = None
         try:
             cp.start(timeout=120)
@@ -266,13 +268,17 @@ def main(argv: list[str]) -> int:
     shapes = env_int("SCALE_SHAPES", 20)
     services = env_int("SCALE_SERVICES", 1000)
     per_channel = env_int("SCALE_STREAMS_PER_CHANNEL", 25)
-    modes = [m for m in os.environ.get("SCALE_MODES", "sotw,delta").split(",") if m]
+    frontends = [f for f in os.environ.get("SCALE_FRONTENDS", "fast").split(",") if f]
+    # One column per run: "delta", or "delta fast" when more than one frontend is measured.
+    runs = [(m, f, m if len(frontends) == 1 else f"{m} {f}")
+            for m in (x for x in os.environ.get("SCALE_MODES", "sotw,delta").split(",") if x) for f in frontends]
+    modes = [label for _, _, label in runs]
     started = time.time()
     out: dict = {"config": {"clients": clients, "seconds": seconds, "procs": procs, "shapes": shapes,
                             "services": services, "streams_per_channel": per_channel, "modes": modes},
                  "machine": {"cpus": os.cpu_count()}}
-    for mode in modes:
-        out[mode] = run_mode(mode, clients, seconds, procs, shapes, services, per_channel)
+    for mode, frontend, label in runs:
+        out[label] = run_mode(mode, clients, seconds, procs, shapes, services, per_channel, frontend)
     out["wall_s"] = time.time() - started
     os.makedirs(os.path.join(ROOT, "artifacts", "bench"), exist_ok=True)
     with open(os.path.join(ROOT, "artifacts", "bench", "xds_scale.json"), "w") as f:
@@ -313,7 +319,7 @@ def main(argv: list[str]) -> int:
         print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
     for x in r:
         if x["errors"]:
-            print(f"{x['mode']} client errors ({x.get('stream_restarts', 0)} streams re-opened): "
+            print(f"{x['mode']} {x['frontend']} client errors ({x.get('stream_restarts', 0)} streams re-opened): "
                   + ", ".join(f"{k} x{n}" for k, n in sorted(x.get("stream_errors", {}).items())))
     return 0
 

@@ -64,8 +64,12 @@ class ControlPlane:
 
     def __init__(self, config_dir: str, port: int | None = None, admin_port: int | None = None,
                  test_hooks: bool = True, debounce_ms: int = 100, log_level: str = "info",
-                 log_path: str | None = None, new_session: bool = False, extra_args: list[str] | None = None):
+                 log_path: str | None = None, new_session: bool = False, extra_args: list[str] | None = None,
+                 grpc_frontend: str | None = None):
         self.config_dir = config_dir
+        # `--grpc-frontend` (fast, the default, or grpcio); $XDS_GRPC_FRONTEND runs a whole
+        # test suite against the other one.
+        self.grpc_frontend = grpc_frontend or os.environ.get("XDS_GRPC_FRONTEND")
         self.port = port or free_port()
         self.admin_port = admin_port or free_port()
         self.test_hooks = test_hooks
@@ -86,6 +90,8 @@ class ControlPlane:
         args = [mcpctl, "xds", "serve", "--config-dir", self.config_dir, "--port", str(self.port),
                 "--admin-port", str(self.admin_port), "--debounce-ms", str(self.debounce_ms),
                 "--log-level", self.log_level]
+        if self.grpc_frontend:
+            args += ["--grpc-frontend", self.grpc_frontend]
         if self.test_hooks:
             args.append("--test-hooks")
         args += self.extra_args

@@ -1,16 +1,19 @@
 """The gRPC lane: gRPC over h2_server's HTTP/2, serving the same servicers grpc.aio would.
 
-The model server's gRPC port (`mcpctl serve --grpc-frontend fast`, the default)
-and the Endpoint Picker's ext_proc port (`mcpctl epp serve --grpc-frontend
-fast`) run on this instead of grpcio's server: per call it costs about a third
-of grpc.aio's CPU on this machine (inference-backend/README.md "gRPC lane"),
-and an ext_proc stream through Envoy ~0.5 ms less (scheduler/README.md). The servicers do not
+The model server's gRPC port (`mcpctl serve --grpc-frontend fast`, the default),
+the Endpoint Picker's ext_proc port (`mcpctl epp serve --grpc-frontend fast`)
+and the control plane's ADS port (`mcpctl xds serve --grpc-frontend fast`) run
+on this instead of grpcio's server: per call it costs about a third of
+grpc.aio's CPU on this machine (inference-backend/README.md "gRPC lane"), an
+ext_proc stream through Envoy ~0.5 ms less (scheduler/README.md), a proxy's
+share of an xDS push two thirds (xds-server/README.md "Scale"). The servicers do not
 change: GRPCInferenceService, Triton's extra RPCs, grpc.health.v1 and reflection
 register here through the calls grpcio's generated code makes
 (add_generic_rpc_handlers, add_registered_method_handlers), and each call runs
 their behaviour with a context offering what grpc.aio's ServicerContext does
 (abort, set_code/set_details, trailing metadata, invocation metadata, write for
-server streaming, time_remaining, peer).
+server streaming, which returns once the message has left for the transport,
+time_remaining, peer).
 
 The protocol (grpc/grpc doc/PROTOCOL-HTTP2.md): POST with content-type
 application/grpc[+proto]; messages framed as 1 byte compressed flag + 4 bytes

@@ -54,6 +54,9 @@ def register(subparsers) -> None:
     serve.add_argument("--stream-idle-timeout", type=float, default=None,
                        help="seconds a proxied HTTP stream may stay idle before Envoy answers and releases "
                             f"it (HCM stream_idle_timeout; default 300, or ${STREAM_IDLE_ENV}; 0: off, as istiod)")
+    serve.add_argument("--grpc-frontend", default="fast", choices=("fast", "grpcio"),
+                       help="fast (default): ADS on mesh.grpc_fast's HTTP/2 lane, two thirds of grpc.aio's CPU per "
+                            "proxy; grpcio: on grpc.aio (xds-server/README.md \"Scale\")")
     serve.add_argument("--debounce-ms", type=int, default=100, help="wait this long after a change before loading it (default 100)")
     _identity_flags(serve)
     serve.add_argument("--test-hooks", action="store_true", help="enable POST /debug/inject (tests only)")
@@ -129,7 +132,8 @@ def _serve(args) -> int:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 2
     server = XdsServer(args.config_dir, port=args.port, admin_port=args.admin_port, address=args.address,
-                       debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity)
+                       debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
+                       grpc_frontend=args.grpc_frontend)
     try:
         asyncio.run(serve(server))
     except OSError as e:

@@ -16,7 +16,7 @@ import time
 import grpc
 
 from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.grpc_fast import EXCLUSIVE_PORT, start_server
+from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
 from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
 from xds_server.cache import SnapshotCache
@@ -28,6 +28,9 @@ log = logging.getLogger("xds_server")
 
 UNREQUESTED_STREAM_HOLD_S = 600     # gRPC core's default: 30 s
 MAX_HELD_STREAMS = 20_000           # gRPC core's default: 1,000 (past it, some refused), 3,000 (all)
+MAX_MESSAGE = 64 << 20              # a whole RDS or EDS of a large mesh, either way
+MIN_PING_INTERVAL_S = 5.0           # a proxy may ping this often with nothing sent to it
+GRPC_FRONTENDS = ("fast", "grpcio")
 
 
 def default_load():
@@ -46,7 +49,10 @@ class XdsServer:
                  address: str = "127.0.0.1", load=None, translate=None,
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
                  telemetry: Telemetry | None = None,
-                 settle: float = DEFAULT_SETTLE, identity=None):
+                 settle: float = DEFAULT_SETTLE, identity=None, grpc_frontend: str = "fast"):
+        if grpc_frontend not in GRPC_FRONTENDS:
+            raise ValueError(f"grpc_frontend must be one of {', '.join(GRPC_FRONTENDS)}, not {grpc_frontend!r}")
+        self.grpc_frontend = grpc_frontend
         self.config_dir = config_dir
         self.settle = settle            # settle.py: how long a security weakening waits for its file
         self._recheck: asyncio.TimerHandle | None = None
@@ -69,17 +75,29 @@ class XdsServer:
         self._apply_lock: asyncio.Lock | None = None
         self.status: dict = {"config_dir": config_dir, "generation": "", "applied_at": 0.0,
                              "resources": 0, "warnings": [], "rejected": None, "held": None}
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: grpc.aio.Server | GrpcLane | None = None
         self._admin = None
 
     async def start(self) -> None:
         self._apply_lock = asyncio.Lock()
         await self.apply()          # a bad initial config: serve nothing until a good one lands
-        self._grpc = grpc.aio.server(options=[
-            ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.max_receive_message_length", 64 << 20),
+        self._grpc = self._grpc_server()
+        add_to_server(self.hub, self._grpc)
+        self.port = await start_server(self._grpc, self.address, self.port, "ADS on")
+        await self._admin_and_watch()
+
+    def _grpc_server(self):
+        """The ADS server: the project's HTTP/2 lane (mesh.grpc_fast; the same servicer at two
+        thirds of grpc.aio's CPU per proxy, README "Scale"), or grpc.aio."""
+        if self.grpc_frontend == "fast":
+            # Envoy's bootstrap pings the control plane every 10 s (bootstrap.py); allowed as grpcio's
+            # option below allows it.
+            return GrpcLane(MAX_MESSAGE, MAX_MESSAGE, min_ping_interval_s=MIN_PING_INTERVAL_S)
+        return grpc.aio.server(options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000)),
             # A stream waits in gRPC core until this loop asks for it. When a fleet connects at
             # once the loop is busy pushing to the streams before it, and core cancels a stream
             # it held 30 s (its default) with CANCELLED, or refuses new ones past 1,000 held:
@@ -90,8 +108,8 @@ class XdsServer:
             ("grpc.server.max_pending_requests_hard_limit", MAX_HELD_STREAMS),
             EXCLUSIVE_PORT,         # a second control plane on this port is an error, not half the proxies
         ])
-        add_to_server(self.hub, self._grpc)
-        self.port = await start_server(self._grpc, self.address, self.port, "ADS on")
+
+    async def _admin_and_watch(self) -> None:
         from xds_server.admin import start_admin
         self._admin = await start_admin(self, self.address, self.admin_port)
         if self._admin.addresses:                      # --admin-port 0: the port it got
@@ -101,7 +119,7 @@ class XdsServer:
             from xds_server.sds import rotation_loop, rotation_period
             self._rotation = asyncio.get_running_loop().create_task(
                 rotation_loop(self.identity, self.hub, rotation_period(self.identity.ttl)))
-        log.info("ADS on %s:%d, admin on %s:%d, watching %s (%s)", self.address, self.port,
+        log.info("ADS (%s) on %s:%d, admin on %s:%d, watching %s (%s)", self.grpc_frontend, self.address, self.port,
                  self.address, self.admin_port, self.config_dir,
                  "inotify" if self.source.inotify is not None else "polling")
 

@@ -50,8 +50,15 @@ def translate(config, node):
 BASE = {"clusters": {"a": 1001, "b": 1002}, "listeners": ["l1", "l2"], "routes": {"r1": "a", "r2": "b"}}
 
 
+@pytest.fixture(autouse=True, params=["fast", "grpcio"])
+def frontend(request, monkeypatch):
+    """Every test against ADS on both frontends (`--grpc-frontend`)."""
+    monkeypatch.setattr(Harness, "frontend", request.param)
+
+
 class Harness:
     """A real XdsServer (fake source) and a real grpc.aio client stream."""
+    frontend = "fast"
 
     def __init__(self, config, delta=False):
         self.config = config
@@ -65,7 +72,7 @@ class Harness:
 
     async def __aenter__(self):
         self.server = XdsServer("/nonexistent", port=free_port(), admin_port=free_port(),
-                                load=self._load, translate=translate)
+                                load=self._load, translate=translate, grpc_frontend=self.frontend)
         await self.server.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.server.port}")
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)

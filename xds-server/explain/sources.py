@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 
 from mesh.resources import MeshConfig, Resource
+from xds_server.translate.routes import SOURCE_METADATA    # the route metadata translation writes
 from xds_server.type_urls import ENDPOINT
 
-SOURCE_METADATA = "mcp-mesh"          # as xds_server.translate.routes writes it
 
 
 def where(res: Resource, path: str = "") -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
+from google.protobuf.message import DecodeError
 
 from xds_server.ads_protocol import DeltaStream, Shared, SotwStream, Stream
 from xds_server.cache import PreparedSnapshot, SnapshotCache, translation_key
@@ -50,6 +51,10 @@ class End:
 
 
 PUSH, END = Push(), End()
+
+
+class BadRequest(Exception):
+    """The client's request is not one this stream can take: the stream ends INVALID_ARGUMENT."""
 
 PUSH_SPANS_PER_S = 200       # xds.push spans recorded at most (a burst of as many at once)
 
@@ -179,8 +184,12 @@ class StreamRunner:
                         trigger = "config"
                         responses = stream.push(await self.hub.snapshot(stream.node))
                     case Request(wire):
-                        req = stream.request_type.FromString(wire)
-                        if stream.hello(req):
+                        try:
+                            req = stream.request_type.FromString(wire)
+                            hello = stream.hello(req)
+                        except (DecodeError, ValueError) as e:     # not a request, or no node.id first
+                            raise BadRequest(f"{stream.request_type.DESCRIPTOR.name}: {e}") from None
+                        if hello:
                             log.info("%s stream from %s (%s, %s)", protocol, stream.node.id,
                                      stream.node.kind, self.peer)
                         trigger = "request"
@@ -242,12 +251,18 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.hub = hub
 
     async def StreamAggregatedResources(self, request_iterator, context):
-        runner = StreamRunner(self.hub, SotwStream(self.hub.shared), context.peer())
-        await _write_all(runner.run(request_iterator), context, self.hub.writes)
+        await self._serve(SotwStream(self.hub.shared), request_iterator, context)
 
     async def DeltaAggregatedResources(self, request_iterator, context):
-        runner = StreamRunner(self.hub, DeltaStream(self.hub.shared), context.peer())
-        await _write_all(runner.run(request_iterator), context, self.hub.writes)
+        await self._serve(DeltaStream(self.hub.shared), request_iterator, context)
+
+    async def _serve(self, stream: Stream, request_iterator, context) -> None:
+        runner = StreamRunner(self.hub, stream, context.peer())
+        try:
+            await _write_all(runner.run(request_iterator), context, self.hub.writes)
+        except BadRequest as e:      # the client's fault: a status and a line, not a traceback
+            log.warning("%s stream from %s refused: %s", stream.protocol, runner.peer, e)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
 
 class Wire:

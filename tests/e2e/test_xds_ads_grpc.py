@@ -358,3 +358,25 @@ def test_ecds_is_served_by_name_like_any_other_type(delta):
             r2 = await h.recv()
             assert r2.type_url == T.EXTENSION_CONFIG and len(r2.resources) == 1
     run(body())
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_a_malformed_request_ends_its_stream_invalid_argument_and_others_are_served(delta):
+    """Bytes that are not a request, and a first request without node.id: INVALID_ARGUMENT
+    naming what was wrong (not UNKNOWN with a traceback), and the server serves the next stream."""
+    method = "DeltaAggregatedResources" if delta else "StreamAggregatedResources"
+
+    async def body():
+        async with Harness(BASE, delta=delta) as h:
+            for payload, says in ((b"\xff\xff\xff\xff", "Error parsing message"),
+                                  ((discovery_pb2.DeltaDiscoveryRequest if delta else discovery_pb2.DiscoveryRequest)(
+                                      type_url=T.CLUSTER).SerializeToString(), "must carry node.id")):
+                call = h.channel.stream_stream(f"/envoy.service.discovery.v3.AggregatedDiscoveryService/{method}",
+                                               request_serializer=None, response_deserializer=None)()
+                await call.write(payload)
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await asyncio.wait_for(call.read(), 5)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in e.value.details(), e.value
+            h.send(type_url=T.CLUSTER)                  # a good stream on the same server
+            assert names(await h.recv()) == ["a", "b"]
+    run(body())

@@ -7,7 +7,6 @@ here is such a socket; each server must refuse to start, naming the port.
 """
 import socket
 import subprocess
-import sys
 
 import pytest
 

@@ -23,7 +23,6 @@ from xds_server.translate.routes import SOURCE_METADATA    # the route metadata 
 from xds_server.type_urls import ENDPOINT
 
 
-
 def where(res: Resource, path: str = "") -> str:
     return f"{res.file}:{res.line_of(path) if path else res.line}"
 

@@ -233,9 +233,8 @@ class Server:
         worker = await self._priority.wait_ready() if self._priority else {}
         if self._workers:
             await self._join_workers(admin_port)
-        self.models.ready = True
-        await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
-        await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)
+        if not o.worker_index:      # the other workers: once the first has joined them (/admin/workers)
+            await self._serving()
         self._watch_task = asyncio.create_task(self._watch())
         log.info("ready: http %s:%d grpc %s:%d%s%s%s", o.host, http_port, o.host, grpc_port,
                  f" admin 127.0.0.1:{admin_port}" if admin_port else "",
@@ -249,6 +248,13 @@ class Server:
                           "workers": [os.getpid(), *(w.proc.pid for w in self._workers)] if self._workers else None,
                           "provider": m.provider, "load_seconds": round(m.load_seconds, 4),
                           "warmup_seconds": round(m.warmup_seconds, 4)}), flush=True)
+
+    async def _serving(self) -> None:
+        """Ready, on REST and gRPC health. The workers of --workers share the ports, and a probe
+        reaches any of them: none says ready before the first has joined them all."""
+        self.models.ready = True
+        await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
+        await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)
 
     async def _join_workers(self, admin_port: int) -> None:
         """Wait for every other worker, then tell each the admin ports of all the others
@@ -411,6 +417,8 @@ class Server:
             if not isinstance(ports, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
                 return web.json_response({"error": "peer_admin_ports: a list of ports"}, status=400)
             self.models.peer_admin_ports = ports
+            if not self.models.ready and not self._stop.is_set():
+                await self._serving()
             return web.json_response({"peer_admin_ports": ports})
 
         app.add_routes(routes)

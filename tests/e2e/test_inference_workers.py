@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -73,6 +74,33 @@ def test_two_workers_answer_reload_together_and_sum_their_statistics():
         assert status == 200 and out["version"] == "2" and [w["version"] for w in out["workers"]] == ["2"]
         versions = {_infer_on_new_connection(server)["model_version"] for _ in range(20)}
         assert versions == {"2"}
+
+
+def _status(url: str, body: bytes | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_worker_is_not_ready_until_the_first_has_joined_it():
+    """The workers share the ports, and a readiness probe reaches any of them: a worker that
+    said ready once loaded answered 200 while the first was still waiting for the others (and
+    answered 503 to what came next). Worker 1 alone: loaded (its ready event, for the first),
+    but not ready, on REST and gRPC, until the first hands it its peers."""
+    with InferenceServer("builtin:relu", "--workers", "2", "--worker-index", "1") as worker:
+        admin = worker.admin_port
+        assert _status(f"http://{worker.http}/v2/health/ready") == 503
+        assert _status(f"http://{worker.http}/v2/health/live") == 200
+        client = tgrpc.InferenceServerClient(worker.grpc)
+        try:
+            assert client.is_server_ready() is False
+            assert _status(f"http://127.0.0.1:{admin}/admin/workers", b'{"peer_admin_ports": [1]}') == 200
+            assert _status(f"http://{worker.http}/v2/health/ready") == 200
+            assert client.is_server_ready() is True
+        finally:
+            client.close()
 
 
 def test_a_dead_worker_stops_the_server():

@@ -1,4 +1,4 @@
-"""Our model server at another commit beside the working tree's, same flags, same client, taking turns.
+"""Our model server at another commit beside the working tree's, same flags, same client, taking turns: req/s and p99.
 
     python -m benchmarks.serve_ab 4b51e2d [--model builtin:relu] [--flags "--qos-policy balanced --workers 2"]
         [--concurrency 1,64] [--seconds 3] [--rounds 3] [--grpc]
@@ -52,7 +52,8 @@ def checkout(rev: str) -> tuple[str, str]:
     return tree, os.path.join(venv, "bin", "mcpctl")
 
 
-def run_load(url: str, c: int, seconds: float, width: int, grpc: bool) -> float:
+def run_load(url: str, c: int, seconds: float, width: int, grpc: bool) -> tuple[float, float]:
+    """(req/s, p99 ms) of one mcp-bench run."""
     argv = [executable("mcp-bench"), "-u", url, "-c", str(c), "--duration", str(seconds),
             "--warmup", str(max(20, 2 * c)), "--input", f"INPUT0:FP32:1,{width}", "--timeout", "10",
             "--output-format", "json"]
@@ -61,7 +62,7 @@ def run_load(url: str, c: int, seconds: float, width: int, grpc: bool) -> float:
     row = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)["rows"][0]
     if row["errors"] or not row["throughput_rps"]:
         raise SystemExit(f"serve_ab: {url} c={c}: {row['errors']} errors {row.get('error_classes')}")
-    return row["throughput_rps"]
+    return row["throughput_rps"], row["latency_ms"]["p99"]
 
 
 def main(argv: list[str]) -> int:
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
                 raise SystemExit(f"serve_ab: the {label} server did not start: {e}") from None
         with urllib.request.urlopen(servers["new"].rest_url, timeout=10) as r:
             width = json.load(r)["inputs"][0]["shape"][-1]
-        got: dict[tuple[int, str], list[float]] = {}
+        got: dict[tuple[int, str], list[tuple[float, float]]] = {}
         for rnd in range(args.rounds):
             order = ["old", "new"] if rnd % 2 == 0 else ["new", "old"]
             for c in levels:
@@ -98,11 +99,14 @@ def main(argv: list[str]) -> int:
                     got.setdefault((c, label), []).append(run_load(url, c, args.seconds, width, args.grpc))
         print(f"\n{args.model} {'gRPC' if args.grpc else 'REST'}, `{args.flags}`, median of {args.rounds} "
               f"{args.seconds:g} s runs, load average {os.getloadavg()[0]:.2f}")
-        print(f"{'c':>4} {'old ' + args.rev[:12]:>18} {'new (this tree)':>16} {'new / old':>10}  runs old | new")
+        print(f"{'c':>4} {'old ' + args.rev[:12]:>18} {'new (this tree)':>16} {'new / old':>10} "
+              f"{'p99 old / new ms':>17}  runs old | new")
         for c in levels:
-            old, new = statistics.median(got[(c, "old")]), statistics.median(got[(c, "new")])
-            runs = " | ".join(" ".join(f"{r:.0f}" for r in got[(c, label)]) for label in ("old", "new"))
-            print(f"{c:>4} {old:>16.0f}/s {new:>14.0f}/s {new / old:>9.2f}x  {runs}")
+            med = {label: (statistics.median(r for r, _ in got[(c, label)]),
+                           statistics.median(p for _, p in got[(c, label)])) for label in ("old", "new")}
+            (old, p_old), (new, p_new) = med["old"], med["new"]
+            runs = " | ".join(" ".join(f"{r:.0f}" for r, _ in got[(c, label)]) for label in ("old", "new"))
+            print(f"{c:>4} {old:>16.0f}/s {new:>14.0f}/s {new / old:>9.2f}x {p_old:>8.1f} / {p_new:<6.1f}  {runs}")
     finally:
         for s in servers.values():
             s.stop()

@@ -22,6 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from mesh import gc_pauses
 from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
 from mesh.resources import MeshConfig
 from mesh.json_body import parse_json_body
@@ -230,17 +231,20 @@ class Server:
             # loopback only, whatever --host is: reload and policy calls are not for the network
             await web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port or 0, reuse_address=True).start()
             admin_port = self._admin_runner.addresses[0][1]
+        # Loaded, warm, listening: out of the cyclic collector's sight before traffic (gc_pauses).
+        # Before the joins: other workers, ready before this one, may take requests meanwhile.
+        frozen = gc_pauses.freeze_startup_heap()
         worker = await self._priority.wait_ready() if self._priority else {}
         if self._workers:
             await self._join_workers(admin_port)
         if not o.worker_index:      # the other workers: once the first has joined them (/admin/workers)
             await self._serving()
         self._watch_task = asyncio.create_task(self._watch())
-        log.info("ready: http %s:%d grpc %s:%d%s%s%s", o.host, http_port, o.host, grpc_port,
+        log.info("ready: http %s:%d grpc %s:%d%s%s%s; %d startup objects frozen", o.host, http_port, o.host, grpc_port,
                  f" admin 127.0.0.1:{admin_port}" if admin_port else "",
                  f" priority worker pid {self._priority.proc.pid}: grpc {worker.get('grpc_port')} "
                  f"http {worker.get('http_port')}" if worker else "",
-                 f" (serving only {o.serve_class})" if o.serve_class else "")
+                 f" (serving only {o.serve_class})" if o.serve_class else "", frozen)
         print(json.dumps({"event": "ready", "model": served.name, "http_port": http_port, "grpc_port": grpc_port,
                           "admin_port": admin_port, "serve_class": o.serve_class,
                           "priority_worker": {"pid": self._priority.proc.pid, "http_port": worker["http_port"],

@@ -2,7 +2,8 @@
 
 Metrics: request latency and queue wait histograms per model and priority
 level, batch size histogram, queue depth per level, requests by status,
-rejections by reason, tokens/s and KV-cache hit rate of decoder models.
+rejections by reason, tokens/s and KV-cache hit rate of decoder models,
+each cyclic-GC pause by generation and the objects frozen at start.
 Next to them, the GIE model-server protocol's metrics under vLLM's names
 (GieCollector below; the values come from load_state.snapshot).
 Spans (when `--trace-file` is given): one `infer` span per request with
@@ -11,6 +12,7 @@ from the batcher's own clock.
 """
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -26,6 +28,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 import prometheus_client
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from mesh import gc_pauses
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                      0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -208,6 +212,14 @@ class Telemetry:
         self.batch_size = _histogram(
             "mcp_inference_batch_size", "Rows per model run formed by the dynamic batcher", ("model",),
             BATCH_BUCKETS)
+        # Each cyclic-GC pause, by generation: a full collection stops the loop (mesh/gc_pauses.py).
+        gc_pause = prometheus_client.Histogram(
+            "mcp_python_gc_pause_seconds", "Time each cyclic garbage collection held the interpreter, by generation",
+            ("generation",), buckets=gc_pauses.PAUSE_BUCKETS_S)
+        by_generation = [gc_pause.labels(generation=str(g)) for g in range(3)]
+        self.gc_pauses = gc_pauses.PauseRecorder(lambda seconds, g: by_generation[g].observe(seconds))
+        prometheus_client.Gauge("mcp_python_gc_frozen_objects", "Objects moved out of the cyclic collector's "
+                                "sight once the server was ready (gc.freeze)").set_function(gc.get_freeze_count)
         self.requests = _Instrument(prometheus_client.Counter(
             "mcp_inference_requests", "Inference requests by model, protocol and status code",
             ("model", "protocol", "code")), ("model", "protocol", "code"))

@@ -174,6 +174,7 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
                 "picker": round(p50["epp:lean"] - p50["null:one"], 1)} if "fixed:one" in p50 else None,
             "envoy_vs_direct_p50_us": round(p50["envoy"] - p50["direct"], 1),
             "epp_mean_decision_us": stats.get("mean_decision_us"),
+            "epp_gc": stats.get("gc"),          # the picker's GC pauses while serving (mesh/gc_pauses.py)
             "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
@@ -205,6 +206,12 @@ def table(over: dict) -> str:
         lines.append(f"a session turn's +p50, split: ext_proc with a native processor {split['ext_proc_native']:+.0f} µs, "
                      f"the Python gRPC stream {split['python_grpc_stream']:+.0f} µs, "
                      f"the picker's own work {split['picker']:+.0f} µs")
+    gc = over.get("epp_gc")
+    if gc:
+        full, young = gc["pauses"]["2"], gc["pauses"]["0"]
+        lines.append(f"the picker's GC while serving: {gc['frozen_objects']} startup objects frozen; "
+                     f"{full['count']} full collections, longest {full['longest_ms']} ms; "
+                     f"{young['count']} young, longest {young['longest_ms']} ms")
     return "\n".join(lines)
 
 

@@ -116,6 +116,17 @@ def test_health_services_of_the_protocol_are_serving(pool):
         assert stub.Check(health_pb2.HealthCheckRequest(service=name)).status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_the_startup_heap_is_frozen_and_gc_pauses_are_reported(pool):
+    """Out of the cyclic collector's sight once serving (mesh/gc_pauses.py): /stats reads the
+    frozen count and the pauses since, by generation, as the process measured them."""
+    picker, _, _ = pool
+    for _ in range(200):        # traffic: young collections of its own
+        _converse(picker, {})
+    gc = picker.stats()["gc"]
+    assert gc["frozen_objects"] > 20_000, gc     # the imports alone are ~45,000 objects
+    assert gc["pauses"]["0"]["count"] > 0 and gc["pauses"]["0"]["seconds"] > 0, gc
+
+
 def test_a_pick_is_the_same_in_the_header_and_in_envoy_lb_metadata_with_fallbacks(pool):
     picker, _, port = pool
     (resp,) = _converse(picker, {})

@@ -137,11 +137,11 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     site = web.TCPSite(runner, address, admin_port)
     await site.start()
     admin = runner.addresses[0][1] if runner.addresses else admin_port
-    await set_health()
-    # Out of the cyclic collector's sight before traffic: a full collection of the startup
-    # heap stopped the loop 16-22 ms every ~3,000 requests (mesh/gc_pauses.py).
+    # Out of the cyclic collector's sight before it says SERVING: a full collection of the
+    # startup heap stopped the loop 16-22 ms every ~3,000 requests (mesh/gc_pauses.py).
     gc_pauses.freeze_startup_heap()
     state.gc = gc_pauses.PauseTally()       # the pauses while serving, not the freeze's own
+    await set_health()
     print(json.dumps({"event": "ready", "grpc_port": bound, "admin_port": admin,
                       "pool": pool, "endpoints": [e.key for e in source.view.endpoints] if source.view else []}),
           flush=True)

@@ -72,6 +72,11 @@ def test_spans_and_metrics_of_translate_and_push(mesh):
     protocol = "delta" if mesh["delta"] else "sotw"
     assert re.search(rf'xds_pushes_total{{[^}}]*protocol="{protocol}"[^}}]*type="RDS"[^}}]*}} [1-9]', metrics)
     assert re.search(r'xds_connected_proxies{[^}]*} 1', metrics)
+    # the applied config frozen out of the cyclic GC (server.py), and the process's GC pauses
+    frozen = re.search(r'^mcp_python_gc_frozen_objects ([0-9.e+]+)$', metrics, re.M)
+    assert frozen and float(frozen[1]) > 10_000, metrics[-2000:]
+    young = re.search(r'^mcp_python_gc_pause_seconds_count{generation="0"} ([0-9.e+]+)$', metrics, re.M)
+    assert young and float(young[1]) > 0
     dump = cp.config_dump(NODE)
     assert "outbound|80|v2|reviews.mesh.local" in dump["resources"]["CDS"]
 

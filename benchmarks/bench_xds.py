@@ -8,7 +8,8 @@ Measures, side by side in one run (SotW and Delta against the same server):
   (and ACKed) CDS, EDS, LDS and RDS;
 - one endpoint change: from the new snapshot being installed until every
   client has it, and the bytes that took (Delta vs SotW);
-- control-plane RSS with the clients connected;
+- control-plane RSS with the clients connected, and its full garbage collections
+  over the push and the changes (its /metrics, mesh/gc_pauses.py);
 - file change -> a real Envoy serving the new route, p50 over --samples (and next to
   the 1,000 services, with a SotW and a Delta Envoy).
 Prints a table with ratios and floors, writes artifacts/bench/xds.json.
@@ -30,6 +31,7 @@ from harness.upstreams import EchoUpstream
 from harness.xds import ControlPlane, mesh_envoy, write_config
 from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 from benchmarks.xds_config import service_yaml, write_mesh
+from mesh import gc_pauses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -177,6 +179,7 @@ def measure_fleet(directory: str, services: int, clients: int) -> dict:
         out["first_client_sync_s"] = warm.full_push()["full_push_s"]
         warm.stop()
         for i, mode in enumerate(("sotw", "delta")):
+            gc_before = gc_pauses.pauses_from_metrics(cp.get("/metrics")[1])
             cpu_before = cpu_s(cp.proc.pid)
             load = LoadClients(cp.address, clients, mode)
             try:
@@ -189,7 +192,12 @@ def measure_fleet(directory: str, services: int, clients: int) -> dict:
                 change["push_to_all_max_s"] = max(c["push_to_all_s"] for c in changes)
                 change["samples"] = [c["push_to_all_s"] for c in changes]
                 mem = rss_mb(cp.proc.pid)
-                out[mode] = {**push, "endpoint_change": change, "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"]}
+                gc_after = gc_pauses.pauses_from_metrics(cp.get("/metrics")[1])
+                # the control plane's full collections over the push and the changes (the histogram
+                # keeps no maximum: the longest is bounded by its bucket)
+                full = gc_pauses.pauses_between(gc_before, gc_after, "2")
+                out[mode] = {**push, "endpoint_change": change, "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"],
+                             "full_gc": full}
             finally:
                 load.stop()
             time.sleep(0.5)
@@ -298,6 +306,9 @@ def main() -> int:
          verdict(bytes_ratio, FLOORS["endpoint_change_bytes_ratio"])),
         ("control-plane RSS", f"{sotw['rss_mb']:.0f} MB", f"{delta['rss_mb']:.0f} MB", "",
          f"idle {fleet['rss_idle_mb']:.0f} MB", ""),
+        ("  full GCs in push + changes (s; longest <=)",
+         *(f"{m['full_gc']['count']} ({m['full_gc']['seconds']:.3f} s; "
+           f"{m['full_gc']['longest_le'] * 1e3:g} ms)" for m in (sotw, delta)), "", "", ""),
         (f"file change -> Envoy route, p50 of {envoy['samples']}", f"{envoy['p50_s'] * 1e3:.0f} ms",
          f"(min {envoy['min_s'] * 1e3:.0f}, max {envoy['max_s'] * 1e3:.0f})", "", "<= 300 ms",
          verdict(envoy["p50_s"], FLOORS["file_to_envoy_p50_s"])),

@@ -74,3 +74,35 @@ class PauseTally:
         return {"frozen_objects": gc.get_freeze_count(),
                 "pauses": {str(g): {"count": n, "seconds": round(s, 6), "longest_ms": round(m * 1e3, 3)}
                            for g, (n, s, m) in self.by_generation.items()}}
+
+
+def pauses_from_metrics(text: str) -> dict[str, dict]:
+    """{generation: {count, seconds, buckets}} from a /metrics text's mcp_python_gc_pause_seconds
+    histogram; buckets: [(upper bound s, pauses at most that long)], ascending."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out: dict[str, dict] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "mcp_python_gc_pause_seconds":
+            continue
+        for s in fam.samples:
+            g = out.setdefault(s.labels["generation"], {"count": 0, "seconds": 0.0, "buckets": []})
+            if s.name.endswith("_count"):
+                g["count"] = int(s.value)
+            elif s.name.endswith("_sum"):
+                g["seconds"] = s.value
+            elif s.name.endswith("_bucket"):
+                g["buckets"].append((float(s.labels["le"]), s.value))
+    for g in out.values():
+        g["buckets"].sort()
+    return out
+
+
+def pauses_between(before: dict, after: dict, generation: str = "2") -> dict:
+    """The pauses of one generation between two pauses_from_metrics readings: count, seconds and
+    longest_le, the smallest bucket bound holding every one of them (a histogram keeps no maximum;
+    0.0 when there were none)."""
+    a, b = after[generation], before.get(generation, {"count": 0, "seconds": 0.0, "buckets": []})
+    count = a["count"] - b["count"]
+    earlier = dict(b["buckets"])
+    longest = next((le for le, n in a["buckets"] if n - earlier.get(le, 0.0) >= count), None) if count else 0.0
+    return {"count": count, "seconds": a["seconds"] - b["seconds"], "longest_le": longest}

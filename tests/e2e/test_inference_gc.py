@@ -12,32 +12,26 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.inference_server import InferenceServer
+from mesh import gc_pauses
 from mesh.scripts import executable
 
 pytestmark = pytest.mark.e2e
 
 
-def _gc(metrics_text: str) -> tuple[float, dict[str, tuple[float, float]]]:
-    """(frozen objects, {generation: (pauses, seconds)})."""
-    frozen, pauses = 0.0, {}
-    for fam in text_string_to_metric_families(metrics_text):
-        for s in fam.samples:
-            if s.name == "mcp_python_gc_frozen_objects":
-                frozen = s.value
-            elif s.name in ("mcp_python_gc_pause_seconds_count", "mcp_python_gc_pause_seconds_sum"):
-                n, t = pauses.get(s.labels["generation"], (0.0, 0.0))
-                pauses[s.labels["generation"]] = (s.value, t) if s.name.endswith("_count") else (n, s.value)
-    return frozen, pauses
+def _frozen(metrics_text: str) -> float:
+    return next(s.value for fam in text_string_to_metric_families(metrics_text) for s in fam.samples
+                if s.name == "mcp_python_gc_frozen_objects")
 
 
 def test_startup_heap_is_frozen_and_full_collections_under_load_stay_short():
     with InferenceServer("builtin:relu") as server:
-        frozen, before = _gc(server.metrics())
+        text = server.metrics()
         # Well above what traffic leaves tracked; the imports alone are ~60,000 objects.
-        assert frozen > 30_000, frozen
-        n0, t0 = before["2"]
-        assert n0 >= 1, before          # the collection just before the freeze
-        startup_pause = t0 / n0
+        assert _frozen(text) > 30_000, _frozen(text)
+        before = gc_pauses.pauses_from_metrics(text)
+        startup = gc_pauses.pauses_between({}, before, "2")
+        assert startup["count"] >= 1, before        # the collection just before the freeze
+        startup_pause = startup["seconds"] / startup["count"]
 
         deadline = time.monotonic() + 60
         while True:     # until traffic has started full collections of its own
@@ -45,11 +39,9 @@ def test_startup_heap_is_frozen_and_full_collections_under_load_stay_short():
                                 "--duration", "3", "--input", "INPUT0:FP32:1,256"],
                                capture_output=True, text=True, timeout=60)
             assert p.returncode == 0, p.stderr
-            _, after = _gc(server.metrics())
-            n1, t1 = after["2"]
-            if n1 - n0 >= 2 or time.monotonic() > deadline:
+            under_load = gc_pauses.pauses_between(before, gc_pauses.pauses_from_metrics(server.metrics()), "2")
+            if under_load["count"] >= 2 or time.monotonic() > deadline:
                 break
-        assert n1 - n0 >= 2, f"no full collection under load: {after}"
-        under_load = (t1 - t0) / (n1 - n0)
-        # Unfrozen, each walks the startup heap again: as long as startup_pause (measured 35-75 ms).
-        assert under_load < startup_pause / 4, (under_load, startup_pause, after)
+        assert under_load["count"] >= 2, f"no full collection under load: {under_load}"
+        # Unfrozen, each walks the startup heap again: as long as startup_pause (measured 25-75 ms).
+        assert under_load["seconds"] / under_load["count"] < startup_pause / 4, (under_load, startup_pause)

@@ -232,7 +232,7 @@ class Server:
             await web.TCPSite(self._admin_runner, "127.0.0.1", o.admin_port or 0, reuse_address=True).start()
             admin_port = self._admin_runner.addresses[0][1]
         # Loaded, warm, listening: out of the cyclic collector's sight before traffic (gc_pauses).
-        # Before the joins: other workers, ready before this one, may take requests meanwhile.
+        # Before the joins: its one full collection overlaps the other workers' start-up.
         frozen = gc_pauses.freeze_startup_heap()
         worker = await self._priority.wait_ready() if self._priority else {}
         if self._workers:

@@ -12,7 +12,6 @@ from the batcher's own clock.
 """
 from __future__ import annotations
 
-import gc
 import json
 import threading
 import time
@@ -213,13 +212,8 @@ class Telemetry:
             "mcp_inference_batch_size", "Rows per model run formed by the dynamic batcher", ("model",),
             BATCH_BUCKETS)
         # Each cyclic-GC pause, by generation: a full collection stops the loop (mesh/gc_pauses.py).
-        gc_pause = prometheus_client.Histogram(
-            "mcp_python_gc_pause_seconds", "Time each cyclic garbage collection held the interpreter, by generation",
-            ("generation",), buckets=gc_pauses.PAUSE_BUCKETS_S)
-        by_generation = [gc_pause.labels(generation=str(g)) for g in range(3)]
-        self.gc_pauses = gc_pauses.PauseRecorder(lambda seconds, g: by_generation[g].observe(seconds))
-        prometheus_client.Gauge("mcp_python_gc_frozen_objects", "Objects moved out of the cyclic collector's "
-                                "sight once the server was ready (gc.freeze)").set_function(gc.get_freeze_count)
+        self.gc_pauses = gc_pauses.export_metrics(REGISTRY, "Objects moved out of the cyclic collector's sight "
+                                                  "once the server was ready (gc.freeze)")
         self.requests = _Instrument(prometheus_client.Counter(
             "mcp_inference_requests", "Inference requests by model, protocol and status code",
             ("model", "protocol", "code")), ("model", "protocol", "code"))

@@ -25,6 +25,8 @@ import gc
 import time
 
 PAUSE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+PAUSE_METRIC = "mcp_python_gc_pause_seconds"       # histogram by generation (Go's go_gc_duration_seconds)
+FROZEN_METRIC = "mcp_python_gc_frozen_objects"     # gauge: gc.get_freeze_count()
 
 
 def freeze_startup_heap() -> int:
@@ -57,6 +59,17 @@ class PauseRecorder:
             gc.callbacks.remove(self._callback)
 
 
+def export_metrics(registry, frozen_help: str) -> "PauseRecorder":
+    """PAUSE_METRIC and FROZEN_METRIC in a prometheus_client `registry`, the pauses recorded from
+    now on; `frozen_help` says when this process freezes. Once per process: gc callbacks are global."""
+    from prometheus_client import Gauge, Histogram
+    pause = Histogram(PAUSE_METRIC, "Time each cyclic garbage collection held the interpreter, by generation",
+                      ("generation",), buckets=PAUSE_BUCKETS_S, registry=registry)
+    by_generation = [pause.labels(generation=str(g)) for g in range(3)]
+    Gauge(FROZEN_METRIC, frozen_help, registry=registry).set_function(gc.get_freeze_count)
+    return PauseRecorder(lambda seconds, g: by_generation[g].observe(seconds))
+
+
 class PauseTally:
     """Collections, seconds and the longest pause by generation, for a JSON status page."""
 
@@ -77,12 +90,12 @@ class PauseTally:
 
 
 def pauses_from_metrics(text: str) -> dict[str, dict]:
-    """{generation: {count, seconds, buckets}} from a /metrics text's mcp_python_gc_pause_seconds
-    histogram; buckets: [(upper bound s, pauses at most that long)], ascending."""
+    """{generation: {count, seconds, buckets}} from a /metrics text's PAUSE_METRIC histogram;
+    buckets: [(upper bound s, pauses at most that long)], ascending."""
     from prometheus_client.parser import text_string_to_metric_families
     out: dict[str, dict] = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name != "mcp_python_gc_pause_seconds":
+        if fam.name != PAUSE_METRIC:
             continue
         for s in fam.samples:
             g = out.setdefault(s.labels["generation"], {"count": 0, "seconds": 0.0, "buckets": []})

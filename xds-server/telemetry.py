@@ -9,7 +9,6 @@ read by the OpenTelemetry Prometheus reader into a private registry that
 from __future__ import annotations
 
 import collections
-import gc
 import threading
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -18,7 +17,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from mesh import gc_pauses
 
@@ -100,13 +99,8 @@ class Telemetry:
         """The process's cyclic-GC pauses by generation and the objects frozen after each apply
         (server.py), as the model server exports them (mesh/gc_pauses.py). Process-wide, so only
         the default telemetry watches."""
-        pause = Histogram("mcp_python_gc_pause_seconds", "Time each cyclic garbage collection held the "
-                          "interpreter, by generation", ("generation",), buckets=gc_pauses.PAUSE_BUCKETS_S,
-                          registry=self.registry)
-        by_generation = [pause.labels(generation=str(g)) for g in range(3)]
-        self.gc_pauses = gc_pauses.PauseRecorder(lambda seconds, g: by_generation[g].observe(seconds))
-        Gauge("mcp_python_gc_frozen_objects", "Objects moved out of the cyclic collector's sight (gc.freeze after "
-              "each applied config)", registry=self.registry).set_function(gc.get_freeze_count)
+        self.gc_pauses = gc_pauses.export_metrics(self.registry, "Objects moved out of the cyclic collector's "
+                                                  "sight (gc.freeze after each applied config)")
 
     def recent_spans(self, name: str | None = None) -> list[dict]:
         return self.spans.recent(name)

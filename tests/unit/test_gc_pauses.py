@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import gc
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from mesh import gc_pauses
 
 
 def test_a_collection_is_timed_by_generation_and_read_back_from_metrics():
     registry = CollectorRegistry()
-    hist = Histogram("mcp_python_gc_pause_seconds", "pauses", ("generation",),
-                     buckets=gc_pauses.PAUSE_BUCKETS_S, registry=registry)
-    recorder = gc_pauses.PauseRecorder(lambda s, g: hist.labels(generation=str(g)).observe(s))
+    recorder = gc_pauses.export_metrics(registry, "frozen")     # the servers' histogram and gauge
     tally = gc_pauses.PauseTally()
     try:
         gc.collect()            # a full collection, as the interpreter runs it
@@ -21,7 +19,9 @@ def test_a_collection_is_timed_by_generation_and_read_back_from_metrics():
     finally:
         recorder.close()
         tally.recorder.close()
-    read = gc_pauses.pauses_from_metrics(generate_latest(registry).decode())
+    text = generate_latest(registry).decode()
+    assert f"{gc_pauses.FROZEN_METRIC} {float(gc.get_freeze_count())}" in text
+    read = gc_pauses.pauses_from_metrics(text)
     assert read["2"]["count"] == 1 and read["0"]["count"] >= 1, read     # (young ones may also start by themselves)
     full = gc_pauses.pauses_between({}, read, "2")
     assert full["count"] == 1 and 0 < full["seconds"] <= full["longest_le"], full

@@ -12,7 +12,14 @@ Protocol (envoyproxy.io "xDS REST and gRPC protocol"), per stream and type:
 - same nonce and no error_detail: ACK of that version; error_detail set: NACK,
   recorded with its message, and the last ACKed version stays the node's version;
 - LDS/CDS with no names (or "*") are wildcard; other types answer the names asked;
-- SotW responses carry the whole set asked for (omission = removal);
+- SotW responses carry the whole set asked for, except a push of routes or
+  endpoints (PARTIAL_SOTW_TYPES), which carries only what changed since the
+  stream's last response of that type: the protocol groups every type but
+  LDS and CDS as Delta does ("Grouping Resources into Responses": the client
+  must not drop what a response leaves out), so Envoy does not parse a
+  10,000-route RouteConfiguration again to take a change to another one. A
+  push that removes a resource, a request, and the first push after a NACK
+  still send the whole set;
   Delta responses carry changed resources and removed_resources;
 - pushes after a config change go out in make-before-break order (PUSH_ORDER);
 - a CDS response is followed by the subscribed endpoints of the clusters it
@@ -39,13 +46,15 @@ from xds_server.node import ProxyNode
 from xds_server.response_bodies import ResponseBodies
 from xds_server.sync import SyncTracker, short_name
 from xds_server.telemetry import Metrics
-from xds_server.type_urls import CLUSTER, ENDPOINT, PUSH_ORDER
+from xds_server.type_urls import CLUSTER, ENDPOINT, PUSH_ORDER, ROUTE
 
 log = logging.getLogger("xds_server.ads")   # one logger for ADS, as before the split
 
 CONTROL_PLANE = base_pb2.ControlPlane(identifier="mcp-mesh-xds")
 # A nonce field alone: field 5 in both DiscoveryResponse and DeltaDiscoveryResponse.
 NONCE_FIELD = discovery_pb2.DiscoveryResponse
+# SotW types a push sends only the changed resources of (see the module doc).
+PARTIAL_SOTW_TYPES = frozenset({ROUTE, ENDPOINT})
 
 
 def push_order(type_urls) -> list[str]:
@@ -98,7 +107,9 @@ class TypeState:
     sent_version: str = ""
     sent_nonce: str = ""
     last_serial: int = 0                   # of the last shared body sent as is (Stream._wire)
-    # Delta only: what the client holds (name -> version) and, per nonce in
+    # SotW (PARTIAL_SOTW_TYPES only): `held` is the Selection last sent in full
+    # or reached by the changes sent since; None: the next push sends all.
+    # Delta: what the client holds (name -> version) and, per nonce in
     # flight, what it held before, to restore on NACK. After a push the client
     # holds exactly a Selection (`held`), whose read-only dict `client` then
     # is; anything that changes the client's holdings otherwise copies it
@@ -220,6 +231,8 @@ class SotwStream(Stream):
             if req.version_info:   # a reconnecting proxy says what it already runs
                 tracker.ack(self.node.id, self.sync_id, type_url, req.version_info, "")
         else:
+            if req.HasField("error_detail"):
+                st.held = None     # what it kept is not known: the next push sends all
             if req.response_nonce != st.sent_nonce:
                 return []          # stale: answers a response superseded since
             if req.HasField("error_detail"):
@@ -251,11 +264,18 @@ class SotwStream(Stream):
         resources, version = sel.resources, sel.version
         if version == st.sent_version and not force:
             return None
-        wire, nonce = self._wire(st, ("sotw", type_url, version), lambda: discovery_pb2.DiscoveryResponse(
+        content = ("sotw", type_url, version)
+        if not force and st.held is not None:       # a push of a PARTIAL_SOTW_TYPES type
+            changed, removed = snap.diff(st.held, sel)
+            if changed and not removed:
+                resources, content = changed, ("sotw-diff", type_url, st.held.version, version)
+        wire, nonce = self._wire(st, content, lambda: discovery_pb2.DiscoveryResponse(
             version_info=version, type_url=type_url, control_plane=CONTROL_PLANE,
             resources=[r.any for r in resources]))
         st.sent_version, st.sent_nonce = version, nonce
-        self.shared.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(resources))
+        if type_url in PARTIAL_SOTW_TYPES:
+            st.held = sel
+        self.shared.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(sel.resources))
         self._count(type_url, wire, len(resources))
         return wire
 

@@ -173,13 +173,15 @@ class Ack:
 
 @dataclass
 class Nack:
-    """Reject the last response of a type (SotW: naming the version it keeps)."""
+    """Reject the last response of a type (SotW: naming the version it keeps); `back`=2:
+    the one before it (a stale NACK, arriving after the next response was sent)."""
     type_url: str
     message: str
     expect: list = field(default_factory=list)
+    back: int = 1
 
     def run(self, d: Driver) -> list[str]:
-        kw = dict(type_url=self.type_url, response_nonce=d.last(self.type_url).nonce,
+        kw = dict(type_url=self.type_url, response_nonce=d.last(self.type_url, self.back).nonce,
                   error_detail=status_pb2.Status(code=3, message=self.message))
         if not d.delta:
             kw.update(resource_names=d.names[self.type_url], version_info=d.acked.get(self.type_url, ""))
@@ -291,6 +293,33 @@ SOTW = {
     "a reconnecting proxy's version_info counts as acked": [
         Ask(CDS, version_info="v-before", expect=["CDS: a b"]),
         Sync(CDS, "STALE", acked="v-before")],
+    "a push of routes sends only the changed ones (not LDS/CDS: the protocol's grouping)": [
+        Ask(RDS, ("r1", "r2"), expect=["RDS: r1 r2"]),
+        Ack(RDS),
+        Push({**BASE, "routes": {"r1": "a", "r2": "a"}}, expect=["RDS: r2"]),
+        Ack(RDS),
+        Sync(RDS, "SYNCED", acked=2),
+        Push({**BASE, "routes": {"r1": "b", "r2": "a"}}, expect=["RDS: r1"])],
+    "a push of endpoints sends only the changed ones": [
+        Ask(EDS, ("a", "b", "c"), expect=["EDS: a b"]),
+        Ack(EDS),
+        Push(CHANGED_B, expect=["EDS: b c"])],
+    "a push that removes a route sends the whole set": [
+        Ask(RDS, ("r1", "r2"), expect=["RDS: r1 r2"]),
+        Ack(RDS),
+        Push({**BASE, "routes": {"r1": "a"}}, expect=["RDS: r1"])],
+    "after a NACK the next push sends the whole set": [
+        Ask(RDS, ("r1", "r2"), expect=["RDS: r1 r2"]),
+        Ack(RDS),
+        Push({**BASE, "routes": {"r1": "a", "r2": "a"}}, expect=["RDS: r2"]),
+        Nack(RDS, "r2: rejected", expect=[]),
+        Push({**BASE, "routes": {"r1": "b", "r2": "a"}}, expect=["RDS: r1 r2"])],
+    "after a stale NACK too (the response it rejected was built on)": [
+        Ask(RDS, ("r1", "r2"), expect=["RDS: r1 r2"]),
+        Push({**BASE, "routes": {"r1": "a", "r2": "a"}}, expect=["RDS: r2"]),
+        Push({**BASE, "routes": {"r1": "b", "r2": "a"}}, expect=["RDS: r1"]),
+        Nack(RDS, "r2: rejected", back=2, expect=[]),
+        Push({**BASE, "routes": {"r1": "b", "r2": "b"}}, expect=["RDS: r1 r2"])],
     "pushes are make-before-break: CDS, EDS, ECDS, LDS, RDS": [
         Ask(LDS, expect=["LDS: l1 l2"]), Ack(LDS),
         Ask(RDS, ("r1",), expect=["RDS: r1"]), Ack(RDS),

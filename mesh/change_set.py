@@ -104,7 +104,9 @@ def check_config(config: MeshConfig, cache: "validation.ValidationCache | None" 
 
     With `cache` (the control plane's, across change sets) only resources it
     has not validated before are validated again; with `analysis`, after a
-    change of endpoint data only the analyzers that read endpoints run again.
+    change of endpoint data only the analyzers that read endpoints run again,
+    and after a change of VirtualServices alone the per-route analyzers run
+    on the changed ones only.
     The result is the same either way."""
     kept, found = partition(config.resources, strict)
     if len(kept) != len(config.resources):

@@ -67,6 +67,12 @@ def same_except_endpoints(a: Resource, b: Resource, workload_entries: bool = Fal
     return (workload_entries and a.kind == "WorkloadEntry") or a.spec == b.spec
 
 
+def same_resource(a: Resource, b: Resource) -> bool:
+    """Equal in content: kind, name, namespace, metadata, spec and status (not file or lines)."""
+    return a is b or ((a.api_version, a.kind, a.name, a.namespace, a.labels, a.annotations, a.spec, a.status)
+                      == (b.api_version, b.kind, b.name, b.namespace, b.labels, b.annotations, b.spec, b.status))
+
+
 @dataclass
 class MeshConfig:
     """A whole, consistent set of resources (one directory's worth)."""

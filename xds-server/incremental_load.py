@@ -9,8 +9,9 @@ between successive configs: validation and translation only read them, so
 per-resource validation results are kept by resource object
 (mesh.validation.ValidationCache) and only the re-parsed files' resources are
 validated again; the cross-resource analyzers run on the whole set, but
-after an endpoint-only change only those that read endpoints do
-(mesh.analyze.AnalysisCache).
+after an endpoint-only change only those that read endpoints do, and after a
+change to VirtualServices alone the per-route ones run on the changed routes
+only (mesh.analyze.AnalysisCache).
 """
 from __future__ import annotations
 

@@ -156,6 +156,49 @@ def test_an_endpoint_change_reruns_only_the_analyzers_that_read_endpoints(tmp_pa
             assert any(w.code == "IST0173" for w in got[2]), got[2]
 
 
+def test_a_route_edit_reruns_the_per_route_analyzers_on_that_route_only(tmp_path):
+    """mesh.analyze.PER_VIRTUAL_SERVICE: while only VirtualServices change, the findings on
+    the routes left as they were are kept; a change to anything else (a rule, the gateway,
+    a service) runs them on every route again. Each outcome equals a full load's."""
+    from mesh.analyze import ANALYZERS, PER_VIRTUAL_SERVICE, READS_ENDPOINTS
+    assert PER_VIRTUAL_SERVICE and not PER_VIRTUAL_SERVICE & READS_ENDPOINTS
+    per = len(PER_VIRTUAL_SERVICE)
+    whole = len(ANALYZERS) - len(READS_ENDPOINTS)     # an endpoint-only change keeps these whole
+    d = str(tmp_path)
+    write_config(d, "gateway.yaml", GATEWAY)
+    for name in ("svc-a", "svc-b", "svc-c"):
+        write_config(d, f"{name}.yaml", service(name))
+        write_config(d, f"route-{name[-1]}.yaml", route(name, subset="v7" if name == "svc-c" else "v1"))
+    loader = IncrementalLoader()
+    assert outcome(loader, d)[0] == "rejected"       # route-c's subset v7: found on the first load
+    for what, name, text, kept in [
+            ("another route edited: route-c's finding kept, not found again", "route-a.yaml",
+             route("svc-a", regex="/b.*"), 2 * per),
+            ("the bad route fixed", "route-c.yaml", route("svc-c"), 2 * per),
+            ("a route to an unknown host: a warning", "route-b.yaml", route("svc-b", host="nowhere.mesh.local"), 2 * per),
+            ("a route added", "route-d.yaml", route("svc-a", subset="v2").replace("name: svc-a", "name: svc-d"), 3 * per),
+            ("a route removed", "route-d.yaml", None, 3 * per),
+            ("the rule's v1 subset renamed: every route again", "svc-a.yaml",
+             service("svc-a").replace("- {name: v1,", "- {name: v1b,"), 0),
+            ("an endpoint port: analyzers kept whole", "svc-b.yaml", service("svc-b", p1=9301), -whole),
+            ("then a route: the per-route findings carried across", "route-b.yaml", route("svc-b"), 2 * per),
+            ("the gateway gone: every route again", "gateway.yaml", None, 0)]:
+        if text is None:
+            remove_config(d, name)
+        else:
+            write_config(d, name, text)
+        got, want = outcome(loader, d), outcome(load_config, d)
+        assert got == want, what
+        if kept < 0:
+            assert (loader.analysis.reused, loader.analysis.reused_vs) == (-kept, 0), what
+        else:
+            assert (loader.analysis.reused, loader.analysis.reused_vs) == (0, kept), what
+        if "finding kept" in what:
+            assert got[0] == "rejected" and any(x.resource == "VirtualService/default/svc-c" for x in got[1])
+        if "every route again" in what:
+            assert got[0] == "rejected", what          # a route to the old subset / gateway: IST0101
+
+
 def test_only_changed_resources_are_validated_again(tmp_path):
     d = str(tmp_path)
     write_config(d, "gateway.yaml", GATEWAY)

@@ -72,6 +72,17 @@ def outcome(load, directory):
     return "ok", [(r.ref, r.file, r.line, r.spec, r.lines) for r in config], list(config.warnings)
 
 
+def edit_matches_a_full_load(loader, directory, name, text, what):
+    """Write `name` (None: remove it); what the loader gives must be what a full load gives."""
+    if text is None:
+        remove_config(directory, name)
+    else:
+        write_config(directory, name, text)
+    got = outcome(loader, directory)
+    assert got == outcome(load_config, directory), what
+    return got
+
+
 # (what the edit does, file, text or None to remove)
 EDITS = [
     ("an endpoint port", "svc-a.yaml", service("svc-a", p1=9101)),
@@ -106,12 +117,7 @@ def test_incremental_validation_matches_a_full_load_over_a_sequence_of_edits(tmp
     assert loader.validation.validated == 10         # everything, the first time
     seen = set()
     for what, name, text in EDITS:
-        if text is None:
-            remove_config(d, name)
-        else:
-            write_config(d, name, text)
-        got, want = outcome(loader, d), outcome(load_config, d)
-        assert got == want, what
+        got = edit_matches_a_full_load(loader, d, name, text, what)
         seen.add(got[0] if got[0] == "rejected" else ("ok", bool(got[2])))
         if loader.parsed and got[0] == "ok":
             # only what was re-parsed is validated again
@@ -148,9 +154,7 @@ def test_an_endpoint_change_reruns_only_the_analyzers_that_read_endpoints(tmp_pa
             ("endpoint labels back", "svc-b.yaml", service("svc-b"), kept),
             ("a WorkloadEntry's address", "we.yaml", WORKLOAD_ENTRY.format(address="10.0.0.8"), kept),
             ("a comment shifts the lines of a service", "svc-a.yaml", "# moved\n" + service("svc-a", p1=9101), 0)]:
-        write_config(d, name, text)
-        got, want = outcome(loader, d), outcome(load_config, d)
-        assert got == want, what
+        got = edit_matches_a_full_load(loader, d, name, text, what)
         assert loader.analysis.reused == reused, what
         if "selects nothing" in what:
             assert any(w.code == "IST0173" for w in got[2]), got[2]
@@ -183,12 +187,7 @@ def test_a_route_edit_reruns_the_per_route_analyzers_on_that_route_only(tmp_path
             ("an endpoint port: analyzers kept whole", "svc-b.yaml", service("svc-b", p1=9301), -whole),
             ("then a route: the per-route findings carried across", "route-b.yaml", route("svc-b"), 2 * per),
             ("the gateway gone: every route again", "gateway.yaml", None, 0)]:
-        if text is None:
-            remove_config(d, name)
-        else:
-            write_config(d, name, text)
-        got, want = outcome(loader, d), outcome(load_config, d)
-        assert got == want, what
+        got = edit_matches_a_full_load(loader, d, name, text, what)
         if kept < 0:
             assert (loader.analysis.reused, loader.analysis.reused_vs) == (-kept, 0), what
         else:

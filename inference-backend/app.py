@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from mesh import gc_pauses
+from mesh.frontends import LANE
 from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
 from mesh.resources import MeshConfig
 from mesh.json_body import parse_json_body
@@ -81,7 +82,7 @@ class ServeOptions:
     worker_argv: list[str] | None = None     # first worker: `mcpctl serve` arguments of the others, less ports
     worker_index: int = 0                    # 0: the first worker (admin, fan-out); 1..N-1: the others
     rest_frontend: str = "fast"              # fast: infer on rest_fast's lane, the rest on aiohttp; aiohttp: all
-    grpc_frontend: str = "fast"              # fast: grpc_fast's HTTP/2 lane serves the gRPC port; grpcio: grpc.aio
+    grpc_frontend: str = LANE                # fast: grpc_fast's HTTP/2 lane serves the gRPC port; grpcio: grpc.aio
 
 
 GRPC_OPTIONS = [
@@ -172,7 +173,7 @@ class Server:
         else:
             await web.TCPSite(self._runner, o.host, o.http_port, **listen).start()
             http_port = self._runner.addresses[0][1]
-        if o.grpc_frontend == "fast":   # the same servicers on grpc_fast's lane
+        if o.grpc_frontend == LANE:   # the same servicers on grpc_fast's lane
             self._grpc = GrpcLane(GRPC_MAX_MESSAGE, GRPC_MAX_MESSAGE)
         else:
             self._grpc = grpc.aio.server(options=grpc_options(o.workers))

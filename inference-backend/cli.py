@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+from mesh import frontends
 from mesh.scheduling import DEFAULT_PRESET, PRESETS
 from mesh.scripts import executable
 
@@ -90,7 +91,7 @@ def register(subparsers) -> None:
     p.add_argument("--rest-frontend", default="fast", choices=("fast", "aiohttp"),
                    help="fast (default): KServe v2 infer on an httptools fast lane, every other REST request "
                         "handed to aiohttp; aiohttp: all REST on aiohttp (README: Against the peers)")
-    p.add_argument("--grpc-frontend", default="fast", choices=("fast", "grpcio"),
+    p.add_argument("--grpc-frontend", default=frontends.LANE, choices=frontends.GRPC_FRONTENDS,
                    help="fast (default): the gRPC port on an asyncio HTTP/2 lane serving the same services; "
                         "grpcio: grpcio's grpc.aio server (README: gRPC lane)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")

@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 
+from mesh import frontends
+
 
 def register(subparsers) -> None:
     from scheduler.plugins.commands import register_policy
@@ -30,7 +32,7 @@ def register(subparsers) -> None:
     s.add_argument("--session-key-file", metavar="PATH",
                    help="the header contract's session key (raw bytes, mode 0600, as `mcpctl serve --session-key-file`): "
                         "the class of a flow the loop upgraded is re-signed with it, so the model server honours it")
-    s.add_argument("--grpc-frontend", default="fast", choices=("fast", "grpcio"),
+    s.add_argument("--grpc-frontend", default=frontends.LANE, choices=frontends.GRPC_FRONTENDS,
                    help="fast (default): ext_proc and health on mesh.grpc_fast's HTTP/2 lane; grpcio: on grpc.aio "
                         "(scheduler/README.md: overhead)")
     s.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")

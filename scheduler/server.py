@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mesh import endpoint_picker as epp
 from mesh import gc_pauses
+from mesh.frontends import LANE
 from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
 from scheduler.ext_proc import EndpointPicker
 from scheduler.metrics import MetricsPoller
@@ -105,7 +106,7 @@ class PickerState:
 
 async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, address: str,
                 metrics_interval_ms: float, ready: asyncio.Event | None = None, flow_marks: str | None = None,
-                session_key: bytes | None = None, grpc_frontend: str = "fast") -> None:
+                session_key: bytes | None = None, grpc_frontend: str = LANE) -> None:
     source = PoolSource(config_dir, pool)
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
@@ -116,7 +117,7 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     state.refresh()
     # fast: mesh.grpc_fast's lane (an ext_proc stream through Envoy ~0.5 ms cheaper than on
     # grpc.aio, scheduler/README.md); grpcio: grpc.aio
-    server = GrpcLane(EXT_PROC_MAX_MESSAGE, EXT_PROC_MAX_MESSAGE) if grpc_frontend == "fast" else grpc.aio.server(options=[EXCLUSIVE_PORT])
+    server = GrpcLane(EXT_PROC_MAX_MESSAGE, EXT_PROC_MAX_MESSAGE) if grpc_frontend == LANE else grpc.aio.server(options=[EXCLUSIVE_PORT])
     pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -12,6 +12,7 @@ import tempfile
 import urllib.error
 import urllib.request
 
+from mesh import frontends
 from mesh.scripts import executable
 
 
@@ -54,7 +55,7 @@ def register(subparsers) -> None:
     serve.add_argument("--stream-idle-timeout", type=float, default=None,
                        help="seconds a proxied HTTP stream may stay idle before Envoy answers and releases "
                             f"it (HCM stream_idle_timeout; default 300, or ${STREAM_IDLE_ENV}; 0: off, as istiod)")
-    serve.add_argument("--grpc-frontend", default="fast", choices=("fast", "grpcio"),
+    serve.add_argument("--grpc-frontend", default=frontends.LANE, choices=frontends.GRPC_FRONTENDS,
                        help="fast (default): ADS on mesh.grpc_fast's HTTP/2 lane, two thirds of grpc.aio's CPU per "
                             "proxy; grpcio: on grpc.aio (xds-server/README.md \"Scale\")")
     serve.add_argument("--debounce-ms", type=int, default=100, help="wait this long after a change before loading it (default 100)")

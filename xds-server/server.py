@@ -16,6 +16,7 @@ import time
 import grpc
 
 from mesh.diagnostics import ConfigError, Diagnostic
+from mesh.frontends import GRPC_FRONTENDS, LANE
 from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
 from xds_server.telemetry import Telemetry, default as default_telemetry
 from xds_server.ads import AdsHub, add_to_server
@@ -30,7 +31,6 @@ UNREQUESTED_STREAM_HOLD_S = 600     # gRPC core's default: 30 s
 MAX_HELD_STREAMS = 20_000           # gRPC core's default: 1,000 (past it, some refused), 3,000 (all)
 MAX_MESSAGE = 64 << 20              # a whole RDS or EDS of a large mesh, either way
 MIN_PING_INTERVAL_S = 5.0           # a proxy may ping this often with nothing sent to it
-GRPC_FRONTENDS = ("fast", "grpcio")
 
 
 def default_load():
@@ -49,7 +49,7 @@ class XdsServer:
                  address: str = "127.0.0.1", load=None, translate=None,
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
                  telemetry: Telemetry | None = None,
-                 settle: float = DEFAULT_SETTLE, identity=None, grpc_frontend: str = "fast"):
+                 settle: float = DEFAULT_SETTLE, identity=None, grpc_frontend: str = LANE):
         if grpc_frontend not in GRPC_FRONTENDS:
             raise ValueError(f"grpc_frontend must be one of {', '.join(GRPC_FRONTENDS)}, not {grpc_frontend!r}")
         self.grpc_frontend = grpc_frontend
@@ -89,7 +89,7 @@ class XdsServer:
     def _grpc_server(self):
         """The ADS server: the project's HTTP/2 lane (mesh.grpc_fast; the same servicer at two
         thirds of grpc.aio's CPU per proxy, README "Scale"), or grpc.aio."""
-        if self.grpc_frontend == "fast":
+        if self.grpc_frontend == LANE:
             # Envoy's bootstrap pings the control plane every 10 s (bootstrap.py); allowed as grpcio's
             # option below allows it.
             return GrpcLane(MAX_MESSAGE, MAX_MESSAGE, min_ping_interval_s=MIN_PING_INTERVAL_S)

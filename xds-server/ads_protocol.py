@@ -23,10 +23,12 @@ Protocol (envoyproxy.io "xDS REST and gRPC protocol"), per stream and type:
   Delta responses carry changed resources and removed_resources;
 - pushes after a config change go out in make-before-break order (PUSH_ORDER);
 - a CDS response is followed by the subscribed endpoints of the clusters it
-  carries, even unchanged (istiod's AlwaysRespond for EDS, envoy#13009): an
+  changed, even unchanged (istiod's AlwaysRespond for EDS, envoy#13009): an
   updated cluster warms on a new EDS watch, and Envoy does not take the
   endpoints it already holds for it -- without them the cluster warms only
   when its initial fetch times out (15 s), while the old one keeps serving.
+  (SotW: all of them when which clusters changed is not known, i.e. after
+  the stream's first CDS response or an EDS NACK.)
 """
 from __future__ import annotations
 
@@ -253,10 +255,18 @@ class SotwStream(Stream):
         resp = self._respond(type_url, snap, force=True)
         return [resp, *self._warm_endpoints(type_url, snap)] if resp is not None else []
 
-    def _resend_endpoints(self, snap: PreparedSnapshot) -> bytes | None:
-        return self._respond(ENDPOINT, snap, force=True)    # SotW: the whole set, as always
+    _clusters_sent: Selection | None = None     # the clusters of the last CDS response
+    _clusters_changed: frozenset | None = None  # the clusters it changed (None: not known)
 
-    def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool) -> bytes | None:
+    def _resend_endpoints(self, snap: PreparedSnapshot) -> bytes | None:
+        # Only the clusters the CDS response changed warm; the others keep their endpoints.
+        if self._clusters_changed is not None and not self._clusters_changed:
+            return None            # no cluster warms: endpoint changes go out in their own push
+        return self._respond(ENDPOINT, snap, force=True, warm=self._clusters_changed)
+
+    def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool,
+                 warm: frozenset | None = None) -> bytes | None:
+        """`warm`: endpoints resent for these clusters (with what else changed) rather than all."""
         st = self.types[type_url]
         if not st.wildcard and not st.names:
             return None            # subscribed to nothing (e.g. EDS before any cluster)
@@ -265,16 +275,24 @@ class SotwStream(Stream):
         if version == st.sent_version and not force:
             return None
         content = ("sotw", type_url, version)
-        if not force and st.held is not None:       # a push of a PARTIAL_SOTW_TYPES type
+        if (not force or warm is not None) and st.held is not None:   # a PARTIAL_SOTW_TYPES type
             changed, removed = snap.diff(st.held, sel)
-            if changed and not removed:
-                resources, content = changed, ("sotw-diff", type_url, st.held.version, version)
+            sent = {r.name for r in changed}
+            again = [r for r in sel.resources if r.name in warm and r.name not in sent] if warm else []
+            if (changed or again) and not removed:
+                resources = list(changed) + again
+                content = ("sotw-diff", type_url, st.held.version, version,
+                           hashlib.sha256("\n".join(r.name for r in again).encode()).digest())
         wire, nonce = self._wire(st, content, lambda: discovery_pb2.DiscoveryResponse(
             version_info=version, type_url=type_url, control_plane=CONTROL_PLANE,
             resources=[r.any for r in resources]))
         st.sent_version, st.sent_nonce = version, nonce
         if type_url in PARTIAL_SOTW_TYPES:
             st.held = sel
+        elif type_url == CLUSTER:
+            before = self._clusters_sent
+            self._clusters_changed = None if before is None else frozenset(r.name for r in snap.diff(before, sel)[0])
+            self._clusters_sent = sel
         self.shared.tracker.sent(self.node.id, self.sync_id, type_url, version, nonce, len(sel.resources))
         self._count(type_url, wire, len(resources))
         return wire

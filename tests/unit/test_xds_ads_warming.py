@@ -86,10 +86,34 @@ def test_an_updated_cluster_gets_its_unchanged_endpoints_again(delta):
     stream, request = connected(delta, before)
     after = snapshot({"a": 5, "b": 1}, {"a": 9001, "b": 9002})   # cluster a changes, no endpoint does
     got = decode(stream.push(after), delta)
-    # SotW sends the whole EDS set after a CDS response (its resend is not a push of
-    # changes); Delta only what the changed cluster warms on.
-    assert got == [("CDS", ["a", "b"] if not delta else ["a"]),
-                   ("EDS", ["a", "b"] if not delta else ["a"])]
+    # CDS: SotW the whole set (LDS/CDS always), Delta the changed one; EDS: what the changed cluster warms on
+    assert got == [("CDS", ["a", "b"] if not delta else ["a"]), ("EDS", ["a"])]
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_warming_endpoints_come_with_the_endpoint_changes(delta):
+    stream, _ = connected(delta, snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9002}))
+    got = decode(stream.push(snapshot({"a": 5, "b": 1}, {"a": 9001, "b": 9003})), delta)
+    assert got == [("CDS", ["a", "b"] if not delta else ["a"]), ("EDS", ["a", "b"])]   # a warms, b changed
+
+
+def test_sotw_a_cluster_removed_warms_nothing():
+    stream, _ = connected(False, snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9002}))
+    got = decode(stream.push(snapshot({"a": 1}, {"a": 9001})), False)
+    # no warming resend; EDS once, its own push, whole (a name it asks for is gone: removal by omission)
+    assert got == [("CDS", ["a"]), ("EDS", ["a"])]
+
+
+def test_sotw_after_an_endpoint_nack_every_cluster_warms_on_the_whole_set():
+    from google.rpc import status_pb2
+    stream, request = connected(False, snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9002}))
+    assert decode(stream.push(snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9003})), False) == [("EDS", ["b"])]
+    last = discovery_pb2.DiscoveryResponse.FromString(stream.push(snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9004}))[0])
+    nack = discovery_pb2.DiscoveryRequest(node=NODE, type_url=ENDPOINT, resource_names=["a", "b"], response_nonce=last.nonce,
+                                          error_detail=status_pb2.Status(code=3, message="b: rejected"))
+    assert stream.on_request(nack, None) == []
+    got = decode(stream.push(snapshot({"a": 5, "b": 1}, {"a": 9001, "b": 9004})), False)
+    assert got == [("CDS", ["a", "b"]), ("EDS", ["a", "b"])]     # what it kept is not known
 
 
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])

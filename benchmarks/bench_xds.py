@@ -63,6 +63,7 @@ def measure_translate(directory: str) -> dict:
     from xds_server.cache import PreparedSnapshot
     from xds_server.translate import translate
     from xds_server.node import ProxyNode
+    from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
     from xds_server.type_urls import ENDPOINT
     t0 = time.perf_counter()
     config = load_config(directory)
@@ -75,7 +76,8 @@ def measure_translate(directory: str) -> dict:
     return {"load_validate_s": t1 - t0, "translate_s": t2 - t1, "pack_s": t3 - t2,
             "resources": {k.rsplit(".", 1)[-1]: len(v) for k, v in snap.items()},
             "snapshot_bytes": sum(r.size for by in prepared.resources.values() for r in by.values()),
-            "eds_bytes": sum(r.size for r in prepared.of_type(ENDPOINT).values())}
+            # one SotW response carrying every ClusterLoadAssignment, as on the wire (each in its Any)
+            "eds_bytes": DiscoveryResponse(resources=[r.any for r in prepared.of_type(ENDPOINT).values()]).ByteSize()}
 
 
 class LoadClients:
@@ -164,6 +166,24 @@ def endpoint_change(cp: ControlPlane, directory: str, clients: LoadClients, port
             "types": sorted({ev["ty"] for ev in late})}
 
 
+def rule_change(cp: ControlPlane, directory: str, clients: LoadClients, limit: int) -> dict:
+    """A DestinationRule change (a connection-pool limit on svc-0000): its cluster changes, its
+    endpoints do not; bytes by type to every client (SotW: CDS whole, EDS only to warm on)."""
+    generation = cp.configz()["generation"]
+    text = service_yaml(0).replace("  subsets:\n", f"  trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: "
+                                   f"{limit}}}}}}}\n  subsets:\n", 1)
+    write_config(directory, "svc-0000.yaml", text)
+    applied = cp.wait_generation_change(generation, timeout=60)["applied_at"]
+    clients.after(applied, "CDS")
+    time.sleep(0.5)     # the endpoints it warms on follow the CDS response
+    by_type: dict[str, int] = {}
+    with clients.lock:
+        for ev in clients.events:
+            if ev["t"] >= applied:
+                by_type[ev["ty"]] = by_type.get(ev["ty"], 0) + ev["b"]
+    return by_type
+
+
 def measure_fleet(directory: str, services: int, clients: int) -> dict:
     cp = ControlPlane(directory, test_hooks=False, log_level="warning")
     out = {}
@@ -188,6 +208,7 @@ def measure_fleet(directory: str, services: int, clients: int) -> dict:
                 push = load.full_push()
                 push["full_push_cp_cpu_s"] = cpu_s(cp.proc.pid) - cpu_before
                 changes = [endpoint_change(cp, directory, load, 30000 + 10 * i + k) for k in range(CHANGES)]
+                rule = rule_change(cp, directory, load, 100 + i)
                 change = dict(changes[0])
                 for key in ("file_to_applied_s", "push_to_all_s", "bytes"):
                     change[key] = statistics.median(c[key] for c in changes)
@@ -198,7 +219,8 @@ def measure_fleet(directory: str, services: int, clients: int) -> dict:
                 # the control plane's full collections over the push and the changes (the histogram
                 # keeps no maximum: the longest is bounded by its bucket)
                 full = gc_pauses.pauses_between(gc_before, gc_after, "2")
-                out[mode] = {**push, "endpoint_change": change, "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"],
+                out[mode] = {**push, "endpoint_change": change, "rule_change_bytes": rule,
+                             "rss_mb": mem["VmRSS"], "rss_peak_mb": mem["VmHWM"],
                              "full_gc": full}
             finally:
                 load.stop()
@@ -313,6 +335,9 @@ def main() -> int:
          f"{result['ratios']['endpoint_change_bytes_delta_over_sotw']:.2f}",
          f"each <= 1 % of all EDS ({whole_eds / 1e6:.1f} MB): {bytes_ratio:.3%}",
          verdict(bytes_ratio, FLOORS["endpoint_change_bytes_ratio"])),
+        ("1 DestinationRule change: CDS + EDS bytes to all",
+         *(f"{m['rule_change_bytes'].get('CDS', 0) / 1e6:.1f} + {m['rule_change_bytes'].get('EDS', 0) / 1e6:.2f} MB"
+           for m in (sotw, delta)), "", "", ""),
         ("control-plane RSS", f"{sotw['rss_mb']:.0f} MB", f"{delta['rss_mb']:.0f} MB", "",
          f"idle {fleet['rss_idle_mb']:.0f} MB", ""),
         ("  full GCs in push + changes (s; longest <=)",

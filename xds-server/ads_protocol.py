@@ -28,7 +28,7 @@ Protocol (envoyproxy.io "xDS REST and gRPC protocol"), per stream and type:
   endpoints it already holds for it -- without them the cluster warms only
   when its initial fetch times out (15 s), while the old one keeps serving.
   (SotW: all of them when which clusters changed is not known, i.e. after
-  the stream's first CDS response or an EDS NACK.)
+  the stream's first CDS response or a CDS or EDS NACK.)
 """
 from __future__ import annotations
 
@@ -235,6 +235,8 @@ class SotwStream(Stream):
         else:
             if req.HasField("error_detail"):
                 st.held = None     # what it kept is not known: the next push sends all
+                if type_url == CLUSTER:
+                    self._clusters_sent = None   # nor which clusters the next CDS response changes
             if req.response_nonce != st.sent_nonce:
                 return []          # stale: answers a response superseded since
             if req.HasField("error_detail"):

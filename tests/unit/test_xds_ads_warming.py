@@ -123,3 +123,17 @@ def test_endpoints_alone_change_no_cds_no_extra(delta):
     got = decode(stream.push(snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9003})), delta)
     assert got == [("EDS", ["b"])]       # SotW too: EDS is not LDS/CDS, a push carries what changed
     assert stream.push(snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9003})) == []   # nothing changed: nothing sent
+
+
+def test_sotw_after_a_cluster_nack_every_cluster_warms_on_the_whole_set():
+    """The rejected CDS response changed a; the next one, taken, changes a for the client
+    too (it kept the old a), so a must warm although it did not change since the rejected one."""
+    from google.rpc import status_pb2
+    stream, _ = connected(False, snapshot({"a": 1, "b": 1}, {"a": 9001, "b": 9002}))
+    wires = stream.push(snapshot({"a": 5, "b": 1}, {"a": 9001, "b": 9002}))
+    cds = discovery_pb2.DiscoveryResponse.FromString(wires[0])
+    nack = discovery_pb2.DiscoveryRequest(node=NODE, type_url=CLUSTER, response_nonce=cds.nonce,
+                                          error_detail=status_pb2.Status(code=3, message="a: rejected"))
+    assert stream.on_request(nack, None) == []
+    got = decode(stream.push(snapshot({"a": 5, "b": 2}, {"a": 9001, "b": 9002})), False)
+    assert got == [("CDS", ["a", "b"]), ("EDS", ["a", "b"])]

@@ -151,16 +151,24 @@ class LoadClients:
             self.proc.wait()
 
 
-def endpoint_change(cp: ControlPlane, directory: str, clients: LoadClients, port: int) -> dict:
+def change_svc0(cp: ControlPlane, directory: str, clients: LoadClients, text: str, type_short: str,
+                settle_s: float) -> tuple[float, float, dict, list[dict]]:
+    """Rewrite svc-0000.yaml with `text`: (written, applied, when every client received
+    `type_short`, every response any client received from `applied` until `settle_s` after that)."""
     generation = cp.configz()["generation"]
     written = time.time()
-    write_config(directory, "svc-0000.yaml", service_yaml(0, ports=(port, 20001)))
-    status = cp.wait_generation_change(generation, timeout=60)
-    applied = status["applied_at"]
-    got = clients.after(applied, "EDS")
-    time.sleep(0.3)     # anything else this change sent would have arrived by now
+    write_config(directory, "svc-0000.yaml", text)
+    applied = cp.wait_generation_change(generation, timeout=60)["applied_at"]
+    got = clients.after(applied, type_short)
+    time.sleep(settle_s)
     with clients.lock:
         late = [ev for ev in clients.events if ev["t"] >= applied]
+    return written, applied, got, late
+
+
+def endpoint_change(cp: ControlPlane, directory: str, clients: LoadClients, port: int) -> dict:
+    # after 0.3 s anything else this change sent would have arrived
+    written, applied, got, late = change_svc0(cp, directory, clients, service_yaml(0, ports=(port, 20001)), "EDS", 0.3)
     return {"file_to_applied_s": applied - written, "push_to_all_s": got["last_t"] - applied,
             "bytes": sum(ev["b"] for ev in late), "responses": len(late),
             "types": sorted({ev["ty"] for ev in late})}
@@ -169,18 +177,13 @@ def endpoint_change(cp: ControlPlane, directory: str, clients: LoadClients, port
 def rule_change(cp: ControlPlane, directory: str, clients: LoadClients, limit: int) -> dict:
     """A DestinationRule change (a connection-pool limit on svc-0000): its cluster changes, its
     endpoints do not; bytes by type to every client (SotW: CDS whole, EDS only to warm on)."""
-    generation = cp.configz()["generation"]
     text = service_yaml(0).replace("  subsets:\n", f"  trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: "
                                    f"{limit}}}}}}}\n  subsets:\n", 1)
-    write_config(directory, "svc-0000.yaml", text)
-    applied = cp.wait_generation_change(generation, timeout=60)["applied_at"]
-    clients.after(applied, "CDS")
-    time.sleep(0.5)     # the endpoints it warms on follow the CDS response
+    # the endpoints it warms on follow the CDS response within 0.5 s
+    _, _, _, late = change_svc0(cp, directory, clients, text, "CDS", 0.5)
     by_type: dict[str, int] = {}
-    with clients.lock:
-        for ev in clients.events:
-            if ev["t"] >= applied:
-                by_type[ev["ty"]] = by_type.get(ev["ty"], 0) + ev["b"]
+    for ev in late:
+        by_type[ev["ty"]] = by_type.get(ev["ty"], 0) + ev["b"]
     return by_type
 
 

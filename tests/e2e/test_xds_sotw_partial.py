@@ -21,15 +21,8 @@ NODE = "router~127.0.0.1~gw-partial.default~default.svc.cluster.local"
 
 
 def second_gateway(port: int) -> str:
-    return f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw2, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers:
-  - port: {{number: {port}, name: http2, protocol: HTTP}}
-    hosts: ["*"]
-"""
+    """The scenario's Gateway, named gw2, on `port`."""
+    return base_config(port, {})["gateway.yaml"].replace("name: gw,", "name: gw2,")
 
 
 def on_gw2(subset: str) -> str:

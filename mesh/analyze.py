@@ -210,8 +210,8 @@ def _per_virtual_service(fn: Analyzer, index: Index, known: dict) -> tuple[list[
     """fn's findings, its per-VirtualService entries, and how many of them `known` gave."""
     out, entries, kept = [], {}, 0
     for vs in index.virtual_services:
-        hit = known.get(id(vs))
-        if hit is not None and hit[0] is vs:
+        hit = known.get(id(vs))      # the entry holds its vs: no other object can have that id
+        if hit is not None:
             found = hit[1]
             kept += 1
         else:

@@ -138,19 +138,29 @@ class OnnxModel:
             opts.enable_profiling = True
             opts.profile_file_prefix = f"ort_profile_{name}"
         plan = provider_plan(device)
-        session = ort.InferenceSession(path, sess_options=opts, providers=plan)
+        try:
+            session = ort.InferenceSession(path, sess_options=opts, providers=plan)
+        except Exception as e:   # onnxruntime's InvalidProtobuf, InvalidGraph, NoSuchFile ... derive from Exception
+            raise ValueError(f"model file {path}: onnxruntime cannot load it: {e}") from None
         provider = session.get_providers()[0]
         if device != "auto" and device.split(":")[0] not in ("cpu", DEVICE_SHORT.get(provider)):
             log.warning("--device %s: %s is not available in this onnxruntime (%s); running on %s",
                         device, device.split(":")[0], ", ".join(ort.get_available_providers()), provider)
-        inputs = {a.name: _spec(a) for a in session.get_inputs()}
-        outputs = {a.name: _spec(a) for a in session.get_outputs()}
+        try:
+            inputs = {a.name: _spec(a) for a in session.get_inputs()}
+            outputs = {a.name: _spec(a) for a in session.get_outputs()}
+        except ValueError as e:
+            raise ValueError(f"model file {path}: {e}") from None
         batch_dim = all(s.shape and s.shape[0] == -1 for s in [*inputs.values(), *outputs.values()])
         model = cls(name=name, version=version, path=path, session=session, inputs=inputs, outputs=outputs,
                     provider=provider, requested_device=device, load_seconds=time.perf_counter() - t0,
                     warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim)
         if warmup:
-            model.warm_up()
+            try:
+                model.warm_up()
+            except Exception as e:
+                raise ValueError(f"model file {path}: loaded, but its warm-up run on zero inputs "
+                                 f"failed: {e}") from None
         log.info("model %s v%s loaded from %s on %s (asked %s; offered %s) in %.3fs, warm-up %.3fs, "
                  "intra-op threads %d", name, version, path, provider, device,
                  [p if isinstance(p, str) else p[0] for p in plan], model.load_seconds,

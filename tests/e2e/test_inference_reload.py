@@ -118,6 +118,7 @@ def test_bad_new_version_is_refused_and_old_keeps_serving(tmp_path):
     with InferenceServer("builtin:mlp") as server:
         status, reply = server.admin("/admin/reload", {"path": str(bad)})
         assert status == 400 and "previous version still serving" in reply["error"]
+        assert f"model file {bad}: onnxruntime cannot load it" in reply["error"], reply
         client = tgrpc.InferenceServerClient(server.grpc)
         inp = tgrpc.InferInput("INPUT0", [1, 64], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 64), np.float32))

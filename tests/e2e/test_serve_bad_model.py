@@ -1,0 +1,49 @@
+"""`mcpctl serve --model FILE` with a file onnxruntime cannot serve: one line naming the
+file and onnxruntime's reason, exit 2, no traceback, nothing left listening."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from onnx import TensorProto, helper
+
+from harness.ports import free_port
+from mesh.scripts import executable
+
+pytestmark = pytest.mark.e2e
+
+
+def _model(nodes, inputs, outputs) -> bytes:
+    return helper.make_model(helper.make_graph(nodes, "bad", inputs, outputs),
+                             opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+SCALAR = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("start", "limit", "delta")]
+BAD = {
+    # not a protobuf at all
+    "garbage": (b"not an onnx model", "INVALID_PROTOBUF"),
+    # a node reading a tensor nothing produces
+    "dangling input": (_model([helper.make_node("Relu", ["nowhere"], ["OUTPUT0"])],
+                              [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["b", 4])]),
+                       "onnxruntime cannot load it"),
+    # loads, but its warm-up run on zero inputs fails (Range with delta 0)
+    "fails warm-up": (_model([helper.make_node("Range", ["start", "limit", "delta"], ["OUTPUT0"])], SCALAR,
+                             [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["n"])]),
+                      "warm-up run on zero inputs failed"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_model_onnxruntime_cannot_serve_is_refused_in_one_line(tmp_path, case):
+    data, reason = BAD[case]
+    path = tmp_path / "model.onnx"
+    path.write_bytes(data)
+    http, grpc = free_port(), free_port()
+    p = subprocess.run([executable("mcpctl"), "serve", "--model", str(path), "--http-port", str(http),
+                        "--grpc-port", str(grpc)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    line = f"mcpctl serve: model file {path}: "
+    assert line in p.stderr and reason in p.stderr, p.stderr
+    assert not any("ready" in out for out in p.stdout.splitlines()), p.stdout

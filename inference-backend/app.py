@@ -122,8 +122,11 @@ class Server:
         self.telemetry = Telemetry.get(opts.trace_file)
         key = None
         if opts.session_key_file:
-            with open(opts.session_key_file, "rb") as fh:
-                key = fh.read().strip()
+            try:
+                with open(opts.session_key_file, "rb") as fh:
+                    key = fh.read().strip()
+            except OSError as e:
+                raise ValueError(f"--session-key-file {opts.session_key_file}: {e.strerror or e}") from None
             if len(key) < MIN_KEY_BYTES:
                 raise ValueError(f"--session-key-file {opts.session_key_file}: the key has {len(key)} bytes; "
                                  f"at least {MIN_KEY_BYTES} are needed")

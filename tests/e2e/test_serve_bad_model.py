@@ -1,5 +1,6 @@
-"""`mcpctl serve --model FILE` with a file onnxruntime cannot serve: one line naming the
-file and onnxruntime's reason, exit 2, no traceback, nothing left listening."""
+"""`mcpctl serve` refusing a file it cannot use: a model onnxruntime cannot serve (one line
+naming the file and onnxruntime's reason), a session key it cannot read (naming the flag);
+exit 2, no traceback, never ready."""
 from __future__ import annotations
 
 import subprocess
@@ -47,3 +48,13 @@ def test_a_model_onnxruntime_cannot_serve_is_refused_in_one_line(tmp_path, case)
     line = f"mcpctl serve: model file {path}: "
     assert line in p.stderr and reason in p.stderr, p.stderr
     assert not any("ready" in out for out in p.stdout.splitlines()), p.stdout
+
+
+def test_an_unreadable_session_key_file_is_refused_by_flag(tmp_path):
+    missing = tmp_path / "no-such-key"
+    p = subprocess.run([executable("mcpctl"), "serve", "--model", "builtin:relu", "--session-key-file", str(missing),
+                        "--http-port", str(free_port()), "--grpc-port", str(free_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert f"mcpctl serve: --session-key-file {missing}: No such file or directory" in p.stderr, p.stderr

@@ -13,6 +13,7 @@ the host tells a MemoryError (the memory limit) from any other bug.
 """
 from __future__ import annotations
 
+import ast
 import os
 import pathlib
 import shutil
@@ -92,6 +93,50 @@ def componentize_py() -> str:
     return found
 
 
+def check_source(src: pathlib.Path) -> None:
+    """What can be told before componentize-py's seconds: the file parses, and defines
+    WitWorld at module level (where that cannot be told statically, componentize-py says)."""
+    try:
+        tree = ast.parse(src.read_bytes(), filename=str(src))
+    except SyntaxError as e:
+        raise BuildError(f"{src}:{e.lineno}:{e.offset}: {e.msg}") from None
+    names, unknown = set(), False
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            unknown |= any(a.name == "*" for a in node.names)
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            unknown = True              # a definition under a condition: componentize-py will tell
+    if "WitWorld" not in names and not unknown:
+        raise BuildError(f"{src}: defines no WitWorld at module level; a policy plugin is "
+                         f"`class WitWorld(wit_world.WitWorld)` with decide(signals) and/or "
+                         f"score(request, endpoints) (scheduler/README.md: Policy plugins)")
+
+
+def _failure(output: str, src: pathlib.Path) -> str:
+    """componentize-py's error as the plugin's author needs it: the plugin's own traceback
+    (componentize-py imports it at build time), its paths the real ones, without the
+    generated wrapper's frame, componentize-py's own frames or its Rust backtrace."""
+    text = output.split("\nStack backtrace:", 1)[0]
+    if "AssertionError: Traceback" not in text:
+        return (text.split("Caused by:", 1)[1] if "Caused by:" in text else text).strip()
+    inner = text.split("AssertionError: ", 1)[1].split("\n\nCaused by:", 1)[0]
+    out, wrapper = [], False
+    for line in inner.strip().splitlines():
+        if line.startswith("  File "):
+            wrapper = line.startswith('  File "/0/')        # /0: the generated entry module
+        if wrapper and (line.startswith("  File ") or line.startswith("    ")):
+            continue
+        out.append(line.replace('"/1/', f'"{src.parent}/'))  # /1: the plugin's folder
+    return "\n".join(out)
+
+
 def build(source: str | os.PathLike, output: str | os.PathLike, timeout_s: float = 300.0) -> pathlib.Path:
     """Build a policy component from a plugin file; the output is written whole or not at all."""
     src = pathlib.Path(source).resolve()
@@ -101,6 +146,7 @@ def build(source: str | os.PathLike, output: str | os.PathLike, timeout_s: float
     module = src.stem
     if module in ("wit_world", WORLD, ENTRY):
         raise BuildError(f"{source}: a plugin module cannot be named {module!r} (the bindings use it)")
+    check_source(src)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".build-", suffix=".wasm")
     os.close(fd)
@@ -114,7 +160,8 @@ def build(source: str | os.PathLike, output: str | os.PathLike, timeout_s: float
         env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=src.parent)
         if done.returncode != 0:
-            raise BuildError(f"componentize-py failed on {source}:\n{(done.stderr or done.stdout).strip()}")
+            raise BuildError(f"{source}: componentize-py failed (it imports the plugin at build time):\n"
+                             f"{_failure(done.stderr or done.stdout, src)}")
         os.replace(tmp, out)
     except subprocess.TimeoutExpired:
         raise BuildError(f"componentize-py took over {timeout_s:.0f} s on {source}") from None

@@ -83,7 +83,11 @@ class PolicyHost:
     def _component_bytes(self, path: pathlib.Path) -> tuple[bytes, dict]:
         """A .wasm as it is; a .py built with componentize-py, cached by its source's hash."""
         if path.suffix == ".wasm":
-            return path.read_bytes(), {"built": False, "build_s": 0.0}
+            wasm = path.read_bytes()
+            if not wasm.startswith(b"\0asm"):    # else wasmtime reads it as WAT text: "expected `(`"
+                raise PluginError("instantiate", "not a Wasm binary (it does not begin with \\0asm); "
+                                                 "`mcpctl policy build FILE.py` makes one")
+            return wasm, {"built": False, "build_s": 0.0}
         text = path.read_bytes()
         key = hashlib.sha256(text + _toolchain_id()).hexdigest()[:32]
         out = self.cache_dir / "built" / f"{key}.wasm"          # content only: a renamed copy is the same plugin

@@ -59,3 +59,13 @@ def test_a_plugin_failing_at_import_shows_its_own_traceback(tmp_path):
     for noise in ("Stack backtrace", "anyhow", "mcp_policy_entry", "componentize-py\", line"):
         assert noise not in p.stderr, p.stderr
     assert not (tmp_path / "boom.wasm").exists()
+
+
+def test_a_wasm_file_that_is_not_wasm_is_refused_as_such(tmp_path):
+    """Not read as WAT text (wasmtime's "expected `(`"): told it is no Wasm binary."""
+    bad = tmp_path / "policy.wasm"
+    bad.write_bytes(b"garbage, not a component")
+    p = subprocess.run([executable("mcpctl"), "policy", "run", str(bad), "--signals", "{}",
+                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"{bad}: instantiate: not a Wasm binary" in p.stderr, p.stderr

@@ -181,7 +181,7 @@ def _wasm_plugin(rep: Report, res: Resource) -> None:
     _target_refs(rep, spec)
     url = spec.get("url") or ""
     sha = spec.get("sha256")
-    if sha is not None and not _SHA256.match(sha):
+    if sha and not _SHA256.match(sha):     # "" is proto3's unset, as istiod reads it
         rep.error("spec.sha256", "sha256 must be 64 lower-case hex digits")
         sha = None
     path = _module_file(url)
@@ -205,7 +205,7 @@ def _wasm_plugin(rep: Report, res: Resource) -> None:
                 rep.error("spec.url", f"{path} is not a WebAssembly module")
             elif sha and hashlib.sha256(data).hexdigest() != sha:
                 rep.error("spec.sha256", f"does not match {path} (sha256 {hashlib.sha256(data).hexdigest()})")
-    if not sha:
+    if not spec.get("sha256"):          # (a malformed one is an error above, not this warning)
         rep.warn("spec.sha256", "no sha256: the module loaded is not pinned")
     # The CRD: imagePullSecret and pluginName at least 1 character when set.
     for k, most in (("imagePullSecret", 253), ("pluginName", 256)):

@@ -173,6 +173,13 @@ def test_a_module_whose_sha256_does_not_match_is_not_translated():
 
 
 @needs_wasm
+def test_an_empty_sha256_is_unset_as_istio_reads_it():
+    """proto3: "" is no sha256; validation warns the module is not pinned, and it is translated."""
+    c = cfg(plugin(sha="@").replace('sha256: "@"', 'sha256: ""'))
+    assert wasm_plugins.resources(c, GW)
+
+
+@needs_wasm
 def test_target_ref_resources_apply_to_no_proxy_and_vm_env_is_passed():
     ra = RA.replace("  selector: {matchLabels: {istio: ingressgateway}}\n", "  targetRef: {kind: Gateway, name: gw}\n")
     assert authn.http_filters(cfg(ra), GW, 80, Phase.AUTHN) == []

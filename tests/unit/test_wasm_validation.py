@@ -111,3 +111,15 @@ def test_bad_request_authentication_fields(rule, field, words):
 
 def test_a_good_request_authentication_is_accepted():
     assert errors(RA % "    jwksUri: https://keys.a.test/jwks.json\n    audiences: [mesh]\n") == []
+
+
+@needs_wasm
+@pytest.mark.parametrize("sha, error, warning", [
+    ("xyz", True, False),                  # malformed: the error, not also "no sha256"
+    ("", False, True),                     # absent: only the warning
+])
+def test_a_malformed_sha256_is_an_error_and_not_also_reported_missing(sha, error, warning):
+    text = wasm_plugin(f"    sessionKey: {KEY}\n", sha="@").replace('sha256: "@"', f'sha256: "{sha}"')
+    found = [d for d in validate(MeshConfig(parse_documents(text, file="sec.yaml"))) if d.field == "spec.sha256"]
+    assert any(d.severity == "error" and "64 lower-case hex" in d.message for d in found) == error, found
+    assert any(d.severity == "warning" and "not pinned" in d.message for d in found) == warning, found

@@ -67,7 +67,7 @@ def read_module(url: str, sha256: str | None) -> bytes:
     if key not in _module_cache:
         with open(path, "rb") as f:
             data = f.read()
-        if sha256 is not None and hashlib.sha256(data).hexdigest() != str(sha256).lower():
+        if sha256 and hashlib.sha256(data).hexdigest() != str(sha256).lower():
             raise ValueError(f"{path}: sha256 {hashlib.sha256(data).hexdigest()} does not match {sha256}")
         _module_cache[key] = data
     return _module_cache[key]

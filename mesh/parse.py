@@ -333,7 +333,7 @@ def _parse_documents(text: str, file: str) -> list[Resource]:
                 continue
             kind = doc.get("kind")
             name = meta.get("name")
-            ref = f"{kind}/{meta.get('namespace') or 'default'}/{name}"
+            ref = f"{kind or '(no kind)'}/{meta.get('namespace') or 'default'}/{name or '(no name)'}"
             for key in ("apiVersion", "kind"):
                 if not isinstance(doc.get(key), str) or not doc.get(key):
                     errors.append(Diagnostic(f"{key} is required", file=file, line=line, resource=ref, field=key))

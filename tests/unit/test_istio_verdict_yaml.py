@@ -25,3 +25,13 @@ def test_go_yaml_ipv6_in_a_flow_sequence():
     assert se.lines["spec.addresses[1]"] == 9
     [doc] = parse_documents("apiVersion: v1\nkind: X\nmetadata: {name: a}\nspec: {a: [1:20], b: 1:20, c: 0x1f}\n")
     assert doc.spec == {"a": ["1:20"], "b": "1:20", "c": 31}
+
+
+def test_a_document_without_kind_or_name_is_named_by_what_it_lacks():
+    import pytest
+    from mesh.diagnostics import ConfigError
+    with pytest.raises(ConfigError) as e:
+        parse_documents("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {}\n---\n"
+                        "apiVersion: v1\nmetadata: {name: x}\n", file="d.yaml")
+    refs = sorted({d.resource for d in e.value.diagnostics})
+    assert refs == ["(no kind)/default/x", "VirtualService/default/(no name)"], refs

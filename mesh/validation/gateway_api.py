@@ -12,13 +12,14 @@ import re
 from typing import Iterator
 
 from mesh import hosts
+from mesh.header_contract import is_token
 from mesh.diagnostics import Diagnostic
 from mesh.gateway_api import GROUP
 from mesh.resources import MeshConfig, Resource
 from mesh.validation import validator
 from mesh.validation.regex import regex_error
 from mesh.validation.report import Report, schema_report
-from mesh.validation.schema import Enum, Map, Obj
+from mesh.validation.schema import Enum, Map, Obj, duration_ns
 
 VERSIONS = (f"{GROUP}/v1", f"{GROUP}/v1beta1")
 PARENT_REF = Obj({"group": "string", "kind": "string", "namespace": "string", "name": "string",
@@ -82,15 +83,13 @@ REFERENCE_GRANT = Obj({"from": [Obj({"group": "string", "kind": "string", "names
                       required=("from", "to"))
 
 
-# The CRDs' string types (apis/v1/shared_types.go): Hostname, PreciseHostname, HeaderName, Duration,
-# and the CEL rule on Exact / PathPrefix path values (httproute_types.go).
+# The CRDs' string types (apis/v1/shared_types.go): Hostname, PreciseHostname, Duration (HeaderName's
+# pattern is RFC 7230's token: header_contract.is_token), and the CEL rule on Exact / PathPrefix path
+# values (httproute_types.go).
 HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 PRECISE_HOSTNAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
 DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
 PATH_CHARS = re.compile(r"^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$")
-_DURATION_PART = re.compile(r"([0-9]+)(h|ms|m|s)")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _ONCE = ("CORS", "RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite")
 # list -> MaxItems in the CRDs
 MOST = {"hostnames": 16, "parentRefs": 32, "rules": 16, "matches": 64, "filters": 16, "backendRefs": 16,
@@ -115,13 +114,8 @@ def _most(rep: Report, path: str, items, key: str) -> None:
 
 
 def _header_name(rep: Report, path: str, name) -> None:
-    if not HEADER_NAME.match(str(name)) or len(str(name)) > 256:
-        rep.error(path, f"invalid header name {name!r}: should match '{HEADER_NAME.pattern}' (at most 256 characters)")
-
-
-def duration_s(text: str) -> float:
-    """A Gateway API Duration (GEP-2257: 1h, 30s, 1m30s, 500ms) in seconds."""
-    return sum(int(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text))
+    if not is_token(name) or len(name) > 256:
+        rep.error(path, f"invalid header name {name!r}: must be an RFC 7230 token of at most 256 characters")
 
 
 def _path_value(rep: Report, path: str, value: str) -> None:
@@ -234,7 +228,7 @@ def _timeouts(rep: Report, p: str, timeouts: dict | None) -> None:
             rep.error(f"{p}.timeouts.{k}", f"invalid duration {timeouts[k]!r}: should match '{DURATION.pattern}' "
                                            "(e.g. 10s, 1m30s, 500ms)")
     req, back = str(timeouts.get("request", "")), str(timeouts.get("backendRequest", ""))
-    if DURATION.match(req) and DURATION.match(back) and duration_s(req) != 0 and duration_s(back) > duration_s(req):
+    if DURATION.match(req) and DURATION.match(back) and duration_ns(req) != 0 and duration_ns(back) > duration_ns(req):
         rep.error(f"{p}.timeouts", "backendRequest timeout cannot be longer than request timeout")
 
 

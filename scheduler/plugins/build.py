@@ -99,7 +99,10 @@ def check_source(src: pathlib.Path) -> None:
     try:
         tree = ast.parse(src.read_bytes(), filename=str(src))
     except SyntaxError as e:
-        raise BuildError(f"{src}:{e.lineno}:{e.offset}: {e.msg}") from None
+        where = f":{e.lineno}:{e.offset}" if e.lineno else ""
+        raise BuildError(f"{src}{where}: {e.msg}") from None
+    except (MemoryError, RecursionError, ValueError):   # e.g. 100,000 nested unary minuses
+        raise BuildError(f"{src}: too deeply nested for Python's parser") from None
     names, unknown = set(), False
     for node in tree.body:
         if isinstance(node, ast.ClassDef):

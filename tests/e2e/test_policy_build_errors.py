@@ -23,6 +23,8 @@ class WitWorld(wit_world.WitWorld):
 @pytest.mark.parametrize("text, reason", [
     ("def decide(signals):\n    return []\n", "defines no WitWorld at module level"),
     ("class WitWorld(:\n    pass\n", ":1:16: invalid syntax"),
+    ("class WitWorld:\n    pass\n\x00", "notaplugin.py: source code string cannot contain null bytes"),
+    ("x = " + "-" * 100_000 + "1\n", "too deeply nested"),      # the parser's own limits, not a traceback
 ])
 def test_not_a_plugin_is_refused_before_componentize_py(tmp_path, text, reason):
     src = tmp_path / "notaplugin.py"

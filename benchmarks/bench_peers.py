@@ -11,7 +11,7 @@ writes artifacts/bench/peers.json.
   reads 77 MB of weights; batching pays).
 - Servers, each with the batching it does best (BATCHING below): ours
   (`mcpctl serve` as it is on disk; relu `--workers 2`, mlp one process
-  with 2 ONNX threads); Triton (the tritonserver PyTriton ships,
+  with 2 ONNX threads, split into two one-thread instances under load); Triton (the tritonserver PyTriton ships,
   which carries only the python backend: the ONNX file runs in onnxruntime
   inside a python-backend model, under Triton's dynamic batcher); KServe's
   ModelServer (onnxruntime in a sync predict(); its Python server has no
@@ -74,8 +74,9 @@ def _triton(model: str, default: tuple) -> tuple:
 # relu two worker processes on the same ports (--workers 2: one per core of
 # this machine, as Triton's front end and instance threads use both), for the
 # memory-bound mlp one process with both cores as ONNX threads (its batches
-# then read the weights once for all in flight; the trade is measured in the
-# README); env PEER_OURS_FLAGS_RELU / _MLP override. Triton: max_batch_size and max_queue_delay_microseconds of its
+# then read the weights once for all in flight) and --split-under-load (two
+# one-thread instances once more than a batch waits; the trades are measured
+# in the README); env PEER_OURS_FLAGS_RELU / _MLP override. Triton: max_batch_size and max_queue_delay_microseconds of its
 # dynamic batcher (0: a batch leaves as soon as the instance is free, with
 # whatever queued meanwhile), one instance with onnxruntime's threads (count 2
 # of one thread each was tried on the MLP: ahead at c=64, behind at c=16; the
@@ -87,7 +88,8 @@ def _triton(model: str, default: tuple) -> tuple:
 BATCHING = {
     "relu": {"ours": os.environ.get("PEER_OURS_FLAGS_RELU", "--qos-policy balanced --workers 2").split(),
              "triton": _triton("relu", (64, 0, 1, 0)), "mlserver": {"batch": None, "parallel_workers": 0}},
-    "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced --workers 1 --intra-op-threads 2").split(),
+    "mlp": {"ours": os.environ.get("PEER_OURS_FLAGS_MLP", "--qos-policy balanced --workers 1 --intra-op-threads 2 "
+                                                    "--split-under-load").split(),
             "triton": _triton("mlp", (32, 0, 1, 0)), "mlserver": {"batch": (32, 2000), "parallel_workers": 1}},
 }
 

@@ -65,6 +65,7 @@ class ServeOptions:
     max_queue_delay_us: int | None = None
     intra_op_threads: int | None = None
     instances: int = 1                       # compute threads per model (Triton's instance_group count)
+    split_under_load: bool = False           # one-thread instances while more than a batch waits (batcher.py)
     kv_cache_mb: float = 64
     kv_idle_seconds: float = 5.0             # unreferenced KV blocks are dropped after this long (kv_blocks.py)
     openai_models: dict | None = None        # OpenAI model name -> (served model, version): openai_api.py
@@ -212,13 +213,18 @@ class Server:
         served = await asyncio.to_thread(self.models.add, o.name or name, path, self.settings, o.device,
                                          o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
                                          profile=o.enable_profiler, kv_idle_s=o.kv_idle_seconds,
-                                         fast_path=o.fast_path, instances=o.instances)
+                                         fast_path=o.fast_path, instances=o.instances,
+                                         split_under_load=o.split_under_load)
         if o.workers > 1 and served.decoder:
             # a sequence's KV cache lives in one process; its next step may land on another
             raise ValueError("--workers > 1 cannot serve a decoder model (its sequences' KV caches are per process)")
         if o.instances > 1 and served.decoder:
             # its KV cache is advanced by one run at a time (decoder.py)
             raise ValueError("--instances > 1 cannot serve a decoder model (its KV cache takes one run at a time)")
+        if o.split_under_load and not served.split_width:
+            log.warning("--split-under-load: off for model %s (it needs a batched, non-decoder model on the CPU "
+                        "with at least 2 intra-op threads; this one has %d on %s)", served.name,
+                        served.model.intra_op_threads, served.model.device)
         m = served.model
         log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
                  served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,

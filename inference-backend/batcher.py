@@ -25,6 +25,23 @@ a 0.6-core background load: 3,000-3,500 rows/s against 2,100-2,400 with one
 two-thread instance, inference-backend/README.md). An executor that cannot
 run concurrently (`concurrent_runs = False`, the decoder) uses instance 0 only.
 
+Split under load (`split` N >= 2; `mcpctl serve --split-under-load`). One
+batch on all N intra-op threads finishes soonest while the load fits one
+batch; once more than a batch waits, N single-threaded batches side by side
+do more per second (no GEMM half waits for the other; builtin:mlp batch 32
+alone: 459 us of CPU a row on one thread, 520 on two). So thread 0 runs
+batches on the executor's N-thread session while the requests that arrivals
+find in the server (queued + computing, an average over the last ~64
+arrivals) stay under (N - 0.75) max batches; above that, threads 1..N run
+batches on its one-thread session (`run_batch(batch, narrow=True)`) until
+that average falls under N - 1 batches. The narrow threads run at
+SCHED_IDLE: they take only the CPU the event loop, the gRPC threads and
+(in a container: the same cgroup) anything else leave, so the front end
+answers and reads without waiting for a batch. While a narrow instance
+computes, another forms only full batches (or waits the queue delay):
+smaller preferred sizes would split the load into batches that each read
+all the weights for fewer rows.
+
 Reserved lane (`reserved_lane_levels` N > 0; on in the latency-critical
 preset). A batch cannot be pre-empted, so with one instance a top-level
 request that arrives while a low-priority batch computes waits for all of it
@@ -74,6 +91,7 @@ import collections
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -87,6 +105,7 @@ from inference_backend.errors import InferenceError, Internal, InvalidArgument, 
 log = logging.getLogger("inference_backend")
 _seq = itertools.count()
 GATED_RECHECK_S = 0.005
+SPLIT_EWMA = 1 / 64         # weight of one arrival in the split decision's load average
 
 
 @dataclass(eq=False)
@@ -132,18 +151,21 @@ class Observer(Protocol):
 
 class DynamicBatcher:
     def __init__(self, name: str, executor: Executor, settings: BatcherSettings,
-                 observer: Observer | None = None, idle_dispatch: bool = False, instances: int = 1):
+                 observer: Observer | None = None, idle_dispatch: bool = False, instances: int = 1,
+                 split: int = 0):
         self.name = name
         self.executor = executor
         self.settings = settings
         self.observer = observer
         lock = threading.Lock()
-        # One lock, three conditions, so that a submit wakes only the thread that
+        # One lock, four conditions, so that a submit wakes only the thread that
         # has something to do: the main instance, the lane (levels 1..N only), the
-        # timeout reaper (only for a nearer deadline).
+        # timeout reaper (only for a nearer deadline); split under load parks the
+        # threads of the mode not in use on the fourth.
         self._cond = threading.Condition(lock)
         self._lane_cond = threading.Condition(lock)
         self._reap_cond = threading.Condition(lock)
+        self._parked = threading.Condition(lock)   # split under load: the threads of the other mode
         self._fresh: dict[int, collections.deque] = {}
         self._delayed: dict[int, collections.deque] = {}
         self._count: dict[int, int] = collections.defaultdict(int)
@@ -159,15 +181,22 @@ class DynamicBatcher:
         self.inline_runs = 0
         self.instances = max(1, instances)
         self._busy_instances = 0           # main instances running a batch (their thread, or an inline run)
+        # Split under load (module docstring): 0 off, else N narrow threads beside the wide one.
+        self.split_width = split if split >= 2 else 0
+        self.split = False                 # the narrow threads take the batches now
+        self.split_changes = 0
+        self.narrow_batches = 0
+        self.seen_load = 0.0               # requests in the server as arrivals find it, averaged
         # Policy changes and when the first batch under each was formed (wall clock, so another
         # process - a benchmark, the decision loop - can compare with its own times): /admin/status.
         self.policy_generation = 0
         self.policy_changes: collections.deque = collections.deque(maxlen=64)
         self._batch_generation = 0
         self._lane: threading.Thread | None = None
+        threads = 1 + self.split_width if self.split_width else self.instances
         self._threads = [threading.Thread(target=self._loop, kwargs={"instance": i}, daemon=True,
                                           name=f"batcher-{name}" + (f"-{i}" if i else ""))
-                         for i in range(self.instances)]
+                         for i in range(threads)]
         for t in self._threads:
             t.start()
         self._start_lane()
@@ -209,6 +238,8 @@ class DynamicBatcher:
             raise Overloaded(reason)
         self._fresh.setdefault(p.level, collections.deque()).append(p)
         self._count[p.level] += 1
+        if self.split_width:
+            self._observe_load()
         if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
             self._next_deadline = p.deadline_ns
             self._reap_cond.notify()
@@ -275,7 +306,23 @@ class DynamicBatcher:
 
     def instance_free(self) -> bool:
         """A main instance is idle (read without the lock, it is a hint)."""
-        return self._busy_instances < self.instances
+        return self._busy_instances < self._capacity()
+
+    def _capacity(self) -> int:
+        if self.split_width:
+            return self.split_width if self.split else 1
+        return self.instances
+
+    def _observe_load(self) -> None:
+        """An arrival (the lock is held): update the load average and switch wide / narrow."""
+        seen = self.in_flight + sum(self._count.values())
+        self.seen_load += (seen - self.seen_load) * SPLIT_EWMA
+        batches = self.seen_load / max(1, self.settings.max_batch_size)
+        if not self.split and batches >= self.split_width - 0.75 or self.split and batches < self.split_width - 1:
+            self.split = not self.split
+            self.split_changes += 1
+            self._cond.notify_all()         # the threads of the old mode park,
+            self._parked.notify_all()       # those of the new one take over
 
     def _started(self, batch: list[Pending]) -> None:
         """A main instance takes `batch` (the lock is held)."""
@@ -298,6 +345,7 @@ class DynamicBatcher:
 
     def _notify_all(self) -> None:
         self._cond.notify_all()
+        self._parked.notify_all()
         self._lane_cond.notify_all()
         self._reap_cond.notify_all()
 
@@ -423,8 +471,9 @@ class DynamicBatcher:
             # its answers bring more requests, so Triton's rules below apply); the reserved
             # lane's top-level requests never wait for company
             return batch, None
-        if s.preferred_batch_sizes:
-            # Triton: the largest preferred size a prefix of the queue reaches goes now.
+        if s.preferred_batch_sizes and not (self.split and self._busy_instances):
+            # Triton: the largest preferred size a prefix of the queue reaches goes now
+            # (split: full batches only while a narrow instance computes, module docstring).
             total, best = 0, 0
             for i, p in enumerate(batch):
                 total += p.rows
@@ -439,6 +488,9 @@ class DynamicBatcher:
 
     def _loop(self, lane: bool = False, instance: int = 0) -> None:
         """A main instance's compute thread, or (lane=True) the reserved lane's."""
+        narrow = bool(self.split_width) and instance > 0
+        if narrow:
+            background_priority()
         while True:
             with self._cond:
                 while True:
@@ -448,10 +500,12 @@ class DynamicBatcher:
                     serial = not getattr(self.executor, "concurrent_runs", True)   # e.g. a decoder's KV cache
                     if lane and serial:
                         top = 0
-                    if (lane and (not top or self._stopping)) or (instance and serial):
+                    parked = bool(self.split_width) and not lane and narrow != self.split
+                    if (lane and (not top or self._stopping)) or (instance and serial) or parked:
                         if self._stopping:
-                            return          # instance 0 drains what is left
-                        batch, wait = None, None   # lane switched off by a policy update, or a serial model: idle
+                            return          # instance 0 (split: the threads of the mode) drains what is left
+                        # lane switched off by a policy update, a serial model, or not this thread's mode: idle
+                        batch, wait = None, None
                     else:
                         batch, wait = self._form(now, top)
                     if batch and not lane and not self.instance_free():
@@ -468,27 +522,30 @@ class DynamicBatcher:
                     if self._next_deadline:
                         until_deadline = max(0.0, (self._next_deadline - now) / 1e9)
                         wait = until_deadline if wait is None else min(wait, until_deadline)
-                    (self._lane_cond if lane else self._cond).wait(wait)
+                    (self._lane_cond if lane else self._parked if parked else self._cond).wait(wait)
                 executor = self.executor
             try:
-                self._run(executor, batch, lane)
+                self._run(executor, batch, lane, narrow)
             finally:
                 if not lane:
                     with self._cond:
                         self._finished(batch)
 
-    def _run(self, executor: Executor, batch: list[Pending], lane: bool = False) -> None:
+    def _run(self, executor: Executor, batch: list[Pending], lane: bool = False, narrow: bool = False) -> None:
         start = time.monotonic_ns()
         try:
-            outputs, params, assemble_s, compute_s = executor.run_batch(batch)
+            if narrow:
+                outputs, params, assemble_s, compute_s = executor.run_batch(batch, narrow=True)
+            else:
+                outputs, params, assemble_s, compute_s = executor.run_batch(batch)
         except Exception as e:  # the model failed; the server does not
-            self._busy(lane, time.monotonic_ns() - start)
+            self._busy(lane, time.monotonic_ns() - start, narrow)
             if len(batch) > 1 and batch[0].key[0] != "sequence":
                 # One request's input can fail a whole batch (a shape only the model
                 # checks): run each alone, so only the culprit gets the error.
                 # (Not for decode steps: those already advanced their KV caches.)
                 for p in batch:
-                    self._run(executor, [p], lane)
+                    self._run(executor, [p], lane, narrow)
                 return
             error = _classify(e, self.name)
             if isinstance(error, Internal):
@@ -496,7 +553,7 @@ class DynamicBatcher:
             for p in batch:
                 _fail(p, error)
             return
-        self._busy(lane, time.monotonic_ns() - start)
+        self._busy(lane, time.monotonic_ns() - start, narrow)
         rows = sum(p.rows for p in batch)
         version = getattr(getattr(executor, "model", None), "version", "")
         assemble_us, compute_us = int(assemble_s * 1e6), int(compute_s * 1e6)
@@ -512,13 +569,29 @@ class DynamicBatcher:
         if self.observer:
             self.observer.on_batch(batch, (start, assemble_us, compute_us), rows, version)
 
-    def _busy(self, lane: bool, ns: int) -> None:
+    def _busy(self, lane: bool, ns: int, narrow: bool = False) -> None:
         with self._cond:
-            if lane:
+            if narrow:                  # one of N threads: 1/N of the capacity the wide run has
+                self.busy_ns += ns // self.split_width
+                self.narrow_batches += 1
+            elif lane:
                 self.lane_busy_ns += ns
                 self.lane_batches += 1
             else:
                 self.busy_ns += ns
+
+
+def background_priority() -> bool:
+    """Put the calling thread in SCHED_IDLE (Linux): it runs when nothing else on its CPU -
+    in a container, nothing else in its cgroup - wants to. Lowering one's own priority needs
+    no privilege; where it is refused the thread stays as it is."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        return True
+    except (AttributeError, OSError) as e:
+        log.warning("split under load: cannot put a narrow compute thread in SCHED_IDLE (%s); it keeps "
+                    "its priority", e)
+        return False
 
 
 def _classify(e: Exception, model: str) -> InferenceError:

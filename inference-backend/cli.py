@@ -57,6 +57,10 @@ def register(subparsers) -> None:
     p.add_argument("--instances", type=int, default=1,
                    help="compute threads per model, each running batches beside the others on its share of the "
                         "ONNX threads (Triton's instance_group count; default 1)")
+    p.add_argument("--split-under-load", action="store_true",
+                   help="one instance on all intra-op threads while the load fits one batch; one single-threaded "
+                        "instance per thread, at background CPU priority, while more than a batch waits "
+                        "(inference-backend/README.md, Split under load)")
     p.add_argument("--kv-cache-mb", type=float, default=64, help="KV-cache budget of a decoder model (MiB)")
     p.add_argument("--kv-idle-seconds", type=float, default=5.0,
                    help="drop KV-cache blocks no sequence uses after this many idle seconds (default 5)")
@@ -122,6 +126,9 @@ def run(args) -> int:
     if args.instances > MAX_INSTANCES:
         print(f"mcpctl serve: --instances must be at most {MAX_INSTANCES}, got {args.instances}", file=sys.stderr)
         return 2
+    if args.split_under_load and args.instances > 1:
+        print("mcpctl serve: --split-under-load chooses the instances itself; leave out --instances", file=sys.stderr)
+        return 2
     if args.workers > 1 and args.model_control_mode == "explicit":
         # a repository load / unload reaches the one worker the connection landed on
         print("mcpctl serve: --model-control-mode explicit needs --workers 1", file=sys.stderr)
@@ -152,7 +159,7 @@ def run(args) -> int:
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,
-            instances=args.instances,
+            instances=args.instances, split_under_load=args.split_under_load,
             kv_cache_mb=args.kv_cache_mb, kv_idle_seconds=args.kv_idle_seconds,
             openai_models=parse_model_map(args.openai_model), max_body_bytes=args.max_body_bytes,
             session_key_file=args.session_key_file,
@@ -174,7 +181,7 @@ _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file",
                  "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
                  "model_control_mode", "workers", "rest_frontend", "grpc_frontend")
-_SWITCHES = ("watch_model", "enable_profiler", "no_fast_path")
+_SWITCHES = ("watch_model", "enable_profiler", "no_fast_path", "split_under_load")
 
 
 def _child_argv(args, skip: tuple = ()) -> list[str]:

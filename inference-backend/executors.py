@@ -40,16 +40,17 @@ class BatchExecutor:
     # a batch on the same session while the main instance computes another.
     concurrent_runs = True
 
-    def __init__(self, model: OnnxModel, inline_ok: bool = False):
+    def __init__(self, model: OnnxModel, inline_ok: bool = False, narrow: OnnxModel | None = None):
         self.model = model
         self.inline_ok = inline_ok      # cheap enough to run on the event loop (batcher.try_inline)
+        self.narrow = narrow            # the same file on one intra-op thread (batcher: split under load)
 
-    def run_batch(self, batch: list[Pending]):
+    def run_batch(self, batch: list[Pending], narrow: bool = False):
         t0 = time.perf_counter()
         feeds = stack_inputs(batch)
         names = wanted_outputs(self.model, batch[0])   # equal within a batch (part of the key)
         t1 = time.perf_counter()
-        values = self.model.run(feeds, names)
+        values = (self.narrow if narrow and self.narrow is not None else self.model).run(feeds, names)
         t2 = time.perf_counter()
         if len(batch) == 1:
             outputs = [values]

@@ -96,10 +96,18 @@ def _copy_state(src, dst: asyncio.Future) -> None:
         dst.set_result(src.result())
 
 
+def split_width(model: OnnxModel) -> int:
+    """How many one-thread instances `--split-under-load` runs for `model`: its intra-op
+    threads, on a CPU session of a batched (not decoder) model; else 0 (off)."""
+    if is_decoder(model) or model.device != "cpu" or not model.batch_dim or model.intra_op_threads < 2:
+        return 0
+    return model.intra_op_threads
+
+
 class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
                  kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-                 instances: int = 1):
+                 instances: int = 1, split_under_load: bool = False):
         self.name = name
         self.model = model
         self.telemetry = telemetry
@@ -114,8 +122,10 @@ class ServedModel:
         self.stats = ModelStatistics(name)          # Triton's ModelStatistics (statistics.py)
         self.stats.add_version(model.version)
         self.loaded = True                          # False after a repository unload (repository.py)
+        # split under load (batcher.py): as many one-thread instances as the session has threads
+        self.split_width = split_width(model) if split_under_load else 0
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
-                                      idle_dispatch=fast_path, instances=instances)
+                                      idle_dispatch=fast_path, instances=instances, split=self.split_width)
         # utilisation of the instances together (0-1), as each is busy that fraction of the time
         self.load = LoadSampler(lambda: self.batcher.busy_ns / self.batcher.instances,
                                 lambda: self.batcher.completed,
@@ -137,7 +147,10 @@ class ServedModel:
     def _executor_for(self, model: OnnxModel):
         if is_decoder(model):
             return DecoderExecutor(model, self.kv_cache, self.tokens)
-        return BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US)
+        narrow = None
+        if self.split_width:            # the same file on one thread, for the narrow instances
+            narrow = OnnxModel.load(self.name, model.version, model.path, model.requested_device, 1)
+        return BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US, narrow=narrow)
 
     def _orca_named(self) -> dict:
         """Named metrics of the ORCA report beside queue_depth (load_state's terms)."""
@@ -318,6 +331,10 @@ class ServedModel:
             "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
             "instances": self.batcher.instances,
+            "split_under_load": {"width": self.split_width, "split": self.batcher.split,
+                                 "changes": self.batcher.split_changes,
+                                 "narrow_batches": self.batcher.narrow_batches,
+                                 "seen_load": round(self.batcher.seen_load, 2)} if self.split_width else None,
             "batching": self.batcher.settings.describe(), "queue_depth": self.batcher.queue_depth(),
             "reserved_lane": {"batches": self.batcher.lane_batches,
                               "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4)},
@@ -352,7 +369,7 @@ class ModelServer:
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
             profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-            instances: int = 1) -> ServedModel:
+            instances: int = 1, split_under_load: bool = False) -> ServedModel:
         if intra_op_threads is None:
             # The instances and the reserved lane (batcher.py) may run at once on
             # this session: each gets its share of the cores, so together they do
@@ -367,7 +384,7 @@ class ModelServer:
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
         served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
-                             instances=instances)
+                             instances=instances, split_under_load=split_under_load)
         self.models[name] = served
         return served
 

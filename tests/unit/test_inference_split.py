@@ -1,0 +1,126 @@
+"""Split under load (`DynamicBatcher(split=N)`, `mcpctl serve --split-under-load`):
+one wide instance while the load fits a batch, N narrow ones at background CPU
+priority while more than a batch waits, and back.
+
+The executor below records, for every run, which thread ran it, whether it was
+asked to run narrow, how many runs were computing at that moment and the
+scheduling policy the kernel reports for the running thread, so the assertions
+are about what ran, where and at which priority.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mesh.scheduling import BatcherSettings
+from inference_backend.batcher import DynamicBatcher, Pending
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+
+
+class Recorder:
+    concurrent_runs = True
+
+    def __init__(self, hold: bool = False, seconds: float = 0.0):
+        self.gate = threading.Event()
+        if not hold:
+            self.gate.set()
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.running = 0
+        self.runs: list[dict] = []
+
+    def run_batch(self, batch, narrow: bool = False):
+        with self.lock:
+            self.running += 1
+            self.runs.append({"thread": threading.current_thread().name, "narrow": narrow, "rows": len(batch),
+                              "at_once": self.running, "policy": os.sched_getscheduler(0)})
+        self.gate.wait(10)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+        return [{"y": p.inputs["x"] * 2} for p in batch], [{} for _ in batch], 0.0, 0.0
+
+
+def req(v: float = 1.0) -> Pending:
+    return Pending(inputs={"x": np.full((1, 4), v, np.float32)}, outputs=(), rows=1, key=(4,))
+
+
+def one_at_a_time(b: DynamicBatcher, n: int) -> None:
+    for i in range(n):
+        assert b.submit(req(i)).result(5).outputs["y"][0, 0] == 2 * i
+
+
+def test_light_load_stays_on_the_wide_instance():
+    ex = Recorder()
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, max_queue_delay_us=100), split=2)
+    one_at_a_time(b, 100)
+    b.stop()
+    assert not b.split and b.split_changes == 0 and b.narrow_batches == 0
+    assert {(r["thread"], r["narrow"], r["policy"]) for r in ex.runs} == {("batcher-m", False, os.SCHED_OTHER)}
+
+
+def test_a_backlog_moves_the_batches_to_narrow_instances_at_idle_priority_and_back():
+    ex = Recorder(hold=True, seconds=0.002)
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, max_queue_delay_us=1000), split=2)
+    futures = [b.submit(req(i)) for i in range(60)]     # the wide instance holds the first batch
+    assert b.split                                        # 56 waiting: well over 1.25 batches of 4
+    ex.gate.set()
+    assert [f.result(10).outputs["y"][0, 0] for f in futures] == [2 * i for i in range(60)]
+    narrow = [r for r in ex.runs if r["narrow"]]
+    assert narrow and {r["thread"] for r in narrow} == {"batcher-m-1", "batcher-m-2"}
+    assert {r["policy"] for r in narrow} == {os.SCHED_IDLE}          # the kernel's word, per thread
+    assert max(r["at_once"] for r in narrow) == 2                     # two narrow batches side by side
+    assert all(not r["narrow"] for r in ex.runs if r["thread"] == "batcher-m")
+    assert b.narrow_batches == len(narrow)
+    # The load goes away: arrivals find the server empty, the average falls under one batch,
+    # and the wide instance takes the batches again.
+    for _ in range(400):
+        if not b.split:
+            break
+        one_at_a_time(b, 1)
+    assert not b.split and b.split_changes == 2
+    before = len(ex.runs)
+    one_at_a_time(b, 5)
+    assert [(r["thread"], r["narrow"]) for r in ex.runs[before:]] == [("batcher-m", False)] * 5
+    b.stop()
+
+
+def test_while_a_narrow_instance_computes_the_next_batch_waits_to_be_full():
+    """Preferred sizes 2 and 4 would send 2 rows at once; split, with the other
+    instance busy, the batch waits for 4 rows (or the queue delay)."""
+    ex = Recorder(hold=True)
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, preferred_batch_sizes=(2, 4),
+                                                max_queue_delay_us=2_000_000), split=2)
+    first = [b.submit(req()) for _ in range(40)]
+    assert b.split
+    ex.gate.set()
+    [f.result(10) for f in first]
+    assert b.split                           # no arrival since: the average has not moved
+    ex.gate.clear()
+    held = [b.submit(req()) for _ in range(4)]   # a full batch: a narrow instance takes it and is held
+    deadline = time.monotonic() + 5
+    while ex.running < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert ex.running == 1
+    two = [b.submit(req()) for _ in range(2)]    # a preferred size, but not a full batch
+    time.sleep(0.3)
+    assert ex.running == 1 and not any(f.done() for f in two)
+    more = [b.submit(req()) for _ in range(2)]   # now 4: the other narrow instance starts at once
+    deadline = time.monotonic() + 5
+    while ex.running < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert ex.running == 2 and ex.runs[-1]["rows"] == 4 and ex.runs[-1]["narrow"]
+    ex.gate.set()
+    [f.result(10) for f in held + two + more]
+    b.stop()
+
+
+def test_split_needs_two_threads_to_mean_anything():
+    b = DynamicBatcher("m", Recorder(), BatcherSettings(max_batch_size=4), split=1)
+    assert b.split_width == 0 and len(b._threads) == 1
+    b.stop()

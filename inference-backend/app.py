@@ -35,7 +35,7 @@ from mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
 from inference_backend.errors import InferenceError, InvalidArgument
 from inference_backend.grpc_service import add_to_server
-from inference_backend.model_server import ModelServer, resolve_model
+from inference_backend.model_server import ModelServer, resolve_model, split_off_reason
 from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.rest import InferCore, build_app
@@ -222,9 +222,7 @@ class Server:
             # its KV cache is advanced by one run at a time (decoder.py)
             raise ValueError("--instances > 1 cannot serve a decoder model (its KV cache takes one run at a time)")
         if o.split_under_load and not served.split_width:
-            log.warning("--split-under-load: off for model %s (it needs a batched, non-decoder model on the CPU "
-                        "with at least 2 intra-op threads; this one has %d on %s)", served.name,
-                        served.model.intra_op_threads, served.model.device)
+            log.warning("--split-under-load: off for model %s: %s", served.name, split_off_reason(served.model))
         m = served.model
         log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
                  served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,

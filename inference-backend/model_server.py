@@ -96,12 +96,22 @@ def _copy_state(src, dst: asyncio.Future) -> None:
         dst.set_result(src.result())
 
 
+def split_off_reason(model: OnnxModel) -> str | None:
+    """Why `--split-under-load` cannot split `model`, or None: it can, into as many
+    one-thread instances as the session has intra-op threads."""
+    if is_decoder(model):
+        return "a decoder's KV cache is advanced by one run at a time"
+    if model.device != "cpu":
+        return f"it runs on {model.device}; splitting is for CPU sessions"
+    if not model.batch_dim:
+        return "not every input and output is batched on dim 0"
+    if model.intra_op_threads < 2:
+        return f"its session has {model.intra_op_threads} intra-op thread: nothing to split"
+    return None
+
+
 def split_width(model: OnnxModel) -> int:
-    """How many one-thread instances `--split-under-load` runs for `model`: its intra-op
-    threads, on a CPU session of a batched (not decoder) model; else 0 (off)."""
-    if is_decoder(model) or model.device != "cpu" or not model.batch_dim or model.intra_op_threads < 2:
-        return 0
-    return model.intra_op_threads
+    return 0 if split_off_reason(model) else model.intra_op_threads
 
 
 class ServedModel:

@@ -81,6 +81,9 @@ def test_split_under_load_refuses_instances_and_says_when_it_is_off():
     assert "--split-under-load chooses the instances itself; leave out --instances" in server.log_tail()
     server.stop()
     with InferenceServer("builtin:mlp", "--split-under-load", "--intra-op-threads", "1") as server:
-        assert "--split-under-load: off for model mlp" in server.log_tail()
+        assert "--split-under-load: off for model mlp: its session has 1 intra-op thread" in server.log_tail()
         with urllib.request.urlopen(f"http://127.0.0.1:{server.admin_port}/admin/status", timeout=10) as r:
             assert next(m for m in json.load(r)["models"] if m["name"] == "mlp")["split_under_load"] is None
+    with InferenceServer("builtin:tiny-decoder", "--split-under-load", "--intra-op-threads", "2") as server:
+        assert ("--split-under-load: off for model tiny-decoder: a decoder's KV cache is advanced by one run "
+                "at a time") in server.log_tail()

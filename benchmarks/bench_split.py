@@ -22,6 +22,7 @@ import sys
 import time
 
 from benchmarks import bench_peers as peers
+from benchmarks.bench_xds import cpu_s
 
 ROOT = peers.ROOT
 FLAGS = ["--qos-policy", "balanced", "--workers", "1", "--intra-op-threads", "2"]
@@ -41,16 +42,13 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def cpu_ticks(pids: list[int]) -> int:
-    """utime + stime of every thread of `pids`, in clock ticks."""
-    total = 0
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds of `pids` so far (each process's stat counts all its threads)."""
+    total = 0.0
     for pid in pids:
         try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                stat = open(f"/proc/{pid}/task/{tid}/stat").read()
-                fields = stat[stat.rindex(")") + 2:].split()
-                total += int(fields[11]) + int(fields[12])
-        except (FileNotFoundError, ProcessLookupError):
+            total += cpu_s(pid)
+        except (FileNotFoundError, ProcessLookupError):     # a process that ended meanwhile
             continue
     return total
 
@@ -64,15 +62,14 @@ def measure(server, c: int, seconds: float) -> dict:
     url = server.rest_url("mlp")
     peers.run_load(peers.bench_argv(url, False, c, 2, peers.MLP_IN), 60)        # warm-up
     pids = descendants(server.proc.proc.pid)
-    ticks0, m0, kids0 = cpu_ticks(pids), machine(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0, m0, kids0 = cpu_of(pids), machine(), resource.getrusage(resource.RUSAGE_CHILDREN)
     point = peers.run_load(peers.bench_argv(url, False, c, seconds, peers.MLP_IN), seconds + 60)
-    ticks1, m1, kids1 = cpu_ticks(pids), machine(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu1, m1, kids1 = cpu_of(pids), machine(), resource.getrusage(resource.RUSAGE_CHILDREN)
     requests = max(1.0, point["rps"] * seconds)
-    hz = os.sysconf("SC_CLK_TCK")
     delta = [b - a for a, b in zip(m0, m1)]
     bench_s = (kids1.ru_utime - kids0.ru_utime) + (kids1.ru_stime - kids0.ru_stime)
     return {"rps": point["rps"], "p50_ms": point["p50_ms"], "p99_ms": point["p99_ms"], "errors": point["errors"],
-            "server_us": 1e6 * (ticks1 - ticks0) / hz / requests, "bench_us": 1e6 * bench_s / requests,
+            "server_us": 1e6 * (cpu1 - cpu0) / requests, "bench_us": 1e6 * bench_s / requests,
             "idle_pct": 100.0 * delta[3] / max(1, sum(delta))}
 
 
@@ -90,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--servers", default="wide,split,triton")
     ap.add_argument("--json", default=os.path.join(ROOT, "artifacts", "bench", "split.json"))
     args = ap.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c]
+    except ValueError:
+        ap.error(f"--concurrency {args.concurrency!r}: comma-separated integers")
+    if args.seconds <= 0 or args.rounds < 1 or not levels or any(c < 1 for c in levels):
+        ap.error("--seconds > 0, --rounds >= 1 and concurrency >= 1")
     labels = args.servers.split(",")
     unknown = [x for x in labels if x not in (*SERVERS, "triton")]
     if unknown or "wide" not in labels:

@@ -315,7 +315,7 @@ class DynamicBatcher:
 
     def _observe_load(self) -> None:
         """An arrival (the lock is held): update the load average and switch wide / narrow."""
-        seen = self.in_flight + sum(self._count.values())
+        seen = self.in_flight + self.total_queued()
         self.seen_load += (seen - self.seen_load) * SPLIT_EWMA
         batches = self.seen_load / max(1, self.settings.max_batch_size)
         if not self.split and batches >= self.split_width - 0.75 or self.split and batches < self.split_width - 1:

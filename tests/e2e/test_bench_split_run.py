@@ -33,3 +33,12 @@ def test_unknown_server_is_refused_by_name():
     p = subprocess.run([sys.executable, "-m", "benchmarks.bench_split", "--servers", "wide,nine"],
                        cwd=bench_peers.ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--servers: nine" in p.stderr
+
+
+@pytest.mark.parametrize("args, why", [(["--concurrency", "x"], "--concurrency 'x': comma-separated integers"),
+                                       (["--rounds", "0"], "--rounds >= 1"),
+                                       (["--concurrency", "0"], "concurrency >= 1")])
+def test_bad_arguments_are_refused_in_one_line(args, why):
+    p = subprocess.run([sys.executable, "-m", "benchmarks.bench_split", *args],
+                       cwd=bench_peers.ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr

@@ -346,6 +346,7 @@ class ServedModel:
                                  "narrow_batches": self.batcher.narrow_batches,
                                  "seen_load": round(self.batcher.seen_load, 2)} if self.split_width else None,
             "batching": self.batcher.settings.describe(), "queue_depth": self.batcher.queue_depth(),
+            "regrouped_batches": self.batcher.regroup_waits,
             "reserved_lane": {"batches": self.batcher.lane_batches,
                               "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4)},
             "load_report": self.load.sample(),

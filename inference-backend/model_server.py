@@ -9,6 +9,7 @@ no request fails; the batch being computed finishes on the old session.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -68,20 +69,25 @@ class ReloadRecord:
     at: float = field(default_factory=time.time)
 
 
-def _on_loop(future) -> asyncio.Future:
-    """`future` (the batcher's) as this loop's future. asyncio.wrap_future hands every result
-    over with call_soon_threadsafe, a wake-up write even when the batch ran inline on this
-    very loop, as most batches of a cheap model do; here only a compute thread's result is."""
+def when_done(future, callback) -> None:
+    """Call `callback(future)` on this loop once the batcher's `future` is done: at once when
+    it was done on this loop's own thread (an inline run, as most batches of a cheap model
+    are), else through call_soon_threadsafe (asyncio.wrap_future takes that wake-up every time)."""
     loop = asyncio.get_running_loop()
-    out = loop.create_future()
     loop_thread = threading.get_ident()
 
     def done(f) -> None:
         if threading.get_ident() == loop_thread:
-            _copy_state(f, out)
+            callback(f)
         elif not loop.is_closed():    # (a server stopping: nobody waits any more)
-            loop.call_soon_threadsafe(_copy_state, f, out)
+            loop.call_soon_threadsafe(callback, f)
     future.add_done_callback(done)
+
+
+def _on_loop(future) -> asyncio.Future:
+    """`future` (the batcher's) as this loop's future."""
+    out = asyncio.get_running_loop().create_future()
+    when_done(future, lambda f: _copy_state(f, out))
     return out
 
 
@@ -272,25 +278,32 @@ class ServedModel:
         return (not self._flush_scheduled and b.arriving <= 0 and b.instance_free()
                 and getattr(b.executor, "inline_ok", False) and b.total_queued() == 1)
 
-    async def infer(self, pending: Pending, qos_class: str | None, priority: int | None,
-                    run_now: bool = False) -> Result:
-        """`run_now`: a lone request may run before this returns (gRPC; see _run_now_ok). REST
-        leaves it off: aiohttp starts the handlers of one loop turn's requests one after
-        another, so running the first at once would split what the turn's flush batches."""
+    def submit(self, pending: Pending, qos_class: str | None, priority: int | None,
+               run_now: bool = False) -> concurrent.futures.Future:
+        """Queue `pending`; its future. With idle dispatch the batcher is flushed once per loop
+        turn, after every request read in it. `run_now`: a lone request may run before this
+        returns (gRPC; see _run_now_ok). REST leaves it off: aiohttp starts the handlers of one
+        loop turn's requests one after another, so running the first at once would split what
+        the turn's flush batches."""
         b = self.batcher
         if not b.idle_dispatch:
-            future = b.submit(pending, qos_class, priority)
-        else:
-            b.submit_deferred(pending, qos_class, priority)
-            if run_now and self._run_now_ok():
-                b.flush()
-                future = pending.future
-                if future.done():
-                    return future.result()
-            if not self._flush_scheduled:       # once per loop turn: after every request read in it
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
-            future = pending.future
+            return b.submit(pending, qos_class, priority)
+        b.submit_deferred(pending, qos_class, priority)
+        if run_now and self._run_now_ok():
+            b.flush()
+            if pending.future.done():
+                return pending.future
+        if not self._flush_scheduled:       # once per loop turn: after every request read in it
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return pending.future
+
+    async def infer(self, pending: Pending, qos_class: str | None, priority: int | None,
+                    run_now: bool = False) -> Result:
+        """submit(), awaited."""
+        future = self.submit(pending, qos_class, priority, run_now)
+        if future.done():
+            return future.result()
         try:
             return await _on_loop(future)
         except asyncio.CancelledError:

@@ -182,10 +182,15 @@ class BodyDecoder:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._queued = 0
 
+    @staticmethod
+    def decode_inline(json_part: bytes, binary: bytes, model) -> Body:
+        """A body whose JSON is at most INLINE_JSON_BYTES, decoded on the caller's thread."""
+        return decode_body(json_part, binary, model.name, model.input_specs, len(model.outputs))
+
     async def decode(self, json_part: bytes, binary: bytes, model) -> Body:
         """`model`: the served OnnxModel (its name, input specs and outputs)."""
         if len(json_part) <= INLINE_JSON_BYTES:
-            return decode_body(json_part, binary, model.name, model.input_specs, len(model.outputs))
+            return self.decode_inline(json_part, binary, model)
         if self._queued >= MAX_QUEUED_LARGE:
             raise Overloaded(f"{self._queued} large JSON bodies are already waiting to be parsed; "
                              f"retry, or send large tensors binary (Inference-Header-Content-Length)")

@@ -48,6 +48,7 @@ from aiohttp.http import SERVER_SOFTWARE
 
 from inference_backend.errors import TooLarge
 from inference_backend.rest import Answer, InferCore, error_answer
+from inference_backend.rest_body import INLINE_JSON_BYTES
 
 log = logging.getLogger("inference_backend")
 
@@ -131,7 +132,7 @@ class FastLane:
         self.core = core
         self.runner = runner            # its web.Server makes the aiohttp handler a connection is handed to
         self.connections: set[_Connection] = set()
-        self.tasks: set[asyncio.Task] = set()   # answers being computed (the loop keeps only weak references)
+        self.tasks: set[asyncio.Task] = set()   # answers awaited by a task (the loop keeps only weak references)
         self.server: asyncio.AbstractServer | None = None
 
     def __call__(self) -> "_Connection":
@@ -306,21 +307,28 @@ class _Connection(asyncio.Protocol):
     def _dispatch(self, body: bytes | None, keep_alive: bool) -> None:
         slot = [None, not keep_alive]
         self.answers.append(slot)
+        # this message's; the parser callbacks overwrite them with the next one's
+        model, version, headers, http_version = self.model, self.version, self.headers, self.http_version
+
+        def write(a: Answer) -> None:
+            slot[0] = encode(a, http_version, keep_alive)
+            self._flush()
+
+        if body is not None and len(body) <= INLINE_JSON_BYTES:     # its JSON is decoded here: no task
+            self.core.answer_soon(model, version, headers, body, write)
+            return
 
         async def read_body() -> bytes:
             if body is None:
                 raise TooLarge(f"request body exceeds {self.limit} bytes")
             return body
 
-        task = asyncio.get_running_loop().create_task(
-            self._answer(slot, self.model, self.version, self.headers, read_body, self.http_version, keep_alive))
+        async def answer() -> None:     # a refused or large body (its JSON may go to the parser process)
+            write(await self.core.answer(model, version, headers, read_body))
+
+        task = asyncio.get_running_loop().create_task(answer())
         self.lane.tasks.add(task)
         task.add_done_callback(self.lane.tasks.discard)
-
-    async def _answer(self, slot, model, version, headers, read_body, http_version, keep_alive) -> None:
-        a = await self.core.answer(model, version, headers, read_body)
-        slot[0] = encode(a, http_version, keep_alive)
-        self._flush()
 
     def _too_large(self) -> None:
         """Answer 413 at once (after the answers before it); the rest of the body is read and

@@ -75,7 +75,7 @@ answer before sending again (closed loops: benchmarks, agents, a proxy's
 pooled connections) split into groups once one batch leaves without some of
 them: each group then comes back while the other computes, and leaves alone
 when the instance frees up - for good (builtin:mlp REST c=16: batches of
-6 + 10 or 1 + 15 instead of 16, 20 % fewer req/s, in about half the runs).
+6 + 10 or 1 + 15 instead of 16, 20 % fewer req/s, in two runs of five).
 So an idle lone instance that just finished a batch of n requests waits for n
 requests to arrive since its end before forming the next batch, when such a
 return has been taking (averaged over batches of two or more) less than half

@@ -504,7 +504,7 @@ class DynamicBatcher:
         if overflow or rows >= s.max_batch_size or s.max_queue_delay_us == 0 or self._stopping:
             return batch, None
         if self.idle_dispatch and (top or not self._busy_instances):
-            wait = 0 if top or self._since_done >= self._done_requests else self._regroup_wait(now)
+            wait = 0 if top else self._regroup_wait(now)
             if wait:                    # the last batch's requests are coming back: they join this one
                 return None, wait
             if self.arriving <= 0:

@@ -57,6 +57,10 @@ class TritonPeer:
         self.venv = ensure_venv(root, "triton", REQUIREMENTS)
         self.http_port, self.grpc_port = http_port, grpc_port
         self.version = f"PyTriton {installed_version(self.venv, 'nvidia_pytriton')}"
+        # the instance layout, in the version line: a run compares two of them
+        self.layout = "; ".join(
+            f"{m['name']}: instance_group count {m.get('instances', 1)}, "
+            f"{m.get('intra_op_threads', intra_op_threads) or 'default'} intra-op threads each" for m in models)
         sp = site_packages(self.venv)
         dist = os.path.join(sp, "pytriton", "tritonserver")
         v = sysconfig.get_config_var("py_version_short")
@@ -95,7 +99,8 @@ class TritonPeer:
         self.proc.start(timeout)
         # the core's own version, from its server metadata (GET /v2)
         meta = server_metadata(f"http://127.0.0.1:{self.http_port}/v2")
-        self.version = f"Triton {meta.get('version', '?')} ({self.version}'s tritonserver, python backend + onnxruntime)"
+        self.version = (f"Triton {meta.get('version', '?')} ({self.version}'s tritonserver, python backend + "
+                        f"onnxruntime; {self.layout})")
         return self
 
     def rest_url(self, model: str) -> str:

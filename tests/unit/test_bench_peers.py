@@ -157,3 +157,32 @@ def test_kserve_private_netns_check_reads_interfaces():
            "    lo: 1 2 0 0 0 0 0 0 1 2 0 0 0 0 0 0\n  eth0: 1 2 0 0 0 0 0 0 1 2 0 0 0 0 0 0\n")
     assert kserve.interfaces(dev) == ["lo", "eth0"]
     assert kserve.interfaces(dev.replace("  eth0: 1 2 0 0 0 0 0 0 1 2 0 0 0 0 0 0\n", "")) == ["lo"]
+
+
+def test_a_peer_in_two_layouts_is_judged_by_the_better_one():
+    points = [point("relu", "grpc", 64, ours=pt(6000), triton=pt(5000), **{"triton-x2": pt(5800)}),
+              point("relu", "grpc", 16, ours=pt(4000), triton=pt(3500), **{"triton-x2": pt(4200)}),
+              point("mlp", "rest", 16, ours=pt(2000), triton=pt(1000))]
+    got = {f["where"]: f for f in bp.floors(points) if f["floor"] == "ahead of triton"}
+    assert not any(f["floor"] == "ahead of triton-x2" for f in bp.floors(points))
+    assert (got["relu grpc c=64"]["value"], got["relu grpc c=64"]["against"]) == (1.03, "triton-x2")
+    assert got["relu grpc c=64"]["holds"]
+    assert (got["relu grpc c=16"]["value"], got["relu grpc c=16"]["holds"]) == (0.95, False)
+    assert (got["mlp rest c=16"]["value"], got["mlp rest c=16"]["against"]) == (2.0, "triton")
+    result = {"servers": {"ours": {}, "triton": {}, "triton-x2": {}}, "points": points, "unavailable": {}}
+    result["floors"] = bp.floors(points)
+    text = bp.table(result)
+    assert "triton-x2 (ours/it)" in text.splitlines()[0]
+    assert "MISSED (its best layout here: triton-x2)" in text
+
+
+def test_our_flags_per_protocol_and_their_overrides(monkeypatch):
+    relu = bp.model_spec("relu", "/m/relu.onnx")
+    rest, grpc = bp.server_config("ours", relu, "rest"), bp.server_config("ours", relu, "grpc")
+    assert rest[rest.index("--workers") + 1] == "2" and grpc[grpc.index("--workers") + 1] == "1"
+    assert bp.server_config("triton", relu, "grpc") == bp.server_config("triton", relu, "rest")
+    monkeypatch.setenv("PEER_OURS_FLAGS_RELU", "--workers 3")
+    monkeypatch.setenv("PEER_OURS_FLAGS_RELU_GRPC", "--workers 4")
+    assert bp._ours("relu", {"rest": "a", "grpc": "b"}) == {"rest": ["--workers", "3"], "grpc": ["--workers", "4"]}
+    monkeypatch.setenv("PEER_TRITON_X2_RELU", "64,0,4,1")
+    assert bp._triton("relu", (64, 0, 2, 1), "PEER_TRITON_X2") == (64, 0, 4, 1)

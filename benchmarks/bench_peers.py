@@ -328,14 +328,15 @@ def parse_run(out: str) -> dict:
     res = json.loads(out)
     row = res["rows"][0]
     return {"rps": row["throughput_rps"], "p50_ms": row["latency_ms"]["p50"], "p99_ms": row["latency_ms"]["p99"],
-            "errors": row["errors"], "error_classes": row.get("error_classes") or {}}
+            "errors": row["errors"], "error_classes": row.get("error_classes") or {},
+            "client_us": res["run"].get("client_cpu_us_per_request")}
 
 
 def run_load(argv: list[str], timeout: float) -> dict:
     """mcp-bench in a process of its own: its Python work stays out of ours."""
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
-        return {"rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1,
+        return {"rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1, "client_us": None,
                 "error_classes": {"mcp-bench": (p.stderr or p.stdout).strip()[-300:]}}
     return parse_run(p.stdout)
 
@@ -343,13 +344,14 @@ def run_load(argv: list[str], timeout: float) -> dict:
 def median_point(runs: list[dict]) -> dict:
     """The median of each figure over a point's rounds (errors summed)."""
     def med(key):
-        vals = [r[key] for r in runs if r[key] is not None]
+        vals = [r[key] for r in runs if r.get(key) is not None]
         return statistics.median(vals) if vals else None
     classes: dict = {}
     for r in runs:
         for k, v in r["error_classes"].items():
             classes[k] = v if isinstance(v, str) else classes.get(k, 0) + v
     return {"rps": med("rps"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "client_us": med("client_us") if any("client_us" in r for r in runs) else None,
             "errors": sum(r["errors"] for r in runs), "error_classes": classes,
             "rounds": [{k: r[k] for k in ("rps", "p50_ms", "p99_ms")} for r in runs]}
 
@@ -438,7 +440,14 @@ def table(result: dict) -> str:
         if p["protocol"] == "grpc" and p["concurrency"] == 1 and "grpc-floor" in srv and "kserve" in srv:
             r = ratio(srv["grpc-floor"], srv["kserve"])
             lines.append(f"reference: a bare grpc.aio handler (grpc-floor) does {'-' if r is None else f'{r:.2f}'}x "
-                         f"KServe at {p['model']} grpc c=1: the most ours/KServe can be there")
+                         f"KServe at {p['model']} grpc c=1")
+        client = (srv.get("ours") or {}).get("client_us")
+        if p["concurrency"] == 1 and client and "kserve" in srv and srv["kserve"]["rps"]:
+            kserve_rps = srv["kserve"]["rps"]
+            lines.append(f"client bound: at {p['model']} {p['protocol']} c=1 mcp-bench spent {client:.0f} us of CPU a "
+                         f"request against ours: no server passes {1e6 / client:.0f} req/s with it "
+                         f"({1e6 / client / kserve_rps:.2f}x KServe's {kserve_rps:.0f}); 2x KServe leaves "
+                         f"{1e6 / (2 * kserve_rps) - client:.0f} us a round trip for the server and the kernel")
     for s, why in result["unavailable"].items():
         lines.append(f"{s}: unavailable: {why[:300]}")
     return "\n".join(lines)

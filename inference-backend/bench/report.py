@@ -48,6 +48,8 @@ def table(result: dict) -> str:
     run = result["run"]
     head = (f"mcp-bench {run['protocol']} {run['mode']} -c {run['concurrency']} "
             f"{run['target']}: {run['completed']} requests in {run['duration_s']:.2f} s")
+    if run.get("client_cpu_us_per_request") is not None:
+        head += f" (mcp-bench's own CPU: {run['client_cpu_us_per_request']:.0f} us a request)"
     if run["mode"] == "open-loop":
         lag = result["schedule_lag"]
         head += (f"\noffered {run['rate_rps']:g}/s, sent {run['sent_rate_rps']:.1f}/s; behind schedule: "

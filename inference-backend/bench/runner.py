@@ -59,6 +59,7 @@ class Prepared:
         self.priorities: list[Priority | None] = [p for p, _ in mix] if mix else [None]
         self.channels = []
         self.slots = []
+        self.cpu_s: float | None = None      # this process's CPU over the measured load (load())
 
     async def setup(self) -> None:
         cfg, t = self.cfg, self.target
@@ -106,7 +107,9 @@ class Prepared:
                                          mix=MixSequence(self.mix) if self.mix else None), self.slots)
         load = engine.Load(requests=self.total_requests(), duration=cfg.duration, rate=cfg.rate,
                            timeout=cfg.timeout, mix=MixSequence(self.mix) if self.mix else None)
+        cpu0 = time.process_time()
         await engine.run(load, self.slots)
+        self.cpu_s = time.process_time() - cpu0
         return self.result(load)
 
     def total_requests(self) -> int:
@@ -131,6 +134,10 @@ class Prepared:
             "requests": self.total_requests(), "completed": len(rec), "duration_s": round(duration, 4),
             "rate_rps": cfg.rate, "priority_mix": cfg.priority_mix, "model": self.target.model,
         }
+        if len(rec) and self.cpu_s is not None:
+            # this process's CPU (every thread: grpcio's too) over the measured requests, warm-up
+            # left out: on a small machine the load generator's share is part of every figure
+            run["client_cpu_us_per_request"] = round(1e6 * self.cpu_s / len(rec), 1)
         if cfg.rate and len(rec):
             span = max(rec.sent) - min(rec.sent)
             run["sent_rate_rps"] = round((len(rec) - 1) / span, 2) if span > 0 else float(len(rec))
@@ -144,7 +151,11 @@ async def run_all(cfgs: list[Config]) -> list[dict]:
     try:
         for p in prepared:
             await p.setup()
-        return list(await asyncio.gather(*(p.load() for p in prepared)))
+        results = list(await asyncio.gather(*(p.load() for p in prepared)))
+        if len(results) > 1:        # the process's CPU is theirs together: no run's own
+            for r in results:
+                r["run"].pop("client_cpu_us_per_request", None)
+        return results
     finally:
         for p in prepared:
             await p.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import subprocess
 import urllib.request
@@ -53,6 +54,9 @@ def test_counts_match_and_server_timing_is_reported(server, grpc):
     assert (row["requests"], row["ok"], row["errors"]) == (120, 120, 0), row["error_classes"]
     assert row["server_queue_us"] is not None and row["server_compute_us"]["p50"] > 0
     assert row["latency_ms"]["p50"] * 1000 > row["server_compute_us"]["p50"]   # client sees at least the compute
+    # its own CPU over the measured requests: some, and no more than every core for the whole run
+    run = res["run"]
+    assert 0 < run["client_cpu_us_per_request"] <= 1e6 * run["duration_s"] * os.cpu_count() / run["completed"]
 
 
 def served_by_level(server) -> dict[str, float]:
@@ -86,6 +90,7 @@ def test_table_output_is_the_default(server):
     p = bench("-c", "2", "-n", "20", "-u", server.rest_url)
     assert p.returncode == 0, p.stderr
     assert "p99.9 ms" in p.stdout and "errors: none" in p.stdout
+    assert re.search(r"mcp-bench's own CPU: \d+ us a request", p.stdout), p.stdout
 
 
 def test_wrong_model_is_a_clear_error_or_a_404_class(server):

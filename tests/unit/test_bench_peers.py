@@ -12,8 +12,9 @@ from benchmarks import bench_peers as bp
 from benchmarks.peers import common, kserve, triton
 
 
-def run_json(rps, p50, p99, errors=0, classes=None):
-    return json.dumps({"run": {}, "rows": [{"throughput_rps": rps, "errors": errors, "error_classes": classes or {},
+def run_json(rps, p50, p99, errors=0, classes=None, client_us=None):
+    run = {} if client_us is None else {"client_cpu_us_per_request": client_us}
+    return json.dumps({"run": run, "rows": [{"throughput_rps": rps, "errors": errors, "error_classes": classes or {},
                                             "latency_ms": {"p50": p50, "p99": p99}}]})
 
 
@@ -22,8 +23,10 @@ def pt(rps, p50=1.0, p99=2.0, errors=0):
 
 
 def test_parse_run_keeps_throughput_latency_and_errors():
-    got = bp.parse_run(run_json(812.5, 1.2, 4.5, 3, {"http_503": 3}))
-    assert got == {"rps": 812.5, "p50_ms": 1.2, "p99_ms": 4.5, "errors": 3, "error_classes": {"http_503": 3}}
+    got = bp.parse_run(run_json(812.5, 1.2, 4.5, 3, {"http_503": 3}, client_us=61.5))
+    assert got == {"rps": 812.5, "p50_ms": 1.2, "p99_ms": 4.5, "errors": 3, "error_classes": {"http_503": 3},
+                   "client_us": 61.5}
+    assert bp.parse_run(run_json(1, 1, 1))["client_us"] is None     # an mcp-bench that does not say
 
 
 def test_median_point_takes_each_figures_median_and_sums_errors():
@@ -186,3 +189,14 @@ def test_our_flags_per_protocol_and_their_overrides(monkeypatch):
     assert bp._ours("relu", {"rest": "a", "grpc": "b"}) == {"rest": ["--workers", "3"], "grpc": ["--workers", "4"]}
     monkeypatch.setenv("PEER_TRITON_X2_RELU", "64,0,4,1")
     assert bp._triton("relu", (64, 0, 2, 1), "PEER_TRITON_X2") == (64, 0, 4, 1)
+
+
+def test_the_clients_own_cpu_bounds_c1_and_the_table_says_how_far():
+    ours = {**pt(1700), "client_us": 435.0}
+    points = [point("relu", "grpc", 1, ours=ours, kserve=pt(1300))]
+    assert bp.median_point([{**pt(1), "client_us": 400.0}, {**pt(2), "client_us": 500.0}])["client_us"] == 450.0
+    result = {"servers": {"ours": {}, "kserve": {}}, "points": points, "unavailable": {}}
+    result["floors"] = bp.floors(points)
+    text = bp.table(result)
+    assert "mcp-bench spent 435 us of CPU a request against ours: no server passes 2299 req/s with it " \
+           "(1.77x KServe's 1300); 2x KServe leaves -50 us a round trip for the server and the kernel" in text

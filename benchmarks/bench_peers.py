@@ -442,7 +442,7 @@ def table(result: dict) -> str:
             lines.append(f"reference: a bare grpc.aio handler (grpc-floor) does {'-' if r is None else f'{r:.2f}'}x "
                          f"KServe at {p['model']} grpc c=1")
         client = (srv.get("ours") or {}).get("client_us")
-        if p["concurrency"] == 1 and client and "kserve" in srv and srv["kserve"]["rps"]:
+        if p["concurrency"] == 1 and p["model"] == "relu" and client and "kserve" in srv and srv["kserve"]["rps"]:
             kserve_rps = srv["kserve"]["rps"]
             lines.append(f"client bound: at {p['model']} {p['protocol']} c=1 mcp-bench spent {client:.0f} us of CPU a "
                          f"request against ours: no server passes {1e6 / client:.0f} req/s with it "

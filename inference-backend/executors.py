@@ -44,6 +44,9 @@ class BatchExecutor:
         self.model = model
         self.inline_ok = inline_ok      # cheap enough to run on the event loop (batcher.try_inline)
         self.narrow = narrow            # the same file on one intra-op thread (batcher: split under load)
+        # A one-thread CPU session computes at SCHED_IDLE, as a narrow instance does (batcher):
+        # the front end then always has its core first, and the batch takes what is left.
+        self.yields_cpu = model.intra_op_threads == 1 and model.device == "cpu"
 
     def run_batch(self, batch: list[Pending], narrow: bool = False):
         t0 = time.perf_counter()

@@ -82,6 +82,8 @@ def test_split_under_load_refuses_instances_and_says_when_it_is_off():
     server.stop()
     with InferenceServer("builtin:mlp", "--split-under-load", "--intra-op-threads", "1") as server:
         assert "--split-under-load: off for model mlp: its session has 1 intra-op thread" in server.log_tail()
+        # a one-thread session's compute thread yields its core to the front end, as a narrow one does
+        assert sorted(thread_policies(server.proc.pid).values()).count(SCHED_IDLE) == 1
         with urllib.request.urlopen(f"http://127.0.0.1:{server.admin_port}/admin/status", timeout=10) as r:
             assert next(m for m in json.load(r)["models"] if m["name"] == "mlp")["split_under_load"] is None
     with InferenceServer("builtin:tiny-decoder", "--split-under-load", "--intra-op-threads", "2") as server:

@@ -124,3 +124,14 @@ def test_split_needs_two_threads_to_mean_anything():
     b = DynamicBatcher("m", Recorder(), BatcherSettings(max_batch_size=4), split=1)
     assert b.split_width == 0 and len(b._threads) == 1
     b.stop()
+
+
+def test_a_one_thread_session_computes_at_idle_priority_without_split():
+    """A one-thread CPU session (executor.yields_cpu) leaves its core to the front end as a
+    narrow instance does; the control above (no such attribute) stays SCHED_OTHER."""
+    ex = Recorder()
+    ex.yields_cpu = True
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, max_queue_delay_us=100))
+    one_at_a_time(b, 5)
+    b.stop()
+    assert {(r["thread"], r["policy"]) for r in ex.runs} == {("batcher-m", os.SCHED_IDLE)}

@@ -200,3 +200,25 @@ def test_the_clients_own_cpu_bounds_c1_and_the_table_says_how_far():
     text = bp.table(result)
     assert "mcp-bench spent 435 us of CPU a request against ours: no server passes 2299 req/s with it " \
            "(1.77x KServe's 1300); 2x KServe leaves -50 us a round trip for the server and the kernel" in text
+
+
+def test_our_two_layouts_are_judged_by_the_better_one_as_the_peers_are():
+    points = [point("mlp", "rest", 64, ours=pt(3000), **{"ours-x2": pt(3300)}, triton=pt(3100),
+                    **{"triton-x2": pt(3050)}),
+              point("mlp", "rest", 16, ours=pt(2600), **{"ours-x2": pt(2100)}, triton=pt(2200)),
+              point("mlp", "grpc", 64, ours=pt(2400), **{"ours-x2": pt(0, errors=3)}, triton=pt(2300))]
+    got = {f["where"]: f for f in bp.floors(points) if f["floor"] == "ahead of triton"}
+    assert (got["mlp rest c=64"]["value"], got["mlp rest c=64"]["against"]) == (1.06, "triton")
+    assert got["mlp rest c=16"]["value"] == 1.18
+    assert got["mlp grpc c=64"]["value"] == 1.04        # a failed layout is not "the better"
+    result = {"servers": {"ours": {}, "ours-x2": {}, "triton": {}, "triton-x2": {}}, "points": points[:1],
+              "unavailable": {}}
+    result["floors"] = bp.floors(points[:1])
+    row = next(line for line in bp.table(result).splitlines() if line.startswith("mlp"))
+    assert "3100/s 1.00/2.00 x1.06" in row          # the peer's cell: the better of ours over it
+    relu = bp.model_spec("relu", "/m/relu.onnx")
+    assert not bp.serves("ours-x2", relu)                          # no second layout for relu
+    assert all(bp.serves(s, relu) for s in ("ours", *bp.PEERS, *bp.REFERENCES))   # every peer runs
+    mlp = bp.model_spec("mlp", "/m/mlp.onnx")
+    assert bp.server_config("ours-x2", mlp, "rest") == ["--qos-policy", "balanced", "--workers", "2",
+                                                        "--intra-op-threads", "1"]

@@ -47,7 +47,10 @@ thread) compute at SCHED_IDLE too, split or not, for the same reason: the
 loop then has its core whenever it has work, and the batch takes the rest.
 builtin:mlp REST c=64 as `--workers 2 --intra-op-threads 1`: 1.06x the req/s
 at normal priority (3,322 against 3,125; relu REST at --workers 2, whose
-batches mostly run inline on the loop: 0.99-1.01x).
+batches mostly run inline on the loop: 0.99-1.01x). A hot reload that swaps in a
+session of another thread count moves the thread to match (back to
+SCHED_OTHER needs CAP_SYS_NICE or room in RLIMIT_NICE; refused, it stays and
+says so).
 
 Reserved lane (`reserved_lane_levels` N > 0; on in the latency-critical
 preset). A batch cannot be pre-empted, so with one instance a top-level
@@ -553,8 +556,11 @@ class DynamicBatcher:
     def _loop(self, lane: bool = False, instance: int = 0) -> None:
         """A main instance's compute thread, or (lane=True) the reserved lane's."""
         narrow = bool(self.split_width) and instance > 0
-        if narrow or (not lane and getattr(self.executor, "yields_cpu", False)):
-            background_priority()
+        # a main instance's: whether it computes at SCHED_IDLE now (its executor's yields_cpu),
+        # looked at again when a hot reload swaps the executor
+        yielding, priority_of = not lane and getattr(self.executor, "yields_cpu", False), self.executor
+        if narrow or yielding:
+            yielding = background_priority() and yielding
         while True:
             with self._cond:
                 while True:
@@ -588,6 +594,10 @@ class DynamicBatcher:
                         wait = until_deadline if wait is None else min(wait, until_deadline)
                     (self._lane_cond if lane else self._parked if parked else self._cond).wait(wait)
                 executor = self.executor
+            if executor is not priority_of and not (lane or narrow):
+                priority_of = executor
+                if getattr(executor, "yields_cpu", False) != yielding:
+                    yielding = background_priority() if not yielding else not normal_priority()
             try:
                 self._run(executor, batch, lane, narrow)
             finally:
@@ -659,6 +669,17 @@ def background_priority() -> bool:
         return True
     except (AttributeError, OSError) as e:
         log.warning("cannot put a compute thread in SCHED_IDLE (%s); it keeps its priority", e)
+        return False
+
+
+def normal_priority() -> bool:
+    """Back to SCHED_OTHER from SCHED_IDLE; unprivileged, Linux allows it only within
+    RLIMIT_NICE, so where it is refused the thread stays in SCHED_IDLE and says so."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except (AttributeError, OSError) as e:
+        log.warning("cannot put a compute thread back in SCHED_OTHER (%s); it stays in SCHED_IDLE", e)
         return False
 
 

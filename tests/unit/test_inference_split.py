@@ -133,5 +133,12 @@ def test_a_one_thread_session_computes_at_idle_priority_without_split():
     ex.yields_cpu = True
     b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, max_queue_delay_us=100))
     one_at_a_time(b, 5)
-    b.stop()
     assert {(r["thread"], r["policy"]) for r in ex.runs} == {("batcher-m", os.SCHED_IDLE)}
+    # a hot reload to a session of more threads: the same thread computes at normal priority
+    # again (root here; unprivileged, Linux allows that only within RLIMIT_NICE)
+    wide = Recorder()
+    b.set_executor(wide)
+    one_at_a_time(b, 3)
+    b.stop()
+    if os.geteuid() == 0:
+        assert {(r["thread"], r["policy"]) for r in wide.runs} == {("batcher-m", os.SCHED_OTHER)}

@@ -26,17 +26,22 @@ def test_ours_and_triton_answer_every_request_side_by_side(tmp_path):
     if not common.venv_ready(venv, triton.REQUIREMENTS):
         pytest.skip(f"no Triton peer venv at {venv}: `python -m benchmarks peers` installs it (minutes, from PyPI)")
     out = tmp_path / "peers.json"
-    p = subprocess.run([sys.executable, "-m", "benchmarks.bench_peers", "--peers", "triton", "--models", "relu",
+    p = subprocess.run([sys.executable, "-m", "benchmarks.bench_peers", "--peers", "triton,triton-x2", "--models", "relu",
                         "--concurrency", "1,4", "--seconds", "0.5", "--rounds", "1", "--json", str(out)],
                        cwd=bench_peers.ROOT, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["unavailable"] == {}
     assert "python backend" in result["servers"]["triton"]["relu"]
+    # Triton in both of its layouts, each started as what its version line says
+    assert "instance_group count 1" in result["servers"]["triton"]["relu"]
+    assert "instance_group count 2, 1 intra-op threads" in result["servers"]["triton-x2"]["relu"]
+    # ours per protocol: relu over REST as two workers, over gRPC as one
+    assert "--workers 2" in result["servers"]["ours"]["relu"] and "--workers 1" in result["servers"]["ours"]["relu"]
     seen = {(pt["protocol"], pt["concurrency"]) for pt in result["points"]}
     assert seen == {("rest", 1), ("rest", 4), ("grpc", 1), ("grpc", 4)}
     for pt in result["points"]:
-        for server in ("ours", "triton"):
+        for server in ("ours", "triton", "triton-x2"):
             got = pt["servers"][server]
             assert got["errors"] == 0 and got["rps"] > 0, (server, pt)
     row = re.search(r"^relu\s+grpc\s+4\s.*$", p.stdout, re.M)      # the table's row, with the ratio

@@ -556,11 +556,10 @@ class DynamicBatcher:
     def _loop(self, lane: bool = False, instance: int = 0) -> None:
         """A main instance's compute thread, or (lane=True) the reserved lane's."""
         narrow = bool(self.split_width) and instance > 0
-        # a main instance's: whether it computes at SCHED_IDLE now (its executor's yields_cpu),
-        # looked at again when a hot reload swaps the executor
-        yielding, priority_of = not lane and getattr(self.executor, "yields_cpu", False), self.executor
-        if narrow or yielding:
-            yielding = background_priority() and yielding
+        # SCHED_IDLE for a narrow instance, and for a main one whose executor yields its CPU
+        # (looked at again when a hot reload swaps the executor)
+        main, priority_of = not (lane or narrow), self.executor
+        idle = compute_priority(idle=True) if narrow or (main and _yields_cpu(self.executor)) else False
         while True:
             with self._cond:
                 while True:
@@ -594,10 +593,10 @@ class DynamicBatcher:
                         wait = until_deadline if wait is None else min(wait, until_deadline)
                     (self._lane_cond if lane else self._parked if parked else self._cond).wait(wait)
                 executor = self.executor
-            if executor is not priority_of and not (lane or narrow):
+            if main and executor is not priority_of:
                 priority_of = executor
-                if getattr(executor, "yields_cpu", False) != yielding:
-                    yielding = background_priority() if not yielding else not normal_priority()
+                if _yields_cpu(executor) != idle:
+                    idle = compute_priority(idle=not idle)
             try:
                 self._run(executor, batch, lane, narrow)
             finally:
@@ -660,27 +659,23 @@ class DynamicBatcher:
                 self.busy_ns += ns
 
 
-def background_priority() -> bool:
-    """Put the calling thread in SCHED_IDLE (Linux): it runs when nothing else on its CPU -
-    in a container, nothing else in its cgroup - wants to. Lowering one's own priority needs
-    no privilege; where it is refused the thread stays as it is."""
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-        return True
-    except (AttributeError, OSError) as e:
-        log.warning("cannot put a compute thread in SCHED_IDLE (%s); it keeps its priority", e)
-        return False
+def _yields_cpu(executor) -> bool:
+    return getattr(executor, "yields_cpu", False)
 
 
-def normal_priority() -> bool:
-    """Back to SCHED_OTHER from SCHED_IDLE; unprivileged, Linux allows it only within
-    RLIMIT_NICE, so where it is refused the thread stays in SCHED_IDLE and says so."""
+def compute_priority(idle: bool) -> bool:
+    """Put the calling thread in SCHED_IDLE (Linux: it runs when nothing else on its CPU - in a
+    container, nothing else in its cgroup - wants to) or, `idle` False, back in SCHED_OTHER;
+    whether it is in SCHED_IDLE afterwards. Lowering one's own priority needs no privilege;
+    raising it back needs CAP_SYS_NICE or room in RLIMIT_NICE. Refused, the thread stays as
+    it was and says so."""
+    name = "SCHED_IDLE" if idle else "SCHED_OTHER"
     try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_OTHER, os.sched_param(0))
-        return True
+        os.sched_setscheduler(threading.get_native_id(), getattr(os, name), os.sched_param(0))
+        return idle
     except (AttributeError, OSError) as e:
-        log.warning("cannot put a compute thread back in SCHED_OTHER (%s); it stays in SCHED_IDLE", e)
-        return False
+        log.warning("cannot put a compute thread in %s (%s); it keeps its priority", name, e)
+        return not idle
 
 
 def _classify(e: Exception, model: str) -> InferenceError:

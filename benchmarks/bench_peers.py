@@ -29,7 +29,13 @@ writes artifacts/bench/peers.json.
   connection each over REST; over gRPC one channel at c=1 and 4 above) for
   `--seconds` per run; each point is the median of `--rounds` runs, the
   servers taking turns run by run (rotated each round), so a burst of other
-  work on this shared machine falls on every server alike.
+  work on this shared machine falls on every server alike. At relu gRPC
+  c=1 mcp-bench's grpcio client takes more CPU a call than a fast server
+  does, so that point is also run with h2load (nghttp2's C client) sending
+  one serialized ModelInferRequest as a gRPC call (`client: h2load` in the
+  JSON, `1 h2load` in the table): each answer's message is counted in
+  h2load's DATA bytes, so a call that ended in a gRPC error (trailers only,
+  HTTP 200) counts as an error.
 - Isolation: everything (servers and load) runs in a private network
   namespace with only `lo` up, created here and removed at the end: KServe's
   ModelServer binds 0.0.0.0 and nothing may listen on a public address.
@@ -39,9 +45,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -356,6 +365,79 @@ def run_load(argv: list[str], timeout: float) -> dict:
     return parse_run(p.stdout)
 
 
+# The relu gRPC c=1 point again with a C client (module docstring): where it applies.
+H2LOAD_POINT = ("relu", "grpc", 1)
+INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def grpc_message(model: dict) -> bytes:
+    """One serialized ModelInferRequest for `model`: batch 1, raw_input_contents (as mcp-bench sends)."""
+    import numpy as np
+    from inference_backend.protos import grpc_service_pb2 as pb
+    width = RELU_WIDTH if model["name"] == "relu" else MLP_IN
+    req = pb.ModelInferRequest(model_name=model["name"])
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, width])
+    req.raw_input_contents.append(np.random.default_rng(1).standard_normal(width).astype("<f4").tobytes())
+    return req.SerializeToString()
+
+
+def answer_length(authority: str, message: bytes) -> int:
+    """One call with grpcio: the length of the server's answer (RuntimeError on a non-OK status)."""
+    import grpc
+    with grpc.insecure_channel(authority) as channel:
+        call = channel.unary_unary(INFER_PATH, request_serializer=None, response_deserializer=None)
+        try:
+            return len(call(message, timeout=10))
+        except grpc.RpcError as e:
+            raise RuntimeError(f"gRPC ModelInfer on {authority}: {e.code().name} {e.details()}") from None
+
+
+def h2load_grpc_argv(authority: str, body_path: str, seconds: float, log: str) -> list[str]:
+    return ["h2load", "-c", "1", "-D", str(max(1, round(seconds))), "--warm-up-time", "1", f"--log-file={log}",
+            "-d", body_path, "-H", "content-type: application/grpc", "-H", "te: trailers",
+            f"http://{authority}{INFER_PATH}"]
+
+
+def parse_h2load_grpc(out: str, log_rows: list[list[str]], answer_bytes: int) -> dict:
+    """h2load's summary and per-request log -> a point. A call counts as answered when it
+    got HTTP 200 and its message: h2load's DATA bytes short of one framed answer (5-byte
+    prefix + message) per 200 are calls that ended without one (a gRPC error)."""
+    framed = answer_bytes + 5
+    lat = sorted(int(r[2]) / 1000 for r in log_rows if r[1] == "200")
+    m = re.search(r"\((\d+)\) data", out)
+    data = int(m.group(1)) if m else 0
+    missing = max(0, round((len(lat) * framed - data) / framed))
+    errors = sum(1 for r in log_rows if r[1] != "200") + missing
+    if not lat:
+        return {"rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": max(errors, 1), "client_us": None,
+                "error_classes": {"h2load": out.strip()[-300:]}}
+    span_s = (max(int(r[0]) for r in log_rows) - min(int(r[0]) for r in log_rows)) / 1e6
+    rps = (len(lat) - missing) / span_s if span_s > 0 else 0.0
+    return {"rps": round(rps, 1), "p50_ms": round(statistics.median(lat), 3),
+            "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3), "errors": errors, "client_us": None,
+            "error_classes": {"grpc error (no message)": missing} if missing else {}, "calls": len(lat) - missing}
+
+
+def run_h2load_grpc(authority: str, message: bytes, seconds: float) -> dict:
+    """The model's c=1 gRPC point with h2load: one connection, one call at a time."""
+    try:
+        answer_bytes = answer_length(authority, message)
+    except RuntimeError as e:
+        return {"rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1, "client_us": None,
+                "error_classes": {"grpc": str(e)[:300]}}
+    with tempfile.TemporaryDirectory(prefix="h2load-grpc-") as tmp:
+        body, log = os.path.join(tmp, "call.bin"), os.path.join(tmp, "calls.log")
+        with open(body, "wb") as fh:            # the message as one gRPC frame
+            fh.write(b"\x00" + len(message).to_bytes(4, "big") + message)
+        p = subprocess.run(h2load_grpc_argv(authority, body, seconds, log), capture_output=True, text=True,
+                           timeout=seconds + 60)
+        rows = []
+        if os.path.exists(log):
+            with open(log) as fh:
+                rows = [line.split("\t") for line in fh if line.strip()]
+    return parse_h2load_grpc(p.stdout + p.stderr, rows, answer_bytes)
+
+
 def median_point(runs: list[dict]) -> dict:
     """The median of each figure over a point's rounds (errors summed)."""
     def med(key):
@@ -392,7 +474,7 @@ def floors(points: list[dict]) -> list[dict]:
     (both models); and, for reference, REST c=1 p50 <= 0.5 ms (relu)."""
     out = []
     for p in points:
-        key = f"{p['model']} {p['protocol']} c={p['concurrency']}"
+        key = f"{p['model']} {p['protocol']} c={p['concurrency']}{client_tag(p)}"
         servers = {**p["servers"], "ours": best_of_ours(p["servers"])}
         if p["concurrency"] == 1 and p["model"] == "relu" and "kserve" in servers:
             r = ratio(servers.get("ours"), servers["kserve"])
@@ -415,6 +497,12 @@ def floors(points: list[dict]) -> list[dict]:
                 out.append({"floor": f"ahead of {peer}", "where": key, "value": r, "against": best,
                             "holds": r is not None and r > 1})
     return out
+
+
+def client_tag(point: dict) -> str:
+    """'' for mcp-bench (every point), ' h2load' for the C client's."""
+    client = point.get("client", "mcp-bench")
+    return "" if client == "mcp-bench" else f" {client}"
 
 
 def best_of_ours(servers: dict) -> dict | None:
@@ -446,22 +534,23 @@ def table(result: dict) -> str:
     rows = []
     for p in result["points"]:
         ours = best_of_ours(p["servers"])
-        rows.append([p["model"], p["protocol"], str(p["concurrency"])] +
+        rows.append([p["model"], p["protocol"], f"{p['concurrency']}{client_tag(p)}"] +
                     [cell(p["servers"].get(s), None if s in OURS else ours) for s in servers])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
     lines = [fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)]
-    lines.append("cells: req/s p50/p99 ms, then x ours/peer req/s (ours: the better of our layouts there)")
+    lines.append("cells: req/s p50/p99 ms, then x ours/peer req/s (ours: the better of our layouts there); "
+                 "c: mcp-bench's, or h2load's (gRPC from a C client)")
     for f in result["floors"]:
         v = "-" if f["value"] is None else f"{f['value']:.2f}" + (" ms" if "p50" in f["floor"] else "x")
         best = f" (its best layout here: {f['against']})" if f.get("against") in SAME_PEER else ""
-        lines.append(f"floor {f['floor']:<26} {f['where']:<18} {v:>9}  {'holds' if f['holds'] else 'MISSED'}{best}")
+        lines.append(f"floor {f['floor']:<26} {f['where']:<22} {v:>9}  {'holds' if f['holds'] else 'MISSED'}{best}")
     for p in result["points"]:
         srv = p["servers"]
         if p["protocol"] == "grpc" and p["concurrency"] == 1 and "grpc-floor" in srv and "kserve" in srv:
             r = ratio(srv["grpc-floor"], srv["kserve"])
             lines.append(f"reference: a bare grpc.aio handler (grpc-floor) does {'-' if r is None else f'{r:.2f}'}x "
-                         f"KServe at {p['model']} grpc c=1")
+                         f"KServe at {p['model']} grpc c=1{client_tag(p)}")
         client = (srv.get("ours") or {}).get("client_us")
         if p["concurrency"] == 1 and p["model"] == "relu" and client and "kserve" in srv and srv["kserve"]["rps"]:
             kserve_rps = srv["kserve"]["rps"]
@@ -509,22 +598,35 @@ def measure_model(model: dict, labels: list[str], protocols: list[str], levels: 
                 seen = versions.get(model["name"])
                 versions[model["name"]] = srv.version if seen in (None, srv.version) else f"{seen}; {srv.version}"
             for c in levels:
-                active = [s for s in started if proto in getattr(started[s][1], "protocols", PROTOCOLS)]
-                runs: dict[str, list[dict]] = {s: [] for s in active}
-                for rnd in range(rounds):
-                    for label in turn_order(active, rnd):
-                        srv = started[label][1]
-                        url = srv.grpc_url(model["name"]) if proto == "grpc" else srv.rest_url(model["name"])
-                        runs[label].append(run_load(bench_argv(url, proto == "grpc", c, seconds, width),
-                                                    timeout=seconds + 60))
-                point = {"model": model["name"], "protocol": proto, "concurrency": c,
-                         "servers": {s: median_point(r) for s, r in runs.items()}}
-                result["points"].append(point)
-                print(f"  {model['name']} {proto} c={c}: " + "  ".join(
-                    f"{s} {cell(p)}" for s, p in point["servers"].items()), flush=True)
+                active = {s: started[s][1] for s in started
+                          if proto in getattr(started[s][1], "protocols", PROTOCOLS)}
+
+                def mcp_bench(srv, c=c):
+                    url = srv.grpc_url(model["name"]) if proto == "grpc" else srv.rest_url(model["name"])
+                    return run_load(bench_argv(url, proto == "grpc", c, seconds, width), timeout=seconds + 60)
+                clients = [("mcp-bench", mcp_bench)]
+                if (model["name"], proto, c) == H2LOAD_POINT and shutil.which("h2load"):
+                    message = grpc_message(model)
+                    clients.append(("h2load", lambda srv: run_h2load_grpc(
+                        srv.grpc_url(model["name"]).split("/")[0], message, seconds)))
+                for client, run_one in clients:
+                    point = {"model": model["name"], "protocol": proto, "concurrency": c, "client": client,
+                             "servers": measure_point(active, rounds, run_one)}
+                    result["points"].append(point)
+                    print(f"  {model['name']} {proto} c={c}{'' if client == 'mcp-bench' else ' ' + client}: " +
+                          "  ".join(f"{s} {cell(p)}" for s, p in point["servers"].items()), flush=True)
     finally:
         for _, srv in started.values():
             srv.stop()
+
+
+def measure_point(servers: dict, rounds: int, run_one) -> dict:
+    """`run_one(server)` for every server, `rounds` times, the servers taking turns; the median of each."""
+    runs: dict[str, list[dict]] = {s: [] for s in servers}
+    for rnd in range(rounds):
+        for label in turn_order(list(servers), rnd):
+            runs[label].append(run_one(servers[label]))
+    return {s: median_point(r) for s, r in runs.items()}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -38,8 +39,11 @@ def test_ours_and_triton_answer_every_request_side_by_side(tmp_path):
     assert "instance_group count 2, 1 intra-op threads" in result["servers"]["triton-x2"]["relu"]
     # ours per protocol: relu over REST as two workers, over gRPC as one
     assert "--workers 2" in result["servers"]["ours"]["relu"] and "--workers 1" in result["servers"]["ours"]["relu"]
-    seen = {(pt["protocol"], pt["concurrency"]) for pt in result["points"]}
-    assert seen == {("rest", 1), ("rest", 4), ("grpc", 1), ("grpc", 4)}
+    seen = [(pt["protocol"], pt["concurrency"], pt["client"]) for pt in result["points"]]
+    assert {s for s in seen if s[2] == "mcp-bench"} == {("rest", 1, "mcp-bench"), ("rest", 4, "mcp-bench"),
+                                                      ("grpc", 1, "mcp-bench"), ("grpc", 4, "mcp-bench")}
+    # relu gRPC c=1 once more from h2load, where it is installed
+    assert [s for s in seen if s[2] != "mcp-bench"] == ([("grpc", 1, "h2load")] if shutil.which("h2load") else [])
     for pt in result["points"]:
         for server in ("ours", "triton", "triton-x2"):
             got = pt["servers"][server]

@@ -222,3 +222,30 @@ def test_our_two_layouts_are_judged_by_the_better_one_as_the_peers_are():
     mlp = bp.model_spec("mlp", "/m/mlp.onnx")
     assert bp.server_config("ours-x2", mlp, "rest") == ["--qos-policy", "balanced", "--workers", "2",
                                                         "--intra-op-threads", "1"]
+
+
+def test_h2load_grpc_counts_calls_that_ended_without_a_message_as_errors():
+    # 4 calls answered 200 over 3 ms; a framed answer is 100 + 5 bytes
+    rows = [["1000", "200", "250"], ["2000", "200", "300"], ["3000", "200", "280"], ["4000", "200", "260"]]
+    ok = bp.parse_h2load_grpc("traffic: 1KB (1000) total, 100B (100) headers, 420B (420) data", rows, 100)
+    assert ok["errors"] == 0 and ok["calls"] == 4 and ok["rps"] == round(4 / 0.003, 1)
+    assert (ok["p50_ms"], ok["p99_ms"]) == (0.27, 0.3)
+    # two of them got HTTP 200 with trailers only (a gRPC error): their messages are missing
+    bad = bp.parse_h2load_grpc("traffic: 1KB (1000) total, 100B (100) headers, 210B (210) data", rows, 100)
+    assert bad["errors"] == 2 and bad["calls"] == 2 and bad["error_classes"] == {"grpc error (no message)": 2}
+    none = bp.parse_h2load_grpc("connect failed", [], 100)
+    assert none["rps"] == 0 and none["errors"] == 1 and "connect failed" in none["error_classes"]["h2load"]
+    argv = bp.h2load_grpc_argv("127.0.0.1:9", "/tmp/call.bin", 2.4, "/tmp/calls.log")
+    assert argv[argv.index("-c") + 1] == "1" and argv[argv.index("-D") + 1] == "2"
+    assert "content-type: application/grpc" in argv and argv[-1] == "http://127.0.0.1:9" + bp.INFER_PATH
+
+
+def test_the_h2load_point_has_its_own_floor_and_row():
+    points = [point("relu", "grpc", 1, ours=pt(1800), kserve=pt(1250)),
+              {**point("relu", "grpc", 1, ours=pt(3300), kserve=pt(2000)), "client": "h2load"}]
+    got = {f["where"]: f["value"] for f in bp.floors(points) if f["floor"] == ">= 2x KServe at c=1"}
+    assert got == {"relu grpc c=1": 1.44, "relu grpc c=1 h2load": 1.65}
+    result = {"servers": {"ours": {}, "kserve": {}}, "points": points, "unavailable": {}}
+    result["floors"] = bp.floors(points)
+    rows = [line for line in bp.table(result).splitlines() if line.startswith("relu")]
+    assert len(rows) == 2 and rows[1].split()[2:4] == ["1", "h2load"] and "x1.65" in rows[1]

@@ -31,13 +31,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+from benchmarks import h2load_log
 from harness.ports import free_port
 from inference_backend.bench.serve_process import ServeProcess
 from mesh.scripts import executable
@@ -66,23 +66,19 @@ def body_file(model: str) -> str:
 
 
 def h2load(url: str, body: str, c: int) -> dict:
-    """REST closed loop with h2load; p50/p99 from its per-request log (microseconds)."""
+    """REST closed loop with h2load; p50/p99 from its per-request log."""
     log = tempfile.NamedTemporaryFile(prefix="h2load-", suffix=".log", delete=False).name
     cmd = ["h2load", "--h1", "-c", str(c), "-D", str(max(1, round(SECONDS))), "--warm-up-time", "1", f"--log-file={log}",
            "-d", body, "-H", "content-type: application/json", f"{url}/infer"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 60).stdout
     try:
-        with open(log) as fh:
-            rows = [line.split("\t") for line in fh if line.strip()]
+        got = h2load_log.summary(h2load_log.read(log))
     finally:
         os.unlink(log)
-    lat = sorted(int(r[2]) / 1000 for r in rows if r[1] == "200")
-    errors = sum(1 for r in rows if r[1] != "200")
-    if not lat:
-        return {"rps": 0.0, "p50": None, "p99": None, "errors": errors, "raw": out[-500:]}
-    span_s = (max(int(r[0]) for r in rows) - min(int(r[0]) for r in rows)) / 1e6 or SECONDS
-    return {"rps": round(len(lat) / span_s, 1), "p50": round(statistics.median(lat), 3),
-            "p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3), "errors": errors}
+    if not got["ok"]:
+        return {"rps": 0.0, "p50": None, "p99": None, "errors": got["errors"], "raw": out[-500:]}
+    return {"rps": round(got["ok"] / (got["span_s"] or SECONDS), 1), "p50": got["p50_ms"], "p99": got["p99_ms"],
+            "errors": got["errors"]}
 
 
 def mcp_bench(url: str, c: int, grpc: bool) -> dict:

@@ -54,6 +54,7 @@ import tempfile
 import time
 import uuid
 
+from benchmarks import h2load_log
 from mesh.scripts import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -398,24 +399,23 @@ def h2load_grpc_argv(authority: str, body_path: str, seconds: float, log: str) -
             f"http://{authority}{INFER_PATH}"]
 
 
-def parse_h2load_grpc(out: str, log_rows: list[list[str]], answer_bytes: int) -> dict:
-    """h2load's summary and per-request log -> a point. A call counts as answered when it
-    got HTTP 200 and its message: h2load's DATA bytes short of one framed answer (5-byte
-    prefix + message) per 200 are calls that ended without one (a gRPC error)."""
+def parse_h2load_grpc(out: str, log_rows: list[tuple[int, int, int]], answer_bytes: int) -> dict:
+    """h2load's summary and per-request log (benchmarks/h2load_log.py) -> a point. A call counts
+    as answered when it got HTTP 200 and its message: h2load's DATA bytes short of one framed
+    answer (5-byte prefix + message) per 200 are calls that ended without one (a gRPC error)."""
+    got = h2load_log.summary(log_rows)
     framed = answer_bytes + 5
-    lat = sorted(int(r[2]) / 1000 for r in log_rows if r[1] == "200")
     m = re.search(r"\((\d+)\) data", out)
     data = int(m.group(1)) if m else 0
-    missing = max(0, round((len(lat) * framed - data) / framed))
-    errors = sum(1 for r in log_rows if r[1] != "200") + missing
-    if not lat:
+    missing = max(0, round((got["ok"] * framed - data) / framed))
+    errors = got["errors"] + missing
+    if not got["ok"]:
         return {"rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": max(errors, 1), "client_us": None,
                 "error_classes": {"h2load": out.strip()[-300:]}}
-    span_s = (max(int(r[0]) for r in log_rows) - min(int(r[0]) for r in log_rows)) / 1e6
-    rps = (len(lat) - missing) / span_s if span_s > 0 else 0.0
-    return {"rps": round(rps, 1), "p50_ms": round(statistics.median(lat), 3),
-            "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3), "errors": errors, "client_us": None,
-            "error_classes": {"grpc error (no message)": missing} if missing else {}, "calls": len(lat) - missing}
+    rps = (got["ok"] - missing) / got["span_s"] if got["span_s"] > 0 else 0.0
+    return {"rps": round(rps, 1), "p50_ms": got["p50_ms"], "p99_ms": got["p99_ms"], "errors": errors,
+            "client_us": None, "error_classes": {"grpc error (no message)": missing} if missing else {},
+            "calls": got["ok"] - missing}
 
 
 def run_h2load_grpc(authority: str, message: bytes, seconds: float) -> dict:
@@ -431,10 +431,7 @@ def run_h2load_grpc(authority: str, message: bytes, seconds: float) -> dict:
             fh.write(b"\x00" + len(message).to_bytes(4, "big") + message)
         p = subprocess.run(h2load_grpc_argv(authority, body, seconds, log), capture_output=True, text=True,
                            timeout=seconds + 60)
-        rows = []
-        if os.path.exists(log):
-            with open(log) as fh:
-                rows = [line.split("\t") for line in fh if line.strip()]
+        rows = h2load_log.read(log) if os.path.exists(log) else []
     return parse_h2load_grpc(p.stdout + p.stderr, rows, answer_bytes)
 
 

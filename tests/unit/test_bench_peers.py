@@ -226,7 +226,7 @@ def test_our_two_layouts_are_judged_by_the_better_one_as_the_peers_are():
 
 def test_h2load_grpc_counts_calls_that_ended_without_a_message_as_errors():
     # 4 calls answered 200 over 3 ms; a framed answer is 100 + 5 bytes
-    rows = [["1000", "200", "250"], ["2000", "200", "300"], ["3000", "200", "280"], ["4000", "200", "260"]]
+    rows = [(1000, 200, 250), (2000, 200, 300), (3000, 200, 280), (4000, 200, 260)]
     ok = bp.parse_h2load_grpc("traffic: 1KB (1000) total, 100B (100) headers, 420B (420) data", rows, 100)
     assert ok["errors"] == 0 and ok["calls"] == 4 and ok["rps"] == round(4 / 0.003, 1)
     assert (ok["p50_ms"], ok["p99_ms"]) == (0.27, 0.3)

@@ -610,7 +610,7 @@ def measure_model(model: dict, labels: list[str], protocols: list[str], levels: 
                     point = {"model": model["name"], "protocol": proto, "concurrency": c, "client": client,
                              "servers": measure_point(active, rounds, run_one)}
                     result["points"].append(point)
-                    print(f"  {model['name']} {proto} c={c}{'' if client == 'mcp-bench' else ' ' + client}: " +
+                    print(f"  {model['name']} {proto} c={c}{client_tag(point)}: " +
                           "  ".join(f"{s} {cell(p)}" for s, p in point["servers"].items()), flush=True)
     finally:
         for _, srv in started.values():

@@ -1,6 +1,6 @@
 """h2load's per-request log (`--log-file`), for the benchmarks that drive h2load.
 
-One line a request, tab-separated: when it started (µs since the run began),
+One line a request, tab-separated: when it started (µs, wall clock),
 its HTTP status, its latency (µs). A gRPC error still arrives as HTTP 200:
 bench_peers counts those from h2load's DATA bytes."""
 from __future__ import annotations

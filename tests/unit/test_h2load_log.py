@@ -6,7 +6,7 @@ from benchmarks import h2load_log
 
 def test_read_and_summarise_an_h2load_log(tmp_path):
     log = tmp_path / "h2load.log"
-    # start (us since the run began), HTTP status, latency (us): as h2load --log-file writes
+    # start (us, wall clock), HTTP status, latency (us): as h2load --log-file writes
     log.write_text("1000\t200\t250\n2500\t200\t300\n\n3000\t503\t90\n4000\t200\t260\n")
     rows = h2load_log.read(str(log))
     assert rows == [(1000, 200, 250), (2500, 200, 300), (3000, 503, 90), (4000, 200, 260)]

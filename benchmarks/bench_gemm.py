@@ -61,20 +61,13 @@ def session(threads: int):
     return ort.InferenceSession(builtin_path("mlp"), opts, providers=["CPUExecutionProvider"])
 
 
-def all_threads_idle() -> None:
-    """SCHED_IDLE for every thread of this process (onnxruntime's pool threads too)."""
+def every_thread(policy: int) -> None:
+    """`policy` (os.SCHED_IDLE or os.SCHED_OTHER) for every thread of this process, onnxruntime's
+    pool threads too; back from SCHED_IDLE needs CAP_SYS_NICE or RLIMIT_NICE room (else it stays)."""
     for tid in os.listdir("/proc/self/task"):
         try:
-            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
         except OSError:
-            pass
-
-
-def all_threads_normal() -> None:
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
-        except OSError:         # back from SCHED_IDLE needs CAP_SYS_NICE or RLIMIT_NICE room
             pass
 
 
@@ -83,7 +76,7 @@ def run(sess, batch: int, runners: int, seconds: float, idle: bool, front_end: b
     feeds = {"INPUT0": np.random.default_rng(1).standard_normal((batch, 64)).astype(np.float32)}
     for _ in range(2):
         sess.run(None, feeds)
-    (all_threads_idle if idle else all_threads_normal)()
+    every_thread(os.SCHED_IDLE if idle else os.SCHED_OTHER)
     burner = subprocess.Popen([sys.executable, "-c", BURN, str(seconds + 1)]) if front_end else None
     rows, start = [0] * runners, threading.Barrier(runners + 1)
 
@@ -103,7 +96,7 @@ def run(sess, batch: int, runners: int, seconds: float, idle: bool, front_end: b
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if burner is not None:
         burner.wait()
-    all_threads_normal()
+    every_thread(os.SCHED_OTHER)
     done = sum(rows)
     return {"rows_per_s": round(done / wall, 1), "cpu_us_per_row": round(cpu / done * 1e6, 1)}
 

@@ -140,7 +140,7 @@ SPLIT_EWMA = 1 / 64         # weight of one arrival in the split decision's load
 BACK_EWMA = 1 / 8           # weight of one batch in the regrouping's average time until its requests are back
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Pending:
     """One request in the queue."""
     inputs: dict[str, np.ndarray]
@@ -153,8 +153,45 @@ class Pending:
     arrival_ns: int = 0
     deadline_ns: int = 0              # 0: none
     delayed: bool = False
-    order: int = field(default_factory=lambda: next(_seq))
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    order: int = field(default_factory=_seq.__next__)
+    # Made when it is queued (submit, submit_deferred), where another thread may wait for it; a
+    # request run on its own thread (run_alone) gets a Settled one: no lock, no Condition.
+    future: "concurrent.futures.Future | Settled | None" = None
+
+
+class Settled:
+    """The future of a request run alone on the caller's thread (DynamicBatcher.run_alone):
+    settled before anyone looks, seen by no other thread, so none of a concurrent future's
+    locking (the Condition it makes cost a gRPC call a few us). The methods the batcher and
+    ServedModel.infer call."""
+
+    __slots__ = ("_result", "_error")
+
+    def __init__(self):
+        self._result = self._error = None
+
+    def done(self) -> bool:
+        return self._result is not None or self._error is not None
+
+    def cancelled(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def set_result(self, result) -> None:
+        self._result = result
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error = error
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self, timeout: float | None = None):
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 @dataclass
@@ -250,6 +287,8 @@ class DynamicBatcher:
     # -- called from request threads ------------------------------------------------
     def submit(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> concurrent.futures.Future:
         policy = self._admit(p, qos_class, priority)
+        if p.future is None:
+            p.future = concurrent.futures.Future()
         with self._cond:
             self._enqueue(p, policy)
         return p.future
@@ -280,11 +319,7 @@ class DynamicBatcher:
             raise Overloaded(reason)
         self._fresh.setdefault(p.level, collections.deque()).append(p)
         self._count[p.level] += 1
-        self._since_done += 1
-        self._last_arrival_ns = p.arrival_ns
-        if self._since_done == self._done_requests > 1:     # as many as the last batch had: "back"
-            back = p.arrival_ns - self._done_ns             # (a lone request's return says nothing of a group's)
-            self._back_ns += (back - self._back_ns) * BACK_EWMA if self._back_ns else back
+        self._arrival(p)
         if self.split_width:
             self._observe_load()
         if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
@@ -296,10 +331,47 @@ class DynamicBatcher:
         if self._lane is not None and p.level <= self.settings.reserved_lane_levels:
             self._lane_cond.notify()
 
+    def _arrival(self, p: Pending) -> None:
+        """What regrouping learns from an arrival (the lock is held)."""
+        self._since_done += 1
+        self._last_arrival_ns = p.arrival_ns
+        if self._since_done == self._done_requests > 1:     # as many as the last batch had: "back"
+            back = p.arrival_ns - self._done_ns             # (a lone request's return says nothing of a group's)
+            self._back_ns += (back - self._back_ns) * BACK_EWMA if self._back_ns else back
+
+    def run_alone(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> bool:
+        """Run `p` now, on this thread, as a batch of one, when that is the batch a flush would
+        form at once: a cheap model (inline runs), an idle main instance, nothing queued or being
+        decoded, no regrouping wait. It never enters a queue, so none of a queue's bookkeeping is
+        done for it (ServedModel.submit's `run_now`). False: nothing was
+        done (beyond the admission checks, which raise as submit's do); queue it."""
+        if not (self.idle_dispatch and getattr(self.executor, "inline_ok", False)) or self.split_width:
+            return False
+        self._admit(p, qos_class, priority)
+        with self._cond:
+            if (self._stopping or self.arriving > 0 or self._busy_instances >= self.instances
+                    or self._since_done + 1 < self._done_requests or any(self._count.values())):
+                return False
+            self._arrival(p)
+            self._formed()
+            self._busy_instances += 1
+            self.in_flight += 1
+            executor = self.executor
+        p.future = Settled()
+        self.inline_runs += 1
+        try:
+            self._run(executor, [p])
+        finally:
+            with self._cond:
+                self._finished([p])
+        return True
+
     def submit_deferred(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> None:
         """Queue `p` without waking anyone: the caller (the event loop) calls `flush()` once
         it has taken every request it can read this turn, so they leave as one batch."""
         policy = self._admit(p, qos_class, priority)
+        if p.future is None:
+            p.future = concurrent.futures.Future()
         with self._cond:
             self._enqueue(p, policy, wake=False)
 

@@ -7,6 +7,7 @@ Raw tensors are little-endian and row-major; BYTES elements are each a
 from __future__ import annotations
 
 import struct
+import sys
 
 import numpy as np
 
@@ -106,6 +107,9 @@ def to_raw(array: np.ndarray) -> bytes:
             b = item if isinstance(item, bytes) else str(item).encode()
             out += struct.pack("<I", len(b)) + b
         return bytes(out)
+    order = array.dtype.byteorder
+    if order in "<|" or order == "=" and sys.byteorder == "little":
+        return array.tobytes()      # C order, little-endian already: as the protocol lays it
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 

@@ -21,7 +21,7 @@ from inference_backend.errors import InferenceError, InvalidArgument, NotFound
 from inference_backend.model_server import ModelServer
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
-from inference_backend.request_meta import QosAdmission, response_parameters, timing_pairs
+from inference_backend.request_meta import QosAdmission, timing_pairs
 from inference_backend.rest import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 
 log = logging.getLogger("inference_backend")
@@ -62,26 +62,33 @@ def _typed_contents(name: str, datatype: str, shape, contents: pb.InferTensorCon
 def decode_request(served, request: pb.ModelInferRequest) -> tuple[dict, dict, list[str]]:
     """Tensors, parameters and requested outputs of a ModelInferRequest (InvalidArgument on any fault)."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
-    if not request.inputs:
+    inputs = request.inputs
+    if raw and len(raw) != len(inputs):
+        raise InvalidArgument(f"{len(raw)} raw_input_contents for {len(inputs)} inputs")
+    if not inputs:
         raise InvalidArgument("request has no inputs")
     arrays = {}
-    for i, t in enumerate(request.inputs):
-        if t.name in arrays:
-            raise InvalidArgument(f"input {t.name!r} is given twice")
-        if t.datatype not in datatypes.DTYPES:
-            raise InvalidArgument(f"input {t.name!r}: unknown datatype {t.datatype!r}")
-        shape = datatypes.check_shape(t.name, t.shape)
-        served.model.check_input(t.name, t.datatype, shape)
+    for i, t in enumerate(inputs):
+        name, datatype = t.name, t.datatype     # (each read of a field makes a new str)
+        if name in arrays:
+            raise InvalidArgument(f"input {name!r} is given twice")
+        dtype = datatypes.DTYPES.get(datatype)
+        if dtype is None:
+            raise InvalidArgument(f"input {name!r}: unknown datatype {datatype!r}")
+        shape, size = served.model.raw_plan(name, datatype, t.shape)
         if raw:
             if t.HasField("contents"):
-                raise InvalidArgument(f"input {t.name!r}: contents and raw_input_contents are exclusive")
-            arrays[t.name] = datatypes.from_raw(t.name, t.datatype, shape, raw[i])
+                raise InvalidArgument(f"input {name!r}: contents and raw_input_contents are exclusive")
+            data = raw[i]
+            if len(data) == size:       # the common case, its size known: no more checks
+                arrays[name] = np.ndarray(shape, dtype, data)     # a read-only view
+            else:                       # BYTES, or a size that is wrong (from_raw says how)
+                arrays[name] = datatypes.from_raw(name, datatype, shape, data)
         else:
-            arrays[t.name] = _typed_contents(t.name, t.datatype, shape, t.contents)
-    params = {k: param_value(v) for k, v in request.parameters.items()}
-    return arrays, params, [o.name for o in request.outputs]
+            arrays[name] = _typed_contents(name, datatype, shape, t.contents)
+    # (each look at a map or repeated field makes its Python view: not for the usual empty ones)
+    params = {k: param_value(v) for k, v in request.parameters.items()} if len(request.parameters) else {}
+    return arrays, params, [o.name for o in request.outputs] if len(request.outputs) else []
 
 
 def model_metadata(served) -> tuple[pb.ModelMetadataResponse, tuple]:
@@ -141,16 +148,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _respond(self, request: pb.ModelInferRequest, served, pending, result, t0: int) -> tuple[pb.ModelInferResponse, list]:
         t_out = time.monotonic_ns()
         t = self.server.telemetry
-        t.request_duration.record((result.queue_us + result.compute_us) / 1e6,
-                                  {"model": served.name, "priority_level": str(result.level)})
-        t.requests.add(1, {"model": served.name, "protocol": "grpc", "code": "OK"})
+        t.request_duration.series(served.name, str(result.level)).observe((result.queue_us + result.compute_us) / 1e6)
+        t.requests.series(served.name, "grpc", "OK").inc(1)
         t.record_spans(served.name, result.level, pending.arrival_ns, result, request.id, "grpc")
         response = pb.ModelInferResponse(model_name=served.name, model_version=result.version, id=request.id)
-        for k, v in response_parameters(result).items():
-            set_param(response.parameters[k], v)
+        params = response.parameters        # response_parameters(result), set without the dict
+        params["queue_time_us"].uint64_param = result.queue_us
+        params["compute_time_us"].uint64_param = result.compute_us
+        params["batch_size"].uint64_param = result.batch_size
+        params["priority_level"].uint64_param = result.level
+        for k, v in result.parameters.items():
+            set_param(params[k], v)
         for name, array in result.outputs.items():
             spec = served.model.outputs[name]
-            response.outputs.add(name=name, datatype=spec.datatype, shape=list(array.shape))
+            response.outputs.add(name=name, datatype=spec.datatype, shape=array.shape)
             response.raw_output_contents.append(datatypes.to_raw(array))
         end = time.monotonic_ns()
         served.stats.on_success(result.version, pending.rows, result.batch_size, end - t0, result.queue_us * 1000,

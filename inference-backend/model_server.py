@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
 import threading
@@ -84,6 +83,23 @@ def when_done(future, callback) -> None:
     future.add_done_callback(done)
 
 
+class _Arrival:
+    """ServedModel.arrival's context manager (a class: a generator's costs a request ~2 us)."""
+
+    __slots__ = ("batcher",)
+
+    def __init__(self, batcher):
+        self.batcher = batcher
+
+    def __enter__(self) -> None:
+        self.batcher.arrived()
+
+    def __exit__(self, kind, error, tb) -> bool:
+        # refused (an exception): a batch waiting for it need not wait; else it is submitted next
+        self.batcher.departed(submitting=kind is None)
+        return False
+
+
 def _on_loop(future) -> asyncio.Future:
     """`future` (the batcher's) as this loop's future."""
     out = asyncio.get_running_loop().create_future()
@@ -142,6 +158,7 @@ class ServedModel:
         self.split_width = split_width(model) if split_under_load else 0
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
                                       idle_dispatch=fast_path, instances=instances, split=self.split_width)
+        self._arrival = _Arrival(self.batcher)
         # utilisation of the instances together (0-1), as each is busy that fraction of the time
         self.load = LoadSampler(lambda: self.batcher.busy_ns / self.batcher.instances,
                                 lambda: self.batcher.completed,
@@ -191,10 +208,10 @@ class ServedModel:
         start, assemble_us, compute_us = times
         self.stats.on_batch(version or self.model.version, rows, assemble_us * 1000, compute_us * 1000)
         t = self.telemetry
-        t.batch_size.record(rows, {"model": self.name})
-        t.compute_duration.record(compute_us / 1e6, {"model": self.name})
+        t.batch_size.series(self.name).observe(rows)
+        t.compute_duration.series(self.name).observe(compute_us / 1e6)
         for p in batch:
-            t.queue_duration.record((start - p.arrival_ns) / 1e9, {"model": self.name, "priority_level": str(p.level)})
+            t.queue_duration.series(self.name, str(p.level)).observe((start - p.arrival_ns) / 1e9)
 
     def on_reject(self, level: int, reason: str) -> None:
         self.telemetry.rejections.add(1, {"model": self.name, "priority_level": str(level), "reason": reason})
@@ -241,13 +258,13 @@ class ServedModel:
             if context > MAX_CONTEXT:
                 raise InvalidArgument(f"past + input_ids is {context} tokens; the model's context is at most {MAX_CONTEXT}")
         if model.batch_dim:
-            rows = {a.shape[0] for a in inputs.values()}
-            if len(rows) != 1:
-                raise InvalidArgument(f"inputs disagree on the batch dimension: {sorted(rows)}")
-            n = rows.pop()
+            items = sorted(inputs.items()) if len(inputs) > 1 else list(inputs.items())
+            n = items[0][1].shape[0]
+            if any(a.shape[0] != n for _, a in items):
+                raise InvalidArgument(f"inputs disagree on the batch dimension: {sorted({a.shape[0] for _, a in items})}")
             if n < 1:
                 raise InvalidArgument("batch dimension is 0: nothing to infer")
-            key = (tuple((k, a.shape[1:], a.dtype.str) for k, a in sorted(inputs.items())), tuple(outputs))
+            key = (tuple([(k, a.shape[1:], a.dtype) for k, a in items]), tuple(outputs))
         else:
             n, key = 1, ("unbatched", object())
         return Pending(inputs=inputs, outputs=tuple(outputs), rows=n, key=key, timeout_us=timeout or None)
@@ -256,43 +273,27 @@ class ServedModel:
         self._flush_scheduled = False
         self.batcher.flush()
 
-    @contextlib.contextmanager
-    def arrival(self):
+    def arrival(self) -> "_Arrival":
         """Around a front end's decoding of one request: the batcher's idle dispatch waits
         for a request being decoded (it will join the batch), not for one never coming."""
-        b = self.batcher
-        b.arrived()
-        try:
-            yield
-        except BaseException:
-            b.departed()            # refused: a batch waiting for it need not wait
-            raise
-        b.departed(submitting=True)
-
-    def _run_now_ok(self) -> bool:
-        """A lone request for an inline model on an idle instance, with nothing being decoded
-        and no flush pending: the flush would form the batch [this request] and run it on the
-        loop anyway; running it now saves the loop turn, the future's thread-safe wake-up and
-        the task switch (gRPC c=1: ~15-25% more req/s, ~100 us less server CPU a request)."""
-        b = self.batcher
-        return (not self._flush_scheduled and b.arriving <= 0 and b.instance_free()
-                and getattr(b.executor, "inline_ok", False) and b.total_queued() == 1)
+        return self._arrival
 
     def submit(self, pending: Pending, qos_class: str | None, priority: int | None,
                run_now: bool = False) -> concurrent.futures.Future:
         """Queue `pending`; its future. With idle dispatch the batcher is flushed once per loop
-        turn, after every request read in it. `run_now`: a lone request may run before this
-        returns (gRPC; see _run_now_ok). REST leaves it off: aiohttp starts the handlers of one
-        loop turn's requests one after another, so running the first at once would split what
-        the turn's flush batches."""
+        turn, after every request read in it. `run_now`: a lone request for an inline model on
+        an idle instance, with nothing being decoded and no flush pending, runs before this
+        returns (gRPC; DynamicBatcher.run_alone): the flush would form the batch [this request]
+        and run it on the loop anyway; running it now saves the loop turn, the queue's
+        bookkeeping, the future's thread-safe wake-up and the task switch. REST leaves it off:
+        aiohttp starts the handlers of one loop turn's requests one after another, so running
+        the first at once would split what the turn's flush batches."""
         b = self.batcher
         if not b.idle_dispatch:
             return b.submit(pending, qos_class, priority)
+        if run_now and not self._flush_scheduled and b.run_alone(pending, qos_class, priority):
+            return pending.future
         b.submit_deferred(pending, qos_class, priority)
-        if run_now and self._run_now_ok():
-            b.flush()
-            if pending.future.done():
-                return pending.future
         if not self._flush_scheduled:       # once per loop turn: after every request read in it
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)

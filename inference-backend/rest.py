@@ -131,10 +131,10 @@ class InferCore:
     def _reply(self, served, decoded: Body, rows: int, arrival_ns: int, result, t0: int) -> Answer:
         server = self.server
         doc, names, binary_out, params = decoded.doc, decoded.outputs, decoded.binary_outputs, decoded.parameters
-        server.telemetry.request_duration.record((result.queue_us + result.compute_us) / 1e6,
-                                                 {"model": served.name, "priority_level": str(result.level)})
-        server.telemetry.requests.add(1, {"model": served.name, "protocol": "http", "code": "OK"})
-        server.telemetry.record_spans(served.name, result.level, arrival_ns, result, str(doc.get("id", "")), "http")
+        t = server.telemetry
+        t.request_duration.series(served.name, str(result.level)).observe((result.queue_us + result.compute_us) / 1e6)
+        t.requests.series(served.name, "http", "OK").inc(1)
+        t.record_spans(served.name, result.level, arrival_ns, result, str(doc.get("id", "")), "http")
         t_out = time.monotonic_ns()
         all_binary = not names and bool(params.get("binary_data_output", False))
         out_docs, chunks = [], []

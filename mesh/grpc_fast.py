@@ -37,7 +37,7 @@ import zlib
 import grpc
 
 from mesh import h2_server
-from mesh.h2_server import STATUS_200, H2Connection, http_status_block, literal
+from mesh.h2_server import STATUS_200, H2Connection, hpack_int, http_status_block, literal
 
 log = logging.getLogger("mesh.grpc_fast")
 
@@ -62,17 +62,31 @@ def percent_encode(text: str) -> bytes:
     return bytes(out)
 
 
+_NAMES: dict[str, tuple[bytes, bool]] = {}      # key -> (its literal's name part, -bin), per key seen
+_NAMES_MAX = 1024
+
+
+def _name_part(key: str) -> tuple[bytes, bool]:
+    part = _NAMES.get(key)
+    if part is None:
+        name = key.lower().encode("ascii")
+        part = (b"\x00" + hpack_int(len(name), 7) + name, name.endswith(b"-bin"))
+        if len(_NAMES) < _NAMES_MAX:        # the keys a server sends are few; past this many, not kept
+            _NAMES[key] = part
+    return part
+
+
 def metadata_block(pairs) -> bytes:
-    """Custom metadata as literals; a `-bin` key's value base64 without padding."""
-    out = b""
+    """Custom metadata as literals (h2_server.literal); a `-bin` key's value base64 without padding."""
+    out = []
     for key, value in pairs or ():
-        key = key.lower()
-        if key.endswith("-bin"):
+        name, binary = _name_part(key)
+        if binary:
             value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
         elif isinstance(value, str):
             value = value.encode("latin-1", "replace")
-        out += literal(key.encode("ascii"), value)
-    return out
+        out.append(name + hpack_int(len(value), 7) + value)
+    return b"".join(out)
 
 
 def status_block(code: grpc.StatusCode, details: str | None) -> bytes:
@@ -292,10 +306,10 @@ class Call:
     # -- the handler -----------------------------------------------------------
 
     def _start(self) -> None:
+        loop = self.conn.loop or asyncio.get_running_loop()
         if self.deadline is not None:
-            self.timer = asyncio.get_running_loop().call_later(max(0.0, self.deadline - time.monotonic()),
-                                                               self._expire)
-        self.task = asyncio.ensure_future(self._run())
+            self.timer = loop.call_later(max(0.0, self.deadline - time.monotonic()), self._expire)
+        self.task = loop.create_task(self._run())
         self.lane.calls.add(self.task)
         self.task.add_done_callback(self.lane.calls.discard)
 

@@ -136,6 +136,9 @@ class H2Connection(asyncio.Protocol):
         self.on_close = on_close
         self.min_ping_interval_s = min_ping_interval_s
         self.transport = None
+        # The loop, once connected: asyncio.get_running_loop() is a getpid() system call a time
+        # on Python 3.11, and each write and each call would ask.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.peer = ""
         self.buf = b""
         self.preface_seen = False
@@ -163,6 +166,7 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"ipv6:[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"ipv4:{peer[0]}:{peer[1]}"
@@ -514,7 +518,7 @@ class H2Connection(asyncio.Protocol):
         self.out_size += len(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            (self.loop or asyncio.get_running_loop()).call_soon(self._flush)
 
     def _flush(self) -> None:
         self.flush_scheduled = False

@@ -343,8 +343,8 @@ class DynamicBatcher:
         """Run `p` now, on this thread, as a batch of one, when that is the batch a flush would
         form at once: a cheap model (inline runs), an idle main instance, nothing queued or being
         decoded, no regrouping wait. It never enters a queue, so none of a queue's bookkeeping is
-        done for it (ServedModel.submit's `run_now`). False: nothing was
-        done (beyond the admission checks, which raise as submit's do); queue it."""
+        done for it, and its future is a Settled one (ServedModel.submit's `run_now`). False:
+        nothing was done (beyond the admission checks, which raise as submit's do); queue it."""
         if not (self.idle_dispatch and getattr(self.executor, "inline_ok", False)) or self.split_width:
             return False
         self._admit(p, qos_class, priority)

@@ -21,7 +21,7 @@ import numpy as np
 from mesh.scheduling import BatcherSettings
 from mesh.session import DEFAULT_MAX_AGE_S
 from inference_backend import builtin_models
-from inference_backend.batcher import DynamicBatcher, Pending, Result
+from inference_backend.batcher import DynamicBatcher, Pending, Result, Settled
 from inference_backend.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
                                        sequence_context)
 from inference_backend.generate import GenerationLoad
@@ -279,7 +279,7 @@ class ServedModel:
         return self._arrival
 
     def submit(self, pending: Pending, qos_class: str | None, priority: int | None,
-               run_now: bool = False) -> concurrent.futures.Future:
+               run_now: bool = False) -> "concurrent.futures.Future | Settled":
         """Queue `pending`; its future. With idle dispatch the batcher is flushed once per loop
         turn, after every request read in it. `run_now`: a lone request for an inline model on
         an idle instance, with nothing being decoded and no flush pending, runs before this

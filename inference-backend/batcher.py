@@ -350,7 +350,7 @@ class DynamicBatcher:
         self._admit(p, qos_class, priority)
         with self._cond:
             if (self._stopping or self.arriving > 0 or self._busy_instances >= self.instances
-                    or self._since_done + 1 < self._done_requests or any(self._count.values())):
+                    or any(self._count.values()) or self._regroups(self._since_done + 1)):
                 return False
             self._arrival(p)
             self._formed()
@@ -609,11 +609,16 @@ class DynamicBatcher:
             return batch, None
         return None, (wait_until - now) / 1e9
 
+    def _regroups(self, since_done: int) -> bool:
+        """May an idle lone instance wait for its last batch's requests to come back, `since_done`
+        of them having come? Only while such returns take under half a batch's compute time."""
+        return (self._capacity() == 1 and since_done < self._done_requests and bool(self._back_ns)
+                and self._back_ns <= self._batch_ns / 2)
+
     def _regroup_wait(self, now: int) -> float:
         """Seconds an idle lone instance waits for as many requests as its last batch had to
         arrive (module docstring, "Regrouping"); 0: none."""
-        if self._capacity() != 1 or self._since_done >= self._done_requests or not self._back_ns \
-                or self._back_ns > self._batch_ns / 2:
+        if not self._regroups(self._since_done):
             return 0
         # until they are expected back, or while they keep coming, within the queue delay
         until = min(max(self._done_ns + self._back_ns * 1.25, self._last_arrival_ns + self._row_ns),

@@ -51,8 +51,6 @@ _END = object()         # the request stream's end, in a streaming call's queue
 # Bytes of request messages a streaming call may hold unread before its stream's window
 # stops coming back (the client then waits, as grpcio's flow control makes it).
 STREAM_BUFFER = 1 << 20
-# Unary calls this far apart start on the turn that read them (GrpcLane.sparse).
-SPARSE_S = 100e-6
 BIG_MESSAGE = 64 << 10          # a response this large is not copied behind its 5-byte prefix
 
 
@@ -311,17 +309,7 @@ class Call:
         loop = self.conn.loop or asyncio.get_running_loop()
         if self.deadline is not None:
             self.timer = loop.call_later(max(0.0, self.deadline - time.monotonic()), self._expire)
-        run = self._run()
-        if self.handler.unary_unary and self.lane.sparse():
-            # Started here, as Python 3.12's eager tasks start: a unary handler that answers
-            # without waiting (a cheap model's ModelInfer) needs no task and no loop turn; one
-            # that waits goes on in a task from where it stopped (_resume).
-            try:
-                waiting_on = run.send(None)
-            except StopIteration:
-                return
-            run = _resume(run, waiting_on)
-        self.task = loop.create_task(run)
+        self.task = loop.create_task(self._run())
         self.lane.calls.add(self.task)
         self.task.add_done_callback(self.lane.calls.discard)
 
@@ -472,37 +460,6 @@ class Call:
         return out
 
 
-class _Resumed:
-    """Awaiting it continues `coro`, started elsewhere and suspended on `waiting_on`, as its
-    task would have: what the task sends in (the awaited future is done) or throws in (a
-    cancel) goes on into `coro`, and what `coro` awaits next goes up to the task."""
-
-    __slots__ = ("coro", "waiting_on")
-
-    def __init__(self, coro, waiting_on):
-        self.coro, self.waiting_on = coro, waiting_on
-
-    def __await__(self):
-        coro, waiting_on = self.coro, self.waiting_on
-        while True:
-            try:
-                value = yield waiting_on
-            except BaseException as e:      # noqa: BLE001 - a cancel, thrown in by the task
-                try:
-                    waiting_on = coro.throw(e)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    waiting_on = coro.send(value)
-                except StopIteration as done:
-                    return done.value
-
-
-async def _resume(coro, waiting_on):
-    return await _Resumed(coro, waiting_on)
-
-
 class _TooLarge(Exception):
     pass
 
@@ -526,7 +483,6 @@ class GrpcLane:
         self.resolved: dict[bytes, object] = {}    # :path -> handler, once looked up
         self.connections: set[H2Connection] = set()
         self.calls: set[asyncio.Task] = set()
-        self._last_start = 0.0              # monotonic, when a unary call last started (sparse())
         self.server: asyncio.AbstractServer | None = None
 
     # -- what grpcio's generated add_*_to_server functions call ------------
@@ -553,18 +509,6 @@ class GrpcLane:
                 return None
             self.resolved[path] = h
         return h
-
-    def sparse(self) -> bool:
-        """Does this unary call start SPARSE_S or more after the last one? Then callers are
-        waiting on their answers one at a time, and the call is started at once on the reading
-        turn (Call._start: gRPC c=1, relu, h2load: ~5 % more calls a second). Calls closer
-        together are started as tasks, so those read in one turn run one after another once
-        all are read (their handlers back to back, their code warm: c=16 ~7 % more a second
-        than started at once)."""
-        now = time.monotonic()
-        sparse = now - self._last_start >= SPARSE_S
-        self._last_start = now
-        return sparse
 
     # -- serving ---------------------------------------------------------------
 

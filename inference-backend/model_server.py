@@ -225,16 +225,17 @@ class ServedModel:
         """Decoded tensors + parameters -> a request ready to queue (all checks done here,
         on the request's thread, so the compute thread only ever sees valid batches)."""
         model = self.model
-        for o in outputs:
-            if o not in model.outputs:
-                raise InvalidArgument(f"model {self.name!r} has no output {o!r}; outputs are {', '.join(model.outputs)}")
-        if len(set(outputs)) != len(outputs):
-            raise InvalidArgument("an output is requested twice")
+        if outputs:
+            for o in outputs:
+                if o not in model.outputs:
+                    raise InvalidArgument(f"model {self.name!r} has no output {o!r}; outputs are {', '.join(model.outputs)}")
+            if len(set(outputs)) != len(outputs):
+                raise InvalidArgument("an output is requested twice")
         seq = sequence_context(model, params, set(inputs)) if self.decoder else None
-        required = [n for n in model.inputs if not (seq and n in PAST)]
-        missing = [n for n in required if n not in inputs]
-        if missing:
-            raise InvalidArgument(f"model {self.name!r} needs input(s) {', '.join(missing)}")
+        if seq or not inputs.keys() >= model.inputs.keys():     # (the usual case: every input given)
+            missing = [n for n in model.inputs if not (seq and n in PAST) and n not in inputs]
+            if missing:
+                raise InvalidArgument(f"model {self.name!r} needs input(s) {', '.join(missing)}")
         timeout = params.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0):
             raise InvalidArgument(f"parameter timeout must be a non-negative integer (microseconds), got {timeout!r}")
@@ -260,7 +261,7 @@ class ServedModel:
         if model.batch_dim:
             items = sorted(inputs.items()) if len(inputs) > 1 else list(inputs.items())
             n = items[0][1].shape[0]
-            if any(a.shape[0] != n for _, a in items):
+            if len(items) > 1 and any(a.shape[0] != n for _, a in items):
                 raise InvalidArgument(f"inputs disagree on the batch dimension: {sorted({a.shape[0] for _, a in items})}")
             if n < 1:
                 raise InvalidArgument("batch dimension is 0: nothing to infer")

@@ -18,7 +18,8 @@ past it is refused, the client retries). Not here: server push, priorities
 The stream handler (grpc_fast.Call) gets headers (None when the block was over
 MAX_HEADER_LIST: it refuses that stream), data and end/reset events, says
 whether a stream's window comes back as data arrives (credit_now) or later
-(credit), and answers with send_headers / send_data / send_trailers / reset.
+(credit), and answers with send_headers / send_data / send_trailers (or send_answer, all three in
+one write) / reset.
 Writes of one loop turn go out as one transport.write; while the transport's
 buffer is over its high-water mark (the peer is not reading), reading stops.
 """

@@ -349,7 +349,7 @@ class DynamicBatcher:
             return False
         self._admit(p, qos_class, priority)
         with self._cond:
-            if (self._stopping or self.arriving > 0 or self._busy_instances >= self.instances
+            if (self._stopping or self.arriving > 0 or not self.instance_free()
                     or any(self._count.values()) or self._regroups(self._since_done + 1)):
                 return False
             self._arrival(p)

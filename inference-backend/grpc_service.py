@@ -21,7 +21,7 @@ from inference_backend.errors import InferenceError, InvalidArgument, NotFound
 from inference_backend.model_server import ModelServer
 from inference_backend.protos import grpc_service_pb2 as pb
 from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
-from inference_backend.request_meta import QosAdmission, timing_pairs
+from inference_backend.request_meta import RESULT_PARAMETERS, QosAdmission, timing_pairs
 from inference_backend.rest import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 
 log = logging.getLogger("inference_backend")
@@ -153,10 +153,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         t.record_spans(served.name, result.level, pending.arrival_ns, result, request.id, "grpc")
         response = pb.ModelInferResponse(model_name=served.name, model_version=result.version, id=request.id)
         params = response.parameters        # response_parameters(result), set without the dict
-        params["queue_time_us"].uint64_param = result.queue_us
-        params["compute_time_us"].uint64_param = result.compute_us
-        params["batch_size"].uint64_param = result.batch_size
-        params["priority_level"].uint64_param = result.level
+        for name, attr in RESULT_PARAMETERS:
+            params[name].uint64_param = getattr(result, attr)
         for k, v in result.parameters.items():
             set_param(params[k], v)
         for name, array in result.outputs.items():

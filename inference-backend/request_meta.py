@@ -129,8 +129,13 @@ def timing_pairs(result: Result, load_report: str) -> list[tuple[str, str]]:
             (H.ORCA_LOAD_REPORT, load_report)]
 
 
+# The answer's parameters every Result carries, as (name, Result attribute): REST's JSON
+# (response_parameters) and gRPC's parameters map (grpc_service). Non-negative integers.
+RESULT_PARAMETERS = (("queue_time_us", "queue_us"), ("compute_time_us", "compute_us"),
+                     ("batch_size", "batch_size"), ("priority_level", "level"))
+
+
 def response_parameters(result: Result) -> dict:
-    out = {"queue_time_us": result.queue_us, "compute_time_us": result.compute_us,
-           "batch_size": result.batch_size, "priority_level": result.level}
+    out = {name: getattr(result, attr) for name, attr in RESULT_PARAMETERS}
     out.update(result.parameters)
     return out

@@ -154,15 +154,10 @@ class _Instrument:
     def __init__(self, metric, label_names: tuple[str, ...]):
         self._metric = metric
         self._names = label_names
-        self._children: dict = {}
         self._series: dict[tuple[str, ...], object] = {}
 
     def _child(self, attrs: dict):
-        key = tuple(attrs.items())
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self._metric.labels(**{n: str(attrs.get(n, "")) for n in self._names})
-        return child
+        return self.series(*[str(attrs.get(n, "")) for n in self._names])
 
     def series(self, *values: str):
         """The child for these label values, in label order (`observe` / `inc` it): what a

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, replace
 
@@ -33,6 +34,7 @@ from mesh.diagnostics import ConfigError, Diagnostic
 from mesh.qos import QosClass
 from mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
 from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
+from inference_backend import connection_balance
 from inference_backend.errors import InferenceError, InvalidArgument
 from inference_backend.grpc_service import add_to_server
 from inference_backend.model_server import ModelServer, resolve_model, split_off_reason
@@ -79,9 +81,11 @@ class ServeOptions:
     drain_seconds: float = 1.0
     model_control_mode: str = "none"         # Triton's: explicit allows repository load / unload
     fast_path: bool = True                   # idle dispatch + inline runs (batcher.py); off: --no-fast-path
-    workers: int = 1                         # processes serving the same ports (SO_REUSEPORT): see Workers
+    workers: int = 1                         # processes serving the same ports: see Workers
     worker_argv: list[str] | None = None     # first worker: `mcpctl serve` arguments of the others, less ports
     worker_index: int = 0                    # 0: the first worker (admin, fan-out); 1..N-1: the others
+    connection_balance: str = "exact"        # with workers: exact (connection_balance.py) or kernel (SO_REUSEPORT)
+    inherited: dict | None = None            # a worker but the first: the shared sockets' and counts' fds
     rest_frontend: str = "fast"              # fast: infer on rest_fast's lane, the rest on aiohttp; aiohttp: all
     grpc_frontend: str = LANE                # fast: grpc_fast's HTTP/2 lane serves the gRPC port; grpcio: grpc.aio
 
@@ -170,15 +174,29 @@ class Server:
         openai_api.register(app, self.models, o.openai_models, self.only_class)   # /v1/...: the OpenAI API, /v1/load
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
+        # With workers, a lane we accept on ourselves shares one socket among them and
+        # balances connections exactly (connection_balance.py); the others use SO_REUSEPORT.
+        counts = None
+        if o.workers > 1 and o.connection_balance == "exact":
+            counts = connection_balance.SharedCounts(o.workers, (o.inherited or {}).get("counts"))
+        shared = {"counts": counts.fd} if counts else {}    # what the other workers inherit
+        balance_rest = counts is not None and o.rest_frontend == "fast"
+        balance_grpc = counts is not None and o.grpc_frontend == LANE
         listen = dict(backlog=1024, reuse_address=True, reuse_port=o.workers > 1 or None)
+
         if o.rest_frontend == "fast":   # infer on the fast lane; any other request's connection goes to aiohttp
-            self._fast = FastLane(core, self._runner)
-            http_port = await self._fast.start(o.host, o.http_port, **listen)
+            conns = connection_balance.CountedSet(counts.lane("http", o.worker_index)) if balance_rest else None
+            self._fast = FastLane(core, self._runner, conns)
+            if balance_rest:
+                http_port = self._balanced(self._fast, conns, "http", o.http_port, "REST port", shared)
+            else:
+                http_port = await self._fast.start(o.host, o.http_port, **listen)
         else:
             await web.TCPSite(self._runner, o.host, o.http_port, **listen).start()
             http_port = self._runner.addresses[0][1]
         if o.grpc_frontend == LANE:   # the same servicers on grpc_fast's lane
-            self._grpc = GrpcLane(GRPC_MAX_MESSAGE, GRPC_MAX_MESSAGE)
+            conns = connection_balance.CountedSet(counts.lane("grpc", o.worker_index)) if balance_grpc else None
+            self._grpc = GrpcLane(GRPC_MAX_MESSAGE, GRPC_MAX_MESSAGE, connections=conns)
         else:
             self._grpc = grpc.aio.server(options=grpc_options(o.workers))
         add_to_server(self.models, self._grpc, self.only_class)
@@ -193,14 +211,22 @@ class Server:
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
             (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name, reflection.SERVICE_NAME),
             pool=pb.DESCRIPTOR.pool), self._grpc)   # the protocol's messages live in a private pool
-        grpc_port = await start_server(self._grpc, o.host, o.grpc_port, "gRPC port", **listen)
+        if balance_grpc:
+            grpc_port = self._balanced(self._grpc, self._grpc.connections, "grpc", o.grpc_port, "gRPC port",
+                                       shared, self._grpc.new_connection)
+        else:
+            grpc_port = await start_server(self._grpc, o.host, o.grpc_port, "gRPC port", **listen)
         if o.worker_argv and o.workers > 1:
-            # The others bind the ports this one got (port 0 resolved) and load the model
-            # beside this one; each has its own GIL, event loop, batcher and ONNX session.
+            # The others serve the ports this one got (port 0 resolved): the sockets themselves
+            # where balanced, else their own bound with SO_REUSEPORT. Each loads the model
+            # beside this one and has its own GIL, event loop, batcher and ONNX session.
+            fds = [fd for v in shared.values() for fd in (v if isinstance(v, list) else [v])]
+            extra = ["--inherit-listeners", json.dumps(shared)] if shared else []
             for i in range(1, o.workers):
                 w = PriorityWorker([*o.worker_argv, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                                    "--admin-port", "0", "--workers", str(o.workers), "--worker-index", str(i)],
-                                   label=f"worker {i}", preexec=False)   # gRPC's threads run here now
+                                    "--admin-port", "0", "--workers", str(o.workers), "--worker-index", str(i),
+                                    *extra],
+                                   label=f"worker {i}", preexec=False, pass_fds=tuple(fds))   # gRPC's threads run here now
                 self._workers.append(w)
                 await w.start()
         t0 = time.perf_counter()
@@ -267,6 +293,20 @@ class Server:
         self.models.ready = True
         await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
         await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)
+
+    def _balanced(self, lane, conns, name: str, port: int, what: str, shared: dict, factory=None) -> int:
+        """Serve `lane` on the shared sockets (bound here and listed in `shared` for the other
+        workers, or inherited by one of them), accepting while this worker has no more
+        connections than the least loaded other; the port."""
+        inherited = (self.opts.inherited or {}).get(name)
+        if inherited:
+            socks = [socket.socket(fileno=fd) for fd in inherited]
+        else:
+            socks = connection_balance.bind(self.opts.host, port, what)
+            shared[name] = [s.fileno() for s in socks]
+        lane.server = connection_balance.BalancedListener(socks, factory or lane, conns)
+        lane.server.start()
+        return lane.server.port
 
     async def _join_workers(self, admin_port: int) -> None:
         """Wait for every other worker, then tell each the admin ports of all the others

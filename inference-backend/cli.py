@@ -80,10 +80,15 @@ def register(subparsers) -> None:
                    help="on SIGTERM, keep serving this long while reporting not ready (default 1)")
     p.add_argument("--replicas", type=int, default=1, help="run N server processes (ports as above)")
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
-                   help="processes serving the same ports (SO_REUSEPORT), each with its own event loop, "
+                   help="processes serving the same ports, each with its own event loop, "
                         f"batcher and ONNX session (default {DEFAULT_WORKERS}; inference-backend/README.md: Workers)")
     # A worker other than the first: `mcpctl serve --worker-index I`, started by the first.
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    # ... and the descriptors it inherits from the first: {"counts": FD, "http": [FD...], "grpc": [FD...]}
+    p.add_argument("--inherit-listeners", type=json.loads, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--connection-balance", default="exact", choices=("exact", "kernel"),
+                   help="with --workers: exact (default) shares each port's socket and keeps the workers' "
+                        "connection counts within one; kernel: SO_REUSEPORT's hash (README: Workers)")
     p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
     p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
     p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
@@ -167,6 +172,7 @@ def run(args) -> int:
             trace_file=args.trace_file, enable_profiler=args.enable_profiler, labels=_labels(args.label),
             watch_model=args.watch_model, drain_seconds=args.drain_seconds, fast_path=not args.no_fast_path,
             model_control_mode=args.model_control_mode, workers=args.workers, worker_index=args.worker_index,
+            connection_balance=args.connection_balance, inherited=args.inherit_listeners,
             rest_frontend=args.rest_frontend, grpc_frontend=args.grpc_frontend,
             worker_argv=_child_argv(args, skip=("workers",)) if args.workers > 1 and not args.worker_index else None)
         return serve(opts)
@@ -180,7 +186,7 @@ _SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file",
                  "max_queue_delay_us", "intra_op_threads", "instances", "kv_cache_mb", "kv_idle_seconds",
                  "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
-                 "model_control_mode", "workers", "rest_frontend", "grpc_frontend")
+                 "model_control_mode", "workers", "rest_frontend", "grpc_frontend", "connection_balance")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path", "split_under_load")
 
 

@@ -82,13 +82,15 @@ class PriorityWorker:
     """The child process: started, awaited until ready, forwarded to, stopped. (Also the
     handle of a `--workers` serving worker: `label` names it in logs and errors.)"""
 
-    def __init__(self, argv: list[str], label: str = "priority worker", preexec: bool = True):
+    def __init__(self, argv: list[str], label: str = "priority worker", preexec: bool = True,
+                 pass_fds: tuple = ()):
         self.argv = argv                    # `mcpctl serve ...` arguments for the worker
         self.label = label
         # False: the child sets its own parent-death signal (bind_to_parent). A parent that
         # already runs gRPC's threads must not run Python between fork and exec: a lock one of
         # them held at the fork (malloc's) would stay held in the child.
         self.preexec = preexec
+        self.pass_fds = pass_fds            # descriptors the child inherits (a worker's shared sockets)
         self.proc: asyncio.subprocess.Process | None = None
         self.ready: dict = {}               # the worker's ready event (its ports)
         self._reader: asyncio.Task | None = None
@@ -101,7 +103,7 @@ class PriorityWorker:
         # Same session and cgroup as the parent (no setsid): see the module docstring.
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "mesh.cli", *self.argv, stdout=asyncio.subprocess.PIPE,
-            preexec_fn=_terminate_with_parent if self.preexec else None)
+            preexec_fn=_terminate_with_parent if self.preexec else None, pass_fds=self.pass_fds)
         log.info("%s: pid %d (%s)", self.label, self.proc.pid, " ".join(self.argv))
 
     async def wait_ready(self, timeout: float = 120.0) -> dict:

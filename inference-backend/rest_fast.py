@@ -128,12 +128,13 @@ def message_start(raw: bytes, index: int) -> int:
 class FastLane:
     """The protocol factory for loop.create_server, and the connections it serves."""
 
-    def __init__(self, core: InferCore, runner: web.AppRunner):
+    def __init__(self, core: InferCore, runner: web.AppRunner, connections: set | None = None):
         self.core = core
         self.runner = runner            # its web.Server makes the aiohttp handler a connection is handed to
-        self.connections: set[_Connection] = set()
+        # the open connections (connection_balance.CountedSet with --workers: it publishes their number)
+        self.connections: set[_Connection] = set() if connections is None else connections
         self.tasks: set[asyncio.Task] = set()   # answers awaited by a task (the loop keeps only weak references)
-        self.server: asyncio.AbstractServer | None = None
+        self.server = None              # asyncio's server, or connection_balance.BalancedListener
 
     def __call__(self) -> "_Connection":
         return _Connection(self)

@@ -472,7 +472,7 @@ class GrpcLane:
     """The server: handlers registered as on a grpc.aio.Server, listening with asyncio."""
 
     def __init__(self, max_receive: int, max_send: int,
-                 min_ping_interval_s: float = h2_server.MIN_RECV_PING_INTERVAL_S):
+                 min_ping_interval_s: float = h2_server.MIN_RECV_PING_INTERVAL_S, connections: set | None = None):
         self.max_receive, self.max_send = max_receive, max_send
         # grpcio's grpc.http2.min_ping_interval_without_data_ms: a client pinging more often
         # than this, with nothing sent to it between, is told too_many_pings (h2_server).
@@ -481,9 +481,10 @@ class GrpcLane:
         self.registered: dict[str, object] = {}    # "/service/method" -> RpcMethodHandler
         self.generic: list = []
         self.resolved: dict[bytes, object] = {}    # :path -> handler, once looked up
-        self.connections: set[H2Connection] = set()
+        # the open connections (a set-like that counts them for a connection balancer may be given)
+        self.connections: set[H2Connection] = set() if connections is None else connections
         self.calls: set[asyncio.Task] = set()
-        self.server: asyncio.AbstractServer | None = None
+        self.server = None          # asyncio's server, or one with its close() (connection_balance)
 
     # -- what grpcio's generated add_*_to_server functions call ------------
 
@@ -514,10 +515,11 @@ class GrpcLane:
 
     async def start(self, host: str, port: int, **listen) -> int:
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(self._connection, host, port, **listen)
+        self.server = await loop.create_server(self.new_connection, host, port, **listen)
         return self.server.sockets[0].getsockname()[1]
 
-    def _connection(self) -> H2Connection:
+    def new_connection(self) -> H2Connection:
+        """The protocol factory: a connection, counted as open until it closes."""
         conn = H2Connection(self._new_call, self.connections.discard, self.min_ping_interval_s)
         self.connections.add(conn)
         return conn

@@ -1,5 +1,5 @@
 """`mcpctl serve --workers 2`: two processes on the same REST and gRPC ports
-(SO_REUSEPORT), kept coherent - both answer, an admin reload reaches both,
+(one shared socket each: test_connection_balance.py), kept coherent - both answer, an admin reload reaches both,
 statistics on either protocol are the sum over both, the admin /metrics holds
 every worker's series, and a dead worker stops the server. Against a live
 `mcpctl serve`, with the real tritonclient."""
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _infer_on_new_connection(server: InferenceServer, rows: int = 1) -> dict:
-    """One REST infer on a connection of its own (the kernel picks the worker per connection)."""
+    """One REST infer on a connection of its own (connections go round the workers)."""
     client = thttp.InferenceServerClient(server.http)
     try:
         x = np.ones((rows, 64), np.float32)
@@ -51,7 +51,7 @@ def test_two_workers_answer_reload_together_and_sum_their_statistics():
         for _ in range(n):
             _infer_on_new_connection(server, rows=2)
 
-        # both processes answered (40 connections spread by the kernel; all on one: 2**-39)
+        # both processes answered (40 connections one after another go round the two)
         status, _ = server.admin("/admin/status")
         assert status == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{server.admin_port}/metrics", timeout=10) as r:

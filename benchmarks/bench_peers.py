@@ -10,8 +10,7 @@ writes artifacts/bench/peers.json.
   figure is the server), and `mlp` (builtin:mlp, compute-bound: batch 1
   reads 77 MB of weights; batching pays).
 - Servers, each with the batching it does best (BATCHING below): ours
-  (`mcpctl serve` as it is on disk; relu `--workers 2` over REST and one
-  process over gRPC, mlp one process with 2 ONNX threads, split into two
+  (`mcpctl serve` as it is on disk; relu `--workers 2`, mlp one process with 2 ONNX threads, split into two
   one-thread instances under load, and as `ours-x2` two worker processes of
   one thread each; as with Triton's layouts, a point is judged by the better
   of ours); Triton (the tritonserver PyTriton ships,
@@ -29,13 +28,14 @@ writes artifacts/bench/peers.json.
   connection each over REST; over gRPC one channel at c=1 and 4 above) for
   `--seconds` per run; each point is the median of `--rounds` runs, the
   servers taking turns run by run (rotated each round), so a burst of other
-  work on this shared machine falls on every server alike. At relu gRPC
-  c=1 mcp-bench's grpcio client takes more CPU a call than a fast server
-  does, so that point is also run with h2load (nghttp2's C client) sending
-  one serialized ModelInferRequest as a gRPC call (`client: h2load` in the
-  JSON, `1 h2load` in the table): each answer's message is counted in
-  h2load's DATA bytes, so a call that ended in a gRPC error (trailers only,
-  HTTP 200) counts as an error.
+  work on this shared machine falls on every server alike. mcp-bench's gRPC
+  client is its own HTTP/2 one (inference_backend/bench/h2_grpc.py, ~60 µs
+  of CPU a call at c=1, ~20 at c=16); the relu gRPC points are also run with
+  h2load (nghttp2's C client: 1 connection at c=1, else 4 with c/4 streams
+  each) sending one serialized ModelInferRequest as a gRPC call (`client:
+  h2load` in the JSON, `16 h2load` in the table): each answer's message is
+  counted in h2load's DATA bytes, so a call that ended in a gRPC error
+  (trailers only, HTTP 200) counts as an error.
 - Isolation: everything (servers and load) runs in a private network
   namespace with only `lo` up, created here and removed at the end: KServe's
   ModelServer binds 0.0.0.0 and nothing may listen on a public address.
@@ -92,11 +92,12 @@ def _triton(model: str, default: tuple, env: str = "PEER_TRITON") -> tuple:
 # Per model, what each server does best with it (what was tried here is in
 # inference-backend/README.md "Against the peers"). Ours: an
 # L7SchedulingPolicy preset (balanced, the default), per protocol; for the
-# overhead-bound relu over REST two worker processes on the same ports
-# (--workers 2: one per core of this machine, as Triton's front end and
-# instance threads use both), over gRPC one (mcp-bench's grpcio client takes
-# about a core of its own there, and two workers sharing the other one
-# answered 0.80x as many requests at c=16); for the memory-bound mlp one
+# overhead-bound relu two worker processes on the same ports over both
+# protocols (--workers 2: one per core of this machine, as Triton's front end
+# and instance threads use both; gRPC had one while mcp-bench's grpcio client
+# took a core of its own, and went to two with mcp-bench's own client, which
+# leaves the server the cores: relu gRPC c=64 12,000 -> 21,000 req/s from
+# h2load); for the memory-bound mlp one
 # process with both cores as ONNX threads (its batches then read the weights
 # once for all in flight) and --split-under-load (two one-thread instances
 # once more than a batch waits; the trades are measured in the README); env
@@ -127,7 +128,7 @@ def _ours(model: str, flags: dict[str, str], env: str = "PEER_OURS_FLAGS") -> di
 
 BATCHING = {
     "relu": {"ours": _ours("relu", {"rest": "--qos-policy balanced --workers 2",
-                                    "grpc": "--qos-policy balanced --workers 1"}),
+                                    "grpc": "--qos-policy balanced --workers 2"}),
              "triton": _triton("relu", (64, 0, 1, 0)), "triton-x2": _triton("relu", (64, 0, 2, 1), "PEER_TRITON_X2"),
              "mlserver": {"batch": None, "parallel_workers": 0}},
     "mlp": {"ours": _ours("mlp", {"rest": OURS_MLP, "grpc": OURS_MLP}),
@@ -367,7 +368,11 @@ def run_load(argv: list[str], timeout: float) -> dict:
 
 
 # The relu gRPC c=1 point again with a C client (module docstring): where it applies.
-H2LOAD_POINT = ("relu", "grpc", 1)
+# Also run with h2load (nghttp2's C client): relu gRPC, every c. The overhead-bound model's
+# figure is the server's, so the client must not be what bounds it: grpcio's client once hid
+# that Triton's C++ front end was ahead of ours at c=16 and c=64 (README, "mcp-bench's own gRPC client").
+H2LOAD_MODEL_PROTO = ("relu", "grpc")
+H2LOAD_CONNECTIONS = 4          # above c=1, as mcp-bench's --connections: c/4 streams on each
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -393,8 +398,10 @@ def answer_length(authority: str, message: bytes) -> int:
             raise RuntimeError(f"gRPC ModelInfer on {authority}: {e.code().name} {e.details()}") from None
 
 
-def h2load_grpc_argv(authority: str, body_path: str, seconds: float, log: str) -> list[str]:
-    return ["h2load", "-c", "1", "-D", str(max(1, round(seconds))), "--warm-up-time", "1", f"--log-file={log}",
+def h2load_grpc_argv(authority: str, body_path: str, seconds: float, log: str, c: int = 1) -> list[str]:
+    conns = 1 if c == 1 else min(c, H2LOAD_CONNECTIONS)
+    return ["h2load", "-c", str(conns), "-m", str(max(1, c // conns)), "-D", str(max(1, round(seconds))),
+            "--warm-up-time", "1", f"--log-file={log}",
             "-d", body_path, "-H", "content-type: application/grpc", "-H", "te: trailers",
             f"http://{authority}{INFER_PATH}"]
 
@@ -418,8 +425,8 @@ def parse_h2load_grpc(out: str, log_rows: list[tuple[int, int, int]], answer_byt
             "calls": got["ok"] - missing}
 
 
-def run_h2load_grpc(authority: str, message: bytes, seconds: float) -> dict:
-    """The model's c=1 gRPC point with h2load: one connection, one call at a time."""
+def run_h2load_grpc(authority: str, message: bytes, seconds: float, c: int = 1) -> dict:
+    """A gRPC point with h2load: c calls in flight (one connection at c=1, else 4 with c/4 streams each)."""
     try:
         answer_bytes = answer_length(authority, message)
     except RuntimeError as e:
@@ -429,7 +436,7 @@ def run_h2load_grpc(authority: str, message: bytes, seconds: float) -> dict:
         body, log = os.path.join(tmp, "call.bin"), os.path.join(tmp, "calls.log")
         with open(body, "wb") as fh:            # the message as one gRPC frame
             fh.write(b"\x00" + len(message).to_bytes(4, "big") + message)
-        p = subprocess.run(h2load_grpc_argv(authority, body, seconds, log), capture_output=True, text=True,
+        p = subprocess.run(h2load_grpc_argv(authority, body, seconds, log, c), capture_output=True, text=True,
                            timeout=seconds + 60)
         rows = h2load_log.read(log) if os.path.exists(log) else []
     return parse_h2load_grpc(p.stdout + p.stderr, rows, answer_bytes)
@@ -602,10 +609,10 @@ def measure_model(model: dict, labels: list[str], protocols: list[str], levels: 
                     url = srv.grpc_url(model["name"]) if proto == "grpc" else srv.rest_url(model["name"])
                     return run_load(bench_argv(url, proto == "grpc", c, seconds, width), timeout=seconds + 60)
                 clients = [("mcp-bench", mcp_bench)]
-                if (model["name"], proto, c) == H2LOAD_POINT and shutil.which("h2load"):
+                if (model["name"], proto) == H2LOAD_MODEL_PROTO and shutil.which("h2load"):
                     message = grpc_message(model)
-                    clients.append(("h2load", lambda srv: run_h2load_grpc(
-                        srv.grpc_url(model["name"]).split("/")[0], message, seconds)))
+                    clients.append(("h2load", lambda srv, c=c: run_h2load_grpc(
+                        srv.grpc_url(model["name"]).split("/")[0], message, seconds, c)))
                 for client, run_one in clients:
                     point = {"model": model["name"], "protocol": proto, "concurrency": c, "client": client,
                              "servers": measure_point(active, rounds, run_one)}

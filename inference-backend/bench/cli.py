@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="open loop at RPS requests/s, latency from each request's intended send time")
     p.add_argument("--grpc", action="store_true", help="KServe v2 gRPC instead of REST")
     p.add_argument("--connections", type=int, default=1, help="gRPC channels the streams share")
+    p.add_argument("--grpc-client", choices=("h2", "grpcio"), default="h2",
+                   help="h2 (default): mcp-bench's own HTTP/2 client, light on CPU; grpcio: grpcio's channel")
     p.add_argument("--priority-mix", default=None, metavar="NAME=FRAC,...",
                    help="e.g. high=0.1,low=0.9: x-mcp-qos-class and parameters.priority per request")
     p.add_argument("--model", default=None, help="model name, if the URL does not say")
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(url=args.url, concurrency=args.concurrency, requests=args.requests,
                  duration=args.duration, rate=args.rate, grpc=args.grpc,
                  priority_mix=args.priority_mix, model=args.model, shape=args.shape, inputs=args.input,
-                 timeout=args.timeout, warmup=args.warmup, connections=args.connections)
+                 timeout=args.timeout, warmup=args.warmup, connections=args.connections,
+                 grpc_client=args.grpc_client)
     try:
         result = run_sync(cfg)
     except (TargetError, ValueError) as e:

@@ -30,6 +30,7 @@ class Config:
     timeout: float = 30.0
     warmup: int = 0
     connections: int = 1        # gRPC channels (HTTP/1.1 always uses one per slot)
+    grpc_client: str = "h2"     # h2: our HTTP/2 client (h2_grpc.py); grpcio: grpcio's channel
     seed: int = 0
 
     def validate(self) -> None:
@@ -43,6 +44,8 @@ class Config:
             raise TargetError(f"--duration {self.duration}: must be > 0")
         if not self.timeout > 0:
             raise TargetError(f"--timeout {self.timeout}: must be > 0")
+        if self.grpc_client not in ("h2", "grpcio"):
+            raise TargetError(f"--grpc-client {self.grpc_client!r}: h2 or grpcio")
         if self.warmup < 0 or self.connections < 1:
             raise TargetError("--warmup must be >= 0 and --connections >= 1")
 
@@ -57,7 +60,8 @@ class Prepared:
         mix = parse_mix(cfg.priority_mix) if cfg.priority_mix else None
         self.mix = mix
         self.priorities: list[Priority | None] = [p for p, _ in mix] if mix else [None]
-        self.channels = []
+        self.channels = []              # grpcio's (--grpc-client grpcio)
+        self.connections = []           # ours (h2_grpc.H2GrpcConnection)
         self.slots = []
         self.cpu_s: float | None = None      # this process's CPU over the measured load (load())
 
@@ -67,12 +71,23 @@ class Prepared:
         levels = [p.level if p else None for p in self.priorities]
         if cfg.grpc:
             from inference_backend.bench import grpc_slots
-            self.channels = grpc_slots.open_channels(t, cfg.connections)
-            meta = parse_inputs(cfg.inputs) or await grpc_slots.fetch_metadata(t, self.channels[0])
+            meta = parse_inputs(cfg.inputs)
+            if meta is None:
+                channel = grpc_slots.open_channels(t, 1)[0]
+                try:
+                    meta = await grpc_slots.fetch_metadata(t, channel)
+                finally:
+                    channel.close()
             tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
             payloads = [grpc_slots.infer_request(t, tensors, lv) for lv in levels]
-            self.slots = [grpc_slots.GrpcSlot(self.channels[i % len(self.channels)], payloads, qos, cfg.timeout)
-                          for i in range(cfg.concurrency)]
+            if cfg.grpc_client == "grpcio":
+                self.channels = grpc_slots.open_channels(t, cfg.connections)
+                self.slots = [grpc_slots.GrpcSlot(self.channels[i % len(self.channels)], payloads, qos, cfg.timeout)
+                              for i in range(cfg.concurrency)]
+            else:
+                self.connections = await grpc_slots.open_connections(t, cfg.connections)
+                self.slots = [grpc_slots.H2Slot(self.connections[i % len(self.connections)], t, payloads, qos,
+                                                cfg.timeout) for i in range(cfg.concurrency)]
             return
         from inference_backend.bench.http_slots import HttpSlot
         if t.model:
@@ -93,6 +108,8 @@ class Prepared:
     def close_sync(self) -> None:
         for s in self.slots:
             s.close()
+        for c in self.connections:
+            c.close()
 
     async def close(self) -> None:
         self.close_sync()

@@ -182,7 +182,7 @@ def test_a_peer_in_two_layouts_is_judged_by_the_better_one():
 def test_our_flags_per_protocol_and_their_overrides(monkeypatch):
     relu = bp.model_spec("relu", "/m/relu.onnx")
     rest, grpc = bp.server_config("ours", relu, "rest"), bp.server_config("ours", relu, "grpc")
-    assert rest[rest.index("--workers") + 1] == "2" and grpc[grpc.index("--workers") + 1] == "1"
+    assert rest[rest.index("--workers") + 1] == "2" and grpc[grpc.index("--workers") + 1] == "2"
     assert bp.server_config("triton", relu, "grpc") == bp.server_config("triton", relu, "rest")
     monkeypatch.setenv("PEER_OURS_FLAGS_RELU", "--workers 3")
     monkeypatch.setenv("PEER_OURS_FLAGS_RELU_GRPC", "--workers 4")
@@ -238,6 +238,8 @@ def test_h2load_grpc_counts_calls_that_ended_without_a_message_as_errors():
     argv = bp.h2load_grpc_argv("127.0.0.1:9", "/tmp/call.bin", 2.4, "/tmp/calls.log")
     assert argv[argv.index("-c") + 1] == "1" and argv[argv.index("-D") + 1] == "2"
     assert "content-type: application/grpc" in argv and argv[-1] == "http://127.0.0.1:9" + bp.INFER_PATH
+    argv = bp.h2load_grpc_argv("127.0.0.1:9", "/tmp/call.bin", 2.4, "/tmp/calls.log", c=64)
+    assert (argv[argv.index("-c") + 1], argv[argv.index("-m") + 1]) == ("4", "16")     # 64 calls in flight
 
 
 def test_the_h2load_point_has_its_own_floor_and_row():

@@ -187,9 +187,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            # a unary call: a lone request runs at once (ServedModel.infer); a stream's requests,
-            # started together, keep batching
-            response, trailers = await self._infer(request, context.invocation_metadata() or (), run_now=True)
+            # a unary call: a lone request runs at once (ServedModel.infer), unless other calls read
+            # on this loop turn start after it (the lane says so): then they are batched together,
+            # as a stream's requests are
+            starting = getattr(context, "calls_starting", None)
+            run_now = not (starting and starting())
+            response, trailers = await self._infer(request, context.invocation_metadata() or (), run_now=run_now)
         except InferenceError as e:
             self._count(request, e.code)
             await context.abort(e.code, e.message)

@@ -125,6 +125,11 @@ class Context:
     def invocation_metadata(self):
         return self._call.metadata
 
+    def calls_starting(self) -> int:
+        """Other calls read and about to start on this loop turn (not in grpc.aio's context):
+        a handler may leave work for them to share, as the model server's batcher does."""
+        return self._call.lane.starting
+
     def peer(self) -> str:
         return self._call.conn.peer
 
@@ -203,7 +208,7 @@ class Call:
 
     __slots__ = ("conn", "stream", "lane", "handler", "path", "metadata", "deadline", "timer", "encoding",
                  "buf", "need", "requests", "queue", "queued", "uncredited", "task", "context",
-                 "headers_sent", "cancelled", "finished", "deadline_hit")
+                 "headers_sent", "cancelled", "finished", "deadline_hit", "ran")
 
     def __init__(self, lane: "GrpcLane", conn: H2Connection, stream, handler, path: str, metadata, deadline,
                  encoding: bytes | None):
@@ -219,6 +224,7 @@ class Call:
         self.task = None
         self.context = Context(self)
         self.headers_sent = self.cancelled = self.finished = self.deadline_hit = False
+        self.ran = False                    # its task has begun (GrpcLane.starting counts those that have not)
         if handler.request_streaming:       # starts at once: it reads as messages come
             self._start()
 
@@ -310,8 +316,14 @@ class Call:
         if self.deadline is not None:
             self.timer = loop.call_later(max(0.0, self.deadline - time.monotonic()), self._expire)
         self.task = loop.create_task(self._run())
+        self.lane.starting += 1
         self.lane.calls.add(self.task)
-        self.task.add_done_callback(self.lane.calls.discard)
+        self.task.add_done_callback(self._task_done)
+
+    def _task_done(self, task) -> None:
+        self.lane.calls.discard(task)
+        if not self.ran:            # cancelled before its first step
+            self.lane.starting -= 1
 
     def _expire(self) -> None:
         self.timer = None
@@ -335,6 +347,8 @@ class Call:
 
     async def _run(self) -> None:
         h, ctx = self.handler, self.context
+        self.ran = True
+        self.lane.starting -= 1
         try:
             if h.unary_unary:
                 result = h.unary_unary(self.requests[0], ctx)
@@ -484,6 +498,7 @@ class GrpcLane:
         # the open connections (a set-like that counts them for a connection balancer may be given)
         self.connections: set[H2Connection] = set() if connections is None else connections
         self.calls: set[asyncio.Task] = set()
+        self.starting = 0           # calls whose task is made and has not run yet (Context.calls_starting)
         self.server = None          # asyncio's server, or one with its close() (connection_balance)
 
     # -- what grpcio's generated add_*_to_server functions call ------------

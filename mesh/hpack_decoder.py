@@ -15,6 +15,8 @@ from hpack.table import HeaderTable
 
 STATIC = HeaderTable.STATIC_TABLE       # 61 (name, value) pairs, index 1..61
 ENTRY_OVERHEAD = 32                     # RFC 7541 4.1
+SEEN_BLOCKS = 16                        # blocks remembered per connection (Decoder.seen): 8 KiB at most
+SEEN_BLOCK_BYTES = 512                  # the largest remembered (a repeated call's block is ~20-200)
 
 
 class Decoder:
@@ -34,8 +36,27 @@ class Decoder:
         self.table: collections.deque = collections.deque()    # newest first
         self.table_size = 0
         self.oversized = False              # the last block went over max_list
+        self.changes = 0                    # table changes so far (an insertion, a size update)
+        # Blocks that changed nothing, by their bytes: (changes then, fields, oversized). A client
+        # repeating a call sends the same bytes once its fields are indexed (or never are), and
+        # while the table is as it was they decode to the same fields.
+        self.seen: dict[bytes, tuple[int, list, bool]] = {}
 
     def decode(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """The block's fields; callers must not change the list (it may be handed out again)."""
+        hit = self.seen.get(data)
+        if hit is not None and hit[0] == self.changes:
+            self.oversized = hit[2]
+            return hit[1]
+        before = self.changes
+        out = self._decode(data)
+        if self.changes == before and len(data) <= SEEN_BLOCK_BYTES:
+            if len(self.seen) >= SEEN_BLOCKS:
+                self.seen.clear()
+            self.seen[data] = (before, out, self.oversized)
+        return out
+
+    def _decode(self, data: bytes) -> list[tuple[bytes, bytes]]:
         self.oversized = False
         out = []
         i, n, total = 0, len(data), 0
@@ -54,6 +75,7 @@ class Decoder:
                 if size > self.max_table:
                     raise HPACKDecodingError(f"table size update to {size} over {self.max_table}")
                 self.table_limit = size
+                self.changes += 1
                 self._shrink()
                 continue
             else:                                   # literal without indexing / never indexed
@@ -75,6 +97,7 @@ class Decoder:
         raise InvalidTableIndex(f"index {index} not in the table")
 
     def _add(self, name: bytes, value: bytes) -> None:
+        self.changes += 1
         size = len(name) + len(value) + ENTRY_OVERHEAD
         if size > self.table_limit:     # an entry too large empties the table (RFC 7541 4.4)
             self.table.clear()

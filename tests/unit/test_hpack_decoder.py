@@ -60,3 +60,23 @@ def test_a_header_list_over_the_limit_is_cut_and_flagged_and_the_table_stays_in_
     assert d.decode(b"\x82") == [(b":method", b"GET")] and not d.oversized
     d.max_list = 4096
     assert d.decode(second) == [(b"x-big", b"v" * 2000), (b"x-after", b"a")]
+
+
+def test_a_repeated_block_decodes_against_the_table_as_it_is_now():
+    """Decoder.seen hands a block that changed nothing its earlier fields only while the table is
+    unchanged: an index names another entry once something is inserted or the size shrinks."""
+    d = Decoder(1 << 16)
+    d.decode(b"\x40\x03x-a\x011")                          # x-a: 1, inserted (index 62)
+    again = b"\x82\xbe"                                     # :method GET, index 62
+    assert d.decode(again) == [(b":method", b"GET"), (b"x-a", b"1")]
+    assert d.decode(again) == [(b":method", b"GET"), (b"x-a", b"1")]    # the remembered fields
+    d.decode(b"\x40\x03x-b\x012")                          # x-b: 2 now at 62, x-a at 63
+    assert d.decode(again) == [(b":method", b"GET"), (b"x-b", b"2")]
+    d.decode(b"\x20")                                       # a size update to 0 empties the table
+    with pytest.raises(HPACKError):
+        d.decode(again)
+    over = Decoder(50)                                      # a block over the list cap, remembered
+    big = b"\x00\x05x-big\x14" + b"v" * 20                 # literal, not indexed: 57 bytes as counted
+    assert over.decode(big) == [] and over.oversized
+    assert over.decode(b"\x82") and not over.oversized
+    assert over.decode(big) == [] and over.oversized       # flagged again when handed out again

@@ -564,6 +564,11 @@ def table(result: dict) -> str:
                          f"{1e6 / (2 * kserve_rps) - client:.0f} us a round trip for the server and the kernel")
     for s, why in result["unavailable"].items():
         lines.append(f"{s}: unavailable: {why[:300]}")
+    for p in result["points"]:
+        for s, pt in p["servers"].items():
+            for note in pt.get("restarted", ()):
+                lines.append(f"{s} died before a run at {p['model']} {p['protocol']} c={p['concurrency']}"
+                             f"{client_tag(p)} and was started again: {note[:300]}")
     return "\n".join(lines)
 
 
@@ -625,12 +630,37 @@ def measure_model(model: dict, labels: list[str], protocols: list[str], levels: 
 
 
 def measure_point(servers: dict, rounds: int, run_one) -> dict:
-    """`run_one(server)` for every server, `rounds` times, the servers taking turns; the median of each."""
+    """`run_one(server)` for every server, `rounds` times, the servers taking turns; the median of each.
+    A server found exited before its run is started again (the run it died in keeps its errors),
+    and the point says so under `restarted`."""
     runs: dict[str, list[dict]] = {s: [] for s in servers}
+    restarted: dict[str, list[str]] = {}
     for rnd in range(rounds):
         for label in turn_order(list(servers), rnd):
-            runs[label].append(run_one(servers[label]))
-    return {s: median_point(r) for s, r in runs.items()}
+            srv = servers[label]
+            note = exit_note(srv)
+            if note:
+                print(f"  {label} had exited ({note[:300]}); starting it again", flush=True)
+                restarted.setdefault(label, []).append(note)
+                try:
+                    srv.start()
+                except Exception as e:      # noqa: BLE001 - its runs below then fail and say why
+                    restarted[label].append(f"restart failed: {e}"[:600])
+            runs[label].append(run_one(srv))
+    out = {s: median_point(r) for s, r in runs.items()}
+    for label, notes in restarted.items():
+        out[label]["restarted"] = notes
+    return out
+
+
+def exit_note(srv) -> str | None:
+    """Why `srv`'s process is gone (its exit status and the tail of its log), or None while it runs."""
+    holder = getattr(srv, "proc", None)               # a PeerProcess or ServeProcess, or a Popen
+    popen = getattr(holder, "proc", holder)
+    if popen is None or not hasattr(popen, "poll") or popen.poll() is None:
+        return None
+    tail = holder.log_tail() if hasattr(holder, "log_tail") else ""
+    return f"exited with status {popen.returncode}: {tail[-600:]}"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

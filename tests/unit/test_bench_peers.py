@@ -251,3 +251,42 @@ def test_the_h2load_point_has_its_own_floor_and_row():
     result["floors"] = bp.floors(points)
     rows = [line for line in bp.table(result).splitlines() if line.startswith("relu")]
     assert len(rows) == 2 and rows[1].split()[2:4] == ["1", "h2load"] and "x1.65" in rows[1]
+
+
+def test_a_server_that_died_is_started_again_and_the_point_says_so():
+    import subprocess as sp
+
+    class Dies:
+        """A stand-in for a peer: start() runs a process (`sleep`)."""
+        def __init__(self):
+            self.proc, self.starts = sp.Popen(["sleep", "30"]), 0
+
+        def start(self):
+            self.starts += 1
+            self.proc = sp.Popen(["sleep", "30"])
+            return self
+
+    srv = Dies()
+    calls = []
+
+    def run_one(s):
+        calls.append(s.proc.pid if s.proc else None)
+        if len(calls) == 1:                 # it dies during its first run
+            s.proc.kill()
+            s.proc.wait()
+            s.proc = sp.Popen(["false"])
+            s.proc.wait()
+            return {**pt(0), "errors": 1, "error_classes": {"x": 1}}
+        return pt(100)
+
+    try:
+        out = bp.measure_point({"triton": srv}, 3, run_one)["triton"]
+    finally:
+        srv.proc.kill()
+    assert srv.starts == 1 and len(out["restarted"]) == 1 and "exited with status 1" in out["restarted"][0]
+    assert out["errors"] == 1 and [r["rps"] for r in out["rounds"]] == [0, 100, 100]
+    points = [{"model": "relu", "protocol": "grpc", "concurrency": 16, "client": "h2load",
+               "servers": {"ours": pt(200), "triton": out}}]
+    table = bp.table({"points": points, "servers": {"ours": {}, "triton": {}}, "unavailable": {},
+                      "floors": bp.floors(points)})
+    assert "triton died before a run at relu grpc c=16 h2load and was started again" in table

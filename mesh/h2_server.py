@@ -112,6 +112,20 @@ class ConnectionError_(Exception):
         self.code = code
 
 
+def unpad(payload: bytes) -> bytes:
+    """A PADDED frame's payload less its pad-length octet and the padding (RFC 9113 6.1)."""
+    if not payload or payload[0] >= len(payload):
+        raise ConnectionError_(PROTOCOL_ERROR, "padding")
+    return payload[1:len(payload) - payload[0]]
+
+
+def header_fragment(flags: int, payload: bytes) -> bytes:
+    """A HEADERS frame's block fragment: less its padding and its PRIORITY fields (6.2)."""
+    if flags & PADDED:
+        payload = unpad(payload)
+    return payload[5:] if flags & PRIORITY_FLAG else payload
+
+
 class Stream:
     """One request stream: its send window, what waits for it, and its handler."""
 
@@ -280,7 +294,7 @@ class H2Connection(asyncio.Protocol):
             raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
         self.received_uncredited += length
         if flags & PADDED:
-            payload = self._unpad(payload)
+            payload = unpad(payload)
         st = self.streams.get(sid)
         if st is None or st.remote_closed:
             if sid > self.last_stream:
@@ -300,10 +314,7 @@ class H2Connection(asyncio.Protocol):
     def _on_headers(self, sid: int, flags: int, payload: bytes) -> None:
         if not sid or not sid & 1:
             raise ConnectionError_(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
-        if flags & PADDED:
-            payload = self._unpad(payload)
-        if flags & PRIORITY_FLAG:
-            payload = payload[5:]
+        payload = header_fragment(flags, payload)
         if flags & END_HEADERS:
             self._on_header_block(sid, flags, payload)
         else:
@@ -398,12 +409,6 @@ class H2Connection(asyncio.Protocol):
                 self.reset(st, FLOW_CONTROL_ERROR)
             elif st.queue:
                 self._pump(st)
-
-    @staticmethod
-    def _unpad(payload: bytes) -> bytes:
-        if not payload or payload[0] >= len(payload):
-            raise ConnectionError_(PROTOCOL_ERROR, "padding")
-        return payload[1:len(payload) - payload[0]]
 
     # -- frames out (the stream handler's calls) ------------------------------
 

@@ -29,11 +29,11 @@ import struct
 import time
 from typing import Callable
 
-from mesh.h2_server import (ACK, CONTINUATION, DATA, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PING, PREFACE,
-                            RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, hpack_int, literal)
+from mesh.h2_server import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PADDED,
+                            PING, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, ConnectionError_, frame,
+                            header_fragment, hpack_int, literal, unpad)
 from mesh.hpack_decoder import Decoder
 
-END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE = 1, 2, 3, 4, 5
 DEFAULT_WINDOW, DEFAULT_FRAME = 65535, 16384
 OUR_WINDOW = 1 << 30            # what the server may send before we top it up
@@ -138,7 +138,11 @@ class H2GrpcConnection(asyncio.Protocol):
             flags, stream = buf[i + 4], _U32.unpack_from(buf, i + 5)[0] & 0x7FFFFFFF
             payload = bytes(buf[i + 9:i + 9 + length])
             i += 9 + length
-            self._frame(kind, flags, stream, payload)
+            try:
+                self._frame(kind, flags, stream, payload)
+            except ConnectionError_ as e:       # bad padding: the connection is no longer readable
+                del buf[:]
+                return self._fail_all(str(e))
         del buf[:i]
         self._flush()
 
@@ -235,9 +239,9 @@ class H2GrpcConnection(asyncio.Protocol):
                 self._headers(s, f, bytes(block))
             return
         if kind == DATA:
+            self.received += len(payload)               # padding counts against the window too
             if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
-            self.received += len(payload) + (1 if flags & PADDED else 0)
+                payload = unpad(payload)
             if self.received > OUR_WINDOW // 2:
                 self.out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.received)))
                 self.received = 0
@@ -247,10 +251,7 @@ class H2GrpcConnection(asyncio.Protocol):
                 if flags & END_STREAM:      # no trailers: not a gRPC answer
                     self._end(stream, INTERNAL)
         elif kind == HEADERS:
-            if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY_FLAG:
-                payload = payload[5:]
+            payload = header_fragment(flags, payload)
             if flags & END_HEADERS:
                 self._headers(stream, flags, payload)
             else:

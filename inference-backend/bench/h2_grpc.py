@@ -100,6 +100,7 @@ class H2GrpcConnection(asyncio.Protocol):
         self.decoder = Decoder(max_list=1 << 20)
         self.continuing: tuple[int, int, bytearray] | None = None    # (stream, flags, block) until END_HEADERS
         self.closed = False
+        self.gone_away = False              # GOAWAY received
         self.ready: asyncio.Future | None = None
 
     async def connect(self, host: str, port: int, timeout: float = 10.0) -> None:
@@ -153,6 +154,9 @@ class H2GrpcConnection(asyncio.Protocol):
         (framed here). `done` runs on this loop when it ends. None if the connection is closed."""
         if self.closed:
             done(None, [], [])
+            return None
+        if self.gone_away:                  # the server takes no new streams here
+            done(UNAVAILABLE, [], [])
             return None
         c = _Call(block, b"\x00" + _U32.pack(len(message)) + message, done)
         if len(self.streams) < self.max_streams and not self.waiting:
@@ -275,7 +279,7 @@ class H2GrpcConnection(asyncio.Protocol):
             self._end(stream, UNAVAILABLE if code == REFUSED_STREAM else CANCELLED)
         elif kind == GOAWAY:
             last = _U32.unpack_from(payload)[0] & 0x7FFFFFFF
-            self.max_streams = 0            # no new streams here
+            self.gone_away = True
             for s in [s for s in self.streams if s > last]:
                 self._end(s, UNAVAILABLE)
             for c in list(self.waiting):

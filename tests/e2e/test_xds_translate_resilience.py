@@ -161,8 +161,10 @@ def get(port: int, path: str) -> tuple[int, dict]:
 def test_outlier_detection_ejects_the_failing_endpoint(gateway):
     port, envoy = gateway
     statuses = [get(port, f"/item/{i}")[0] for i in range(30)]
-    # Round robin alternates until the bad endpoint's 2nd consecutive 5xx ejects it.
-    assert statuses.count(500) == 2, statuses
+    # Round robin alternates until the bad endpoint's 2nd consecutive 5xx ejects it. Envoy ejects
+    # on its main thread, after the worker reports the 5xx: on a loaded machine the next request
+    # can reach the bad endpoint once more before the worker learns (seen once in CI: 3).
+    assert statuses.count(500) in (2, 3), statuses
     assert statuses[-20:] == [200] * 20
     stats = envoy.stats(r"outlier_detection\.ejections_enforced_consecutive_5xx")
     assert stats["cluster.outbound|80||flaky.mesh.local.outlier_detection.ejections_enforced_consecutive_5xx"] == 1

@@ -178,8 +178,8 @@ class Server:
         # balances connections exactly (connection_balance.py); the others use SO_REUSEPORT.
         counts = None
         if o.workers > 1 and o.connection_balance == "exact":
-            counts = connection_balance.SharedCounts(o.workers, (o.inherited or {}).get("counts"))
-        shared = {"counts": counts.fd} if counts else {}    # what the other workers inherit
+            counts = connection_balance.SharedCounts(o.workers, (o.inherited or {}).get("counts", [None])[0])
+        shared = {"counts": [counts.fd]} if counts else {}    # the descriptors the other workers inherit
         balance_rest = counts is not None and o.rest_frontend == "fast"
         balance_grpc = counts is not None and o.grpc_frontend == LANE
         listen = dict(backlog=1024, reuse_address=True, reuse_port=o.workers > 1 or None)
@@ -188,7 +188,7 @@ class Server:
             conns = connection_balance.CountedSet(counts.lane("http", o.worker_index)) if balance_rest else None
             self._fast = FastLane(core, self._runner, conns)
             if balance_rest:
-                http_port = self._balanced(self._fast, conns, "http", o.http_port, "REST port", shared)
+                http_port = self._balanced(self._fast, "http", o.http_port, "REST port", shared)
             else:
                 http_port = await self._fast.start(o.host, o.http_port, **listen)
         else:
@@ -212,15 +212,15 @@ class Server:
             (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name, reflection.SERVICE_NAME),
             pool=pb.DESCRIPTOR.pool), self._grpc)   # the protocol's messages live in a private pool
         if balance_grpc:
-            grpc_port = self._balanced(self._grpc, self._grpc.connections, "grpc", o.grpc_port, "gRPC port",
-                                       shared, self._grpc.new_connection)
+            grpc_port = self._balanced(self._grpc, "grpc", o.grpc_port, "gRPC port", shared,
+                                       self._grpc.new_connection)
         else:
             grpc_port = await start_server(self._grpc, o.host, o.grpc_port, "gRPC port", **listen)
         if o.worker_argv and o.workers > 1:
             # The others serve the ports this one got (port 0 resolved): the sockets themselves
             # where balanced, else their own bound with SO_REUSEPORT. Each loads the model
             # beside this one and has its own GIL, event loop, batcher and ONNX session.
-            fds = [fd for v in shared.values() for fd in (v if isinstance(v, list) else [v])]
+            fds = [fd for v in shared.values() for fd in v]
             extra = ["--inherit-listeners", json.dumps(shared)] if shared else []
             for i in range(1, o.workers):
                 w = PriorityWorker([*o.worker_argv, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
@@ -294,7 +294,7 @@ class Server:
         await _set_health(self._health, "", health_pb2.HealthCheckResponse.SERVING)
         await _set_health(self._health, "inference.GRPCInferenceService", health_pb2.HealthCheckResponse.SERVING)
 
-    def _balanced(self, lane, conns, name: str, port: int, what: str, shared: dict, factory=None) -> int:
+    def _balanced(self, lane, name: str, port: int, what: str, shared: dict, factory=None) -> int:
         """Serve `lane` on the shared sockets (bound here and listed in `shared` for the other
         workers, or inherited by one of them), accepting while this worker has no more
         connections than the least loaded other; the port."""
@@ -304,7 +304,7 @@ class Server:
         else:
             socks = connection_balance.bind(self.opts.host, port, what)
             shared[name] = [s.fileno() for s in socks]
-        lane.server = connection_balance.BalancedListener(socks, factory or lane, conns)
+        lane.server = connection_balance.BalancedListener(socks, factory or lane, lane.connections)
         lane.server.start()
         return lane.server.port
 

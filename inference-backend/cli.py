@@ -84,7 +84,7 @@ def register(subparsers) -> None:
                         f"batcher and ONNX session (default {DEFAULT_WORKERS}; inference-backend/README.md: Workers)")
     # A worker other than the first: `mcpctl serve --worker-index I`, started by the first.
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
-    # ... and the descriptors it inherits from the first: {"counts": FD, "http": [FD...], "grpc": [FD...]}
+    # ... and the descriptors it inherits from the first: {"counts": [FD], "http": [FD...], "grpc": [FD...]}
     p.add_argument("--inherit-listeners", type=json.loads, default=None, help=argparse.SUPPRESS)
     p.add_argument("--connection-balance", default="exact", choices=("exact", "kernel"),
                    help="with --workers: exact (default) shares each port's socket and keeps the workers' "

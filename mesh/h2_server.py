@@ -100,8 +100,13 @@ def literal(name: bytes, value: bytes) -> bytes:
 STATUS_200 = b"\x88"            # :status 200, static table entry 8
 
 
+def named_literal(index: int, value: bytes) -> bytes:
+    """A field, not indexed, whose name is static-table entry `index` (RFC 7541 6.2.2)."""
+    return hpack_int(index, 4) + hpack_int(len(value), 7) + value
+
+
 def http_status_block(code: int) -> bytes:
-    return b"\x08" + hpack_int(3, 7) + str(code).encode()     # :status, name from the static table (8)
+    return named_literal(8, str(code).encode())     # :status, name from the static table (8)
 
 
 class ConnectionError_(Exception):

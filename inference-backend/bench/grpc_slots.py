@@ -76,26 +76,16 @@ def infer_request(t: Target, tensors, priority_level: int | None) -> bytes:
     return req.SerializeToString()
 
 
-_QUEUE_B, _COMPUTE_B = QUEUE_TIME_US.encode(), COMPUTE_TIME_US.encode()
+_KEYS = (QUEUE_TIME_US, COMPUTE_TIME_US)          # as grpcio's metadata spells them
+_RAW_KEYS = tuple(k.encode() for k in _KEYS)       # as a decoded header block does (H2Slot)
 
 
-def _timing_raw(fields) -> tuple[float | None, float | None]:
-    """_timing over a decoded header block's (bytes, bytes) pairs."""
-    q = c = None
-    for key, value in fields:
-        if key == _QUEUE_B:
-            q = float(value)
-        elif key == _COMPUTE_B:
-            c = float(value)
-    return q, c
-
-
-def _timing(md) -> tuple[float | None, float | None]:
+def _timing(md, keys: tuple = _KEYS) -> tuple[float | None, float | None]:
     q = c = None
     for key, value in md or ():
-        if key == QUEUE_TIME_US:
+        if key == keys[0]:
             q = float(value)
-        elif key == COMPUTE_TIME_US:
+        elif key == keys[1]:
             c = float(value)
     return q, c
 
@@ -179,9 +169,9 @@ class H2Slot:
             on_done(errors.TIMEOUT if status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
                     else errors.grpc_error(status), None, None)
         else:
-            q, c = _timing_raw(headers)
+            q, c = _timing(headers, _RAW_KEYS)
             if q is None and c is None:
-                q, c = _timing_raw(trailers)
+                q, c = _timing(trailers, _RAW_KEYS)
             on_done(None, q, c)
 
     def expire(self, older_than: float) -> None:

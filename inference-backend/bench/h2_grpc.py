@@ -31,7 +31,7 @@ from typing import Callable
 
 from mesh.h2_server import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PADDED,
                             PING, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, ConnectionError_, frame,
-                            header_fragment, hpack_int, literal, unpad)
+                            header_fragment, literal, named_literal, unpad)
 from mesh.hpack_decoder import Decoder
 
 S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE = 1, 2, 3, 4, 5
@@ -53,10 +53,8 @@ Done = Callable[[int | None, list, list], None]
 def header_block(authority: str, path: str, metadata: tuple = (), timeout_s: float | None = None) -> bytes:
     """A request's HEADERS block: POST, http, the path and authority, gRPC's content-type and te,
     `grpc-timeout` (ms) and the metadata, none of it indexed (nothing to keep in step with)."""
-    def named(index: int, value: bytes) -> bytes:       # literal without indexing, indexed name
-        return hpack_int(index, 4) + hpack_int(len(value), 7) + value
-    block = (b"\x83\x86" + named(4, path.encode()) + named(1, authority.encode())
-             + named(31, b"application/grpc") + literal(b"te", b"trailers"))
+    block = (b"\x83\x86" + named_literal(4, path.encode()) + named_literal(1, authority.encode())
+             + named_literal(31, b"application/grpc") + literal(b"te", b"trailers"))
     if timeout_s is not None:
         block += literal(b"grpc-timeout", f"{max(1, int(timeout_s * 1000))}m".encode())
     for k, v in metadata:
@@ -65,7 +63,7 @@ def header_block(authority: str, path: str, metadata: tuple = (), timeout_s: flo
 
 
 class _Call:
-    __slots__ = ("stream", "block", "message", "sent", "done", "started", "headers", "trailers", "data", "status")
+    __slots__ = ("stream", "block", "message", "sent", "done", "started", "headers", "trailers", "data")
 
     def __init__(self, block: bytes, message: bytes, done: Done):
         self.stream = 0
@@ -75,7 +73,6 @@ class _Call:
         self.headers: list | None = None
         self.trailers: list = []
         self.data = 0
-        self.status: int | None = None
 
 
 class H2GrpcConnection(asyncio.Protocol):
@@ -101,11 +98,9 @@ class H2GrpcConnection(asyncio.Protocol):
         self.continuing: tuple[int, int, bytearray] | None = None    # (stream, flags, block) until END_HEADERS
         self.closed = False
         self.gone_away = False              # GOAWAY received
-        self.ready: asyncio.Future | None = None
 
     async def connect(self, host: str, port: int, timeout: float = 10.0) -> None:
         loop = asyncio.get_running_loop()
-        self.ready = loop.create_future()
         await asyncio.wait_for(loop.create_connection(lambda: self, host, port), timeout)
 
     # -- asyncio.Protocol ---------------------------------------------------------
@@ -116,8 +111,6 @@ class H2GrpcConnection(asyncio.Protocol):
         settings = (_SETTING.pack(S_ENABLE_PUSH, 0) + _SETTING.pack(S_INITIAL_WINDOW_SIZE, OUR_WINDOW))
         transport.write(PREFACE + frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(OUR_WINDOW - DEFAULT_WINDOW)))
-        if self.ready and not self.ready.done():
-            self.ready.set_result(None)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -177,9 +170,6 @@ class H2GrpcConnection(asyncio.Protocol):
                 self.waiting.remove(c)
             except ValueError:
                 pass
-
-    def in_flight(self) -> list[_Call]:
-        return list(self.streams.values()) + list(self.waiting)
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:

@@ -3,7 +3,7 @@
 
 Each benchmark prints its own table (ratios measured side by side in one run)
 and writes JSON under artifacts/bench/. Run from the repo root; a single one is
-also `python -m benchmarks.bench_NAME [its flags]`.
+also `python -m benchmarks NAME [its flags]` (= `python -m benchmarks.bench_NAME [its flags]`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    wanted = [a.removeprefix("bench_").removesuffix(".py") for a in argv]
+    # Names first, then (one benchmark only) the flags that benchmark takes.
+    split = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    wanted = [a.removeprefix("bench_").removesuffix(".py") for a in argv[:split]]
+    flags = argv[split:]
+    if flags and len(wanted) != 1:
+        print(f"flags ({' '.join(flags)}) go to one benchmark: name exactly one before them, "
+              f"e.g. `python -m benchmarks peers --rounds 2`", file=sys.stderr)
+        return 2
     scripts = sorted(HERE.glob("bench_*.py"))
     if wanted:
         unknown = set(wanted) - {s.stem.removeprefix("bench_") for s in scripts}
@@ -27,7 +34,7 @@ def main(argv: list[str]) -> int:
     failed = []
     for script in scripts:
         print(f"\n=== {script.stem} ===", flush=True)
-        if subprocess.call([sys.executable, "-m", f"benchmarks.{script.stem}"], cwd=HERE.parent) != 0:
+        if subprocess.call([sys.executable, "-m", f"benchmarks.{script.stem}", *flags], cwd=HERE.parent) != 0:
             failed.append(script.stem)
     if failed:
         print(f"\nfailed: {', '.join(failed)}")

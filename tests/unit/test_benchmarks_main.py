@@ -1,0 +1,32 @@
+"""`python -m benchmarks NAME [flags]`: the flags reach that one benchmark; flags
+without exactly one name are refused before anything runs."""
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_flags_reach_the_named_benchmark():
+    r = _run("peers", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "=== bench_peers ===" in r.stdout
+    assert "--concurrency" in r.stdout          # bench_peers' own argparse answered
+
+
+def test_flags_without_exactly_one_name_are_refused():
+    for argv in (("--rounds", "2"), ("xds", "peers", "--rounds", "2")):
+        r = _run(*argv)
+        assert r.returncode == 2
+        assert "name exactly one" in r.stderr
+        assert "===" not in r.stdout            # nothing ran
+
+
+def test_unknown_name_is_named():
+    r = _run("nosuch")
+    assert r.returncode == 2 and "no benchmark named nosuch" in r.stderr

@@ -10,8 +10,9 @@ writes artifacts/bench/peers.json.
   figure is the server), and `mlp` (builtin:mlp, compute-bound: batch 1
   reads 77 MB of weights; batching pays).
 - Servers, each with the batching it does best (BATCHING below): ours
-  (`mcpctl serve` as it is on disk; relu `--workers 2`, mlp one process with 2 ONNX threads, split into two
-  one-thread instances under load, and as `ours-x2` two worker processes of
+  (`mcpctl serve` as it is on disk; relu `--workers 2`; mlp one process with
+  2 ONNX threads and batches of up to 64, split into two one-thread
+  instances under heavier load, and as `ours-x2` two worker processes of
   one thread each; as with Triton's layouts, a point is judged by the better
   of ours); Triton (the tritonserver PyTriton ships,
   which carries only the python backend: the ONNX file runs in onnxruntime
@@ -99,8 +100,12 @@ def _triton(model: str, default: tuple, env: str = "PEER_TRITON") -> tuple:
 # leaves the server the cores: relu gRPC c=64 12,000 -> 21,000 req/s from
 # h2load); for the memory-bound mlp one
 # process with both cores as ONNX threads (its batches then read the weights
-# once for all in flight) and --split-under-load (two one-thread instances
-# once more than a batch waits; the trades are measured in the README); env
+# once for all in flight), --max-batch 64 (on the 2-core VM of 2026-12-05 22:00
+# a row costs 196 us of CPU in a batch of 64 against 261 in one of 32,
+# `python -m benchmarks gemm`; MLP c=64 1.12-1.14x the req/s of 32 split, same
+# run; Triton offered 64 did not gain: 0.94x REST, 1.02x gRPC of its 32) and
+# --split-under-load (two one-thread instances once more than 1.25 batches
+# wait, here above c=64; the trades are measured in the README); env
 # PEER_OURS_FLAGS_RELU / _MLP override (PEER_OURS_FLAGS_RELU_GRPC one
 # protocol's). Triton: max_batch_size and max_queue_delay_microseconds of its
 # dynamic batcher (0: a batch leaves as soon as an instance is free, with
@@ -112,7 +117,7 @@ def _triton(model: str, default: tuple, env: str = "PEER_TRITON") -> tuple:
 # event loop, which an overhead-bound model prefers to a hop to a worker
 # process; 1: one worker, which with batching did best on the MLP). KServe:
 # nothing to set (no batcher in its Python server).
-OURS_MLP = "--qos-policy balanced --workers 1 --intra-op-threads 2 --split-under-load"
+OURS_MLP = "--qos-policy balanced --workers 1 --intra-op-threads 2 --max-batch 64 --split-under-load"
 # ours-x2, the MLP only: two worker processes of one ONNX thread each, as Triton's count 2
 # (two loops share the front-end work; ahead of the split one at REST c=64, behind below).
 OURS_MLP_X2 = "--qos-policy balanced --workers 2 --intra-op-threads 1"

@@ -15,6 +15,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
+    scripts = sorted(HERE.glob("bench_*.py"))
+    names = ", ".join(s.stem.removeprefix("bench_") for s in scripts)
+    if argv in (["-h"], ["--help"]):
+        print(f"{__doc__}\nbenchmarks: {names}")
+        return 0
     # Names first, then (one benchmark only) the flags that benchmark takes.
     split = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
     wanted = [a.removeprefix("bench_").removesuffix(".py") for a in argv[:split]]
@@ -23,11 +28,9 @@ def main(argv: list[str]) -> int:
         print(f"flags ({' '.join(flags)}) go to one benchmark: name exactly one before them, "
               f"e.g. `python -m benchmarks peers --rounds 2`", file=sys.stderr)
         return 2
-    scripts = sorted(HERE.glob("bench_*.py"))
     if wanted:
         unknown = set(wanted) - {s.stem.removeprefix("bench_") for s in scripts}
         if unknown:
-            names = ", ".join(s.stem.removeprefix("bench_") for s in scripts)
             print(f"no benchmark named {', '.join(sorted(unknown))}; there are: {names}", file=sys.stderr)
             return 2
         scripts = [s for s in scripts if s.stem.removeprefix("bench_") in wanted]

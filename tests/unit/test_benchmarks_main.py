@@ -30,3 +30,10 @@ def test_flags_without_exactly_one_name_are_refused():
 def test_unknown_name_is_named():
     r = _run("nosuch")
     assert r.returncode == 2 and "no benchmark named nosuch" in r.stderr
+
+
+def test_help_alone_lists_the_benchmarks():
+    r = _run("--help")
+    assert r.returncode == 0
+    assert "benchmarks:" in r.stdout and "peers" in r.stdout.split("benchmarks:")[-1]
+    assert "===" not in r.stdout

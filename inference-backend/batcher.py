@@ -88,18 +88,24 @@ when the instance frees up - for good (builtin:mlp REST c=16: batches of
 6 + 10 or 1 + 15 instead of 16, 20 % fewer req/s, in two runs of five).
 So an idle lone instance that just finished a batch of n requests waits for n
 requests to arrive since its end before forming the next batch, when such a
-return has been taking (averaged over batches of two or more) less than half
-that batch's compute time - the part of a batch that does not grow with its
-rows is at least that on a model bound by reading its weights, and a request
-taken in later would cost it again. The wait ends once n have come, at 1.25x
-the average return time (extended while requests keep coming, by a row's
-compute time after each), and at the latest half a batch's compute time or
+return has been taking (averaged over batches of two or more) less than
+that batch's compute time. Two groups pay the part of a batch that does not
+grow with its rows twice a round, and what they seem to gain by overlapping
+one group's return with the other's batch is small where both run on the
+same cores (a lone instance on every core, as by default): the loop's work
+for the returning requests takes those cores from the batch. builtin:mlp
+REST c=64, batches of up to 64 on both cores of a 2-core VM: returns took
+4.3-5.3 ms against 6.6-7.1 ms batches; waiting for them made batches of 62-64
+rows instead of 45-57 and 1.08-1.14x the req/s (4 paired runs; half a batch,
+the bound before, never waited there); c=16 and c=64 at the preset's 32, and
+gRPC, moved within the spread (2026-12-05). The wait ends once n have come,
+at 1.25x the average return time (extended while requests keep coming, by a
+row's compute time after each), and at the latest a batch's compute time or
 the queue delay after the batch ended, whichever is sooner. Requests already
 queued when it ended (the other group) wait with it: the queue delay bounds
 the wait from the instance's end, not from their arrival. Nothing waits when
-returns take longer (gRPC's at c=16: 3 ms against ~4 ms batches), for a
-lone request's return (c=1), with more than one instance, or in the
-reserved lane.
+returns take longer (clients slower than the model), for a lone request's
+return (c=1), with more than one instance, or in the reserved lane.
 
 Deferred submits and inline runs (`submit_deferred` + `flush`). The event
 loop queues every request it decodes in one turn without waking the compute
@@ -611,9 +617,9 @@ class DynamicBatcher:
 
     def _regroups(self, since_done: int) -> bool:
         """May an idle lone instance wait for its last batch's requests to come back, `since_done`
-        of them having come? Only while such returns take under half a batch's compute time."""
+        of them having come? Only while such returns take under a batch's compute time."""
         return (self._capacity() == 1 and since_done < self._done_requests and bool(self._back_ns)
-                and self._back_ns <= self._batch_ns / 2)
+                and self._back_ns <= self._batch_ns)
 
     def _regroup_wait(self, now: int) -> float:
         """Seconds an idle lone instance waits for as many requests as its last batch had to
@@ -622,7 +628,7 @@ class DynamicBatcher:
             return 0
         # until they are expected back, or while they keep coming, within the queue delay
         until = min(max(self._done_ns + self._back_ns * 1.25, self._last_arrival_ns + self._row_ns),
-                    self._done_ns + min(self._batch_ns // 2, self.settings.max_queue_delay_us * 1000))
+                    self._done_ns + min(self._batch_ns, self.settings.max_queue_delay_us * 1000))
         if now >= until:
             return 0
         if not self._regrouping:

@@ -153,11 +153,11 @@ def test_metadata_block_encodes_as_literals_with_bin_values_base64():
 
 
 def test_a_batch_whose_requests_come_back_slowly_does_not_hold_a_lone_request():
-    """Regrouping waits only while returns take under half a batch's compute (batcher.py): a cheap
+    """Regrouping waits only while returns take under a batch's compute (batcher.py): a cheap
     model's batch of 4 whose requests take longer to come back than it took does not hold the next."""
     rec = Recorder()
     b = batcher(rec)
-    b._done_requests, b._since_done, b._back_ns, b._batch_ns = 4, 0, 900_000, 1_000_000
+    b._done_requests, b._since_done, b._back_ns, b._batch_ns = 4, 0, 1_200_000, 1_000_000
     p = req("a")
     assert b.run_alone(p) is True and p.future.done()
     b.stop()

@@ -164,7 +164,10 @@ def test_queue_full_is_resource_exhausted_and_429(overload_server):
 def test_queue_timeout_under_reject_is_resource_exhausted_and_429(overload_server):
     client = tgrpc.InferenceServerClient(overload_server.grpc)
     done: queue.Queue = queue.Queue()
-    _flood(client, 40, done)
+    # Twice the backlog the wait needs: a batch of one takes ~1.5 ms on a fast core, so a client
+    # slowed by other work can be drained almost as fast as it sends (seen once in CI at 40).
+    flood = 80
+    _flood(client, flood, done)
     _wait_queued(overload_server, 20)
     t0 = time.monotonic()
     with pytest.raises(InferenceServerException) as e:
@@ -180,7 +183,7 @@ def test_queue_timeout_under_reject_is_resource_exhausted_and_429(overload_serve
     with pytest.raises(urllib.error.HTTPError) as he:
         urllib.request.urlopen(req, timeout=30)
     assert he.value.code == 429 and "timed out" in json.loads(he.value.read())["error"]
-    for _ in range(40):
+    for _ in range(flood):
         _, error = done.get(timeout=60)
         assert error is None
     client.close()

@@ -1,14 +1,13 @@
 """`python -m benchmarks NAME [flags]`: the flags reach that one benchmark; flags
 without exactly one name are refused before anything runs."""
-import os
 import subprocess
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness.paths import ROOT
 
 
 def _run(*argv):
-    return subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -34,13 +34,14 @@ batches on the executor's N-thread session while the requests that arrivals
 find in the server (queued + computing, an average over the last ~64
 arrivals) stay under (N - 0.75) max batches; above that, threads 1..N run
 batches on its one-thread session (`run_batch(batch, narrow=True)`) until
-that average falls under N - 1 batches. The narrow threads run at
-SCHED_IDLE: they take only the CPU the event loop, the gRPC threads and
-(in a container: the same cgroup) anything else leave, so the front end
-answers and reads without waiting for a batch. While a narrow instance
-computes, another forms only full batches (or waits the queue delay):
-smaller preferred sizes would split the load into batches that each read
-all the weights for fewer rows.
+that average falls under N - 1 batches and stays there for 100 ms
+(SPLIT_SETTLE_NS: a stalled client's burst of returns is no fall of the
+load). The narrow threads run at SCHED_IDLE: they take only the CPU the
+event loop, the gRPC threads and (in a container: the same cgroup) anything
+else leave, so the front end answers and reads without waiting for a
+batch. While a narrow instance computes, another forms only full batches
+(or waits the queue delay): smaller preferred sizes would split the load
+into batches that each read all the weights for fewer rows.
 
 One-thread instances (`executor.yields_cpu`: a CPU session on one intra-op
 thread) compute at SCHED_IDLE too, split or not, for the same reason: the
@@ -143,6 +144,12 @@ log = logging.getLogger("inference_backend")
 _seq = itertools.count()
 GATED_RECHECK_S = 0.005
 SPLIT_EWMA = 1 / 64         # weight of one arrival in the split decision's load average
+# How long the load average must stay under N - 1 batches before the wide instance takes
+# the batches back. A closed-loop client that stalls for a moment sends its requests back
+# in a burst that finds the server nearly empty; such a dip of the average lasted 0.1-2.5 ms
+# (builtin:mlp REST c=64, with and without bursts of CPU beside it) and, switching at once,
+# one CI run flipped 10 times in 2 s of steady load. A real fall of the load stays down.
+SPLIT_SETTLE_NS = 100_000_000
 BACK_EWMA = 1 / 8           # weight of one batch in the regrouping's average time until its requests are back
 
 
@@ -262,6 +269,7 @@ class DynamicBatcher:
         self.split_changes = 0
         self.narrow_batches = 0
         self.seen_load = 0.0               # requests in the server as arrivals find it, averaged
+        self._light_since_ns = 0           # split, and the average under N - 1 batches since then
         # Regrouping (module docstring): the last batch of a lone main instance, and what came since.
         self._done_ns = 0                  # when it finished
         self._done_requests = 0            # its requests
@@ -443,11 +451,22 @@ class DynamicBatcher:
         seen = self.in_flight + self.total_queued()
         self.seen_load += (seen - self.seen_load) * SPLIT_EWMA
         batches = self.seen_load / max(1, self.settings.max_batch_size)
-        if not self.split and batches >= self.split_width - 0.75 or self.split and batches < self.split_width - 1:
-            self.split = not self.split
-            self.split_changes += 1
-            self._cond.notify_all()         # the threads of the old mode park,
-            self._parked.notify_all()       # those of the new one take over
+        if not self.split:
+            if batches >= self.split_width - 0.75:
+                self._switch_split()
+        elif batches >= self.split_width - 1:
+            self._light_since_ns = 0
+        elif not self._light_since_ns:
+            self._light_since_ns = time.monotonic_ns()
+        elif time.monotonic_ns() - self._light_since_ns >= SPLIT_SETTLE_NS:
+            self._switch_split()
+
+    def _switch_split(self) -> None:
+        self.split = not self.split
+        self.split_changes += 1
+        self._light_since_ns = 0
+        self._cond.notify_all()         # the threads of the old mode park,
+        self._parked.notify_all()       # those of the new one take over
 
     def _started(self, batch: list[Pending]) -> None:
         """A main instance takes `batch` (the lock is held)."""

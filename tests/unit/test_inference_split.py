@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from mesh.scheduling import BatcherSettings
+from inference_backend import batcher
 from inference_backend.batcher import DynamicBatcher, Pending
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
@@ -78,15 +79,39 @@ def test_a_backlog_moves_the_batches_to_narrow_instances_at_idle_priority_and_ba
     assert all(not r["narrow"] for r in ex.runs if r["thread"] == "batcher-m")
     assert b.narrow_batches == len(narrow)
     # The load goes away: arrivals find the server empty, the average falls under one batch,
-    # and the wide instance takes the batches again.
-    for _ in range(400):
-        if not b.split:
-            break
+    # stays there for SPLIT_SETTLE_NS, and the wide instance takes the batches again.
+    deadline = time.monotonic() + 5
+    while b.split and time.monotonic() < deadline:
         one_at_a_time(b, 1)
     assert not b.split and b.split_changes == 2
     before = len(ex.runs)
     one_at_a_time(b, 5)
     assert [(r["thread"], r["narrow"]) for r in ex.runs[before:]] == [("batcher-m", False)] * 5
+    b.stop()
+
+
+def test_a_dip_shorter_than_the_settle_time_keeps_the_split(monkeypatch):
+    """A closed-loop client that stalls sends its requests back in a burst that finds the
+    server nearly empty: the average dips under one batch, but only staying there for
+    SPLIT_SETTLE_NS moves the batches back to the wide instance."""
+    monkeypatch.setattr(batcher, "SPLIT_SETTLE_NS", 10_000_000_000)
+    ex = Recorder(hold=True)
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, max_queue_delay_us=1000), split=2)
+    futures = [b.submit(req(i)) for i in range(60)]
+    assert b.split
+    ex.gate.set()
+    [f.result(10) for f in futures]
+    for _ in range(400):
+        one_at_a_time(b, 1)
+        if b.seen_load < 4:
+            break
+    assert b.seen_load < 4 and b.split and b.split_changes == 1     # under one batch, still split
+    monkeypatch.setattr(batcher, "SPLIT_SETTLE_NS", 200_000_000)
+    one_at_a_time(b, 1)
+    assert b.split                                  # under for less than 200 ms so far
+    time.sleep(0.25)
+    one_at_a_time(b, 1)                             # still under, 250 ms on: back to the wide instance
+    assert not b.split and b.split_changes == 2
     b.stop()
 
 

@@ -93,22 +93,34 @@ def test_a_backlog_moves_the_batches_to_narrow_instances_at_idle_priority_and_ba
 def test_a_dip_shorter_than_the_settle_time_keeps_the_split(monkeypatch):
     """A closed-loop client that stalls sends its requests back in a burst that finds the
     server nearly empty: the average dips under one batch, but only staying there for
-    SPLIT_SETTLE_NS moves the batches back to the wide instance."""
+    SPLIT_SETTLE_NS moves the batches back to the wide instance; a rise in between starts
+    the count again."""
     monkeypatch.setattr(batcher, "SPLIT_SETTLE_NS", 10_000_000_000)
     ex = Recorder(hold=True)
     b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, max_queue_delay_us=1000), split=2)
-    futures = [b.submit(req(i)) for i in range(60)]
-    assert b.split
-    ex.gate.set()
-    [f.result(10) for f in futures]
-    for _ in range(400):
-        one_at_a_time(b, 1)
-        if b.seen_load < 4:
-            break
-    assert b.seen_load < 4 and b.split and b.split_changes == 1     # under one batch, still split
+
+    def backlog():
+        ex.gate.clear()
+        futures = [b.submit(req(i)) for i in range(60)]
+        assert b.seen_load >= 4 and b.split
+        ex.gate.set()
+        [f.result(10) for f in futures]
+
+    def dip():
+        for _ in range(400):
+            one_at_a_time(b, 1)
+            if b.seen_load < 4:
+                return
+        raise AssertionError(f"the average stayed at {b.seen_load}")
+
+    backlog()
+    dip()
+    assert b.split and b.split_changes == 1         # under one batch, still split
+    backlog()                                       # back over one batch: the count starts again
+    time.sleep(0.3)
     monkeypatch.setattr(batcher, "SPLIT_SETTLE_NS", 200_000_000)
-    one_at_a_time(b, 1)
-    assert b.split                                  # under for less than 200 ms so far
+    dip()                                           # under since now, not since the first dip
+    assert b.split and b.split_changes == 1
     time.sleep(0.25)
     one_at_a_time(b, 1)                             # still under, 250 ms on: back to the wide instance
     assert not b.split and b.split_changes == 2

@@ -1,7 +1,8 @@
 """Regrouping (inference_backend/batcher.py, module docstring): a lone instance that just
 finished a batch waits for as many requests as that batch had, when they have been coming
 back in less than a batch's compute time, instead of sending the first one back alone.
-Closed-loop clients against a real DynamicBatcher whose batch takes a fixed 30 ms."""
+Closed-loop clients against a real DynamicBatcher whose batch takes a fixed 30 ms (60 ms in one
+test, for room)."""
 from __future__ import annotations
 
 import threading

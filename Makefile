@@ -6,7 +6,7 @@ PIP := .venv/bin/pip
 DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2 libclang-rt-14-dev-wasm32 python3-venv libb64-0d
 PYTEST_ARGS ?=
 
-.PHONY: install debs venv kernel-headers wasm test demo bench clean proto web perf-analyzer
+.PHONY: install debs venv kernel-headers wasm test demo bench clean proto web perf-analyzer wheel
 
 install: debs kernel-headers venv wasm web perf-analyzer
 
@@ -35,7 +35,7 @@ venv: .venv/.installed
 .venv/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,dev]'
 	@# bcc is Debian's (python3-bpfcc): make just that package importable.
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc $$site/bcc; fi
@@ -75,7 +75,12 @@ $(WEB)/dist/console.js: $(WEB_SRC) $(WEB)/src/gen/grpc_service_pb.ts $(WEB)/node
 
 # KServe v2 gRPC modules of inference-backend (committed; rerun after editing the .proto).
 proto: venv
-	$(PY) inference-backend/protos/generate.py
+	$(PY) inference-backend/protos/build_gencode.py
+
+# A wheel for `pip install` outside the checkout: the Wasm module and the console bundle are
+# built first, since the wheel carries them as package data.
+wheel: wasm web
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -87,5 +92,5 @@ bench: install
 	$(PY) -m benchmarks $(BENCH)
 
 clean:
-	rm -rf .venv build artifacts .pytest_cache $(WEB)/dist $(WEB)/src/gen
+	rm -rf .venv build dist artifacts .pytest_cache $(WEB)/dist $(WEB)/src/gen
 	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters clean; fi

@@ -56,10 +56,10 @@ c.close()
 
 
 def ns_per_packet() -> list[dict]:
-    from bpf import packets as P
-    from bpf.policy import build_policy
-    from bpf.program import QosDatapath, load_empty
-    from bpf.syscall import prog_test_run
+    from mcp26.bpf import packets as P
+    from mcp26.bpf.policy import build_policy
+    from mcp26.bpf.program import QosDatapath, load_empty
+    from mcp26.bpf.syscall import prog_test_run
 
     dp = QosDatapath()
     empty_bpf, empty_fds = load_empty()
@@ -112,8 +112,8 @@ def ns_per_packet() -> list[dict]:
 
 
 def throughput() -> list[dict]:
-    from bpf import attach
-    from bpf.policy import build_policy
+    from mcp26.bpf import attach
+    from mcp26.bpf.policy import build_policy
     from harness.bpf_env import VethPair, in_netns, remove_stale_namespaces
 
     remove_stale_namespaces()

@@ -29,9 +29,9 @@ import time
 
 import yaml
 
-from mesh import analyze, validation
-from mesh.parse import load_dir, yaml_files
-from mesh.change_set import load_config
+from mcp26.mesh import analyze, validation
+from mcp26.mesh.parse import load_dir, yaml_files
+from mcp26.mesh.change_set import load_config
 
 ROUTES = 10
 SIZES = (100, 1000)

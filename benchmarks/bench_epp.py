@@ -44,10 +44,10 @@ from benchmarks.epp_stack import Picker, Replicas
 from harness.endpoint_picker import write_pool
 from benchmarks.epp_sessions import (PRESET_SECONDS, PRESETS, Workload, hit_ceiling, make_sessions, prefix_hits,
                                      run_sessions, summarise, turn_tokens, working_set_tokens)
-from harness.envoy import Envoy
+from mcp26.demo.stack.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
-from harness.ports import free_port
-from inference_backend.builtin_models import DEC_HEAD_DIM, DEC_HEADS
+from mcp26.demo.stack.ports import free_port
+from mcp26.inference.builtin_models import DEC_HEAD_DIM, DEC_HEADS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VARIANTS = ("least_request", "orca_wrr", "epp")

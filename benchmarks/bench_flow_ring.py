@@ -144,10 +144,10 @@ class Counters(ct.Structure):
 class Bench:
     def __init__(self):
         from bcc import BPF
-        from bpf import layout
-        from mesh.flow_ring import map_fd
-        from bpf.program import inline_source
-        from mesh import flow_ring as R
+        from mcp26.bpf import layout
+        from mcp26.mesh.flow_ring import map_fd
+        from mcp26.bpf.program import inline_source
+        from mcp26.mesh import flow_ring as R
         seen: set = set()
         text = inline_source("packet.h", seen) + inline_source("flow_ring.h", seen) + SOURCE
         self.b = BPF(text=text.encode(), cflags=layout.CFLAGS + [f"-DPAGES={PAGES}"])
@@ -180,7 +180,7 @@ class Bench:
         self.b[b"pb"].open_perf_buffer(on_pb, page_cnt=PAGES, lost_cb=on_lost)
         self.b[b"pb_batched"].open_perf_buffer(on_pb_batched, page_cnt=PAGES, lost_cb=on_lost,
                                                wakeup_events=PERF_BATCH_WAKEUP)
-        from bpf import packets as P
+        from mcp26.bpf import packets as P
         self.frame = P.tcp_frame("10.0.0.1", "10.0.0.2", 40000, 8090, b"x" * 64)
 
     def counters(self) -> Counters:
@@ -204,7 +204,7 @@ class Bench:
         return self.got[key] - before
 
     def produce(self, prog: str, repeat: int) -> int:
-        from bpf.syscall import prog_test_run
+        from mcp26.bpf.syscall import prog_test_run
         return prog_test_run(self.fds[prog], self.frame, repeat=repeat).duration_ns
 
     def burst(self, prog: str) -> dict:

@@ -47,14 +47,14 @@ while time.monotonic() < end:
 
 
 def mlp_flops_per_row() -> float:
-    from inference_backend.builtin_models import MLP_HIDDEN, MLP_IN, MLP_LAYERS, MLP_OUT
+    from mcp26.inference.builtin_models import MLP_HIDDEN, MLP_IN, MLP_LAYERS, MLP_OUT
     dims = [MLP_IN] + [MLP_HIDDEN] * MLP_LAYERS + [MLP_OUT]
     return 2.0 * sum(a * b for a, b in zip(dims, dims[1:]))
 
 
 def session(threads: int):
     import onnxruntime as ort
-    from inference_backend.builtin_models import builtin_path
+    from mcp26.inference.builtin_models import builtin_path
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")     # as runtime.py runs it

@@ -24,12 +24,12 @@ import tempfile
 
 from google.protobuf import json_format
 
-from mesh.resources import MeshConfig
-from harness.envoy import Envoy
-from harness.grpcweb import GRPC_WEB, encode_frame
-from harness.ports import free_port
-from xds_server.translate import Phase, grpc_web
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.grpcweb import GRPC_WEB, encode_frame
+from mcp26.demo.stack.ports import free_port
+from mcp26.xds.translate import Phase, grpc_web
+from mcp26.xds.node import ProxyNode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

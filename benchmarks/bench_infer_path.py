@@ -32,11 +32,11 @@ import numpy as np
 import orjson
 import uvloop
 
-from inference_backend.builtin_models import builtin_path
-from inference_backend.model_server import ModelServer
-from inference_backend.rest import InferCore
-from inference_backend.telemetry import Telemetry
-from mesh.scheduling import preset
+from mcp26.inference.builtin_models import builtin_path
+from mcp26.inference.model_server import ModelServer
+from mcp26.inference.rest import InferCore
+from mcp26.inference.telemetry import Telemetry
+from mcp26.mesh.batching_policy import preset
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODES = {"inline": True, "thread": False}          # name -> fast_path

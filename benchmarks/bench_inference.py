@@ -71,11 +71,11 @@ import sys
 import time
 
 from benchmarks.peers.mlserver import MLServerPeer, PeerUnavailable
-from inference_backend.bench.runner import Config, event_loop_runner, run_all
-from inference_backend.bench.serve_process import ServeProcess
-from harness.envoy import Envoy
-from harness.ports import free_port
-from mesh.scripts import executable
+from mcp26.inference.bench.runner import Config, event_loop_runner, run_all
+from mcp26.inference.bench.serve_process import ServeProcess
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.serving.executables import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -195,8 +195,8 @@ def grpc_generator_check() -> dict:
     """gRPC has no cheap target to calibrate on, so both clients drive the
     batched server itself, c=32 over 4 connections: if mcp-bench --grpc gets
     what h2load gets, the server is the limit and not the Python client."""
-    from inference_backend.bench import grpc_slots
-    from inference_backend.bench.target import build_tensors, parse_url
+    from mcp26.inference.bench import grpc_slots
+    from mcp26.inference.bench.target import build_tensors, parse_url
     with serve(MAX_BATCH) as s:
         t = parse_url(s.grpc_url, grpc=True)
         meta = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]}]}
@@ -559,7 +559,7 @@ def section(name: str, title: str, fn) -> None:
 
 
 def main() -> int:
-    from inference_backend.builtin_models import builtin_path
+    from mcp26.inference.builtin_models import builtin_path
     t0 = time.monotonic()
     RESULTS["load_average_start"] = os.getloadavg()   # this machine is shared: say how busy it was
     sections = os.environ.get("BENCH_SECTIONS", "generator,batching,isolation,peer,mesh_hop").split(",")

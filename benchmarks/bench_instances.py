@@ -30,7 +30,7 @@ CONFIGS = {
 
 
 def make(label: str, model: dict):
-    from harness.ports import free_port
+    from mcp26.demo.stack.ports import free_port
     kind, cfg = CONFIGS[label]
     if kind == "ours":
         return bp.Ours(model, cfg.split())

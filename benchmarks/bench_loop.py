@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
-from harness.ports import free_port
-from harness.processes import stop_process
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.processes import stop_process
 
 SIM = r"""
 import json, sys, threading
@@ -40,9 +40,9 @@ print("ready", flush=True); sys.stdin.read()
 
 
 async def _measure(n: int, seconds: float, period_s: float) -> dict:
-    from scheduler.loop.actions import ActionApplier
-    from scheduler.loop.builtin_policy import BuiltinPolicy
-    from scheduler.loop.loop import DecisionLoop
+    from mcp26.scheduler.loop.actions import ActionApplier
+    from mcp26.scheduler.loop.builtin_policy import BuiltinPolicy
+    from mcp26.scheduler.loop.loop import DecisionLoop
     ports = [free_port() for _ in range(n)]
     sim = subprocess.Popen([sys.executable, "-c", SIM, *map(str, ports)], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True)

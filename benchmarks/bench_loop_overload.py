@@ -276,7 +276,7 @@ class SteadyLoad:
 
 PRESETS = ("throughput", "balanced")
 ALTERNATING_POLICY = """
-from scheduler.decisions import Action
+from mcp26.scheduler.decisions import Action
 ENDPOINT, EVERY = {endpoint!r}, {every}
 state = {{"n": 0}}
 def decide(signals):

@@ -32,12 +32,12 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, write_config
-from xds_server.bootstrap import envoy_bootstrap
-from xds_server.ca import node_token_from_dir
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, write_config
+from mcp26.xds.bootstrap import envoy_bootstrap
+from mcp26.xds.ca import node_token_from_dir
 
 NS, HOST = "shop", "b.shop.svc.cluster.local"
 NODES = {app: f"sidecar~127.0.0.1~{app}-1.{NS}~{NS}.svc.cluster.local" for app in ("a", "b")}

@@ -56,7 +56,7 @@ import time
 import uuid
 
 from benchmarks import h2load_log
-from mesh.scripts import executable
+from mcp26.serving.executables import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("triton", "triton-x2", "kserve", "mlserver")
@@ -159,7 +159,7 @@ def build_relu():
 def model_files() -> dict[str, str]:
     """The ONNX file of each model: the built-in where the server has one,
     else (relu) built here into the same cache."""
-    from inference_backend import builtin_models
+    from mcp26.inference import builtin_models
     out = {"mlp": builtin_models.builtin_path("mlp")}
     if "relu" in builtin_models.BUILDERS:
         out["relu"] = builtin_models.builtin_path("relu")
@@ -188,8 +188,8 @@ class Ours:
     label = "ours"
 
     def __init__(self, model: dict, flags: list[str]):
-        from harness.ports import free_port
-        from inference_backend.bench.serve_process import ServeProcess
+        from mcp26.demo.stack.ports import free_port
+        from mcp26.inference.bench.serve_process import ServeProcess
         self.flags = flags
         self.proc = ServeProcess(model["onnx_path"], free_port(), free_port(), "--name", model["name"], *flags)
         self.version = f"mcpctl serve @ {git_version()} ({' '.join(flags)})"
@@ -216,7 +216,7 @@ class GrpcFloor:
     version = "bare grpc.aio + uvloop handler running onnxruntime (benchmarks/peers/grpc_aio_floor.py)"
 
     def __init__(self, model: dict):
-        from harness.ports import free_port
+        from mcp26.demo.stack.ports import free_port
         self.model, self.port, self.proc = model, free_port(), None
 
     def start(self):
@@ -269,7 +269,7 @@ def server_config(label: str, model: dict, proto: str = "rest"):
 def make_server(label: str, model: dict, proto: str = "rest"):
     """The server `label` for one model (its batching from BATCHING, for `proto`);
     peers may raise PeerUnavailable (not installable, not startable)."""
-    from harness.ports import free_port
+    from mcp26.demo.stack.ports import free_port
     batching = BATCHING[model["name"]]
     if label in OURS:
         return Ours(model, server_config(label, model, proto))
@@ -384,7 +384,7 @@ INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 def grpc_message(model: dict) -> bytes:
     """One serialized ModelInferRequest for `model`: batch 1, raw_input_contents (as mcp-bench sends)."""
     import numpy as np
-    from inference_backend.protos import grpc_service_pb2 as pb
+    from mcp26.inference.protos import grpc_service_pb2 as pb
     width = RELU_WIDTH if model["name"] == "relu" else MLP_IN
     req = pb.ModelInferRequest(model_name=model["name"])
     req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, width])

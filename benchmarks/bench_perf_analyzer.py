@@ -18,9 +18,9 @@ import subprocess
 import sys
 
 from harness import perf_analyzer
-from harness.ports import free_port
-from inference_backend.bench.serve_process import ServeProcess
-from mesh.scripts import executable
+from mcp26.demo.stack.ports import free_port
+from mcp26.inference.bench.serve_process import ServeProcess
+from mcp26.serving.executables import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))

@@ -4,7 +4,7 @@ as plain Python, side by side in one run.
 - decide(): the seed table (scheduler/plugins/policies/seed_table.py), one host import per call
   (its log line); score(): the latency example (one WASI-NN inference per call, ONNX Runtime);
   each at 2 and 20 replicas/endpoints (4 flows).
-- The component through PolicyHost (encoding from scheduler.decisions and checking the answer
+- The component through PolicyHost (encoding from mcp26.scheduler.decisions and checking the answer
   included) with fuel metering on (fuel + epoch deadline) and off (epoch deadline only); the
   export call alone (already-encoded signals) too.
 - Plain Python: the very same plugin file imported in CPython with componentize-py's generated
@@ -37,7 +37,7 @@ FLOWS = 4
 
 
 def _signals(replicas: int):
-    from scheduler.decisions import FlowSignals, ReplicaSignals, Signals
+    from mcp26.scheduler.decisions import FlowSignals, ReplicaSignals, Signals
     # One replica in three over 90 % memory: the remap's reason names each hot one.
     return Signals(now_s=1.0,
                    replicas=tuple(ReplicaSignals(f"10.0.{i // 250}.{i % 250 + 1}:8000", {"standard": i % 7, "batch": 1},
@@ -50,7 +50,7 @@ def _signals(replicas: int):
 
 
 def _endpoints(n: int):
-    from scheduler.decisions import EndpointInfo
+    from mcp26.scheduler.decisions import EndpointInfo
     return [EndpointInfo(f"10.0.{i // 250}.{i % 250 + 1}:8000", queue_depth=i % 7, kv_utilisation=(i % 10) / 10)
             for i in range(n)]
 
@@ -75,10 +75,10 @@ def _time(fn, calls: int) -> dict:
 
 
 def _component(calls: int, fuel: bool) -> dict:
-    from scheduler.decisions import RequestInfo
-    from scheduler.plugins import convert
-    from scheduler.plugins.host import PolicyHost
-    from scheduler.plugins.sandbox import Limits
+    from mcp26.scheduler.decisions import RequestInfo
+    from mcp26.scheduler.plugins import convert
+    from mcp26.scheduler.plugins.host import PolicyHost
+    from mcp26.scheduler.plugins.sandbox import Limits
     # A generous wall-clock backstop: this measures cost, and a loaded machine's stalls count
     # against an epoch deadline (a cut-off call would be a failure, not a sample).
     limits = Limits(deadline_ms=5000.0) if fuel else Limits(fuel=None, deadline_ms=5000.0)
@@ -104,7 +104,7 @@ def _component(calls: int, fuel: bool) -> dict:
 
 def _load_times() -> dict:
     from wasmtime.component import Component
-    from scheduler.plugins.host import PolicyHost
+    from mcp26.scheduler.plugins.host import PolicyHost
     host = PolicyHost(POLICIES / "seed_table.py", cache_dir=CACHE)
     info = host.load()
     wasm = host._component_bytes(host.source)[0]
@@ -121,7 +121,7 @@ def _load_times() -> dict:
 
 def _plain(calls: int) -> dict:
     """The same plugin files in CPython: a subprocess with the bindings on PYTHONPATH."""
-    from scheduler.plugins.build import WIT_DIR, WORLD, componentize_py
+    from mcp26.scheduler.plugins.build import WIT_DIR, WORLD, componentize_py
     with tempfile.TemporaryDirectory() as bindings:
         subprocess.run([componentize_py(), "-q", "-d", str(WIT_DIR), "-w", WORLD, "bindings", bindings], check=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([bindings, str(POLICIES), str(ROOT)]))
@@ -136,9 +136,9 @@ def _plain_child(calls: int) -> dict:
     import wit_world.imports.inference as nn
     from componentize_py_types import Err
     from wit_world.imports import types as wt
-    from scheduler.plugins.inference import OnnxInference
+    from mcp26.scheduler.plugins.inference import OnnxInference
 
-    log = logging.getLogger("scheduler.plugins")
+    log = logging.getLogger("mcp26.scheduler.plugins")
     host.log = lambda level, message: log.log(logging.DEBUG, "plugin: %s", message)
     host.now_ms = lambda: int(time.time() * 1000)
     impl = OnnxInference()

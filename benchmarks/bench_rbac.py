@@ -21,11 +21,11 @@ import time
 import yaml
 from google.protobuf import json_format
 
-from harness.envoy import Envoy
-from harness.ports import free_port
-from mesh.change_set import load_texts
-from xds_server.node import ProxyNode
-from xds_server.translate import Phase, rbac
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.mesh.change_set import load_texts
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Phase, rbac
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "artifacts" / "bench" / "rbac.json"

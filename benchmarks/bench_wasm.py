@@ -34,16 +34,16 @@ import jwt as pyjwt
 from google.protobuf import json_format
 from jwcrypto import jwk
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.header_contract import parse_plugin_config
-from mesh.session import verify_session
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from wasm_filters.lua import lua_source
-from xds_server.translate import Phase, authn, wasm_plugins
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.header_contract import parse_plugin_config
+from mcp26.mesh.session import verify_session
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.wasm.lua import lua_source
+from mcp26.xds.translate import Phase, authn, wasm_plugins
+from mcp26.xds.node import ProxyNode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

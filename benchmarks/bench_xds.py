@@ -9,7 +9,7 @@ Measures, side by side in one run (SotW and Delta against the same server):
 - one endpoint change: from the new snapshot being installed until every
   client has it, and the bytes that took (Delta vs SotW);
 - control-plane RSS with the clients connected, and its full garbage collections
-  over the push and the changes (its /metrics, mesh/gc_pauses.py);
+  over the push and the changes (its /metrics, serving/gc_pauses.py);
 - file change -> a real Envoy serving the new route, p50 over --samples (and next to
   the 1,000 services, with a SotW and a Delta Envoy).
 Prints a table with ratios and floors, writes artifacts/bench/xds.json.
@@ -26,12 +26,12 @@ import tempfile
 import threading
 import time
 
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, mesh_envoy, write_config
-from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, mesh_envoy, write_config
+from mcp26.demo.stack.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 from benchmarks.xds_config import service_yaml, write_mesh
-from mesh import gc_pauses
+from mcp26.serving import gc_pauses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,12 +59,12 @@ def cpu_s(pid: int) -> float:
 
 
 def measure_translate(directory: str) -> dict:
-    from mesh.change_set import load_config
-    from xds_server.cache import PreparedSnapshot
-    from xds_server.translate import translate
-    from xds_server.node import ProxyNode
+    from mcp26.mesh.change_set import load_config
+    from mcp26.xds.cache import PreparedSnapshot
+    from mcp26.xds.translate import translate
+    from mcp26.xds.node import ProxyNode
     from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
-    from xds_server.type_urls import ENDPOINT
+    from mcp26.xds.type_urls import ENDPOINT
     t0 = time.perf_counter()
     config = load_config(directory)
     t1 = time.perf_counter()

@@ -5,7 +5,7 @@ routes, ServiceEntry + DestinationRule + VirtualService each) and its churn:
 each change rewrites the endpoint ports of 10 services (1 %). Per change, CPU
 of this process (time.process_time), median of --changes:
 
-  load    the control plane's loader (xds_server.incremental_load: re-parses
+  load    the control plane's loader (xds.incremental_load: re-parses
           the 10 files, re-validates their resources, re-runs only the
           analyzers that read endpoints) vs mesh.change_set.load_config
           (everything, as at start-up)
@@ -31,12 +31,12 @@ import time
 
 from benchmarks.xds_config import service_yaml, write_mesh
 from benchmarks.xds_load_clients import node
-from harness.xds import write_config
-from mesh.change_set import load_config
-from xds_server.cache import WILDCARD_TYPES, SnapshotCache, subscription_key
-from xds_server.incremental_load import IncrementalLoader
-from xds_server.node import ProxyNode
-from xds_server.translate import Translator
+from mcp26.demo.stack.control_plane import write_config
+from mcp26.mesh.change_set import load_config
+from mcp26.xds.cache import WILDCARD_TYPES, SnapshotCache, subscription_key
+from mcp26.xds.incremental_load import IncrementalLoader
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Translator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -36,8 +36,8 @@ import time
 from benchmarks.bench_xds import cpu_s, rss_mb
 from benchmarks.xds_config import service_yaml, write_mesh
 from benchmarks.xds_load_clients import node_id
-from harness.ports import free_port
-from harness.xds import ControlPlane, write_config
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import ControlPlane, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "scale-gw"         # the load clients' node-id prefix (xds_load_clients.node_id)

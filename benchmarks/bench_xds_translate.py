@@ -26,11 +26,11 @@ import sys
 import time
 
 from benchmarks.xds_config import GATEWAY, service_yaml
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from xds_server.translate import Translator
-from xds_server.type_urls import CLUSTER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.xds.translate import Translator
+from mcp26.xds.type_urls import CLUSTER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 SIZES = (100, 1000)
 PROXIES = 100

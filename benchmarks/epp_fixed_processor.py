@@ -27,7 +27,7 @@ import struct
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from mesh import endpoint_picker as epp
+from mcp26.mesh import endpoint_picker as epp
 
 # The gateway's mode for the fixed processor and the null processor's comparable row.
 ONE_MESSAGE_MODE = {**epp.LEAN_MODE, "request_body_mode": "NONE"}

@@ -17,8 +17,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from mesh import endpoint_picker as epp
-from mesh.grpc_fast import GrpcLane, start_server
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.serving.grpc.server import GrpcLane, start_server
 
 DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 NO_BODY = processing_mode_pb2.ProcessingMode.NONE
@@ -79,7 +79,7 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):
 
 
 async def main(port: int, endpoint: str, frontend: str = "fast") -> None:
-    """On the gRPC server the picker runs on by default (mesh.grpc_fast), or grpc.aio."""
+    """On the gRPC server the picker runs on by default (serving.grpc.server), or grpc.aio."""
     server = GrpcLane(4 << 20, 4 << 20) if frontend == "fast" else grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(NullPicker(endpoint), server)
     await start_server(server, "127.0.0.1", port, "the null processor's port")

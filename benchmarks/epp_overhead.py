@@ -14,7 +14,7 @@ side by side (mesh/endpoint_picker.py):
            waiting, the body echoed back), the response streamed through too
 
 Each mode with the picker (`mcpctl epp serve`, on its default gRPC server,
-mesh.grpc_fast) and with a null processor (benchmarks/epp_null_processor.py,
+serving.grpc.server) and with a null processor (benchmarks/epp_null_processor.py,
 on the same server: the protocol's cost alone, no decision). With lean, three
 more rows: the picker on grpc.aio (`--grpc-frontend grpcio`, what it ran on
 before), and a session turn's one-message exchange split: the null processor
@@ -44,13 +44,13 @@ from benchmarks.epp_fixed_processor import ONE_MESSAGE_MODE, fixed_processor_boo
 from benchmarks.epp_sessions import percentile
 from benchmarks.epp_stack import IDLE_METRICS, Picker, replica_hosts
 from harness.endpoint_picker import write_pool
-from harness.ports import port_free_on_all
-from harness.envoy import Envoy
+from mcp26.demo.stack.ports import port_free_on_all
+from mcp26.demo.stack.envoy import Envoy
 from harness.inference_gateway import balanced_gateway_bootstrap, gateway_bootstrap
-from harness.ports import free_port
-from harness.processes import stop_processes
-from harness.upstreams import EchoUpstream
-from mesh import endpoint_picker as epp
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.processes import stop_processes
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.mesh import endpoint_picker as epp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODES = {"lean": epp.LEAN_MODE, "answer": epp.ANSWER_MODE, "duplex": epp.DUPLEX_MODE}
@@ -174,7 +174,7 @@ def overhead(requests: int, modes: tuple[str, ...] = ("lean", "answer"), history
                 "picker": round(p50["epp:lean"] - p50["null:one"], 1)} if "fixed:one" in p50 else None,
             "envoy_vs_direct_p50_us": round(p50["envoy"] - p50["direct"], 1),
             "epp_mean_decision_us": stats.get("mean_decision_us"),
-            "epp_gc": stats.get("gc"),          # the picker's GC pauses while serving (mesh/gc_pauses.py)
+            "epp_gc": stats.get("gc"),          # the picker's GC pauses while serving (serving/gc_pauses.py)
             "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 

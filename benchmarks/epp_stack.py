@@ -11,8 +11,8 @@ import time
 import urllib.request
 
 from harness.endpoint_picker import PickerProcess
-from harness.ports import free_port, port_free_on_all
-from harness.processes import stop_processes
+from mcp26.demo.stack.ports import free_port, port_free_on_all
+from mcp26.demo.stack.processes import stop_processes
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 IDLE_METRICS = {"vllm:num_requests_waiting": 0, "vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0.0}
@@ -51,7 +51,7 @@ class Replicas:
         self.procs = []
         for h in self.hosts:
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:tiny-decoder", "--host", h,
+                [sys.executable, "-m", "mcp26.mesh.cli", "serve", "--model", "builtin:tiny-decoder", "--host", h,
                  "--http-port", str(self.port), "--grpc-port", str(free_port(h)), "--drain-seconds", "0",
                  "--kv-cache-mb", str(kv_cache_mb), "--intra-op-threads", str(threads), "--log-level", "ERROR"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT))

@@ -7,7 +7,7 @@ artifacts/bench/gpu_check.json. Meant to finish in well under 10 minutes.
    session falls back to the next provider).
 2. TensorRT engine cache: builtin:mlp loaded on tensorrt:0 with an empty cache (the
    engine is built) and again (the engine is read from disk): load + warm-up seconds,
-   engine files written (inference_backend.runtime.trt_cache_dir).
+   engine files written (inference.runtime.trt_cache_dir).
 3. Runs on the GPU, builtin:mlp, median of 200, batch 1, 32 and 256: session.run; I/O
    binding with outputs bound to host memory (runtime.OnnxModel.run_bound, what the server
    uses on a GPU provider); the CPU provider's run beside them; CUDA graph capture and
@@ -37,7 +37,7 @@ import urllib.request
 
 import numpy as np
 
-from mesh.scripts import executable
+from mcp26.serving.executables import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = int(os.environ.get("GPU_CHECK_RUNS", "200"))
@@ -75,7 +75,7 @@ def check_providers(ort, path: str) -> str:
     session that cannot load one falls back to the next, so each is tried."""
     available = ort.get_available_providers()
     row("onnxruntime", ort.__version__, ", ".join(available))
-    from inference_backend import runtime
+    from mcp26.inference import runtime
     plan = [p if isinstance(p, str) else p[0] for p in runtime.provider_plan("auto")]
     row("--device auto offers", " > ".join(plan))
     for device, provider in (("tensorrt:0", "TensorrtExecutionProvider"), ("cuda:0", "CUDAExecutionProvider")):
@@ -99,7 +99,7 @@ def check_trt_cache(path: str, device: str) -> None:
     if not device.startswith("tensorrt"):
         row("TensorRT engine cache", "skipped", "TensorRT does not run here (see above)")
         return
-    from inference_backend import runtime
+    from mcp26.inference import runtime
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MCP_MESH_CACHE"] = cache
         try:
@@ -113,7 +113,7 @@ def check_trt_cache(path: str, device: str) -> None:
 
 
 def check_runs(ort, path: str, device: str) -> None:
-    from inference_backend import runtime
+    from mcp26.inference import runtime
     cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     on_gpu = device != "cpu"
     model = runtime.OnnxModel.load("mlp", "1", path, "cuda:0" if on_gpu else "cpu")
@@ -149,8 +149,8 @@ def mcp_bench(url: str, *args: str, grpc: bool = False) -> dict:
 
 
 def check_serving(device: str) -> None:
-    from harness.ports import free_port
-    from inference_backend.bench.serve_process import ServeProcess
+    from mcp26.demo.stack.ports import free_port
+    from mcp26.inference.bench.serve_process import ServeProcess
     dev = "auto" if device != "cpu" else "cpu"
     results = {}
     setups = [("balanced", ["--device", dev, "--qos-policy", "balanced"]),
@@ -197,7 +197,7 @@ def main() -> int:
         return 0
     t0 = time.time()
     import onnxruntime as ort
-    from inference_backend.builtin_models import builtin_path
+    from mcp26.inference.builtin_models import builtin_path
     row("GPU", gpu or "none (dry run on CPU)")
     path = builtin_path("mlp")
     device = check_providers(ort, path)

@@ -23,9 +23,9 @@ import sysconfig
 import urllib.request
 
 from benchmarks.bench_peers import ROOT
-from harness.ports import free_port
-from inference_backend.bench.serve_process import ServeProcess
-from mesh.scripts import executable
+from mcp26.demo.stack.ports import free_port
+from mcp26.inference.bench.serve_process import ServeProcess
+from mcp26.serving.executables import executable
 
 CACHE = os.path.join(ROOT, ".cache", "serve-ab")
 

@@ -13,11 +13,11 @@ import os
 import subprocess
 from contextlib import contextmanager
 
-from bpf import layout, tc
-from bpf.maps import BpfMap
-from bpf.policy import QosPolicy
-from bpf.program import EGRESS, INGRESS, MAP_TYPES, BpfUnavailable, QosDatapath, check_privilege
-from bpf.syscall import obj_get, obj_pin
+from mcp26.bpf import layout, tc
+from mcp26.bpf.maps import BpfMap
+from mcp26.bpf.policy import QosPolicy
+from mcp26.bpf.program import EGRESS, INGRESS, MAP_TYPES, BpfUnavailable, QosDatapath, check_privilege
+from mcp26.bpf.syscall import obj_get, obj_pin
 
 BPFFS = "/sys/fs/bpf"
 PIN_ROOT = os.path.join(BPFFS, "mcp-mesh")
@@ -267,8 +267,8 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
 
 def _flow_ring(ifname: str) -> dict | None:
     """The kernel-written flow ring's pin (for `mcpctl scheduler run --flow-ring`) and counters."""
-    from bpf.flow_ring import PIN_NAME
-    from mesh.flow_ring import PinnedRing
+    from mcp26.bpf.flow_ring import PIN_NAME
+    from mcp26.mesh.flow_ring import PinnedRing
     path = os.path.join(pin_dir(ifname), PIN_NAME)
     try:
         ring = PinnedRing(path)

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 
-from bpf.policy import PolicyError, build_policy
+from mcp26.bpf.policy import PolicyError, build_policy
 
 
 def register(subparsers) -> None:
@@ -63,8 +63,8 @@ def _fail(message: str, code: int = 1) -> int:
 def _guard(fn):
     """Turns the datapath's known failures into one clear line and an exit code."""
     def run(args) -> int:
-        from bpf.attach import AttachError
-        from bpf.program import BpfUnavailable
+        from mcp26.bpf.attach import AttachError
+        from mcp26.bpf.program import BpfUnavailable
         try:
             return fn(args)
         except PolicyError as e:
@@ -76,7 +76,7 @@ def _guard(fn):
 
 @_guard
 def _attach(args) -> int:
-    from bpf import attach
+    from mcp26.bpf import attach
     policy = build_policy(ports=args.dscp_port, cidrs=args.dscp_cidr, marks=args.dscp_mark,
                           alpn=args.alpn, sample=args.sample, sample_ports=args.sample_port)
     state = attach.attach(args.interface, policy)
@@ -92,8 +92,8 @@ def _attach(args) -> int:
 
 @_guard
 def _status(args) -> int:
-    from bpf import attach
-    from bpf.program import check_privilege
+    from mcp26.bpf import attach
+    from mcp26.bpf.program import check_privilege
     check_privilege()
     states = attach.status(args.interface)
     if args.json:
@@ -123,7 +123,7 @@ def _status(args) -> int:
 
 @_guard
 def _detach(args) -> int:
-    from bpf import attach
+    from mcp26.bpf import attach
     if attach.detach(args.interface):
         print(f"detached from {args.interface}")
     else:
@@ -133,8 +133,8 @@ def _detach(args) -> int:
 
 @_guard
 def _latency(args) -> int:
-    from bpf.latency import LatencyStats, instrument, open_pinned
-    from bpf.program import check_privilege
+    from mcp26.bpf.latency import LatencyStats, instrument, open_pinned
+    from mcp26.bpf.program import check_privilege
     check_privilege()
     stats = LatencyStats()
     provider = None
@@ -147,7 +147,7 @@ def _latency(args) -> int:
         instrument(provider.get_meter("mcp_mesh.bpf"), stats)
     ring = writer = None
     if args.flow_ring:
-        from mesh.flow_ring import MappedRing
+        from mcp26.mesh.flow_ring import MappedRing
         import os as _os
         ring = MappedRing(args.flow_ring, create=not _os.path.exists(args.flow_ring))
         writer = ring.writer()

@@ -7,8 +7,8 @@ The loop's process maps the ring that `mcpctl bpf attach --sample` pinned at
 """
 from __future__ import annotations
 
-from mesh import flow_ring as R
-from mesh.flow_ring import map_fd
+from mcp26.mesh import flow_ring as R
+from mcp26.mesh.flow_ring import map_fd
 
 PIN_NAME = "flow_ring"          # the map's name in c/flow_ring.h, and its pin's
 

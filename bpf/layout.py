@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes as ct
 import ipaddress
 
-from mesh import flow_ring
+from mcp26.mesh import flow_ring
 
 # qos_config.flags
 CFG_ALPN = 1                # classify flows by TLS ALPN

@@ -2,7 +2,7 @@
 
 Pure logic: parsing `PORT=DSCP`, `CIDR=DSCP`, `MARK=DSCP` specs into a
 `QosPolicy`. A DSCP is given as a number (0-63) or a QoS class name from
-mesh.qos ("latency-critical" -> 46). Any bad spec raises PolicyError naming
+mcp26.mesh.qos ("latency-critical" -> 46). Any bad spec raises PolicyError naming
 it, before anything is loaded.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from mesh.qos import ALPN_DSCP, QOS_CLASS_NAMES, QosClass
+from mcp26.mesh.qos import ALPN_DSCP, QOS_CLASS_NAMES, QosClass
 
 
 class PolicyError(ValueError):

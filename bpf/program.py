@@ -12,9 +12,9 @@ import os
 import pathlib
 import re
 
-from bpf import layout
-from bpf.maps import BpfMap
-from bpf.policy import QosPolicy
+from mcp26.bpf import layout
+from mcp26.bpf.maps import BpfMap
+from mcp26.bpf.policy import QosPolicy
 
 C_DIR = pathlib.Path(__file__).resolve().parent / "c"
 _INCLUDE = re.compile(r'\s*#include\s+"([^"]+)"')
@@ -104,7 +104,7 @@ class QosDatapath:
         for name, (k, v) in MAP_TYPES.items():
             table = self.bpf.get_table(name.encode())
             self.maps[name] = BpfMap(table.map_fd, k, v, name) if k else table
-        from bpf.flow_ring import lay_out
+        from mcp26.bpf.flow_ring import lay_out
         lay_out(self.map_fd("flow_ring"))       # magic and record size, before any program runs
 
     def map_fd(self, name: str) -> int:

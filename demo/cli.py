@@ -11,8 +11,8 @@ from __future__ import annotations
 import signal
 import threading
 
-from demo.framework import MANIFESTS, Check, Demo
-from demo.steps import discover
+from mcp26.demo.framework import MANIFESTS, Check, Demo
+from mcp26.demo.steps import discover
 
 
 def _urls(demo: Demo) -> list[tuple[str, str]]:

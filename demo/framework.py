@@ -21,14 +21,14 @@ from typing import Callable
 
 import yaml
 
-from harness.ports import free_port_block, preferred_port
-from harness.processes import stop_processes
-from harness.upstreams import EchoUpstream
-from harness.xds import ADS_TYPES, ControlPlane, write_config
-from harness.xds_scenario import Client
+from mcp26.demo.stack.ports import free_port_block, preferred_port
+from mcp26.demo.stack.processes import stop_processes
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ADS_TYPES, ControlPlane, write_config
+from mcp26.demo.stack.xds_scenario import Client
 
 # The demo's own data: the config it serves first (config/) and the routing changes (steps/).
-MANIFESTS = Path(str(importlib.resources.files("demo") / "manifests"))
+MANIFESTS = Path(str(importlib.resources.files(__package__) / "manifests"))
 GATEWAY_NODE = "router~127.0.0.1~demo-gateway.default~default.svc.cluster.local"
 GATEWAY_AUTHORITY = "reviews.demo.local"     # the ServiceEntry host of manifests/config/services.yaml
 VERSIONS = ("v1", "v2", "v3")

@@ -1,1 +1,3 @@
-"""The harness tests, benchmarks and `mcpctl demo` share: a real Envoy, the control plane, upstreams, ports, gRPC-Web frames, certificates, process stopping."""
+"""The checkout's test and benchmark tools, beside the shipped local stack (mcp26.demo.stack):
+network namespaces for eBPF, the browser driver, certificates, the Endpoint Picker and decision
+loop stacks, perf_analyzer. Not in the wheel: imported from the repository root."""

@@ -40,7 +40,7 @@ def load_datapath():
     """A compiled QosDatapath, or a skip naming why the kernel refused it."""
     import pytest
     require_bpf()
-    from bpf.program import BpfUnavailable, QosDatapath
+    from mcp26.bpf.program import BpfUnavailable, QosDatapath
     try:
         return QosDatapath()
     except BpfUnavailable as e:

@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 
-from harness.processes import stop_process
+from mcp26.demo.stack.processes import stop_process
 
 
 class PickerProcess:
@@ -25,7 +25,7 @@ class PickerProcess:
         # stderr to a file, not a pipe: a picker logging for minutes would fill a pipe and block
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mesh.cli", "epp", "serve", "--config-dir", directory, "--pool", pool,
+            [sys.executable, "-m", "mcp26.mesh.cli", "epp", "serve", "--config-dir", directory, "--pool", pool,
              "--grpc-port", str(grpc_port), "--admin-port", "0", "--log-level", "WARNING", *extra],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         line = self.proc.stdout.readline()

@@ -24,13 +24,14 @@ import tempfile
 import urllib.request
 from types import SimpleNamespace
 
-from mesh import headers as H
-from mesh.session import sign_headers
-from harness.paths import CONSOLE, HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port, wait_port
-from harness.processes import stop_process
-from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
-from mesh.scripts import executable
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import sign_headers
+from harness.paths import CONSOLE
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.ports import free_port, wait_port
+from mcp26.demo.stack.processes import stop_process
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mcp26.serving.executables import executable
 
 EXAMPLE = CONSOLE / "examples" / "grpc-web.yaml"
 MODEL = "mlp"
@@ -40,7 +41,7 @@ SESSION_KEY = hashlib.sha256(b"grpc-web tests").digest()   # the filter signs, t
 
 def header_contract_yaml() -> str:
     """The header-contract WasmPlugin on the gateway: it turns X-LLM-Priority into the QoS class."""
-    from mesh.header_contract import PLUGIN_NAME
+    from mcp26.mesh.header_contract import PLUGIN_NAME
     sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
     plugin = {"sessionKey": base64.b64encode(SESSION_KEY).decode()}
     return f"""apiVersion: extensions.istio.io/v1alpha1
@@ -112,7 +113,7 @@ def grpcweb_mesh(with_console: bool = True, console_flags: dict | None = None, h
     and the backend verifies the session signature it adds (403 without it):
     `direct_metadata(qos_class)` signs a direct call the way the filter would.
     """
-    from inference_backend.bench.serve_process import ServeProcess
+    from mcp26.inference.bench.serve_process import ServeProcess
     gateway_port = free_port()
     console_port = free_port()
     origin = f"http://127.0.0.1:{console_port}"   # the page's origin, which the corsPolicy allows

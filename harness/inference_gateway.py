@@ -13,7 +13,7 @@ client-side weighted round robin on the replicas' ORCA reports) -- what the
 picker is compared with."""
 from __future__ import annotations
 
-from mesh import endpoint_picker as epp
+from mcp26.mesh import endpoint_picker as epp
 
 ROUTER = {"name": "envoy.filters.http.router", "typed_config": {
     "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}

@@ -25,12 +25,12 @@ import time
 import urllib.request
 
 from harness.endpoint_picker import pool_yaml
-from harness.inference_server import InferenceServer
-from harness.paths import HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port, port_free_on_all
-from harness.processes import stop_process
-from harness.upstreams import EchoUpstream
-from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.ports import free_port, port_free_on_all
+from mcp26.demo.stack.processes import stop_process
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 KEY = hashlib.sha256(b"decision loop key").digest()
@@ -102,7 +102,7 @@ class LoopProcess:
 
     def __init__(self, pool_dir: str, cp_admin: str, *extra: str, period_ms: int = 200):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mesh.cli", "scheduler", "run", "--config-dir", pool_dir,
+            [sys.executable, "-m", "mcp26.mesh.cli", "scheduler", "run", "--config-dir", pool_dir,
              "--pool", "inference/decoders", "--control-plane-admin", cp_admin, "--period-ms", str(period_ms),
              "--log-level", "WARNING", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -121,7 +121,7 @@ Admission hook (`executor.admits(p, taking, head)`, optional). An executor may h
 request back from the batch being formed (None: it keeps its place and others pass it;
 the queue is looked at again every GATED_RECHECK_S, since room is made outside it) or say
 what it will take. The decoder uses it to start batch-class sequences only while its KV
-budget has room (inference_backend.decoder).
+budget has room (inference.decoder).
 """
 from __future__ import annotations
 
@@ -137,10 +137,10 @@ from typing import Protocol
 
 import numpy as np
 
-from mesh.scheduling import BatcherSettings
-from inference_backend.errors import InferenceError, Internal, InvalidArgument, Overloaded, Unavailable
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference.errors import InferenceError, Internal, InvalidArgument, Overloaded, Unavailable
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 _seq = itertools.count()
 GATED_RECHECK_S = 0.005
 SPLIT_EWMA = 1 / 64         # weight of one arrival in the split decision's load average

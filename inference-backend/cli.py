@@ -1,10 +1,10 @@
-"""`mcpctl serve`: the inference backend (plugged in via the mcpctl.commands entry point).
+"""`mcpctl serve`: the inference backend (plugged in via the mcp26.mcpctl entry point).
 
 With `--replicas N`, N server processes run, replica i on every base port
 plus i*stride, where stride is the span of the base ports plus one: the
 defaults (http 8080, grpc 8081) give 8080/8081, 8082/8083, ... Each replica
 is one endpoint of the pool (istio-manifests/examples/inference-pool.yaml).
-`--envoy-port P` also runs Envoy on P in front of them (inference_backend.pool):
+`--envoy-port P` also runs Envoy on P in front of them (inference.envoy_bootstrap):
 gRPC and REST balanced over the replicas by their ORCA load reports.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import subprocess
 import sys
 import time
 
-from mesh import frontends
-from mesh.scheduling import DEFAULT_PRESET, PRESETS
-from mesh.scripts import executable
+from mcp26.serving.grpc import frontends
+from mcp26.mesh.batching_policy import DEFAULT_PRESET, PRESETS
+from mcp26.serving.executables import executable
 
 DEFAULT_WORKERS = 1
 MAX_INSTANCES = 64                  # a compute thread each: more than a machine has cores is a typo
@@ -122,7 +122,7 @@ def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s{worker}: %(message)s")
     if args.worker_index:           # started by the first worker, after its gRPC threads began
-        from inference_backend.priority_worker import bind_to_parent
+        from mcp26.inference.priority_worker import bind_to_parent
         bind_to_parent()
     for flag in ("replicas", "workers", "instances"):
         if getattr(args, flag) < 1:
@@ -140,20 +140,20 @@ def run(args) -> int:
         return 2
     priority = args.priority_grpc_port is not None or args.priority_http_port is not None
     if args.serve_class:
-        from mesh.qos import QosClass
+        from mcp26.mesh.qos import QosClass
         try:
             QosClass.parse(args.serve_class)
         except ValueError as e:
             print(f"mcpctl serve: --serve-class: {e}", file=sys.stderr)
             return 2
     if args.replicas > 1 or args.envoy_port:
-        from inference_backend.builtin_models import BUILDERS, builtin_path
+        from mcp26.inference.builtin_models import BUILDERS, builtin_path
         if args.model.startswith("builtin:") and args.model[8:] in BUILDERS:
             builtin_path(args.model[8:])       # generate once, not in every replica at the same time
         return run_replicas(args)
-    from inference_backend.app import ServeOptions, serve
-    from inference_backend.model_server import check_model_spec
-    from inference_backend.openai_api import parse_model_map
+    from mcp26.inference.server import ServeOptions, serve
+    from mcp26.inference.model_server import check_model_spec
+    from mcp26.inference.openai_api import parse_model_map
     try:
         check_model_spec(args.model)
         intra = args.intra_op_threads     # None: the cores, shared by the instances and the lane (model_server)
@@ -210,7 +210,7 @@ def _priority_argv(args) -> list[str]:
     """The priority worker's command line: this server's model, policy and keys,
     the top class only, one intra-op thread, its own ports (0: any free port)
     and a loopback admin port on any free port (the parent forwards to it)."""
-    from inference_backend.priority_worker import SERVE_CLASS, WORKER_INTRA_OP_THREADS
+    from mcp26.inference.priority_worker import SERVE_CLASS, WORKER_INTRA_OP_THREADS
     argv = _child_argv(args, skip=("intra_op_threads", "workers", "instances"))
     return [*argv, "--serve-class", SERVE_CLASS.header_value, "--intra-op-threads", str(WORKER_INTRA_OP_THREADS),
             "--grpc-port", str(args.priority_grpc_port or 0), "--http-port", str(args.priority_http_port or 0),
@@ -220,8 +220,8 @@ def _priority_argv(args) -> list[str]:
 def run_replicas(args) -> int:
     """N child `mcpctl serve` processes (and Envoy in front with --envoy-port);
     stop them all when one dies or on a signal."""
-    from inference_backend.pool import envoy_bootstrap, replica_ports
-    log = logging.getLogger("inference_backend")
+    from mcp26.inference.envoy_bootstrap import envoy_bootstrap, replica_ports
+    log = logging.getLogger("mcp26.inference")
     if args.intra_op_threads is None:  # replicas share the cores
         args.intra_op_threads = max(1, (os.cpu_count() or 1) // (args.replicas * args.workers * args.instances))
     argv = _child_argv(args)
@@ -229,7 +229,7 @@ def run_replicas(args) -> int:
     layout = replica_ports(args.http_port, args.grpc_port, args.replicas, args.admin_port,
                            args.priority_http_port, args.priority_grpc_port)
     for i, ports in enumerate(layout):
-        cmd = [sys.executable, "-m", "mesh.cli", *argv, "--http-port", str(ports["http"]),
+        cmd = [sys.executable, "-m", "mcp26.mesh.cli", *argv, "--http-port", str(ports["http"]),
                "--grpc-port", str(ports["grpc"])]
         for key, flag in (("admin", "--admin-port"), ("priority_http", "--priority-http-port"),
                           ("priority_grpc", "--priority-grpc-port")):

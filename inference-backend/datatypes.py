@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from inference_backend.errors import InvalidArgument
+from mcp26.inference.errors import InvalidArgument
 
 # datatype -> numpy dtype (little-endian), as the protocol names them.
 DTYPES: dict[str, np.dtype] = {

@@ -4,14 +4,14 @@ A model is a decoder when it takes `past_key`/`past_value` and returns
 `present_key`/`present_value` (builtin:tiny-decoder, or any ONNX export in the
 same form). A request that carries the `sequence_id` parameter (Triton's name;
 with `sequence_start` / `sequence_end`) and no past tensors gets its past from
-the cache (inference_backend.kv_blocks: blocks shared by token prefix). The
+the cache (inference.kv_blocks: blocks shared by token prefix). The
 cache is bounded: a continuing sequence whose entry was evicted is a miss, and
 the server rebuilds the entry by running the sequence's token history (less
 what prefix blocks are still cached) - slower, never wrong. Blocks are tagged
 with the model version that computed them, so after a hot reload a sequence
 continues (as a miss, recomputed) on the new weights. Hits, misses and tokens
 per second are therefore real measurements of the cache. The OpenAI API's
-generations (inference_backend.generate) are sequences too, with ids of their own.
+generations (inference.generation) are sequences too, with ids of their own.
 
 KV admission of the batch class (`DecoderExecutor.admits`): past the budget, every
 continuing step of an evicted sequence recomputes its whole history, so admitting more
@@ -31,12 +31,12 @@ import time
 
 import numpy as np
 
-from inference_backend.batcher import Pending
-from inference_backend.errors import InvalidArgument
-from inference_backend.executors import BatchExecutor, wanted_outputs
-from inference_backend.kv_blocks import KVCache  # noqa: F401  (re-exported: its home before blocks)
-from inference_backend.runtime import OnnxModel
-from mesh.qos import QosClass
+from mcp26.inference.batcher import Pending
+from mcp26.inference.errors import InvalidArgument
+from mcp26.inference.executors import BatchExecutor, wanted_outputs
+from mcp26.inference.kv_blocks import KVCache  # noqa: F401  (re-exported: its home before blocks)
+from mcp26.inference.runtime import OnnxModel
+from mcp26.mesh.qos import QosClass
 
 PAST = ("past_key", "past_value")
 PRESENT = ("present_key", "present_value")
@@ -155,7 +155,7 @@ class DecoderExecutor(BatchExecutor):
             ctx = p.context
             on_start = ctx.get("on_start")
             if on_start is not None:
-                on_start()            # a generation's load accounting (inference_backend.generate)
+                on_start()            # a generation's load accounting (inference.generation)
             plan = self.cache.plan(ctx["sequence_id"], p.inputs["input_ids"][0].tolist(), bool(ctx.get("start")),
                                    self.model.version, empty)
             groups[(plan.past_length, plan.ids.shape[1])].append((i, p, plan))

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from inference_backend.batcher import Pending
-from inference_backend.runtime import OnnxModel
+from mcp26.inference.batcher import Pending
+from mcp26.inference.runtime import OnnxModel
 
 
 def stack_inputs(batch: list[Pending]) -> dict[str, np.ndarray]:

@@ -15,16 +15,16 @@ import time
 import grpc
 import numpy as np
 
-from mesh.qos import QosClass
-from inference_backend import datatypes
-from inference_backend.errors import InferenceError, InvalidArgument, NotFound
-from inference_backend.model_server import ModelServer
-from inference_backend.protos import grpc_service_pb2 as pb
-from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
-from inference_backend.request_meta import RESULT_PARAMETERS, QosAdmission, timing_pairs
-from inference_backend.rest import EXTENSIONS, SERVER_NAME, SERVER_VERSION
+from mcp26.mesh.qos import QosClass
+from mcp26.inference import datatypes
+from mcp26.inference.errors import InferenceError, InvalidArgument, NotFound
+from mcp26.inference.model_server import ModelServer
+from mcp26.inference.protos import grpc_service_pb2 as pb
+from mcp26.inference.protos import grpc_service_pb2_grpc as pb_grpc
+from mcp26.inference.request_meta import RESULT_PARAMETERS, QosAdmission, timing_pairs
+from mcp26.inference.rest import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 
 
 def param_value(p: pb.InferParameter):

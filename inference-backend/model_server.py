@@ -18,23 +18,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mesh.scheduling import BatcherSettings
-from mesh.session import DEFAULT_MAX_AGE_S
-from inference_backend import builtin_models
-from inference_backend.batcher import DynamicBatcher, Pending, Result, Settled
-from inference_backend.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.mesh.session import DEFAULT_MAX_AGE_S
+from mcp26.inference import builtin_models
+from mcp26.inference.batcher import DynamicBatcher, Pending, Result, Settled
+from mcp26.inference.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
                                        sequence_context)
-from inference_backend.generate import GenerationLoad
-from inference_backend.kv_blocks import DEFAULT_IDLE_S
-from inference_backend.load_state import snapshot
-from inference_backend.errors import InvalidArgument, NotFound, Unavailable
-from inference_backend.executors import BatchExecutor
-from inference_backend.load_report import LoadSampler
-from inference_backend.runtime import OnnxModel
-from inference_backend.statistics import ModelStatistics
-from inference_backend.telemetry import Telemetry
+from mcp26.inference.generation import GenerationLoad
+from mcp26.inference.kv_blocks import DEFAULT_IDLE_S
+from mcp26.inference.load_state import snapshot
+from mcp26.inference.errors import InvalidArgument, NotFound, Unavailable
+from mcp26.inference.executors import BatchExecutor
+from mcp26.inference.load_report import LoadSampler
+from mcp26.inference.runtime import OnnxModel
+from mcp26.inference.statistics import ModelStatistics
+from mcp26.inference.telemetry import Telemetry
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 # A model whose batch-1 run (measured at warm-up) takes at most this long runs a lone
 # request on the event loop (batcher.try_inline): cheaper than handing it to the compute
 # thread and back, and short enough not to hold up the next request's parsing.

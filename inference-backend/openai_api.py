@@ -6,8 +6,8 @@ messages, max_tokens / max_completion_tokens, temperature, top_p, seed, n=1,
 stop, stream, stream_options.include_usage, user); any other field is
 ignored, as OpenAI does. One extension: `"return_token_ids": true` adds each
 choice's generated token ids (`token_ids`) to a non-streamed answer.
-Tokenisation and the chat template: inference_backend.tokenizer. The loop:
-inference_backend.generate (every step through the model's batcher, so the
+Tokenisation and the chat template: inference.tokenizer. The loop:
+inference.generation (every step through the model's batcher, so the
 request's x-mcp-qos-class and the KV cache apply).
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
@@ -31,16 +31,16 @@ import uuid
 
 from aiohttp import web
 
-from mesh import headers as H
-from mesh.qos import QosClass
-from inference_backend.decoder import MAX_CONTEXT
-from inference_backend.errors import InferenceError, NotFound
-from inference_backend.generate import Generation, SamplingParams
-from inference_backend.load_state import server_snapshot
-from inference_backend.request_meta import QosAdmission
-from inference_backend.tokenizer import chat_prompt, encode
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import QosClass
+from mcp26.inference.decoder import MAX_CONTEXT
+from mcp26.inference.errors import InferenceError, NotFound
+from mcp26.inference.generation import Generation, SamplingParams
+from mcp26.inference.load_state import server_snapshot
+from mcp26.inference.request_meta import QosAdmission
+from mcp26.inference.tokenizer import chat_prompt, encode
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 MAX_BODY_BYTES = 1 << 20        # a prompt is at most MAX_CONTEXT byte tokens; 1 MiB is ample for JSON around it
 DEFAULT_MAX_TOKENS = 16         # completions: OpenAI's default
 DEFAULT_CHAT_MAX_TOKENS = 128   # chat: OpenAI's is "the rest of the context"; capped here, and to the context

@@ -39,9 +39,9 @@ import os
 import signal
 import sys
 
-from mesh.qos import QosClass
+from mcp26.mesh.qos import QosClass
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 
 SERVE_CLASS = QosClass.LATENCY_CRITICAL
 PARENT_NICE = 19            # the lowest CPU priority: the parent's threads yield to the worker's
@@ -102,7 +102,7 @@ class PriorityWorker:
     async def start(self) -> None:
         # Same session and cgroup as the parent (no setsid): see the module docstring.
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mesh.cli", *self.argv, stdout=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "mcp26.mesh.cli", *self.argv, stdout=asyncio.subprocess.PIPE,
             preexec_fn=_terminate_with_parent if self.preexec else None, pass_fds=self.pass_fds)
         log.info("%s: pid %d (%s)", self.label, self.proc.pid, " ".join(self.argv))
 

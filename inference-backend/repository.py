@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 
-from inference_backend.errors import InvalidArgument, Unsupported
+from mcp26.inference.errors import InvalidArgument, Unsupported
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 
 
 def index(server, ready_only: bool = False) -> list[dict]:

@@ -5,13 +5,13 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
-from mesh import headers as H
-from mesh.session import DEFAULT_MAX_AGE_S, SessionError, verify_session
-from inference_backend.batcher import Result
-from inference_backend.errors import InvalidArgument, PermissionDenied
-from mesh.qos import QosClass
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import DEFAULT_MAX_AGE_S, SessionError, verify_session
+from mcp26.inference.batcher import Result
+from mcp26.inference.errors import InvalidArgument, PermissionDenied
+from mcp26.mesh.qos import QosClass
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 
 
 def wire_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]],
@@ -104,7 +104,7 @@ class QosAdmission:
 
 
 def check_class(value: str | None, only_class: QosClass | None) -> None:
-    """A priority worker (inference_backend.priority_worker) serves one class only:
+    """A priority worker (inference.priority_worker) serves one class only:
     anything else, or no class, is refused before any decoding work. The
     protocol's `priority` parameter does not count: it is the client's word,
     the class header is the mesh's (set by the sidecar from the verified caller;

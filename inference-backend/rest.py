@@ -15,15 +15,15 @@ from typing import Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
-from mesh.qos import QosClass
-from inference_backend import datatypes, fastjson, triton_http
-from inference_backend.errors import InferenceError, InvalidArgument, NotFound, TooLarge
-from inference_backend.batcher import Pending
-from inference_backend.model_server import ModelServer, when_done
-from inference_backend.rest_body import Body, BodyDecoder
-from inference_backend.request_meta import QosAdmission, response_parameters, timing_pairs
+from mcp26.mesh.qos import QosClass
+from mcp26.inference import datatypes, json_codec, triton_http
+from mcp26.inference.errors import InferenceError, InvalidArgument, NotFound, TooLarge
+from mcp26.inference.batcher import Pending
+from mcp26.inference.model_server import ModelServer, when_done
+from mcp26.inference.rest_body import Body, BodyDecoder
+from mcp26.inference.request_meta import QosAdmission, response_parameters, timing_pairs
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 SERVER_NAME = "mcp-mesh-inference"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "sequence", "model_stream_infer", "orca_load_report", "hot_reload",
@@ -146,7 +146,7 @@ class InferCore:
                 d["parameters"] = {"binary_data_size": len(raw)}
                 chunks.append(raw)
             else:
-                data = fastjson.output_data(array)
+                data = json_codec.output_data(array)
                 d["data"] = datatypes.to_list(array) if data is None else data
             out_docs.append(d)
         response = {"model_name": served.name, "model_version": result.version,
@@ -154,7 +154,7 @@ class InferCore:
         if "id" in doc:
             response["id"] = doc["id"]
         headers = timing_pairs(result, served.load.header_value())
-        text = fastjson.dumps(response)
+        text = json_codec.dumps(response)
         end = time.monotonic_ns()
         served.stats.on_success(result.version, rows, result.batch_size, end - t0, result.queue_us * 1000,
                                 result.assemble_us * 1000, result.compute_us * 1000, end - t_out)

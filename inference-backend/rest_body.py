@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from inference_backend import datatypes, fastjson
-from inference_backend.errors import InvalidArgument, Overloaded, TooLarge
+from mcp26.inference import datatypes, json_codec
+from mcp26.inference.errors import InvalidArgument, Overloaded, TooLarge
 
 MAX_JSON_DEPTH = 64                 # a tensor's rank (numpy: <= 64) plus the document's own levels
 INLINE_JSON_BYTES = 256 << 10       # json.loads of this much takes ~2 ms: fine on the loop
@@ -62,7 +62,7 @@ def parse_json(text: bytes) -> dict:
     if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
         raise InvalidArgument(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
-        doc = fastjson.loads(text)
+        doc = json_codec.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidArgument(f"request body is not JSON: {e}") from None
     except RecursionError:          # not reached after json_depth; kept so it can never be a 500

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from inference_backend.datatypes import DTYPES, ORT_TYPES, check_input, check_shape, element_count
+from mcp26.inference.datatypes import DTYPES, ORT_TYPES, check_input, check_shape, element_count
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 
 PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 # Input declarations a model remembers as checked (OnnxModel.raw_plan); past it they are checked each time.

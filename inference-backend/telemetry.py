@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from mesh import gc_pauses
+from mcp26.serving import gc_pauses
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                      0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -260,7 +260,7 @@ class Telemetry:
                  aggregation=ExplicitBucketHistogramAggregation(BATCH_BUCKETS)),
         ]
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], views=views)
-        meter = self.meter_provider.get_meter("inference_backend")
+        meter = self.meter_provider.get_meter("mcp26.inference")
         # The per-request ones: prometheus_client (see _Instrument); the rest stay OpenTelemetry's.
         prometheus_client.disable_created_metrics()     # no *_created series beside each counter
         self.request_duration = _histogram(
@@ -275,7 +275,7 @@ class Telemetry:
         self.batch_size = _histogram(
             "mcp_inference_batch_size", "Rows per model run formed by the dynamic batcher", ("model",),
             BATCH_BUCKETS)
-        # Each cyclic-GC pause, by generation: a full collection stops the loop (mesh/gc_pauses.py).
+        # Each cyclic-GC pause, by generation: a full collection stops the loop (serving/gc_pauses.py).
         self.gc_pauses = gc_pauses.export_metrics(REGISTRY, "Objects moved out of the cyclic collector's sight "
                                                   "once the server was ready (gc.freeze)")
         self.requests = _Instrument(prometheus_client.Counter(
@@ -305,7 +305,7 @@ class Telemetry:
             provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(trace_file),
                                                            schedule_delay_millis=200))
             self.tracer_provider = provider
-            self.tracer = provider.get_tracer("inference_backend")
+            self.tracer = provider.get_tracer("mcp26.inference")
         else:
             self.tracer_provider = None
             self.tracer = trace.NoOpTracer()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
-from inference_backend.protos import triton_extensions_pb2 as tpb
+from mcp26.inference.protos import triton_extensions_pb2 as tpb
 
 DATA_TYPES = {"BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
               "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",

@@ -15,10 +15,10 @@ import json
 
 from aiohttp import web
 
-from inference_backend import repository
-from inference_backend.errors import InferenceError, InvalidArgument
-from inference_backend.triton_config import config_doc
-from inference_backend.triton_rpcs import all_stats_docs
+from mcp26.inference import repository
+from mcp26.inference.errors import InferenceError, InvalidArgument
+from mcp26.inference.triton_config import config_doc
+from mcp26.inference.triton_rpcs import all_stats_docs
 
 
 def _error(e: InferenceError) -> web.Response:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import grpc
 from google.protobuf import json_format
 
-from inference_backend import repository
-from inference_backend.errors import InferenceError, Unavailable
-from inference_backend.model_server import ModelServer
-from inference_backend.protos import triton_extensions_pb2 as tpb
-from inference_backend.statistics import merge_docs
-from inference_backend.triton_config import config_message
+from mcp26.inference import repository
+from mcp26.inference.errors import InferenceError, Unavailable
+from mcp26.inference.model_server import ModelServer
+from mcp26.inference.protos import triton_extensions_pb2 as tpb
+from mcp26.inference.statistics import merge_docs
+from mcp26.inference.triton_config import config_message
 
 SERVICE = "inference.GRPCInferenceService"
 

@@ -19,10 +19,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from mesh import hosts, kube
-from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from, workload_entry_labels
-from mesh.resources import MeshConfig, Resource, same_except_endpoints, same_resource
-from mesh.diagnostics import Diagnostic
+from mcp26.mesh import hosts, kube
+from mcp26.mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from, workload_entry_labels
+from mcp26.mesh.resources import MeshConfig, Resource, same_except_endpoints, same_resource
+from mcp26.mesh.diagnostics import Diagnostic
 
 Analyzer = Callable[["Index"], Iterable[Diagnostic]]
 ANALYZERS: list[Analyzer] = []

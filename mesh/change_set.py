@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from typing import Iterable, Mapping
 
-from mesh import analyze as analyzers
-from mesh import gateway_api, kube, validation
-from mesh.resources import MeshConfig, Resource
-from mesh.parse import load_dir, parse_documents, yaml_files
-from mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.mesh import analyze as analyzers
+from mcp26.mesh import gateway_api, kube, validation
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.parse import load_dir, parse_documents, yaml_files
+from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 
 # API groups mesh models (validators are registered for their kinds). A
 # resource of any other group is "foreign": `mcpctl validate` skips it with a
@@ -47,7 +47,7 @@ def is_unmodelled_istio_kind(res: Resource) -> bool:
 
 
 # Core (v1) kinds mesh models: a kubernetes.io/tls Secret is what a Gateway's
-# credentialName names (xds_server.sds serves it).
+# credentialName names (xds.sds serves it).
 CORE_KINDS = {"Secret"}
 
 

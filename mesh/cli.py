@@ -1,6 +1,6 @@
 """`mcpctl`: one command line for every part of the mesh.
 
-Each part registers its own sub-commands through the `mcpctl.commands` entry
+Each part registers its own sub-commands through the `mcp26.mcpctl` entry
 point group (see pyproject.toml), so this module imports no other part.
 A registrar is `register(subparsers)`; it adds parsers whose `func(args)`
 returns the exit code.
@@ -47,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mcpctl", description="MCP Mesh control tool: an Istio-compatible mesh for model serving")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for ep in sorted(entry_points(group="mcpctl.commands"), key=lambda e: e.name):
+    for ep in sorted(entry_points(group="mcp26.mcpctl"), key=lambda e: e.name):
         try:
             register = ep.load()
         except ImportError as e:  # one broken part must not take the others down

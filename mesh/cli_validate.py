@@ -20,15 +20,15 @@ from dataclasses import asdict
 
 import yaml
 
-from mesh import analyze as analyzers
-from mesh import validation
-from mesh.resources import MeshConfig
-from mesh.parse import MAX_FILE_BYTES, parse_documents, read_config_file
-from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.change_set import expand_paths, ordered, partition, synthesized
-from mesh.resources import Resource
-from mesh.validation.networking_schema import SPECS
-from mesh.validation.schema import SchemaErrors, check
+from mcp26.mesh import analyze as analyzers
+from mcp26.mesh import validation
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import MAX_FILE_BYTES, parse_documents, read_config_file
+from mcp26.mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.mesh.change_set import expand_paths, ordered, partition, synthesized
+from mcp26.mesh.resources import Resource
+from mcp26.mesh.validation.networking_schema import SPECS
+from mcp26.mesh.validation.schema import SchemaErrors, check
 
 # istioctl's exit codes (istioctl/cmd/sysexits.go) for the istioctl formats.
 EXIT_DATA_ERROR = 65            # a file did not parse

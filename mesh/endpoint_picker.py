@@ -42,7 +42,7 @@ STREAMED_RESPONSE_MODE = {**ANSWER_MODE, "response_body_mode": "FULL_DUPLEX_STRE
 DUPLEX_MODE = {**STREAMED_RESPONSE_MODE, "request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"}
 # SESSION_MODE: what the picker switches a LEAN request to (mode_override on the request
 # headers' answer) when it picks on the headers alone -- a live chat session's next turn goes
-# where its history is cached (scheduler.scheduling.Scheduler.pick_by_session): no body, so one
+# where its history is cached (scheduler.picker.Scheduler.pick_by_session): no body, so one
 # message instead of two; response trailers "sent" only so that Envoy keeps the stream open
 # until the request has ended (the in-flight count's end; an HTTP/1.1 answer has no trailers, so
 # nothing more is sent; with the request body NONE and nothing else asked, Envoy closes the

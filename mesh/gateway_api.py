@@ -30,7 +30,7 @@ Where Istio would write a status condition, a warning says so:
   (here a ServiceEntry `POOL-ip-HASH.NS.svc.cluster.local`, one HTTP port
   54321 holding every `ADDRESS:TARGETPORT` of the pool, labelled with its
   endpoint picker as istiod labels the Service) and the route goes to that
-  port; xds_server.translate.inference_pool reads the labels. A pool that
+  port; xds.translate.inference_pool reads the labels. A pool that
   does not exist is a backend whose share answers 500 (mesh.analyze says why).
 """
 from __future__ import annotations
@@ -38,12 +38,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from mesh import endpoint_picker as epp
-from mesh import hosts
-from mesh.diagnostics import Diagnostic
-from mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from
-from mesh.kube import service_host, synthesized
-from mesh.resources import MeshConfig, Resource
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.mesh import hosts
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.inference_pool import POOL_KIND, pool_endpoints, pool_from
+from mcp26.mesh.kube import service_host, synthesized
+from mcp26.mesh.resources import MeshConfig, Resource
 
 GROUP = "gateway.networking.k8s.io"
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"

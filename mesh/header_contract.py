@@ -35,10 +35,10 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from mesh import headers as H
-from mesh import qos as Q
-from mesh.error_classes import DEFAULT_ERROR_CLASS_MAP, ERROR_CLASSES, GRPC_STATUS
-from mesh.session import DEFAULT_SIGNED_HEADERS, MIN_KEY_BYTES
+from mcp26.mesh import headers as H
+from mcp26.mesh import qos as Q
+from mcp26.mesh.error_classes import DEFAULT_ERROR_CLASS_MAP, ERROR_CLASSES, GRPC_STATUS
+from mcp26.mesh.session import DEFAULT_SIGNED_HEADERS, MIN_KEY_BYTES
 
 # WasmPlugin.spec.pluginName of the mesh's own header-contract filter.
 PLUGIN_NAME = "mcp-header-contract"
@@ -60,7 +60,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 # Envoy exposes no downstream-ALPN attribute to Wasm: on TLS-terminating
 # gateway listeners the control plane puts the client's ALPN in
-# H.DOWNSTREAM_ALPN (xds_server.translate.listeners); without it (plaintext,
+# H.DOWNSTREAM_ALPN (xds.translate.listeners); without it (plaintext,
 # h2c) the negotiated HTTP protocol (request.protocol) stands in for it.
 PROTOCOL_PROPERTY = ("request", "protocol")
 ALPN_PROTOCOLS = {"h2": "HTTP/2", "h3": "HTTP/3", "http/1.1": "HTTP/1.1"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mesh.resources import MeshConfig, Resource
+from mcp26.mesh.resources import MeshConfig, Resource
 
 POOL_API_VERSION = "inference.networking.k8s.io/v1"
 POOL_KIND = "InferencePool"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mesh.resources import MeshConfig, Resource
+from mcp26.mesh.resources import MeshConfig, Resource
 
 CORE = "v1"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "ReplicaSet", "DaemonSet")

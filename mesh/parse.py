@@ -22,8 +22,8 @@ from typing import Any, Iterable
 
 import yaml
 
-from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.resources import MeshConfig, Resource
+from mcp26.mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.mesh.resources import MeshConfig, Resource
 
 try:  # the C loader is much faster on large configs
     _Loader = yaml.CSafeLoader

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from mesh.diagnostics import Diagnostic
+from mcp26.mesh.diagnostics import Diagnostic
 
 
 @dataclass

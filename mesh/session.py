@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
 
-from mesh import headers as H
+from mcp26.mesh import headers as H
 
 SIG_VERSION = "v2"
 CANONICAL_PREFIX = b"mcp-session-v2\n"

@@ -7,11 +7,11 @@ import os
 import signal
 import sys
 
-from mesh import frontends
+from mcp26.serving.grpc import frontends
 
 
 def register(subparsers) -> None:
-    from scheduler.plugins.commands import register_policy
+    from mcp26.scheduler.plugins.commands import register_policy
     register_policy(subparsers)          # `mcpctl policy`: registered here, no entry point of its own
     p = subparsers.add_parser("epp", help="the Endpoint Picker for an InferencePool (Gateway API Inference Extension)")
     sub = p.add_subparsers(dest="epp_command", required=True)
@@ -33,11 +33,11 @@ def register(subparsers) -> None:
                    help="the header contract's session key (raw bytes, mode 0600, as `mcpctl serve --session-key-file`): "
                         "the class of a flow the loop upgraded is re-signed with it, so the model server honours it")
     s.add_argument("--grpc-frontend", default=frontends.LANE, choices=frontends.GRPC_FRONTENDS,
-                   help="fast (default): ext_proc and health on mesh.grpc_fast's HTTP/2 lane; grpcio: on grpc.aio "
+                   help="fast (default): ext_proc and health on serving.grpc.server's HTTP/2 lane; grpcio: on grpc.aio "
                         "(scheduler/README.md: overhead)")
     s.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     s.set_defaults(func=_serve)
-    from scheduler.loop.cli import register as register_loop     # `mcpctl scheduler run|status`
+    from mcp26.scheduler.loop.cli import register as register_loop     # `mcpctl scheduler run|status`
     register_loop(subparsers)
 
 
@@ -51,13 +51,13 @@ def _serve(args) -> int:
         return 2
     key = None
     if args.session_key_file:
-        from mesh.session import read_key_file
+        from mcp26.mesh.session import read_key_file
         try:
             key = read_key_file(args.session_key_file)
         except (OSError, ValueError) as e:
             print(f"mcpctl epp serve: {e}", file=sys.stderr)
             return 2
-    from scheduler.server import serve
+    from mcp26.scheduler.server import serve
 
     async def main():
         task = asyncio.create_task(serve(args.config_dir, args.pool, args.grpc_port, args.admin_port,

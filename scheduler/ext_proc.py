@@ -35,11 +35,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import json_format
 
-from mesh import endpoint_picker as epp
-from mesh import headers as H
-from mesh import session
-from scheduler.requests import MAX_BODY_PARSED, build_request
-from scheduler.scheduling import Pick, Refusal
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.mesh import headers as H
+from mcp26.mesh import session
+from mcp26.scheduler.requests import MAX_BODY_PARSED, build_request
+from mcp26.scheduler.picker import Pick, Refusal
 
 log = logging.getLogger("scheduler.epp")
 UPGRADED = ":mcp-upgraded"                # internal key: the class a marked flow was upgraded to

@@ -11,9 +11,9 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from mesh.change_set import load_config
-from mesh.diagnostics import ConfigError
-from mesh.inference_pool import Endpoint, InferencePool, find_pool, objective_priorities, pool_endpoints
+from mcp26.mesh.change_set import load_config
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.inference_pool import Endpoint, InferencePool, find_pool, objective_priorities, pool_endpoints
 
 log = logging.getLogger("scheduler.pool")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from mesh import endpoint_picker as epp
-from mesh import headers as H
-from mesh.qos import QosClass
-from scheduler.scheduling import Request
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import QosClass
+from mcp26.scheduler.picker import Request
 
 MAX_BODY_PARSED = 4 << 20      # a larger body is routed without prefix affinity
 

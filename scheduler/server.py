@@ -17,14 +17,14 @@ from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from mesh import endpoint_picker as epp
-from mesh import gc_pauses
-from mesh.frontends import LANE
-from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
-from scheduler.ext_proc import EndpointPicker
-from scheduler.metrics import MetricsPoller
-from scheduler.pool_source import PoolSource, PoolView
-from scheduler.scheduling import Pick, Refusal, Scheduler
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.serving import gc_pauses
+from mcp26.serving.grpc.frontends import LANE
+from mcp26.serving.grpc.server import EXCLUSIVE_PORT, GrpcLane, start_server
+from mcp26.scheduler.ext_proc import EndpointPicker
+from mcp26.scheduler.metrics import MetricsPoller
+from mcp26.scheduler.pool_source import PoolSource, PoolView
+from mcp26.scheduler.picker import Pick, Refusal, Scheduler
 
 log = logging.getLogger("scheduler")
 POOL_REFRESH_S = 0.5
@@ -111,11 +111,11 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
     if flow_marks:               # the decision loop's marked flows (ext_proc._flow_marks reads state.flow_marks)
-        from scheduler.loop.marks import FlowMarks
+        from mcp26.scheduler.loop.marks import FlowMarks
         state.flow_marks = FlowMarks(flow_marks)
     state.session_key = session_key
     state.refresh()
-    # fast: mesh.grpc_fast's lane (an ext_proc stream through Envoy ~0.5 ms cheaper than on
+    # fast: serving.grpc.server's lane (an ext_proc stream through Envoy ~0.5 ms cheaper than on
     # grpc.aio, scheduler/README.md); grpcio: grpc.aio
     server = GrpcLane(EXT_PROC_MAX_MESSAGE, EXT_PROC_MAX_MESSAGE) if grpc_frontend == LANE else grpc.aio.server(options=[EXCLUSIVE_PORT])
     pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(state), server)
@@ -139,7 +139,7 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     await site.start()
     admin = runner.addresses[0][1] if runner.addresses else admin_port
     # Out of the cyclic collector's sight before it says SERVING: a full collection of the
-    # startup heap stopped the loop 16-22 ms every ~3,000 requests (mesh/gc_pauses.py).
+    # startup heap stopped the loop 16-22 ms every ~3,000 requests (serving/gc_pauses.py).
     gc_pauses.freeze_startup_heap()
     state.gc = gc_pauses.PauseTally()       # the pauses while serving, not the freeze's own
     await set_health()

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from wasm_filters.host import DEFAULT_WASM
+from mcp26.wasm import HEADER_CONTRACT_WASM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,8 +45,8 @@ def _inspect(args) -> int:
 
 
 def _plugins(path: str):
-    from mesh.parse import load_files
-    from mesh.diagnostics import ConfigError
+    from mcp26.mesh.parse import load_files
+    from mcp26.mesh.diagnostics import ConfigError
     try:
         config = load_files([path])
     except ConfigError as e:
@@ -56,14 +56,14 @@ def _plugins(path: str):
 
 
 def _plugin_json(res, config) -> str:
-    from mesh.header_contract import PLUGIN_NAME, parse_plugin_config
+    from mcp26.mesh.header_contract import PLUGIN_NAME, parse_plugin_config
     if res.spec.get("pluginName") == PLUGIN_NAME:
         return parse_plugin_config(res.spec.get("pluginConfig")).filter_json()
     return json.dumps(res.spec.get("pluginConfig") or {}, sort_keys=True)
 
 
 def _config(args) -> int:
-    from mesh.header_contract import ContractError
+    from mcp26.mesh.header_contract import ContractError
     config, plugins = _plugins(args.file)
     if config is None:
         return 1
@@ -80,8 +80,8 @@ def _config(args) -> int:
 
 
 def _run(args) -> int:
-    from mesh.header_contract import ContractError
-    from wasm_filters.host import ProxyWasmHost
+    from mcp26.mesh.header_contract import ContractError
+    from mcp26.wasm.host import ProxyWasmHost
     config, plugins = _plugins(args.file)
     if not plugins:
         print("mcpctl wasm run: no WasmPlugin in that file", file=sys.stderr)
@@ -113,7 +113,7 @@ def register(subparsers) -> None:
     b = sub.add_parser("build", help="compile the filter (make -C wasm-filters)")
     b.set_defaults(func=_build)
     i = sub.add_parser("inspect", help="size, sha256, ABI version, imports and exports of a module")
-    i.add_argument("module", nargs="?", default=DEFAULT_WASM, help="the .wasm module (default: the built header-contract filter)")
+    i.add_argument("module", nargs="?", default=HEADER_CONTRACT_WASM, help="the .wasm module (default: the built header-contract filter)")
     i.set_defaults(func=_inspect)
     c = sub.add_parser("config", help="the filter JSON generated for each WasmPlugin of a YAML file")
     c.add_argument("file", help="a WasmPlugin YAML or the filter's JSON configuration")
@@ -124,6 +124,6 @@ def register(subparsers) -> None:
     r.add_argument("-c", "--claim", action="append", default=[], help="verified JWT claim name=value")
     r.add_argument("--path", default="/", help="the request :path to run through the filter (default /)")
     r.add_argument("--protocol", default="HTTP/1.1", help="request.protocol (HTTP/1.1, HTTP/2)")
-    r.add_argument("--module", default=DEFAULT_WASM, help="the .wasm module (default: the built header-contract filter)")
+    r.add_argument("--module", default=HEADER_CONTRACT_WASM, help="the .wasm module (default: the built header-contract filter)")
     r.set_defaults(func=_run)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

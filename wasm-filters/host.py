@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import wasmtime
 
-from mesh.header_contract import PAYLOAD_PROPERTY
+from mcp26.mesh.header_contract import PAYLOAD_PROPERTY
+from mcp26.wasm import HEADER_CONTRACT_WASM
 
 OK, NOT_FOUND, BAD_ARGUMENT = 0, 1, 2
 REQUEST_HEADERS, REQUEST_TRAILERS, RESPONSE_HEADERS, RESPONSE_TRAILERS = range(4)
@@ -32,7 +33,6 @@ CONTINUE, PAUSE = 0, 1
 I32 = wasmtime.ValType.i32()
 I64 = wasmtime.ValType.i64()
 
-DEFAULT_WASM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build", "header_contract.wasm")
 
 
 class HostError(RuntimeError):
@@ -77,19 +77,19 @@ _ENGINE = wasmtime.Engine()
 _compiled: dict[tuple, wasmtime.Module] = {}
 
 
-def _module(wasm: str | bytes) -> wasmtime.Module:
+def _module(wasm: str | os.PathLike | bytes) -> wasmtime.Module:
     """Compiled once per file version (or bytes): each host gets a fresh instance."""
     if isinstance(wasm, (bytes, bytearray)):
         return wasmtime.Module(_ENGINE, bytes(wasm))
     st = os.stat(wasm)
     key = (os.path.abspath(wasm), st.st_size, st.st_mtime_ns)
     if key not in _compiled:
-        _compiled[key] = wasmtime.Module.from_file(_ENGINE, wasm)
+        _compiled[key] = wasmtime.Module.from_file(_ENGINE, os.fspath(wasm))
     return _compiled[key]
 
 
 class ProxyWasmHost:
-    def __init__(self, wasm: str | bytes = DEFAULT_WASM, environ: dict[str, str] | None = None):
+    def __init__(self, wasm: str | os.PathLike | bytes = HEADER_CONTRACT_WASM, environ: dict[str, str] | None = None):
         self.engine = _ENGINE
         self.environ = dict(environ or {})   # the VM's WASI environment (Envoy: host_env_keys / key_values)
         self.module = _module(wasm)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY, HeaderContract
+from mcp26.mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY, HeaderContract
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lua", "header_contract.lua")
 

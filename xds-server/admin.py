@@ -21,13 +21,13 @@ import json
 from aiohttp import web
 from google.protobuf import json_format
 
-from mesh.json_body import parse_json_body
-from xds_server.sync import short_name
+from mcp26.serving.json_body import parse_json_body
+from mcp26.xds.sync import short_name
 
-from xds_server.redact import known_secrets, redact, redact_text
+from mcp26.xds.redact import known_secrets, redact, redact_text
 
 def _json(data, status: int = 200, secrets=()) -> web.Response:
-    # Every view is redacted (xds_server.redact): the session key is in the
+    # Every view is redacted (xds.redact): the session key is in the
     # snapshots, and can be quoted back in a NACK or a diagnostic.
     text = redact_text(json.dumps(redact(data), indent=1, sort_keys=True), secrets)
     return web.Response(text=text, status=status, content_type="application/json")
@@ -73,7 +73,7 @@ def make_app(server) -> web.Application:
     async def inject(request):
         if not server.test_hooks:
             return _json({"error": "test hooks are off (serve --test-hooks)"}, 403)
-        from xds_server.hooks import parse_overrides
+        from mcp26.xds.resource_overrides import parse_overrides
         try:
             overrides = parse_overrides(parse_json_body(await request.read()))
         except (ValueError, KeyError, json_format.ParseError) as e:
@@ -92,7 +92,7 @@ def make_app(server) -> web.Application:
                     web.get("/debug/tracez", tracez), web.get("/metrics", metrics),
                     web.get("/debug/certs", certs),
                     web.post("/debug/inject", inject)])
-    from xds_server.scheduler_actions import routes as scheduler_routes   # the decision loop's API
+    from mcp26.xds.scheduler_actions import routes as scheduler_routes   # the decision loop's API
     app.add_routes(scheduler_routes(server))
     return app
 

@@ -21,14 +21,14 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
 from google.protobuf.message import DecodeError
 
-from xds_server.ads_protocol import DeltaStream, Shared, SotwStream, Stream
-from xds_server.cache import PreparedSnapshot, SnapshotCache, translation_key
-from xds_server.memory import Trimmer, WriteBudget
-from xds_server.node import ProxyNode
-from xds_server.sync import SyncTracker
-from xds_server.telemetry import Telemetry
+from mcp26.xds.ads_protocol import DeltaStream, Shared, SotwStream, Stream
+from mcp26.xds.cache import PreparedSnapshot, SnapshotCache, translation_key
+from mcp26.xds.write_budget import Trimmer, WriteBudget
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.sync import SyncTracker
+from mcp26.xds.telemetry import Telemetry
 
-log = logging.getLogger("xds_server.ads")
+log = logging.getLogger("mcp26.xds.ads")
 
 
 # What a stream's queue carries, in the order they happened.

@@ -43,14 +43,14 @@ from typing import Callable
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from xds_server.cache import WILDCARD_TYPES, PreparedSnapshot, Selection, subscription_key
-from xds_server.node import ProxyNode
-from xds_server.response_bodies import ResponseBodies
-from xds_server.sync import SyncTracker, short_name
-from xds_server.telemetry import Metrics
-from xds_server.type_urls import CLUSTER, ENDPOINT, PUSH_ORDER, ROUTE
+from mcp26.xds.cache import WILDCARD_TYPES, PreparedSnapshot, Selection, subscription_key
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.response_bodies import ResponseBodies
+from mcp26.xds.sync import SyncTracker, short_name
+from mcp26.xds.telemetry import Metrics
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, PUSH_ORDER, ROUTE
 
-log = logging.getLogger("xds_server.ads")   # one logger for ADS, as before the split
+log = logging.getLogger("mcp26.xds.ads")   # one logger for ADS, as before the split
 
 CONTROL_PLANE = base_pb2.ControlPlane(identifier="mcp-mesh-xds")
 # A nonce field alone: field 5 in both DiscoveryResponse and DeltaDiscoveryResponse.

@@ -18,8 +18,8 @@ from typing import Callable, Iterable
 
 from google.protobuf import any_pb2, message
 
-from xds_server.type_urls import CLUSTER, LISTENER, Snapshot
-from xds_server.node import ProxyNode
+from mcp26.xds.type_urls import CLUSTER, LISTENER, Snapshot
+from mcp26.xds.node import ProxyNode
 
 # Types whose empty subscription means "everything" (xDS protocol: wildcard).
 WILDCARD_TYPES = frozenset({LISTENER, CLUSTER})
@@ -271,7 +271,7 @@ class SnapshotCache:
             self._packed, self._building = self._building or Packings(), None
 
     def _prepare(self, config, node: ProxyNode, generation: str) -> PreparedSnapshot:
-        from xds_server import telemetry
+        from mcp26.xds import telemetry
         self.translations += 1
         with telemetry.tracer().start_as_current_span("xds.translate.shape") as span:
             span.set_attribute("xds.node", node.id)

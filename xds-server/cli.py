@@ -12,8 +12,8 @@ import tempfile
 import urllib.error
 import urllib.request
 
-from mesh import frontends
-from mesh.scripts import executable
+from mcp26.serving.grpc import frontends
+from mcp26.serving.executables import executable
 
 
 STREAM_IDLE_ENV = "MCP_XDS_STREAM_IDLE_TIMEOUT"
@@ -56,7 +56,7 @@ def register(subparsers) -> None:
                        help="seconds a proxied HTTP stream may stay idle before Envoy answers and releases "
                             f"it (HCM stream_idle_timeout; default 300, or ${STREAM_IDLE_ENV}; 0: off, as istiod)")
     serve.add_argument("--grpc-frontend", default=frontends.LANE, choices=frontends.GRPC_FRONTENDS,
-                       help="fast (default): ADS on mesh.grpc_fast's HTTP/2 lane, two thirds of grpc.aio's CPU per "
+                       help="fast (default): ADS on serving.grpc.server's HTTP/2 lane, two thirds of grpc.aio's CPU per "
                             "proxy; grpcio: on grpc.aio (xds-server/README.md \"Scale\")")
     serve.add_argument("--debounce-ms", type=int, default=100, help="wait this long after a change before loading it (default 100)")
     _identity_flags(serve)
@@ -100,12 +100,12 @@ def register(subparsers) -> None:
     ps.add_argument("--json", action="store_true", help="print /debug/syncz as JSON instead of the table")
     ps.set_defaults(func=_proxy_status)
 
-    from xds_server.explain.cli import register as register_explain
+    from mcp26.xds.explain.cli import register as register_explain
     register_explain(subparsers)       # `route explain`, `proxy-config`
 
 
 def _serve(args) -> int:
-    from xds_server.server import XdsServer, serve
+    from mcp26.xds.server import XdsServer, serve
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not is_loopback(args.address) and not args.allow_remote:
         print(f"mcpctl xds serve: refusing --address {args.address}: ADS and the admin port have no "
@@ -113,7 +113,7 @@ def _serve(args) -> int:
               "node-local address reachable only by the proxies, and pass --allow-remote to bind it anyway",
               file=sys.stderr)
         return 2
-    from xds_server.translate import listeners
+    from mcp26.xds.translate import listeners
     idle = args.stream_idle_timeout
     try:
         idle = float(os.environ.get(STREAM_IDLE_ENV) or listeners.STREAM_IDLE_TIMEOUT_S) if idle is None else idle
@@ -157,8 +157,8 @@ def _identity_flags(serve) -> None:
 
 def _identity(args):
     """The SDS identity service from the serve flags (ValueError: a bad flag or CA state)."""
-    from xds_server.sds import IdentityService
-    from mesh.validation.schema import duration_ns
+    from mcp26.xds.sds import IdentityService
+    from mcp26.mesh.validation.schema import duration_ns
     ns = duration_ns(args.workload_cert_ttl)
     if not ns or ns < 1_000_000_000:
         raise ValueError(f"--workload-cert-ttl must be a duration of at least 1s, got {args.workload_cert_ttl!r}")
@@ -166,7 +166,7 @@ def _identity(args):
     if args.ca_cert or args.ca_key or args.ca_dir:
         if not args.ca_dir:
             raise ValueError("--ca-cert/--ca-key need --ca-dir too (it holds the node-token key)")
-        from xds_server.ca import CAError, MeshCA   # cryptography: ~9 MB resident, only with a CA
+        from mcp26.xds.ca import CAError, MeshCA   # cryptography: ~9 MB resident, only with a CA
         try:
             ca = MeshCA.load_or_create(args.ca_dir, args.trust_domain, args.ca_cert, args.ca_key)
         except (CAError, OSError) as e:
@@ -175,10 +175,10 @@ def _identity(args):
 
 
 def _bootstrap_text(args) -> str:
-    from xds_server.bootstrap import bootstrap_yaml, node_namespace
+    from mcp26.xds.bootstrap import bootstrap_yaml, node_namespace
     token = ""
     if args.ca_dir:
-        from xds_server.ca import CAError, node_token_from_dir
+        from mcp26.xds.ca import CAError, node_token_from_dir
         try:
             token = node_token_from_dir(args.ca_dir, args.node_id, node_namespace(args.node_id, args.namespace),
                                         args.service_account or "default")
@@ -235,8 +235,8 @@ def session_key_environ(path: str, name: str | None = None) -> dict[str, str]:
     as the backend's --session-key-file, and must be readable by its owner only."""
     import re
     import stat
-    from mesh.header_contract import DEFAULT_SESSION_KEY_ENV, MAX_KEY_BYTES
-    from mesh.session import MIN_KEY_BYTES
+    from mcp26.mesh.header_contract import DEFAULT_SESSION_KEY_ENV, MAX_KEY_BYTES
+    from mcp26.mesh.session import MIN_KEY_BYTES
     name = name or DEFAULT_SESSION_KEY_ENV
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
         raise ValueError(f"--session-key-env {name!r} is not an environment variable name")
@@ -254,7 +254,7 @@ def session_key_environ(path: str, name: str | None = None) -> dict[str, str]:
 
 
 def _proxy_status(args) -> int:
-    from xds_server.sync import format_proxy_status
+    from mcp26.xds.sync import format_proxy_status
     try:
         with urllib.request.urlopen(f"http://{args.admin_address}/debug/syncz", timeout=5) as r:
             syncz = json.loads(r.read())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from xds_server.expiring import ExpiringTable
+from mcp26.xds.expiring import ExpiringTable
 
 MIN_WEIGHT, MAX_WEIGHT = 1, 128      # Envoy needs >= 1; more than 128:1 is a mistake, not a decision
 MAX_HOLD_S = 3600.0                  # as class remaps

@@ -14,7 +14,7 @@ class ProxyNode:
     labels come from node.metadata.LABELS, as istio-agent sets them;
     service_account from SERVICE_ACCOUNT (Kubernetes' default: "default"), and
     identity_token from IDENTITY_TOKEN, the node-bootstrap token that proves the
-    node may hold that identity (xds_server.sds).
+    node may hold that identity (xds.sds).
     """
     id: str
     cluster: str = ""

@@ -22,7 +22,7 @@ import binascii
 import json
 import re
 
-from mesh.header_contract import PLUGIN_NAME
+from mcp26.mesh.header_contract import PLUGIN_NAME
 
 REDACTED = "[redacted]"
 STRING_VALUE = "type.googleapis.com/google.protobuf.StringValue"

@@ -31,11 +31,11 @@ import time
 
 from aiohttp import web
 
-from mesh import qos as Q
-from mesh.json_body import parse_json_body
-from mesh.header_contract import MAX_CLASS_REMAPS, ClassRemap
-from xds_server.expiring import ExpiringTable
-from xds_server.endpoint_weights import WEIGHTS, parse_endpoint, parse_weights
+from mcp26.mesh import qos as Q
+from mcp26.serving.json_body import parse_json_body
+from mcp26.mesh.header_contract import MAX_CLASS_REMAPS, ClassRemap
+from mcp26.xds.expiring import ExpiringTable
+from mcp26.xds.endpoint_weights import WEIGHTS, parse_endpoint, parse_weights
 
 MAX_HOLD_S = 3600.0      # a remap longer than an hour is a mistake, not a decision
 
@@ -87,9 +87,9 @@ def _loopback(request: web.Request) -> bool:
 def served_endpoints(server, cluster: str) -> set[str] | None:
     """The endpoints (endpoint_key) of `cluster`'s EDS assignment in the config being served,
     None when it has no such EDS cluster. Off the loop: may translate the clusters once."""
-    from xds_server.endpoint_weights import endpoint_key
-    from xds_server.translate.clusters import ClusterOptions, build_clusters
-    from xds_server.translate.index import build_index
+    from mcp26.xds.endpoint_weights import endpoint_key
+    from mcp26.xds.translate.clusters import ClusterOptions, build_clusters
+    from mcp26.xds.translate.index import build_index
     config = server.cache.config
     if config is None:
         return None

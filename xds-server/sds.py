@@ -43,15 +43,15 @@ from typing import TYPE_CHECKING
 
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
-from mesh.resources import MeshConfig
-from xds_server.cache import PreparedSnapshot, Selection, prepare
-from xds_server.node import ProxyNode
-from xds_server.type_urls import SECRET
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.cache import PreparedSnapshot, Selection, prepare
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import SECRET
 
 if TYPE_CHECKING:   # ca.py loads cryptography (~9 MB resident): only a control plane with a CA needs it
-    from xds_server.ca import IssuedCert, MeshCA
+    from mcp26.xds.ca import IssuedCert, MeshCA
 
-log = logging.getLogger("xds_server.sds")
+log = logging.getLogger("mcp26.xds.sds")
 
 WORKLOAD_SECRET = "default"
 ROOT_SECRET = "ROOTCA"
@@ -239,7 +239,7 @@ class IdentityService:
     def debug_certs(self) -> dict:
         """Certificates only (subject, SAN, validity, serial): never a key."""
         if self.ca is not None:                 # a cert below implies a CA
-            from xds_server.ca import describe   # here, not at import: see TYPE_CHECKING above
+            from mcp26.xds.ca import describe   # here, not at import: see TYPE_CHECKING above
         out = {"trust_domain": self.ca.trust_domain if self.ca else None,
                "root": describe(self.ca.root_pem()) if self.ca else [],
                "plugged_in_ca": bool(self.ca and self.ca.plugged),

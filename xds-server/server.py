@@ -15,17 +15,17 @@ import time
 
 import grpc
 
-from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.frontends import GRPC_FRONTENDS, LANE
-from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
-from xds_server.telemetry import Telemetry, default as default_telemetry
-from xds_server.ads import AdsHub, add_to_server
-from xds_server.cache import SnapshotCache
-from xds_server.translate import Translator
-from xds_server.settle import DEFAULT_SETTLE, weakenings
-from xds_server.watch import DirectorySource
+from mcp26.mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.serving.grpc.frontends import GRPC_FRONTENDS, LANE
+from mcp26.serving.grpc.server import EXCLUSIVE_PORT, GrpcLane, start_server
+from mcp26.xds.telemetry import Telemetry, default as default_telemetry
+from mcp26.xds.ads import AdsHub, add_to_server
+from mcp26.xds.cache import SnapshotCache
+from mcp26.xds.translate import Translator
+from mcp26.xds.settle import DEFAULT_SETTLE, weakenings
+from mcp26.xds.watch import DirectorySource
 
-log = logging.getLogger("xds_server")
+log = logging.getLogger("mcp26.xds")
 
 UNREQUESTED_STREAM_HOLD_S = 600     # gRPC core's default: 30 s
 MAX_HELD_STREAMS = 20_000           # gRPC core's default: 1,000 (past it, some refused), 3,000 (all)
@@ -34,8 +34,8 @@ MIN_PING_INTERVAL_S = 5.0           # a proxy may ping this often with nothing s
 
 
 def default_load():
-    """mesh.change_set.load_config, re-parsing only changed files (see incremental_load.py)."""
-    from xds_server.incremental_load import IncrementalLoader
+    """mcp26.mesh.change_set.load_config, re-parsing only changed files (see incremental_load.py)."""
+    from mcp26.xds.incremental_load import IncrementalLoader
     return IncrementalLoader()
 
 
@@ -66,7 +66,7 @@ class XdsServer:
         self.telemetry = telemetry or default_telemetry()
         self.hub = AdsHub(self.cache, self.telemetry)
         # SDS (sds.py): the mesh CA's certificates and credentialName secrets, per node.
-        from xds_server.sds import IdentityService
+        from mcp26.xds.sds import IdentityService
         self.identity = self.hub.identity = identity or IdentityService(None)   # no CA: issues nothing
         self._rotation: asyncio.Task | None = None
         self.test_hooks = test_hooks
@@ -87,7 +87,7 @@ class XdsServer:
         await self._admin_and_watch()
 
     def _grpc_server(self):
-        """The ADS server: the project's HTTP/2 lane (mesh.grpc_fast; the same servicer at two
+        """The ADS server: the project's HTTP/2 lane (serving.grpc.server; the same servicer at two
         thirds of grpc.aio's CPU per proxy, README "Scale"), or grpc.aio."""
         if self.grpc_frontend == LANE:
             # Envoy's bootstrap pings the control plane every 10 s (bootstrap.py); allowed as grpcio's
@@ -110,13 +110,13 @@ class XdsServer:
         ])
 
     async def _admin_and_watch(self) -> None:
-        from xds_server.admin import start_admin
+        from mcp26.xds.admin import start_admin
         self._admin = await start_admin(self, self.address, self.admin_port)
         if self._admin.addresses:                      # --admin-port 0: the port it got
             self.admin_port = self._admin.addresses[0][1]
         self.source.start()
         if self.identity.ca is not None:
-            from xds_server.sds import rotation_loop, rotation_period
+            from mcp26.xds.sds import rotation_loop, rotation_period
             self._rotation = asyncio.get_running_loop().create_task(
                 rotation_loop(self.identity, self.hub, rotation_period(self.identity.ttl)))
         log.info("ADS (%s) on %s:%d, admin on %s:%d, watching %s (%s)", self.grpc_frontend, self.address, self.port,

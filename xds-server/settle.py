@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from mesh.resources import MeshConfig, Resource
+from mcp26.mesh.resources import MeshConfig, Resource
 
 # RequestAuthentication and WasmPlugin are translated today; PeerAuthentication and
 # AuthorizationPolicy are listed so the rule covers them the day they are.

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, generate_latest
 
-from mesh import gc_pauses
+from mcp26.serving import gc_pauses
 
 SERVICE = Resource.create({"service.name": "mcp-mesh-xds"})
 
@@ -42,7 +42,7 @@ class RingSpanExporter(SpanExporter):
 
 class Metrics:
     def __init__(self, provider: MeterProvider):
-        m = provider.get_meter("xds_server")
+        m = provider.get_meter("mcp26.xds")
         # Pushes are counted in plain tallies and observed when /metrics is read: a
         # Counter.add is ~25 us of SDK work, and three a response were 11 % of the loop
         # while 1,000 proxies took a change (xds-server/README.md "Scale").
@@ -93,11 +93,11 @@ class Telemetry:
         self.spans = RingSpanExporter()
         self.tracer_provider = TracerProvider(resource=SERVICE)
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.tracer = self.tracer_provider.get_tracer("xds_server")
+        self.tracer = self.tracer_provider.get_tracer("mcp26.xds")
 
     def watch_gc(self) -> None:
         """The process's cyclic-GC pauses by generation and the objects frozen after each apply
-        (server.py), as the model server exports them (mesh/gc_pauses.py). Process-wide, so only
+        (server.py), as the model server exports them (serving/gc_pauses.py). Process-wide, so only
         the default telemetry watches."""
         self.gc_pauses = gc_pauses.export_metrics(self.registry, "Objects moved out of the cyclic collector's "
                                                   "sight (gc.freeze after each applied config)")

@@ -19,9 +19,9 @@ import os
 import time
 from typing import Awaitable, Callable
 
-from mesh.parse import yaml_files
+from mcp26.mesh.parse import yaml_files
 
-log = logging.getLogger("xds_server.watch")
+log = logging.getLogger("mcp26.xds.watch")
 
 
 def fingerprint(directory: str) -> tuple:
@@ -74,7 +74,7 @@ class DirectorySource:
         self._wake = asyncio.Event()
         if self.use_inotify and os.path.isdir(self.directory):
             try:
-                from xds_server.inotify import Inotify
+                from mcp26.xds.inotify import Inotify
                 self.inotify = Inotify(self.directory)
                 loop.add_reader(self.inotify.fd, self._on_events)
             except (OSError, AttributeError) as e:   # not Linux, or out of watches: poll

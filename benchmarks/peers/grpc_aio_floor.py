@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import uvloop
 
-from inference_backend.protos import grpc_service_pb2 as pb
+from mcp26.inference.protos import grpc_service_pb2 as pb
 
 
 def main(name: str, path: str, port: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from demo.framework import Step
+from mcp26.demo.framework import Step
 
 
 def discover() -> list[Step]:

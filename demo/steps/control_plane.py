@@ -1,5 +1,5 @@
 """The control plane (`mcpctl xds serve`) watching a copy of manifests/config/."""
-from demo.framework import Check, Demo, Step
+from mcp26.demo.framework import Check, Demo, Step
 
 
 def run(demo: Demo) -> list[Check]:

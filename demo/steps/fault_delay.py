@@ -1,8 +1,8 @@
 """A 0.5 s fault delay on jason's requests only (manifests/steps/3-fault-delay.yaml)."""
 import time
 
-from demo.framework import Check, Demo, Step
-from mesh.headers import END_USER
+from mcp26.demo.framework import Check, Demo, Step
+from mcp26.mesh.headers import END_USER
 
 
 def run(demo: Demo) -> list[Check]:

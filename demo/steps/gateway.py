@@ -1,7 +1,7 @@
 """The gateway Envoy (`mcpctl envoy run`, label istio=ingressgateway) fed over ADS."""
 import urllib.request
 
-from demo.framework import GATEWAY_NODE, Check, Demo, Step
+from mcp26.demo.framework import GATEWAY_NODE, Check, Demo, Step
 
 
 def run(demo: Demo) -> list[Check]:

@@ -2,7 +2,7 @@
 and the console (`mcpctl console`) serving its page. See xds-server/console/README.md.
 
 The requests are written by hand (a ModelMetadataRequest is one string field),
-framed by harness.grpcweb as a browser's client would.
+framed by demo.stack.grpcweb as a browser's client would.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import json
 import time
 import urllib.request
 
-from demo.framework import Check, Demo, Step
-from harness.grpcweb import GrpcWebClient
-from harness.ports import wait_port
+from mcp26.demo.framework import Check, Demo, Step
+from mcp26.demo.stack.grpcweb import GrpcWebClient
+from mcp26.demo.stack.ports import wait_port
 
 MODEL = "mlp"
 CONSOLE_PORT = 15100          # mcpctl console's default, when free

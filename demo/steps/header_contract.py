@@ -25,13 +25,13 @@ from pathlib import Path
 
 import yaml
 
-from demo.framework import Check, Demo, Step
-from harness.paths import HEADER_CONTRACT_WASM as WASM, ROOT
-from harness.tokens import Issuer
-from harness.xds import ADS_TYPES
-from mesh import headers as H
-from mesh.header_contract import PLUGIN_NAME
-from mesh.session import SessionError, verify_session
+from mcp26.demo.framework import Check, Demo, Step
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.tokens import Issuer
+from mcp26.demo.stack.control_plane import ADS_TYPES
+from mcp26.mesh import headers as H
+from mcp26.mesh.header_contract import PLUGIN_NAME
+from mcp26.mesh.session import SessionError, verify_session
 
 ISSUER = "https://issuer.demo.local"
 AUDIENCE = "mcp-demo-gateway"
@@ -83,7 +83,7 @@ def _verify(headers: dict, key: bytes) -> str:
 
 def run(demo: Demo) -> list[Check]:
     if not WASM.exists():
-        print(f"  skipped: {WASM.relative_to(ROOT)} is not built (run `make wasm`)")
+        print(f"  skipped: {WASM} is not built (run `make wasm` in a checkout)")
         return []
     started = time.monotonic()
     sha = hashlib.sha256(WASM.read_bytes()).hexdigest()

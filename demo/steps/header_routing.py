@@ -1,6 +1,6 @@
 """Header routing (manifests/config/virtualservice.yaml): end-user: jason -> v2, everyone else v1."""
-from demo.framework import Check, Demo, Step, show_counts
-from mesh.headers import END_USER
+from mcp26.demo.framework import Check, Demo, Step, show_counts
+from mcp26.mesh.headers import END_USER
 
 
 def run(demo: Demo) -> list[Check]:

@@ -19,8 +19,8 @@ import urllib.request
 
 import openai
 
-from demo.framework import Check, Demo, Step
-from harness.ports import port_free_on_all, wait_port
+from mcp26.demo.framework import Check, Demo, Step
+from mcp26.demo.stack.ports import port_free_on_all, wait_port
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 NAMESPACE = "inference"

@@ -17,12 +17,12 @@ import urllib.request
 
 import yaml
 
-from demo.framework import Check, Demo, Step
-from harness.inference_server import requests_served
-from harness.paths import EXAMPLES
-from harness.ports import wait_port
-from mesh import headers as H
-from mesh.qos import QosClass
+from mcp26.demo.framework import Check, Demo, Step
+from mcp26.demo.stack.inference_server import requests_served
+from mcp26.manifests import EXAMPLES
+from mcp26.demo.stack.ports import wait_port
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import QosClass
 
 POOL = EXAMPLES / "inference-pool.yaml"
 MODEL = "mlp"

@@ -1,7 +1,7 @@
 """`mcpctl proxy-status`: the gateway SYNCED for every type, as istioctl shows it."""
 import subprocess
 
-from demo.framework import GATEWAY_NODE, Check, Demo, Step
+from mcp26.demo.framework import GATEWAY_NODE, Check, Demo, Step
 
 
 def run(demo: Demo) -> list[Check]:

@@ -1,6 +1,6 @@
 """An 80/20 v1/v3 split over 1,000 requests (manifests/steps/2-split-80-20.yaml), jason still v2."""
-from demo.framework import Check, Demo, Step, show_counts
-from mesh.headers import END_USER
+from mcp26.demo.framework import Check, Demo, Step, show_counts
+from mcp26.mesh.headers import END_USER
 
 
 def run(demo: Demo) -> list[Check]:

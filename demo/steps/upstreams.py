@@ -1,6 +1,6 @@
 """Three echo upstreams answering v1, v2, v3: the reviews service's endpoints."""
-from demo.framework import Check, Demo, Step
-from harness.upstreams import EchoUpstream
+from mcp26.demo.framework import Check, Demo, Step
+from mcp26.demo.stack.upstreams import EchoUpstream
 
 
 def run(demo: Demo) -> list[Check]:

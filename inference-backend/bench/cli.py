@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from inference_backend.bench import report
-from inference_backend.bench.runner import Config, run_sync
-from inference_backend.bench.target import TargetError
+from mcp26.inference.bench import report
+from mcp26.inference.bench.runner import Config, run_sync
+from mcp26.inference.bench.target import TargetError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from inference_backend.bench.mix import MixSequence
-from inference_backend.bench.stats import Recorder
+from mcp26.inference.bench.mix import MixSequence
+from mcp26.inference.bench.stats import Recorder
 
 OnDone = Callable[[str | None, float | None, float | None], None]
 

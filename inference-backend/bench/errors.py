@@ -6,7 +6,7 @@ gRPC runs report on one scale; gRPC codes map through the mesh's own table.
 """
 from __future__ import annotations
 
-from mesh.error_classes import ERROR_CLASSES, GRPC_STATUS, error_class
+from mcp26.mesh.error_classes import ERROR_CLASSES, GRPC_STATUS, error_class
 
 GRPC_STATUS_NAMES = {v: k for k, v in GRPC_STATUS.items()}
 

@@ -20,12 +20,12 @@ import asyncio
 import grpc
 import numpy as np
 
-from inference_backend.bench import errors
-from inference_backend.bench.engine import OnDone
-from inference_backend.bench.h2_grpc import H2GrpcConnection, header_block
-from inference_backend.bench.target import Target, TargetError
-from inference_backend.protos import grpc_service_pb2 as pb
-from mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
+from mcp26.inference.bench import errors
+from mcp26.inference.bench.engine import OnDone
+from mcp26.inference.bench.h2_grpc import H2GrpcConnection, header_block
+from mcp26.inference.bench.target import Target, TargetError
+from mcp26.inference.protos import grpc_service_pb2 as pb
+from mcp26.mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 METADATA = "/inference.GRPCInferenceService/ModelMetadata"

@@ -8,7 +8,7 @@ measured itself. This one does what a benchmark's client must and no more:
   indexed; `:method`/`:scheme` from the static table) and each call writes it
   and one DATA frame (more where the peer's frame size or windows say so);
 - what a loop turn writes goes out in one transport write;
-- answers are not parsed: HEADERS blocks are decoded (mesh.hpack_decoder) for
+- answers are not parsed: HEADERS blocks are decoded (serving.h2.hpack_decoder) for
   `:status`, `grpc-status` and the timing headers, DATA is only counted;
 - flow control both ways (our windows are opened wide at the start and
   topped up; the peer's are honoured), SETTINGS and PING acknowledged,
@@ -29,10 +29,10 @@ import struct
 import time
 from typing import Callable
 
-from mesh.h2_server import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PADDED,
+from mcp26.serving.h2.connection import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PADDED,
                             PING, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, ConnectionError_, frame,
                             header_fragment, literal, named_literal, unpad)
-from mesh.hpack_decoder import Decoder
+from mcp26.serving.h2.hpack_decoder import Decoder
 
 S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE = 1, 2, 3, 4, 5
 DEFAULT_WINDOW, DEFAULT_FRAME = 65535, 16384

@@ -12,8 +12,8 @@ import asyncio
 import time
 from typing import Callable
 
-from inference_backend.bench import errors
-from mesh.headers import COMPUTE_TIME_US, QUEUE_TIME_US
+from mcp26.inference.bench import errors
+from mcp26.mesh.headers import COMPUTE_TIME_US, QUEUE_TIME_US
 
 # on_done(status or None, error label or None, queue_us, compute_us, body)
 Done = Callable[[int | None, str | None, float | None, float | None, bytes], None]

@@ -1,9 +1,9 @@
 """Engine slots over HTTP/1.1 keep-alive connections (one request each)."""
 from __future__ import annotations
 
-from inference_backend.bench import errors
-from inference_backend.bench.engine import OnDone
-from inference_backend.bench.http1 import Http1Connection
+from mcp26.inference.bench import errors
+from mcp26.inference.bench.engine import OnDone
+from mcp26.inference.bench.http1 import Http1Connection
 
 
 class HttpSlot:

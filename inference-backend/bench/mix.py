@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES, QosClass
+from mcp26.mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES, QosClass
 
 
 @dataclass(frozen=True)

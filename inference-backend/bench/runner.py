@@ -7,12 +7,12 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from inference_backend.bench import engine, stats
-from inference_backend.bench.http1 import encode_request
-from inference_backend.bench.mix import MixSequence, Priority, parse_mix
-from inference_backend.bench.target import (Target, TargetError, build_tensors, fetch_metadata,
+from mcp26.inference.bench import engine, stats
+from mcp26.inference.bench.http1 import encode_request
+from mcp26.inference.bench.mix import MixSequence, Priority, parse_mix
+from mcp26.inference.bench.target import (Target, TargetError, build_tensors, fetch_metadata,
                                             parse_inputs, parse_shapes, parse_url, rest_body)
-from mesh.headers import QOS_CLASS
+from mcp26.mesh.headers import QOS_CLASS
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Prepared:
         qos = [p.header_value if p else None for p in self.priorities]
         levels = [p.level if p else None for p in self.priorities]
         if cfg.grpc:
-            from inference_backend.bench import grpc_slots
+            from mcp26.inference.bench import grpc_slots
             meta = parse_inputs(cfg.inputs)
             if meta is None:
                 channel = grpc_slots.open_channels(t, 1)[0]
@@ -89,7 +89,7 @@ class Prepared:
                 self.slots = [grpc_slots.H2Slot(self.connections[i % len(self.connections)], t, payloads, qos,
                                                 cfg.timeout) for i in range(cfg.concurrency)]
             return
-        from inference_backend.bench.http_slots import HttpSlot
+        from mcp26.inference.bench.http_slots import HttpSlot
         if t.model:
             meta = parse_inputs(cfg.inputs) or await asyncio.to_thread(fetch_metadata, t, min(cfg.timeout, 10.0))
             tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
@@ -114,7 +114,7 @@ class Prepared:
     async def close(self) -> None:
         self.close_sync()
         if self.channels:
-            from inference_backend.bench import grpc_slots
+            from mcp26.inference.bench import grpc_slots
             await grpc_slots.close_channels(self.channels)
 
     async def load(self) -> dict:

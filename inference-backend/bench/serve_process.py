@@ -7,7 +7,7 @@ import tempfile
 import time
 import urllib.request
 
-from mesh.scripts import executable
+from mcp26.serving.executables import executable
 
 
 class ServeProcess:

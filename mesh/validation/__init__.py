@@ -11,8 +11,8 @@ import importlib
 import pkgutil
 from typing import Callable, Iterable
 
-from mesh.resources import MeshConfig, Resource
-from mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 
 # kind -> validators; a validator yields Diagnostics for one resource.
 Validator = Callable[[Resource, MeshConfig], Iterable[Diagnostic]]
@@ -62,7 +62,7 @@ class ValidationCache:
     """Per-resource diagnostics kept between successive change sets.
 
     Keyed by the identity of the parsed Resource object, held strongly so its
-    id() cannot be reused: the control plane's loader (xds_server.incremental_load)
+    id() cannot be reused: the control plane's loader (xds.incremental_load)
     hands back the same objects for files it did not re-parse, and a
     re-parsed file gives new objects, so a resource is re-validated exactly
     when its file changed. Sound because a Resource's diagnostics depend only

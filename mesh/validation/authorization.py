@@ -17,11 +17,11 @@ from typing import Iterator
 
 import yaml
 
-from mesh.diagnostics import Diagnostic
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.report import Report, schema_report, semantic
-from mesh.validation.schema import Enum, Map, Obj
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.report import Report, schema_report, semantic
+from mcp26.mesh.validation.schema import Enum, Map, Obj
 
 VERSIONS = ("security.istio.io/v1", "security.istio.io/v1beta1")
 PROVIDER_ANNOTATION = "mcp-mesh.io/extension-provider"

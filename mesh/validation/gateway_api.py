@@ -11,15 +11,15 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from mesh import hosts
-from mesh.header_contract import is_token
-from mesh.diagnostics import Diagnostic
-from mesh.gateway_api import GROUP
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.regex import regex_error
-from mesh.validation.report import Report, schema_report
-from mesh.validation.schema import Enum, Map, Obj, duration_ns
+from mcp26.mesh import hosts
+from mcp26.mesh.header_contract import is_token
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.gateway_api import GROUP
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.regex import regex_error
+from mcp26.mesh.validation.report import Report, schema_report
+from mcp26.mesh.validation.schema import Enum, Map, Obj, duration_ns
 
 VERSIONS = (f"{GROUP}/v1", f"{GROUP}/v1beta1")
 PARENT_REF = Obj({"group": "string", "kind": "string", "namespace": "string", "name": "string",

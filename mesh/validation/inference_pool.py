@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh.diagnostics import Diagnostic
-from mesh.inference_pool import (FAIL_CLOSE, FAIL_OPEN, OBJECTIVE_API_VERSIONS, OBJECTIVE_KIND, POOL_API_VERSION,
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.inference_pool import (FAIL_CLOSE, FAIL_OPEN, OBJECTIVE_API_VERSIONS, OBJECTIVE_KIND, POOL_API_VERSION,
                                  POOL_KIND)
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.report import schema_report
-from mesh.validation.schema import Enum, Map, Obj
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.report import schema_report
+from mcp26.mesh.validation.schema import Enum, Map, Obj
 
 POOL = Obj({
     "selector": Obj({"matchLabels": Map("string")}, required=("matchLabels",)),

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh import hosts
-from mesh.diagnostics import Diagnostic
-from mesh.kube import ADDRESSES_ANNOTATION, WORKLOAD_KINDS
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.report import Report
+from mcp26.mesh import hosts
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.kube import ADDRESSES_ANNOTATION, WORKLOAD_KINDS
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.report import Report
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 API_VERSIONS = {"Service": "v1", "Pod": "v1", "Endpoints": "v1", "Namespace": "v1", "ServiceAccount": "v1",

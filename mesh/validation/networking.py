@@ -10,11 +10,11 @@ workload_entry.py.
 """
 from __future__ import annotations
 
-from mesh import hosts
-from mesh.resources import Resource
-from mesh.validation.networking_schema import SPECS
-from mesh.validation.report import Report
-from mesh.validation.schema import SchemaErrors, check
+from mcp26.mesh import hosts
+from mcp26.mesh.resources import Resource
+from mcp26.mesh.validation.networking_schema import SPECS
+from mcp26.mesh.validation.report import Report
+from mcp26.mesh.validation.schema import SchemaErrors, check
 
 NETWORKING_VERSIONS = ("networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3")
 

@@ -5,7 +5,7 @@ field, which the Istio CRD schema rejects.
 """
 from __future__ import annotations
 
-from mesh.validation.schema import Enum, Map, Obj
+from mcp26.mesh.validation.schema import Enum, Map, Obj
 
 STRING_MATCH = Obj({"exact": "string", "prefix": "string", "regex": "string"},
                    oneof=(("exact", "prefix", "regex"),))

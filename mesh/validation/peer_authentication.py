@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh.diagnostics import Diagnostic
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.report import schema_report
-from mesh.validation.schema import Enum, Map, Obj
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.report import schema_report
+from mcp26.mesh.validation.schema import Enum, Map, Obj
 
 SECURITY_VERSIONS = ("security.istio.io/v1", "security.istio.io/v1beta1")
 ROOT_NAMESPACE = "istio-system"

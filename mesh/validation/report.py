@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from mesh import hosts
-from mesh.diagnostics import Diagnostic
-from mesh.resources import Resource
-from mesh.validation.schema import SchemaErrors, check, duration_ns
+from mcp26.mesh import hosts
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.resources import Resource
+from mcp26.mesh.validation.schema import SchemaErrors, check, duration_ns
 
 
 class Report:

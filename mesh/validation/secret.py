@@ -8,10 +8,10 @@ import base64
 import binascii
 from typing import Iterator
 
-from mesh.diagnostics import Diagnostic
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.report import Report
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.report import Report
 
 TLS_TYPE = "kubernetes.io/tls"
 FIELDS = {"type", "data", "stringData", "immutable"}

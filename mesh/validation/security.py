@@ -14,13 +14,13 @@ import re
 from typing import Iterator
 from urllib.parse import unquote, urlsplit
 
-from mesh import headers as H
-from mesh.resources import MeshConfig, Resource
-from mesh.diagnostics import Diagnostic
-from mesh.header_contract import PLUGIN_NAME, ContractError, is_token, parse_plugin_config
-from mesh.validation import validator
-from mesh.validation.report import Report, schema_report
-from mesh.validation.schema import Enum, Map, Obj
+from mcp26.mesh import headers as H
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.header_contract import PLUGIN_NAME, ContractError, is_token, parse_plugin_config
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.report import Report, schema_report
+from mcp26.mesh.validation.schema import Enum, Map, Obj
 
 SECURITY_VERSIONS = ("security.istio.io/v1", "security.istio.io/v1beta1")
 EXTENSIONS_VERSIONS = ("extensions.istio.io/v1alpha1",)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh import hosts
-from mesh.diagnostics import Diagnostic
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.networking import HTTP_PROTOCOLS, PROTOCOLS, TLS_PROTOCOLS, check_kind
-from mesh.validation.report import Report, semantic
-from mesh.validation.workload_entry import workload_entry
+from mcp26.mesh import hosts
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.networking import HTTP_PROTOCOLS, PROTOCOLS, TLS_PROTOCOLS, check_kind
+from mcp26.mesh.validation.report import Report, semantic
+from mcp26.mesh.validation.workload_entry import workload_entry
 
 
 @validator("ServiceEntry")

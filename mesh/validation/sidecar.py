@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh.diagnostics import Diagnostic
-from mesh.resources import MeshConfig, Resource
-from mesh.validation import validator
-from mesh.validation.report import Report, schema_report
-from mesh.validation.schema import Enum, Map, Obj
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.report import Report, schema_report
+from mcp26.mesh.validation.schema import Enum, Map, Obj
 
 VERSIONS = ("networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3")
 PORT = Obj({"number": "uint32", "protocol": "string", "name": "string", "targetPort": "uint32"})

@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
-from mesh import hosts
-from mesh.resources import MeshConfig, Resource
-from mesh.diagnostics import Diagnostic
-from mesh.headers import L7_READ_ONLY_HEADERS
-from mesh.validation import validator
-from mesh.validation.networking import check_kind, hosts_header_ok
-from mesh.validation.report import Report, semantic
-from mesh.validation.envoy_format import header_value_error
-from mesh.validation.regex import regex_error
+from mcp26.mesh import hosts
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.headers import L7_READ_ONLY_HEADERS
+from mcp26.mesh.validation import validator
+from mcp26.mesh.validation.networking import check_kind, hosts_header_ok
+from mcp26.mesh.validation.report import Report, semantic
+from mcp26.mesh.validation.envoy_format import header_value_error
+from mcp26.mesh.validation.regex import regex_error
 
 # Envoy's x-envoy-retry-on and x-envoy-retry-grpc-on policies (Istio's list).
 RETRY_ON = {

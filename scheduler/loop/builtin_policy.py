@@ -2,8 +2,8 @@
 policy, and the reference the Wasm plugin of the same table is compared with."""
 from __future__ import annotations
 
-from mesh import qos as Q
-from scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
+from mcp26.mesh import qos as Q
+from mcp26.scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
 
 MEMORY_HIGH = 0.90               # accelerator memory (or what stands in for it) above this ...
 REMAP_FROM, REMAP_TO = Q.QosClass.STANDARD.header_value, Q.QosClass.BATCH.header_value

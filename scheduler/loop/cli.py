@@ -66,13 +66,13 @@ def _run(args) -> int:
         return 2
     flows_fn = None
     if args.flow_ring:
-        from scheduler.loop.flows import FlowSource
+        from mcp26.scheduler.loop.flows import FlowSource
         try:
             flows_fn = FlowSource.at(args.flow_ring)
         except (OSError, ValueError) as e:      # no such pin, not a flow ring, no privilege
             print(f"mcpctl scheduler run: --flow-ring {args.flow_ring}: {e}", file=sys.stderr)
             return 1
-    from scheduler.loop.service import run
+    from mcp26.scheduler.loop.service import run
 
     async def main():
         task = asyncio.create_task(run(args.config_dir, args.pool, args.control_plane_admin, args.period_ms,

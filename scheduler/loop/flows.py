@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import time
 
-from mesh.flow_ring import FlowRingReader, MappedRing, PinnedRing, on_bpffs
-from scheduler.decisions import FlowSignals
+from mcp26.mesh.flow_ring import FlowRingReader, MappedRing, PinnedRing, on_bpffs
+from mcp26.scheduler.decisions import FlowSignals
 
 
 class FlowSource:

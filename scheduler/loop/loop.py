@@ -16,12 +16,12 @@ import resource
 import time
 from collections import deque
 
-from scheduler.decisions import Signals
-from scheduler.loop.actions import ActionApplier
-from scheduler.loop.policy import PolicyFailed
-from scheduler.loop.signals import ReplicaReader
+from mcp26.scheduler.decisions import Signals
+from mcp26.scheduler.loop.actions import ActionApplier
+from mcp26.scheduler.loop.policy import PolicyFailed
+from mcp26.scheduler.loop.signals import ReplicaReader
 
-log = logging.getLogger("scheduler.loop")
+log = logging.getLogger("mcp26.scheduler.loop")
 
 
 def _percentile(values, q: float) -> float:

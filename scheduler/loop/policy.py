@@ -16,7 +16,7 @@ import importlib.util
 import os
 from typing import Protocol
 
-from scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
+from mcp26.scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
 
 BUILTIN_PYTHON = "builtin-python"
 
@@ -93,7 +93,7 @@ def load_policy(spec: str | None, hold_s: float | None = None, cache_dir: str | 
                 watch: bool = False) -> tuple[Policy, str]:
     """(policy, what it is). Blocking for a Wasm plugin: call it off the event loop."""
     if spec == BUILTIN_PYTHON:
-        from scheduler.loop.builtin_policy import REMAP_HOLD_S, BuiltinPolicy
+        from mcp26.scheduler.loop.builtin_policy import REMAP_HOLD_S, BuiltinPolicy
         return BuiltinPolicy(hold_s=REMAP_HOLD_S if hold_s is None else hold_s), "builtin-python (plain Python)"
     if spec and spec.startswith("python:"):
         path = spec[len("python:"):]
@@ -105,7 +105,7 @@ def load_policy(spec: str | None, hold_s: float | None = None, cache_dir: str | 
     if spec and not spec.endswith((".py", ".wasm")):
         raise ValueError(f"--policy {spec}: expected FILE.py or FILE.wasm (a Wasm plugin), "
                          f"python:FILE.py or {BUILTIN_PYTHON}")
-    from scheduler.plugins.host import PolicyHost
+    from mcp26.scheduler.plugins.host import PolicyHost
     host = PolicyHost(spec or None, cache_dir=cache_dir)
     info = host.load()                         # raises BuildError/PluginError: the loop does not start
     host.decide(Signals(now_s=0.0))            # the first call pays the instance's warm-up (~30 ms), not cycle 1

@@ -10,12 +10,12 @@ import logging
 
 from aiohttp import web
 
-from scheduler.loop.actions import ActionApplier, pool_cluster
-from scheduler.loop.loop import DecisionLoop
-from scheduler.loop.policy import load_policy
-from scheduler.pool_source import PoolSource
+from mcp26.scheduler.loop.actions import ActionApplier, pool_cluster
+from mcp26.scheduler.loop.loop import DecisionLoop
+from mcp26.scheduler.loop.policy import load_policy
+from mcp26.scheduler.pool_source import PoolSource
 
-log = logging.getLogger("scheduler.loop")
+log = logging.getLogger("mcp26.scheduler.loop")
 
 
 def _loopback_only(handler):

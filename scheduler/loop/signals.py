@@ -14,8 +14,8 @@ import time
 
 import aiohttp
 
-from mesh import qos as Q
-from scheduler.decisions import ReplicaSignals
+from mcp26.mesh import qos as Q
+from mcp26.scheduler.decisions import ReplicaSignals
 
 _LEVEL_CLASS = {str(c.priority_level): c.header_value for c in Q.QosClass}
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from scheduler.plugins.convert import ENCODING
+from mcp26.scheduler.plugins.convert import ENCODING
 
 WIT_DIR = pathlib.Path(__file__).resolve().parent / "wit"
 WORLD = "policy"

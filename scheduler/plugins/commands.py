@@ -7,7 +7,7 @@ import pathlib
 import sys
 import time
 
-from scheduler.decisions import EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
+from mcp26.scheduler.decisions import EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
 
 
 def register_policy(subparsers) -> None:
@@ -32,7 +32,7 @@ def register_policy(subparsers) -> None:
 
 
 def _build(args) -> int:
-    from scheduler.plugins.build import BuildError, build
+    from mcp26.scheduler.plugins.build import BuildError, build
     out = args.output or str(pathlib.Path(args.file).with_suffix(".wasm"))
     t0 = time.perf_counter()
     try:
@@ -55,8 +55,8 @@ def signals_from_json(obj: dict) -> Signals:
 
 
 def _run(args) -> int:
-    from scheduler.plugins.host import PolicyHost
-    from scheduler.plugins.sandbox import Limits
+    from mcp26.scheduler.plugins.host import PolicyHost
+    from mcp26.scheduler.plugins.sandbox import Limits
     if not (args.signals or args.endpoints):
         print("mcpctl policy run: give --signals (decide) and/or --endpoints (score)", file=sys.stderr)
         return 2

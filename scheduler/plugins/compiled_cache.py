@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from wasmtime import Engine, WasmtimeError
 from wasmtime.component import Component
 
-log = logging.getLogger("scheduler.plugins")
+log = logging.getLogger("mcp26.scheduler.plugins")
 
 WASMTIME_VERSION = importlib.metadata.version("wasmtime")
 

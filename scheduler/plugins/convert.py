@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 
-from scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
+from mcp26.scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
 
 ENCODING = "mcp-policy-json/1"
 ACTION_KINDS = ("remap-class", "upgrade-flow", "class-weight", "endpoint-weight", "batcher-policy")

@@ -26,13 +26,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
-from scheduler.plugins import convert
-from scheduler.plugins.build import WIT_DIR, build
-from scheduler.plugins.compiled_cache import CompiledCache, default_dir
-from scheduler.plugins.sandbox import Limits, Plugin, PluginError, engine_for
+from mcp26.scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
+from mcp26.scheduler.plugins import convert
+from mcp26.scheduler.plugins.build import WIT_DIR, build
+from mcp26.scheduler.plugins.compiled_cache import CompiledCache, default_dir
+from mcp26.scheduler.plugins.sandbox import Limits, Plugin, PluginError, engine_for
 
-log = logging.getLogger("scheduler.plugins")
+log = logging.getLogger("mcp26.scheduler.plugins")
 
 DEFAULT_POLICY = pathlib.Path(__file__).resolve().parent / "policies" / "seed_table.py"
 COST_SAMPLES = 1024

@@ -11,7 +11,7 @@ import logging
 
 import numpy as np
 
-log = logging.getLogger("scheduler.plugins.inference")
+log = logging.getLogger("mcp26.scheduler.plugins.inference")
 
 # WIT tensor-type -> numpy dtype (little-endian, as wasi-nn's tensor data is laid out).
 DTYPES = {"fp16": np.dtype("<f2"), "fp32": np.dtype("<f4"), "up8": np.dtype("u1"), "ip32": np.dtype("<i4")}

@@ -30,11 +30,11 @@ except ImportError:
     ffi = enter_wasm = None
     _FAST = False
 
-from scheduler.plugins.build import EXCEPTION_TAG
-from scheduler.plugins.convert import ENCODING
-from scheduler.plugins.inference import OnnxInference
+from mcp26.scheduler.plugins.build import EXCEPTION_TAG
+from mcp26.scheduler.plugins.convert import ENCODING
+from mcp26.scheduler.plugins.inference import OnnxInference
 
-log = logging.getLogger("scheduler.plugins")
+log = logging.getLogger("mcp26.scheduler.plugins")
 
 EPOCH_TICK_S = 0.005
 LOG_LINES_PER_CALL = 20

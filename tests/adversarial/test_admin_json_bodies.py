@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from harness.inference_server import InferenceServer
-from harness.xds import ControlPlane
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.demo.stack.control_plane import ControlPlane
 
 BAD_BODIES = {
     "not JSON": b"{{{",

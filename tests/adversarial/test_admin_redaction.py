@@ -18,11 +18,11 @@ import tempfile
 
 import pytest
 
-from harness.paths import HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port
-from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
-from xds_server.redact import redact_text
-from mesh.scripts import executable
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mcp26.xds.redact import redact_text
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

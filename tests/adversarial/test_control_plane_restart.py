@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from mesh import headers as H
+from mcp26.mesh import headers as H
 
 from contract_stack import NODE, WASM, ContractStack
 

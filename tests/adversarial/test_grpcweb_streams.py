@@ -20,10 +20,10 @@ import time
 import grpc
 import pytest
 
-from harness.ports import free_port
-from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
-from xds_server.cli import STREAM_IDLE_ENV
-from xds_server.translate.grpc_web import MAX_REQUEST_MESSAGE
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mcp26.xds.cli import STREAM_IDLE_ENV
+from mcp26.xds.translate.grpc_web import MAX_REQUEST_MESSAGE
 
 pytestmark = pytest.mark.e2e
 

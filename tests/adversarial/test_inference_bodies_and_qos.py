@@ -15,11 +15,11 @@ import grpc
 import numpy as np
 import pytest
 
-from mesh import headers as H
-from mesh.session import sign_headers
-from harness.inference_server import InferenceServer
-from inference_backend.protos import grpc_service_pb2 as pb
-from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import sign_headers
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.inference.protos import grpc_service_pb2 as pb
+from mcp26.inference.protos import grpc_service_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.e2e
 

@@ -22,14 +22,14 @@ import urllib.request
 
 import pytest
 
-from mesh import headers as H
-from mesh.session import SessionError, sign_headers, verify_session
-from harness.inference_server import InferenceServer
-from harness.paths import HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port
-from harness.tokens import Issuer
-from harness.upstreams import EchoUpstream
-from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import SessionError, sign_headers, verify_session
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.tokens import Issuer
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -251,7 +251,7 @@ def test_a_sub_with_whitespace_at_an_end_is_handled_consistently(stack, sub):
 def captured_padded_sig(sub: str) -> str:
     import hashlib
     import hmac
-    from mesh.session import canonical
+    from mcp26.mesh.session import canonical
     t = int(time.time())
     c = canonical([(H.END_USER, sub)], issued_at=t, method="POST", request_id="")
     return f"v2;t={t};h={H.END_USER};s=" + hmac.new(KEY, c, hashlib.sha256).hexdigest()

@@ -6,8 +6,8 @@ The rule through a real control plane and Envoy is in test_watched_dir.py.
 import os
 import time
 
-from mesh.parse import load_dir
-from xds_server.settle import weakenings
+from mcp26.mesh.parse import load_dir
+from mcp26.xds.settle import weakenings
 
 AUTHN = """apiVersion: security.istio.io/v1
 kind: RequestAuthentication

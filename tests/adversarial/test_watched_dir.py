@@ -16,10 +16,10 @@ import urllib.request
 
 import pytest
 
-from harness.ports import free_port
-from harness.xds import ControlPlane, write_config
-from mesh import headers as H
-from mesh.parse import load_dir
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import ControlPlane, write_config
+from mcp26.mesh import headers as H
+from mcp26.mesh.parse import load_dir
 
 from contract_stack import WASM, ContractStack
 
@@ -106,7 +106,7 @@ def test_non_atomic_saves_never_switch_the_contract_or_jwt_off():
 
 def test_a_removal_by_edit_is_applied_once_the_file_is_quiet_and_a_deletion_at_once(tmp_path):
     """In process (settle 0.6 s): held, then applied by itself; deleting the file applies at once."""
-    from xds_server.server import XdsServer
+    from mcp26.xds.server import XdsServer
     d = str(tmp_path)
     authn = ("apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {name: jwt}\n"
              "spec:\n  jwtRules:\n  - issuer: https://a.test\n    jwks: '{\"keys\": []}'\n")
@@ -171,7 +171,7 @@ def test_a_bad_file_is_rejected_and_the_watch_goes_on(tmp_path, make, reason):
 
 
 def test_healthz_turns_unhealthy_with_the_reason_when_the_watch_stops(tmp_path):
-    from xds_server.server import XdsServer
+    from mcp26.xds.server import XdsServer
     write_config(str(tmp_path), "a.yaml", service_entry("a"))
 
     def healthz(port):

@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-from harness.xds import ControlPlane, write_config
-from mesh.diagnostics import ConfigError
-from mesh.parse import parse_documents
-from mesh.scripts import executable
+from mcp26.demo.stack.control_plane import ControlPlane, write_config
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.parse import parse_documents
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 
@@ -75,8 +75,8 @@ def test_the_bomb_is_small():
 
 def test_control_plane_loader_refuses_the_bomb_with_bounded_memory(tmp_path):
     (tmp_path / "vs.yaml").write_text(alias_bomb())
-    code = ("import sys\nfrom xds_server.incremental_load import IncrementalLoader\n"
-            "from mesh.diagnostics import ConfigError\n"
+    code = ("import sys\nfrom mcp26.xds.incremental_load import IncrementalLoader\n"
+            "from mcp26.mesh.diagnostics import ConfigError\n"
             "try:\n    IncrementalLoader()(sys.argv[1])\nexcept ConfigError as e:\n    print(e); sys.exit(3)\n")
     rc, out, err, peak_mb, took = run_limited([sys.executable, "-c", code, str(tmp_path)])
     assert rc == 3, (rc, out[-2000:], err[-2000:], peak_mb, took)

@@ -17,14 +17,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from google.protobuf import json_format
 
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.tokens import Issuer
-from harness.upstreams import EchoUpstream
-from mesh.change_set import load_texts
-from xds_server.node import ProxyNode
-from xds_server.translate import Phase, rbac, translate
-from xds_server.translate.static import static_bootstrap
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.tokens import Issuer
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.mesh.change_set import load_texts
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Phase, rbac, translate
+from mcp26.xds.translate.static import static_bootstrap
 
 pytestmark = pytest.mark.e2e
 ISS = "https://idp.mesh.test"

@@ -12,16 +12,16 @@ import time
 
 import pytest
 
-from bpf import attach, tc
-from bpf.attach import AttachError
-from bpf.policy import build_policy
+from mcp26.bpf import attach, tc
+from mcp26.bpf.attach import AttachError
+from mcp26.bpf.policy import build_policy
 from harness.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
 
 pytestmark = pytest.mark.e2e
 
 
 def mcpctl(*args: str, netns: str | None = None, user: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "mesh.cli", "bpf", *args]
+    cmd = [sys.executable, "-m", "mcp26.mesh.cli", "bpf", *args]
     if netns:
         cmd = ["nsenter", f"--net=/run/netns/{netns}", *cmd]
     if user:
@@ -196,7 +196,7 @@ def test_latency_command_reads_the_pinned_sampler(pair):
             for _ in range(3):
                 c2.sendall(b"req")
                 assert c2.recv(16) == b"ok"
-        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-m", "mesh.cli", "bpf",
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-m", "mcp26.mesh.cli", "bpf",
                                  "latency", "-i", pair.server_if, "--seconds", "8", "--prometheus-port", "9464"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

@@ -1,7 +1,7 @@
 """The two DSCP paths through the real Envoy, read off `lo` (AF_PACKET):
 
 - no eBPF: a DestinationRule annotated `qos.mcp-mesh.io/class` is translated
-  (xds_server.translate) into clusters whose upstream_bind_config carries
+  (xds.translate) into clusters whose upstream_bind_config carries
   IP_TOS = class.tos; Envoy's upstream connections carry that DSCP.
 - eBPF by socket mark: a cluster with SO_MARK set (a socket option the control
   plane can push) and `--dscp-mark MARK=CLASS` in the tc marker on `lo`.
@@ -14,18 +14,18 @@ import urllib.request
 
 import pytest
 
-from bpf import attach, tc
-from bpf.policy import build_policy
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.qos import QosClass
+from mcp26.bpf import attach, tc
+from mcp26.bpf.policy import build_policy
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.qos import QosClass
 from harness.bpf_env import Capture, require_bpf, tcp_segments
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from xds_server.translate import translate
-from xds_server.translate.static import static_bootstrap
-from xds_server.node import ProxyNode
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.xds.translate import translate
+from mcp26.xds.translate.static import static_bootstrap
+from mcp26.xds.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 TCP_RST = 0x04

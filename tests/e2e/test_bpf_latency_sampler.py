@@ -12,9 +12,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from bpf import attach
-from bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, open_pinned
-from bpf.policy import build_policy
+from mcp26.bpf import attach
+from mcp26.bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, open_pinned
+from mcp26.bpf.policy import build_policy
 from harness.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
 
 pytestmark = pytest.mark.e2e
@@ -110,8 +110,8 @@ def test_quantiles_are_exported_as_opentelemetry_metrics(sampled):
 
 
 def test_exported_next_to_the_backends_own_metrics(sampled):
-    from bpf.latency import LatencyExporter
-    from inference_backend.telemetry import Telemetry
+    from mcp26.bpf.latency import LatencyExporter
+    from mcp26.inference.telemetry import Telemetry
 
     telemetry = Telemetry.get()
     pair = sampled.pair

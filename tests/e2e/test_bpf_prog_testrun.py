@@ -10,10 +10,10 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from bpf import layout, packets as P
-from bpf.policy import build_policy
-from bpf.syscall import prog_test_run
-from mesh.qos import ALPN_DSCP, DSCP_AF41, DSCP_EF, QosClass
+from mcp26.bpf import layout, packets as P
+from mcp26.bpf.policy import build_policy
+from mcp26.bpf.syscall import prog_test_run
+from mcp26.mesh.qos import ALPN_DSCP, DSCP_AF41, DSCP_EF, QosClass
 from harness.bpf_env import load_datapath
 
 pytestmark = pytest.mark.e2e

@@ -10,9 +10,9 @@ import ssl
 
 import pytest
 
-from bpf import attach, tc
-from bpf.policy import build_policy
-from mesh.qos import ALPN_DSCP, QosClass
+from mcp26.bpf import attach, tc
+from mcp26.bpf.policy import build_policy
+from mcp26.mesh.qos import ALPN_DSCP, QosClass
 from harness.bpf_env import (Capture, TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces,
                              require_bpf, self_signed_cert, tcp_segments)
 

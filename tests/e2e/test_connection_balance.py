@@ -17,8 +17,8 @@ import time
 import grpc
 import pytest
 
-from harness.inference_server import InferenceServer
-from harness.ports import free_port
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.demo.stack.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -175,7 +175,7 @@ def test_a_port_in_use_is_refused_naming_it():
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:relu", "--workers", "2",
+        proc = subprocess.run([sys.executable, "-m", "mcp26.mesh.cli", "serve", "--model", "builtin:relu", "--workers", "2",
                                "--http-port", str(port), "--grpc-port", str(free_port())],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

@@ -28,7 +28,7 @@ def _loop(stack: LoopStack, *extra: str):
 
 def _status(loop) -> dict:
     """What `mcpctl scheduler status --json` prints (the CLI, not only the HTTP view)."""
-    out = subprocess.run([sys.executable, "-m", "mesh.cli", "scheduler", "status", "--admin", loop.admin, "--json"],
+    out = subprocess.run([sys.executable, "-m", "mcp26.mesh.cli", "scheduler", "status", "--admin", loop.admin, "--json"],
                          capture_output=True, text=True, timeout=20)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -104,7 +104,7 @@ def test_memory_over_90_percent_remaps_standard_to_batch_then_restores(stack):
         code, text = stack.cp.get("/scheduler")
         assert code == 200 and json.loads(text)["class_remaps"][0]["to"] == "batch"
         # the human-readable status names the memory source and the remap's expiry
-        out = subprocess.run([sys.executable, "-m", "mesh.cli", "scheduler", "status", "--admin", loop.admin],
+        out = subprocess.run([sys.executable, "-m", "mcp26.mesh.cli", "scheduler", "status", "--admin", loop.admin],
                              capture_output=True, text=True, timeout=20).stdout
         assert "kv-budget" in out and "standard -> batch" in out, out
         # the default policy is the seed table as a Wasm plugin, its calls and cost in the status
@@ -125,7 +125,7 @@ def test_a_policy_that_raises_or_is_slow_keeps_the_last_decision(stack, tmp_path
     policy = tmp_path / "policy.py"
     policy.write_text(f"""
 import time
-from scheduler.decisions import Action
+from mcp26.scheduler.decisions import Action
 def decide(signals):
     mode = open({str(flag)!r}).read().strip()
     if mode == "raise":

@@ -18,12 +18,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from harness.envoy import Envoy
+from mcp26.demo.stack.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
 from harness.endpoint_picker import PickerProcess, pool_yaml
-from harness.ports import free_port, port_free_on_all
-from harness.upstreams import EchoUpstream
-from mesh import endpoint_picker as epp
+from mcp26.demo.stack.ports import free_port, port_free_on_all
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.mesh import endpoint_picker as epp
 
 pytestmark = pytest.mark.e2e
 
@@ -117,7 +117,7 @@ def test_health_services_of_the_protocol_are_serving(pool):
 
 
 def test_the_startup_heap_is_frozen_and_gc_pauses_are_reported(pool):
-    """Out of the cyclic collector's sight once serving (mesh/gc_pauses.py): /stats reads the
+    """Out of the cyclic collector's sight once serving (serving/gc_pauses.py): /stats reads the
     frozen count and the pauses since, by generation, as the process measured them."""
     picker, _, _ = pool
     for _ in range(200):        # traffic: young collections of its own

@@ -14,14 +14,14 @@ import urllib.request
 import pytest
 from aiohttp import web
 
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, mesh_envoy, write_config
-from harness.xds_scenario import GATEWAY_LABELS, Client
-from scheduler.decisions import Action
-from scheduler.loop.actions import ActionApplier
-from scheduler.loop.loop import DecisionLoop
-from scheduler.loop.service import make_app
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, mesh_envoy, write_config
+from mcp26.demo.stack.xds_scenario import GATEWAY_LABELS, Client
+from mcp26.scheduler.decisions import Action
+from mcp26.scheduler.loop.actions import ActionApplier
+from mcp26.scheduler.loop.loop import DecisionLoop
+from mcp26.scheduler.loop.service import make_app
 
 pytestmark = pytest.mark.e2e
 
@@ -201,7 +201,7 @@ def test_the_loops_applier_carries_endpoint_weights_and_status_shows_them(mesh):
             again = await applier.apply(actions[:1], time.time(), flow_hold_s=1.0)
             await asyncio.to_thread(_wait_weights, envoy, {ha: 9, hb: 1})
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "mesh.cli", "scheduler", "status", "--admin",
+                sys.executable, "-m", "mcp26.mesh.cli", "scheduler", "status", "--admin",
                 f"127.0.0.1:{runner.addresses[0][1]}", stdout=asyncio.subprocess.PIPE)
             text = (await proc.communicate())[0].decode()
             return out, again, text

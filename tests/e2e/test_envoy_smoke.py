@@ -4,9 +4,9 @@ import urllib.request
 
 import pytest
 
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
 
 pytestmark = pytest.mark.e2e
 

@@ -9,10 +9,10 @@ import http.client
 import pytest
 
 from benchmarks.epp_fixed_processor import ONE_MESSAGE_MODE, fixed_processor_bootstrap
-from harness.envoy import Envoy
+from mcp26.demo.stack.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
-from harness.ports import free_port, port_free_on_all
-from harness.upstreams import EchoUpstream
+from mcp26.demo.stack.ports import free_port, port_free_on_all
+from mcp26.demo.stack.upstreams import EchoUpstream
 
 pytestmark = pytest.mark.e2e
 

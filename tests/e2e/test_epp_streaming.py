@@ -18,11 +18,11 @@ import openai
 import pytest
 
 from harness.endpoint_picker import PickerProcess, write_pool
-from harness.envoy import Envoy
+from mcp26.demo.stack.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
-from harness.inference_server import InferenceServer
-from harness.ports import free_port
-from mesh import endpoint_picker as epp
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.demo.stack.ports import free_port
+from mcp26.mesh import endpoint_picker as epp
 
 pytestmark = pytest.mark.e2e
 

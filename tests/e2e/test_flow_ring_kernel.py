@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-from bpf import attach
-from bpf.latency import LatencyStats, open_pinned
-from bpf.policy import build_policy
+from mcp26.bpf import attach
+from mcp26.bpf.latency import LatencyStats, open_pinned
+from mcp26.bpf.policy import build_policy
 from harness.bpf_env import TcpServer, VethPair, read_then_answer, in_netns, netns_socket, remove_stale_namespaces, require_bpf
-from mesh.flow_ring import MappedRing
-from scheduler.loop.actions import ActionApplier
-from scheduler.loop.builtin_policy import BuiltinPolicy
-from scheduler.loop.flows import FlowSource
-from scheduler.loop.loop import DecisionLoop
+from mcp26.mesh.flow_ring import MappedRing
+from mcp26.scheduler.loop.actions import ActionApplier
+from mcp26.scheduler.loop.builtin_policy import BuiltinPolicy
+from mcp26.scheduler.loop.flows import FlowSource
+from mcp26.scheduler.loop.loop import DecisionLoop
 
 pytestmark = pytest.mark.e2e
 

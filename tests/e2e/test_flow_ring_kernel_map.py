@@ -14,18 +14,18 @@ import time
 
 import pytest
 
-from bpf import attach, packets as P
-from bpf.flow_ring import PIN_NAME
-from mesh.flow_ring import map_fd, on_bpffs
-from bpf.policy import build_policy
-from bpf.syscall import prog_test_run
+from mcp26.bpf import attach, packets as P
+from mcp26.bpf.flow_ring import PIN_NAME
+from mcp26.mesh.flow_ring import map_fd, on_bpffs
+from mcp26.bpf.policy import build_policy
+from mcp26.bpf.syscall import prog_test_run
 from harness.bpf_env import (TcpServer, VethPair, in_netns, load_datapath, netns_socket,
                              read_then_answer, remove_stale_namespaces, require_bpf)
-from mesh import flow_ring as R
-from scheduler.loop.actions import ActionApplier
-from scheduler.loop.builtin_policy import BuiltinPolicy
-from scheduler.loop.flows import FlowSource
-from scheduler.loop.loop import DecisionLoop
+from mcp26.mesh import flow_ring as R
+from mcp26.scheduler.loop.actions import ActionApplier
+from mcp26.scheduler.loop.builtin_policy import BuiltinPolicy
+from mcp26.scheduler.loop.flows import FlowSource
+from mcp26.scheduler.loop.loop import DecisionLoop
 
 pytestmark = pytest.mark.e2e
 

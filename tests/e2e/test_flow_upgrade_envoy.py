@@ -19,15 +19,15 @@ import time
 import pytest
 
 from harness.endpoint_picker import PickerProcess
-from harness.paths import HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, mesh_envoy, write_config
-from mesh import headers as H
-from mesh import session
-from scheduler.decisions import FlowSignals, Signals
-from scheduler.loop.actions import ActionApplier
-from scheduler.loop.builtin_policy import BuiltinPolicy
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, mesh_envoy, write_config
+from mcp26.mesh import headers as H
+from mcp26.mesh import session
+from mcp26.scheduler.decisions import FlowSignals, Signals
+from mcp26.scheduler.loop.actions import ActionApplier
+from mcp26.scheduler.loop.builtin_policy import BuiltinPolicy
 
 pytestmark = pytest.mark.e2e
 

@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as tgrpc
 
-from harness.inference_server import InferenceServer
-from inference_backend.builtin_models import builtin_path
-from inference_backend.runtime import OnnxModel
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.inference.builtin_models import builtin_path
+from mcp26.inference.runtime import OnnxModel
 
 pytestmark = pytest.mark.e2e
 

@@ -12,11 +12,11 @@ import urllib.request
 import numpy as np
 import pytest
 
-from harness.ports import free_port
-from inference_backend.bench.grpc_slots import INFER
-from inference_backend.bench.h2_grpc import H2GrpcConnection, header_block
-from inference_backend.bench.serve_process import ServeProcess
-from inference_backend.protos import grpc_service_pb2 as pb
+from mcp26.demo.stack.ports import free_port
+from mcp26.inference.bench.grpc_slots import INFER
+from mcp26.inference.bench.h2_grpc import H2GrpcConnection, header_block
+from mcp26.inference.bench.serve_process import ServeProcess
+from mcp26.inference.protos import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.e2e
 

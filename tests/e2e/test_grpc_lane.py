@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from hpack import Decoder, Encoder
 
-from harness.inference_server import InferenceServer
-from mesh.grpc_fast import GrpcLane
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.serving.grpc.server import GrpcLane
 
 pytestmark = pytest.mark.e2e
 
@@ -906,7 +906,7 @@ def kserve_answers(target: str) -> dict:
     from google.protobuf import json_format
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-    from inference_backend.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
+    from mcp26.inference.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
 
     out: dict = {}
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from mesh.scripts import executable
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

@@ -13,13 +13,14 @@ import grpc
 import numpy as np
 import pytest
 
-from inference_backend.protos import grpc_service_pb2 as pb
-from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
+from mcp26.inference.protos import grpc_service_pb2 as pb
+from mcp26.inference.protos import grpc_service_pb2_grpc as pb_grpc
 from harness import browser as browser_support
 from harness.browser import Browser
-from mesh.qos import LLM_PRIORITY_CLASSES
+from mcp26.mesh.qos import LLM_PRIORITY_CLASSES
 from harness.grpcweb_mesh import MODEL, grpcweb_mesh
-from harness.paths import HEADER_CONTRACT_WASM as WASM, ROOT
+from harness.paths import ROOT
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(browser_support.missing() is not None,
                                                   reason=browser_support.missing() or "")]

@@ -14,13 +14,13 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from mesh.resources import MeshConfig
-from xds_server.translate import Phase, grpc_web
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.translate import Phase, grpc_web
+from mcp26.xds.node import ProxyNode
 
-from harness.envoy import Envoy
-from harness.grpcweb import GRPC_WEB_TEXT, GrpcWebClient, encode_frame
-from harness.ports import free_port
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.grpcweb import GRPC_WEB_TEXT, GrpcWebClient, encode_frame
+from mcp26.demo.stack.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

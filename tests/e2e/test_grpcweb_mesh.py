@@ -1,6 +1,6 @@
 """gRPC-Web to the real inference backend through a gateway Envoy configured by the control plane.
 
-No browser here: harness/grpcweb.py speaks gRPC-Web over HTTP/1.1, and
+No browser here: demo/stack/grpcweb.py speaks gRPC-Web over HTTP/1.1, and
 every answer is compared with a direct gRPC call to the same backend.
 """
 import os
@@ -10,13 +10,13 @@ import grpc
 import numpy as np
 import pytest
 
-from inference_backend.protos import grpc_service_pb2 as pb
-from inference_backend.protos import grpc_service_pb2_grpc as pb_grpc
-from mesh import headers as H
-from mesh.qos import LLM_PRIORITY_CLASSES, QosClass
-from harness.grpcweb import GrpcWebClient, encode_frame
+from mcp26.inference.protos import grpc_service_pb2 as pb
+from mcp26.inference.protos import grpc_service_pb2_grpc as pb_grpc
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import LLM_PRIORITY_CLASSES, QosClass
+from mcp26.demo.stack.grpcweb import GrpcWebClient, encode_frame
 from harness.grpcweb_mesh import MODEL, SERVICE, grpcweb_mesh
-from harness.paths import HEADER_CONTRACT_WASM as WASM
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
 
 pytestmark = pytest.mark.e2e
 

@@ -1,11 +1,11 @@
-"""harness.xds.ControlPlane.apply, which the demo and the routing tests change config with:
+"""demo.stack.control_plane.ControlPlane.apply, which the demo and the routing tests change config with:
 the new generation once a change set is served, ConfigRejected (with the control
 plane's report) for one it refuses, and a start that fails leaves nothing running."""
 import pytest
 
-from harness.ports import free_port
-from harness.xds import ConfigRejected, ControlPlane
-from harness.xds_scenario import base_config, virtual_service
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import ConfigRejected, ControlPlane
+from mcp26.demo.stack.xds_scenario import base_config, virtual_service
 
 pytestmark = pytest.mark.e2e
 

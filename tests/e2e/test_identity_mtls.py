@@ -19,12 +19,12 @@ import time
 
 import pytest
 
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, write_config
-from xds_server.bootstrap import envoy_bootstrap
-from xds_server.ca import MeshCA, node_token_from_dir
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, write_config
+from mcp26.xds.bootstrap import envoy_bootstrap
+from mcp26.xds.ca import MeshCA, node_token_from_dir
 
 pytestmark = pytest.mark.e2e
 

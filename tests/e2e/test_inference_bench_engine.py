@@ -13,11 +13,11 @@ import time
 import pytest
 from aiohttp import web
 
-from inference_backend.bench import report
-from inference_backend.bench.runner import Config, run_sync
-from inference_backend.bench.target import TargetError
-from mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
-from mesh.qos import QosClass
+from mcp26.inference.bench import report
+from mcp26.inference.bench.runner import Config, run_sync
+from mcp26.inference.bench.target import TargetError
+from mcp26.mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
+from mcp26.mesh.qos import QosClass
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """mcp-bench --grpc against a throwaway KServe v2 gRPC servicer (grpcio, in
 a thread), with either client (our HTTP/2 one, h2_grpc.py, and grpcio's):
 counts, raw inputs, priority metadata and parameter, timing metadata, error
-classes from mesh.error_classes, a request larger than grpcio's flow-control
+classes from mcp26.mesh.error_classes, a request larger than grpcio's flow-control
 windows and frames, a server that goes away mid-call."""
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import grpc
 import numpy as np
 import pytest
 
-from inference_backend.bench.runner import Config, run_sync
-from inference_backend.bench.serve_process import ServeProcess
-from inference_backend.bench.target import TargetError
-from inference_backend.protos import grpc_service_pb2 as pb
-from inference_backend.protos import grpc_service_pb2_grpc as pbg
-from mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
-from mesh.qos import QosClass
-from harness.ports import free_port
+from mcp26.inference.bench.runner import Config, run_sync
+from mcp26.inference.bench.serve_process import ServeProcess
+from mcp26.inference.bench.target import TargetError
+from mcp26.inference.protos import grpc_service_pb2 as pb
+from mcp26.inference.protos import grpc_service_pb2_grpc as pbg
+from mcp26.mesh.headers import COMPUTE_TIME_US, QOS_CLASS, QUEUE_TIME_US
+from mcp26.mesh.qos import QosClass
+from mcp26.demo.stack.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -13,10 +13,10 @@ import urllib.request
 
 import pytest
 
-from inference_backend.bench.serve_process import ServeProcess
-from mesh.qos import QosClass
-from harness.ports import free_port
-from mesh.scripts import executable
+from mcp26.inference.bench.serve_process import ServeProcess
+from mcp26.mesh.qos import QosClass
+from mcp26.demo.stack.ports import free_port
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 MCP_BENCH = executable("mcp-bench")

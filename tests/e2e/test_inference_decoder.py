@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as tgrpc
 
-from inference_backend.builtin_models import DEC_HEAD_DIM, DEC_HEADS, builtin_path
-from harness.inference_server import InferenceServer
+from mcp26.inference.builtin_models import DEC_HEAD_DIM, DEC_HEADS, builtin_path
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 PROMPTS = {101: [72, 101, 108, 108, 111], 202: [7, 7, 7], 303: [250, 3, 99, 12, 0, 44, 45]}
@@ -133,7 +133,7 @@ def test_stateless_call_with_explicit_past_equals_local(local):
 
 
 def test_context_longer_than_the_model_allows_is_refused_before_it_runs():
-    from inference_backend.decoder import MAX_CONTEXT
+    from mcp26.inference.decoder import MAX_CONTEXT
     with InferenceServer("builtin:tiny-decoder", admin=False) as server:
         client = tgrpc.InferenceServerClient(server.grpc)
         first = tgrpc.InferInput("input_ids", [1, MAX_CONTEXT - 1], "INT64")

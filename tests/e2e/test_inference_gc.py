@@ -2,7 +2,7 @@
 the heap is frozen (mcp_python_gc_frozen_objects), and a full collection under
 load walks only what traffic made - far shorter than the full collection of the
 startup heap that the server ran before it froze it. Against a live `mcpctl
-serve`, loaded by mcp-bench, read from its /metrics (mesh/gc_pauses.py)."""
+serve`, loaded by mcp-bench, read from its /metrics (serving/gc_pauses.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,9 +11,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.inference_server import InferenceServer
-from mesh import gc_pauses
-from mesh.scripts import executable
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.serving import gc_pauses
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from onnx import TensorProto, helper
 
-from harness.inference_server import InferenceServer
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 

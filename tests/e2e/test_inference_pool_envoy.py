@@ -16,12 +16,12 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from inference_backend.builtin_models import builtin_path
-from inference_backend.load_report import parse_text_report
-from inference_backend.pool import replica_ports
-from mesh import headers as H
-from harness.inference_server import read_pool_events, requests_served
-from harness.ports import free_port, free_port_block
+from mcp26.inference.builtin_models import builtin_path
+from mcp26.inference.load_report import parse_text_report
+from mcp26.inference.envoy_bootstrap import replica_ports
+from mcp26.mesh import headers as H
+from mcp26.demo.stack.inference_server import read_pool_events, requests_served
+from mcp26.demo.stack.ports import free_port, free_port_block
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +47,7 @@ class PoolEnvoy:
 @pytest.fixture(scope="module")
 def pool():
     base, listen, envoy_admin = free_port_block(4), free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "mcp26.mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
                              "--http-port", str(base), "--grpc-port", str(base + 1),
                              "--envoy-port", str(listen), "--envoy-admin-port", str(envoy_admin)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -27,10 +27,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import json_format
 
 from harness.endpoint_picker import PickerProcess
-from harness.ports import free_port, port_free_on_all
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, mesh_envoy
-from mesh import endpoint_picker as epp
+from mcp26.demo.stack.ports import free_port, port_free_on_all
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, mesh_envoy
+from mcp26.mesh import endpoint_picker as epp
 
 pytestmark = pytest.mark.e2e
 

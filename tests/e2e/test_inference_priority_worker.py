@@ -15,10 +15,10 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from mesh import headers as H
-from mesh.qos import QosClass
-from harness.inference_server import InferenceServer, read_pool_events, requests_served
-from harness.ports import free_port, free_port_block
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import QosClass
+from mcp26.demo.stack.inference_server import InferenceServer, read_pool_events, requests_served
+from mcp26.demo.stack.ports import free_port, free_port_block
 
 pytestmark = pytest.mark.e2e
 TOP = {H.QOS_CLASS: QosClass.LATENCY_CRITICAL.header_value}
@@ -132,10 +132,10 @@ def test_envoy_in_front_of_replicas_routes_the_top_class_to_their_workers():
     """`--replicas 2 --envoy-port P` with priority workers: each replica runs its own
     worker (ports base + 4i), and the Envoy in front sends latency-critical requests,
     REST and gRPC, to the workers and every other class to the replicas."""
-    from inference_backend.pool import replica_ports
+    from mcp26.inference.envoy_bootstrap import replica_ports
     base = free_port_block(8)
     listen, envoy_admin = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "mcp26.mesh.cli", "serve", "--model", "builtin:mlp", "--replicas", "2",
                              "--http-port", str(base), "--grpc-port", str(base + 1),
                              "--priority-http-port", str(base + 2), "--priority-grpc-port", str(base + 3),
                              "--envoy-port", str(listen), "--envoy-admin-port", str(envoy_admin), "--drain-seconds", "0"],
@@ -198,7 +198,7 @@ def test_a_worker_port_in_use_is_a_clear_error_and_leaves_nothing_running():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "mesh.cli", "serve", "--model", "builtin:mlp",
+        r = subprocess.run([sys.executable, "-m", "mcp26.mesh.cli", "serve", "--model", "builtin:mlp",
                             "--http-port", str(free_port()), "--grpc-port", str(free_port()),
                             "--priority-grpc-port", str(port)], capture_output=True, text=True, timeout=90)
     assert r.returncode == 2, r.stderr[-2000:]

@@ -17,10 +17,10 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from mesh import headers as H
-from mesh.qos import QosClass
-from mesh.session import sign_headers
-from harness.inference_server import InferenceServer
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import QosClass
+from mcp26.mesh.session import sign_headers
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 

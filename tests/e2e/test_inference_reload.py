@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as tgrpc
 
-from inference_backend.builtin_models import build_mlp, builtin_path
-from harness.inference_server import InferenceServer
+from mcp26.inference.builtin_models import build_mlp, builtin_path
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 

@@ -15,10 +15,10 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from inference_backend.builtin_models import builtin_path
-from inference_backend.load_report import parse_text_report
-from mesh import headers as H
-from harness.inference_server import InferenceServer
+from mcp26.inference.builtin_models import builtin_path
+from mcp26.inference.load_report import parse_text_report
+from mcp26.mesh import headers as H
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 MAX_BODY = 1_000_000
@@ -83,7 +83,7 @@ def test_metadata_reports_execution_provider_and_load_time(server):
         assert (doc["execution_provider"], doc["device"]) == ("CPUExecutionProvider", "cpu")
     assert doc["load_seconds"] > 0 and doc["warmup_seconds"] > 0
     channel = grpc.insecure_channel(server.grpc)
-    from inference_backend.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
+    from mcp26.inference.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
     _, call = pbg.GRPCInferenceServiceStub(channel).ModelMetadata.with_call(pb.ModelMetadataRequest(name="mlp"))
     assert dict(call.trailing_metadata())["x-mcp-execution-provider"] == doc["execution_provider"]
     channel.close()
@@ -177,7 +177,7 @@ def test_grpc_bad_input_is_invalid_argument_with_reason(server):
             client.infer("mlp", [inp])
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and reason in e.value.message()
     # raw bytes that do not match the declared shape
-    from inference_backend.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
+    from mcp26.inference.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
     channel = grpc.insecure_channel(server.grpc)
     req = pb.ModelInferRequest(model_name="mlp", inputs=[pb.ModelInferRequest.InferInputTensor(
         name="INPUT0", datatype="FP32", shape=[1, 64])], raw_input_contents=[b"\0" * 100])
@@ -213,7 +213,7 @@ def test_response_carries_timing_and_orca_load_report(server):
     assert set(report) >= {"cpu_utilization", "application_utilization", "rps_fractional", "named_metrics.queue_depth"}
     assert all(0 <= report[k] <= 1 for k in ("cpu_utilization", "application_utilization"))
     # gRPC: trailing metadata
-    from inference_backend.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
+    from mcp26.inference.protos import grpc_service_pb2 as pb, grpc_service_pb2_grpc as pbg
     channel = grpc.insecure_channel(server.grpc)
     req = pb.ModelInferRequest(model_name="mlp", inputs=[pb.ModelInferRequest.InferInputTensor(
         name="INPUT0", datatype="FP32", shape=[1, 64])], raw_input_contents=[np.ones((1, 64), np.float32).tobytes()])

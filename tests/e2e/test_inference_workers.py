@@ -17,7 +17,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.inference_server import InferenceServer
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 

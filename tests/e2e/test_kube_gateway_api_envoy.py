@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from harness.ports import free_port, port_is_free
-from harness.upstreams import EchoUpstream
-from harness.xds import ConfigRejected, ControlPlane, mesh_envoy
+from mcp26.demo.stack.ports import free_port, port_is_free
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ConfigRejected, ControlPlane, mesh_envoy
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +45,7 @@ def get(port, path, headers=None):
 
 
 def mcpctl(*args):
-    return subprocess.run([sys.executable, "-m", "mesh.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "mcp26.mesh.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")

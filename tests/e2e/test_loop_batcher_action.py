@@ -7,9 +7,9 @@ import urllib.request
 
 import pytest
 
-from harness.inference_server import InferenceServer
-from scheduler.decisions import Action
-from scheduler.loop.actions import ActionApplier
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.scheduler.decisions import Action
+from mcp26.scheduler.loop.actions import ActionApplier
 
 pytestmark = pytest.mark.e2e
 

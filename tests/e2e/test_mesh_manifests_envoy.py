@@ -14,15 +14,15 @@ import re
 
 import pytest
 
-from mesh.change_set import load_texts
-from harness.envoy import Envoy
-from harness.ports import free_port
+from mcp26.mesh.change_set import load_texts
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
 
 pytestmark = pytest.mark.e2e
-translate_mod = pytest.importorskip("xds_server.translate")
-from xds_server.translate.static import static_bootstrap  # noqa: E402
-from xds_server.type_urls import LISTENER, ROUTE
-from xds_server.node import ProxyNode  # noqa: E402
+translate_mod = pytest.importorskip("mcp26.xds.translate")
+from mcp26.xds.translate.static import static_bootstrap  # noqa: E402
+from mcp26.xds.type_urls import LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode  # noqa: E402
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "istio-manifests", "examples")
 

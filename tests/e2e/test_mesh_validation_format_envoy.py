@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from mesh.validation.envoy_format import COMMANDS, COMMANDS_WITH_ARGUMENT, header_value_error
-from harness.envoy import envoy_binary
+from mcp26.mesh.validation.envoy_format import COMMANDS, COMMANDS_WITH_ARGUMENT, header_value_error
+from mcp26.demo.stack.envoy import envoy_binary
 
 pytestmark = pytest.mark.e2e
 

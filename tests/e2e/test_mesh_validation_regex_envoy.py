@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from mesh.validation.regex import regex_error
-from harness.envoy import envoy_binary
+from mcp26.mesh.validation.regex import regex_error
+from mcp26.demo.stack.envoy import envoy_binary
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from harness.inference_server import InferenceServer
-from inference_backend import builtin_models
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.inference import builtin_models
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from harness.inference_server import InferenceServer
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ def stats(server) -> tuple[int, int]:
 
 def test_two_closed_loop_clients_are_batched_together():
     with InferenceServer("builtin:mlp", "--intra-op-threads", "2") as server:
-        argv = [sys.executable, "-m", "inference_backend.bench.cli", "-u",
+        argv = [sys.executable, "-m", "mcp26.inference.bench.cli", "-u",
                 f"http://127.0.0.1:{server.http_port}/v2/models/mlp", "-c", "8", "--duration", "3",
                 "--warmup", "8", "--input", "INPUT0:FP32:1,64", "--output-format", "json"]
         runs0, rows0 = stats(server)

@@ -16,8 +16,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as tgrpc
 
-from harness.inference_server import InferenceServer
-from inference_backend import builtin_models
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.inference import builtin_models
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")]
@@ -46,7 +46,7 @@ def test_saturating_load_splits_and_the_answers_stay_the_models():
         assert before["width"] == 2 and not before["split"] and before["narrow_batches"] == 0
         idle_threads = [t for t, p in thread_policies(server.proc.pid).items() if p == SCHED_IDLE]
         assert len(idle_threads) == 2           # the narrow instances' threads, waiting
-        bench = subprocess.run([sys.executable, "-m", "inference_backend.bench.cli", "-u",
+        bench = subprocess.run([sys.executable, "-m", "mcp26.inference.bench.cli", "-u",
                                 f"http://127.0.0.1:{server.http_port}/v2/models/mlp", "-c", "64",
                                 "--duration", "2", "--warmup", "64", "--input", "INPUT0:FP32:1,64",
                                 "--output-format", "json"], capture_output=True, text=True, timeout=60)

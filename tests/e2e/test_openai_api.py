@@ -17,8 +17,8 @@ import onnxruntime as ort
 import openai
 import pytest
 
-from inference_backend.builtin_models import DEC_HEAD_DIM, DEC_HEADS, builtin_path
-from harness.inference_server import InferenceServer
+from mcp26.inference.builtin_models import DEC_HEAD_DIM, DEC_HEADS, builtin_path
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 MODEL = "tiny-decoder"
@@ -189,7 +189,7 @@ def test_a_chat_turn_reuses_the_cached_blocks_of_the_answer_before_it(server):
     """The next turn resends the answer after the same `assistant: ` it was generated after, so
     the blocks the generation cached (its prompt and every generated id but the last) match:
     here the first prompt ends one token short of a block, which the answer completes."""
-    from inference_backend.tokenizer import chat_prompt, encode
+    from mcp26.inference.tokenizer import chat_prompt, encode
     c = client(server)
     msgs = [{"role": "system", "content": "Reuse check."}, {"role": "user", "content": "Say something!!!!!!!!!!!"}]
     prompt1 = encode(chat_prompt(msgs))

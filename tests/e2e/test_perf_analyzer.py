@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness import perf_analyzer
-from harness.inference_server import InferenceServer
+from mcp26.demo.stack.inference_server import InferenceServer
 
 pytestmark = pytest.mark.e2e
 

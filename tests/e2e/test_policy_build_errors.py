@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from mesh.scripts import executable
-from scheduler.plugins.build import BuildError, build, check_source
+from mcp26.serving.executables import executable
+from mcp26.scheduler.plugins.build import BuildError, build, check_source
 
 pytestmark = pytest.mark.e2e
 

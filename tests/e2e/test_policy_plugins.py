@@ -17,10 +17,10 @@ import time
 import numpy as np
 import pytest
 
-from scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
-from scheduler.plugins import latency_model
-from scheduler.plugins.host import PolicyHost
-from scheduler.plugins.sandbox import Limits
+from mcp26.scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
+from mcp26.scheduler.plugins import latency_model
+from mcp26.scheduler.plugins.host import PolicyHost
+from mcp26.scheduler.plugins.sandbox import Limits
 
 pytestmark = pytest.mark.e2e
 

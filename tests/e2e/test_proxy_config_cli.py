@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, GATEWAY_NODE, mesh_envoy
-from harness.ports import free_port
-from mesh.scripts import executable
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, GATEWAY_NODE, mesh_envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

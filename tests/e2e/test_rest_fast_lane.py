@@ -1,4 +1,4 @@
-"""The REST fast lane (`mcpctl serve --rest-frontend fast`, inference-backend/rest_fast.py)
+"""The REST fast lane (`mcpctl serve --rest-frontend fast`, inference-backend/rest_httptools.py)
 against live servers: tritonclient, and raw sockets for the HTTP/1.1 details it must get
 right itself (pipelining, chunked bodies, 100-continue, keep-alive, the handoff of any
 other request to aiohttp on the same connection, the body limit, malformed input), each
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tritonclient.http as thttp
 
-from harness.inference_server import InferenceServer
-from inference_backend.rest_body import INLINE_JSON_BYTES
-from mesh import headers as H
+from mcp26.demo.stack.inference_server import InferenceServer
+from mcp26.inference.rest_body import INLINE_JSON_BYTES
+from mcp26.mesh import headers as H
 
 pytestmark = pytest.mark.e2e
 MAX_BODY = 1_000_000

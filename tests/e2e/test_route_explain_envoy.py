@@ -13,14 +13,14 @@ import subprocess
 
 import pytest
 
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from xds_server.explain import envoy_match
-from xds_server.explain.route_explain import explain, load, proxy_for
-from xds_server.translate import translate
-from xds_server.translate.static import static_bootstrap
-from mesh.scripts import executable
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.xds.explain import envoy_match
+from mcp26.xds.explain.route_explain import explain, load, proxy_for
+from mcp26.xds.translate import translate
+from mcp26.xds.translate.static import static_bootstrap
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 from onnx import TensorProto, helper
 
-from harness.ports import free_port
-from mesh.scripts import executable
+from mcp26.demo.stack.ports import free_port
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

@@ -17,13 +17,13 @@ import time
 
 import pytest
 
-from mesh import headers as H
-from mesh.session import SessionError, verify_session
-from harness.paths import HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import GATEWAY_NODE, ControlPlane, write_config
-from mesh.scripts import executable
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import SessionError, verify_session
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, write_config
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

@@ -23,15 +23,15 @@ import time
 
 import pytest
 
-from mesh import headers as H
-from mesh.qos import ALPN_CLASSES, DEFAULT_QOS_CLASS, QosClass
-from mesh.session import verify_session
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import ALPN_CLASSES, DEFAULT_QOS_CLASS, QosClass
+from mcp26.mesh.session import verify_session
 from harness.certs import self_signed
-from harness.paths import HEADER_CONTRACT_WASM as WASM
-from harness.ports import free_port
-from harness.tokens import Issuer
-from harness.upstreams import EchoUpstream
-from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.tokens import Issuer
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 
 pytestmark = pytest.mark.e2e
 

@@ -4,12 +4,12 @@ import tempfile
 
 import pytest
 
-from mesh import headers as H
-from mesh.session import verify_session
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
-from harness.tokens import Issuer
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import verify_session
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from mcp26.demo.stack.tokens import Issuer
 from test_wasm_contract import AUDIENCE, GW_LABELS, ISSUER, ISSUER2, KEY, WASM, Stack, bearer, get, mesh_yaml, wait_until_serving
 
 pytestmark = pytest.mark.e2e

@@ -7,21 +7,21 @@ import urllib.request
 import pytest
 from google.protobuf import json_format
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.header_contract import parse_plugin_config
-from mesh import headers as H
-from mesh.session import verify_session
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.tokens import Issuer
-from harness.upstreams import EchoUpstream
-from wasm_filters.host import DEFAULT_WASM
-from wasm_filters.lua import lua_source
-from xds_server.translate import Phase, authn, wasm_plugins
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.header_contract import parse_plugin_config
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import verify_session
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.tokens import Issuer
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.wasm import HEADER_CONTRACT_WASM
+from mcp26.wasm.lua import lua_source
+from mcp26.xds.translate import Phase, authn, wasm_plugins
+from mcp26.xds.node import ProxyNode
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")]
 KEY = b"lua-equivalence-key-0123456789ab"
 ROUTER = {"name": "envoy.filters.http.router",
           "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
@@ -42,7 +42,7 @@ apiVersion: extensions.istio.io/v1alpha1
 kind: WasmPlugin
 metadata: {{name: c, namespace: default}}
 spec:
-  url: file://{DEFAULT_WASM}
+  url: file://{HEADER_CONTRACT_WASM}
   pluginName: mcp-header-contract
   pluginConfig: {json.dumps(plugin)}
 """))

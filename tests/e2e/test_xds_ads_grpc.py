@@ -18,9 +18,9 @@ from envoy.config.core.v3 import extension_pb2
 from google.protobuf import wrappers_pb2
 from google.rpc import status_pb2
 
-from harness.ports import free_port
-from xds_server import type_urls as T
-from xds_server.server import XdsServer
+from mcp26.demo.stack.ports import free_port
+from mcp26.xds import type_urls as T
+from mcp26.xds.server import XdsServer
 
 pytestmark = pytest.mark.e2e
 
@@ -318,7 +318,7 @@ def test_delta_nack_restores_what_client_holds():
 
 
 def test_nothing_served_before_a_good_config():
-    from mesh.diagnostics import ConfigError, Diagnostic
+    from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 
     async def body():
         async with Harness(ConfigError([Diagnostic("broken", file="x.yaml", line=3)])) as h:

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, mesh_envoy, remove_config, write_config
-from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, mesh_envoy, remove_config, write_config
+from mcp26.demo.stack.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 
 pytestmark = pytest.mark.e2e
 

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 import yaml
 
-from harness.envoy import envoy_binary
-from harness.paths import HEADER_CONTRACT_WASM as WASM
-from mesh.scripts import executable
+from mcp26.demo.stack.envoy import envoy_binary
+from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
+from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 

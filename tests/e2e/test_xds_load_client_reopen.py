@@ -27,8 +27,8 @@ import pytest
 from benchmarks.xds_config import write_mesh
 from benchmarks import xds_load_clients
 from benchmarks.xds_load_clients import Client
-from harness.ports import free_port
-from harness.xds import ControlPlane
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

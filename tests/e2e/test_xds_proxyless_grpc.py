@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from harness import xds_grpc_client
-from harness.ports import free_port
-from harness.xds import ControlPlane, write_config
-from xds_server.bootstrap import grpc_bootstrap
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import ControlPlane, write_config
+from mcp26.xds.bootstrap import grpc_bootstrap
 
 pytestmark = pytest.mark.e2e
 

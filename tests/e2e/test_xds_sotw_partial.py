@@ -1,6 +1,6 @@
 """A SotW push of routes carries only the changed RouteConfiguration, and a real Envoy
 keeps serving the one left out (xDS "Grouping Resources into Responses": every type
-but LDS and CDS is grouped as Delta groups it; xds_server.ads_protocol).
+but LDS and CDS is grouped as Delta groups it; xds.ads_protocol).
 
 Two Gateways on two ports give the gateway Envoy two RouteConfigurations. A change
 to the route on one port must land there while the other port keeps answering from
@@ -10,10 +10,10 @@ out lands as well.
 """
 import pytest
 
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from harness.xds import ControlPlane, mesh_envoy, write_config
-from harness.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.demo.stack.control_plane import ControlPlane, mesh_envoy, write_config
+from mcp26.demo.stack.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ import pytest
 
 from benchmarks.bench_xds_scale import Fleet
 from benchmarks.xds_config import write_mesh
-from harness.ports import free_port
-from xds_server.server import XdsServer
+from mcp26.demo.stack.ports import free_port
+from mcp26.xds.server import XdsServer
 
 pytestmark = pytest.mark.e2e
 

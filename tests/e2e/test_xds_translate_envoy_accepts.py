@@ -10,14 +10,14 @@ import string
 
 import pytest
 
-from mesh.resources import MeshConfig
-from mesh.change_set import load_texts
-from harness.envoy import Envoy
-from harness.ports import free_port
-from xds_server.translate import translate
-from xds_server.translate.static import static_bootstrap
-from xds_server.type_urls import CLUSTER, LISTENER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.change_set import load_texts
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.xds.translate import translate
+from mcp26.xds.translate.static import static_bootstrap
+from mcp26.xds.type_urls import CLUSTER, LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "xds_translate_all_features.yaml")

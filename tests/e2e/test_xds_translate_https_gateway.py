@@ -8,15 +8,15 @@ import tempfile
 
 import pytest
 
-from mesh.change_set import load_texts
+from mcp26.mesh.change_set import load_texts
 from harness.certs import self_signed
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from xds_server.translate import translate
-from xds_server.translate.static import static_bootstrap
-from xds_server.type_urls import LISTENER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.xds.translate import translate
+from mcp26.xds.translate.static import static_bootstrap
+from mcp26.xds.type_urls import LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 HOST = "secure.example.com"

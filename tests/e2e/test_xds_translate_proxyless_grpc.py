@@ -16,8 +16,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from harness.ports import free_port
-from harness.xds import ControlPlane, write_config
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import ControlPlane, write_config
 
 pytestmark = pytest.mark.e2e
 METHOD = "/mcp.test.Echo/Who"

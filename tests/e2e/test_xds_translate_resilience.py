@@ -8,13 +8,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mesh.change_set import load_texts
-from harness.envoy import Envoy
-from harness.ports import free_port
-from harness.upstreams import EchoUpstream
-from xds_server.translate import translate
-from xds_server.translate.static import static_bootstrap
-from xds_server.node import ProxyNode
+from mcp26.mesh.change_set import load_texts
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.upstreams import EchoUpstream
+from mcp26.xds.translate import translate
+from mcp26.xds.translate.static import static_bootstrap
+from mcp26.xds.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 

@@ -15,11 +15,11 @@ from envoy.config.rbac.v3 import rbac_pb2
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as rbac_http
 
-from mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
-from mesh.parse import parse_documents
-from mesh.resources import MeshConfig
-from xds_server.node import ProxyNode
-from xds_server.translate import Phase, http_filters, rbac
+from mcp26.mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Phase, http_filters, rbac
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "authz")
 CART = ProxyNode(id="cart", namespace="shop", labels={"app": "cart"})

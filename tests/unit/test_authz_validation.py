@@ -2,9 +2,9 @@
 each error naming file:line and the field."""
 import pytest
 
-from mesh.parse import parse_documents
-from mesh.resources import MeshConfig
-from mesh.validation import validate_resource, _load_validators
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.validation import validate_resource, _load_validators
 
 _load_validators()
 

@@ -1,5 +1,5 @@
 """The batcher's admission hook and the decoder's KV admission of the batch class
-(inference_backend.decoder: what the decision loop's standard -> batch remap relies on),
+(inference.decoder: what the decision loop's standard -> batch remap relies on),
 and the policy-change record /admin/status reports (when the first batch under a new
 policy formed)."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import threading
 
 import numpy as np
 
-from mesh.qos import QosClass
-from mesh.scheduling import BatcherSettings
-from inference_backend.batcher import DynamicBatcher, Pending
-from inference_backend.decoder import KV_ADMIT_FRACTION, DecoderExecutor
-from inference_backend.kv_blocks import KVCache
+from mcp26.mesh.qos import QosClass
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.decoder import KV_ADMIT_FRACTION, DecoderExecutor
+from mcp26.inference.kv_blocks import KVCache
 
 BATCH = QosClass.BATCH.header_value
 HIGH = QosClass.LATENCY_CRITICAL.header_value

@@ -42,8 +42,8 @@ def test_prefix_hits_are_the_delta_of_each_replicas_counters():
 
 
 def test_the_chat_preset_fits_the_context_shares_system_prompts_and_history_dominates():
-    from inference_backend.decoder import MAX_CONTEXT
-    from inference_backend.tokenizer import chat_prompt
+    from mcp26.inference.decoder import MAX_CONTEXT
+    from mcp26.inference.tokenizer import chat_prompt
     from benchmarks.epp_sessions import ANSWER_BYTES_PER_TOKEN, preset
     w = preset("chat", sessions=45)
     sessions = make_sessions(w)

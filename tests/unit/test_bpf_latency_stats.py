@@ -3,7 +3,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, quantile
+from mcp26.bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, quantile
 
 
 def test_nearest_rank_quantiles():

@@ -1,12 +1,12 @@
-"""QoS policy specs for `mcpctl bpf attach`: DSCP values from mesh.qos, clear errors."""
+"""QoS policy specs for `mcpctl bpf attach`: DSCP values from mcp26.mesh.qos, clear errors."""
 import argparse
 import ipaddress
 
 import pytest
 
-from bpf import cli, layout
-from bpf.policy import PolicyError, build_policy, parse_dscp
-from mesh.qos import ALPN_DSCP, QosClass
+from mcp26.bpf import cli, layout
+from mcp26.bpf.policy import PolicyError, build_policy, parse_dscp
+from mcp26.mesh.qos import ALPN_DSCP, QosClass
 
 
 def test_dscp_by_number_or_class_name():

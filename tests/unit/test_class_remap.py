@@ -5,12 +5,13 @@ import time
 
 import pytest
 
-from mesh import headers as H
-from mesh import qos as Q
-from mesh.header_contract import ClassRemap, parse_plugin_config
-from mesh.session import verify_session
-from wasm_filters.host import DEFAULT_WASM, ProxyWasmHost
-from xds_server.scheduler_actions import ClassRemaps, parse_remap
+from mcp26.mesh import headers as H
+from mcp26.mesh import qos as Q
+from mcp26.mesh.header_contract import ClassRemap, parse_plugin_config
+from mcp26.mesh.session import verify_session
+from mcp26.wasm import HEADER_CONTRACT_WASM
+from mcp26.wasm.host import ProxyWasmHost
+from mcp26.xds.scheduler_actions import ClassRemaps, parse_remap
 
 KEY = bytes(range(32))
 BASE = [(":method", "GET"), (":path", "/v1/completions"), (":authority", "mesh")]
@@ -27,7 +28,7 @@ def test_no_remap_leaves_the_json_as_before():
         {"from": "standard", "to": "batch", "until_ns": 1700000000500000000}]
 
 
-@pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")
+@pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
 def test_filter_applies_the_remap_until_it_expires_and_signs_it():
     until = time.time() + 60
     h = ProxyWasmHost()
@@ -42,7 +43,7 @@ def test_filter_applies_the_remap_until_it_expires_and_signs_it():
     assert h.request(BASE).all(H.QOS_CLASS) == ["standard"]
 
 
-@pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")
+@pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
 def test_filter_refuses_a_remap_to_an_unknown_class():
     h = ProxyWasmHost()
     cfg = _contract([ClassRemap(Q.QosClass.STANDARD, Q.QosClass.BATCH, time.time() + 5)]).filter_json()

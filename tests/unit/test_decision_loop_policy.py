@@ -1,9 +1,9 @@
 """The built-in decision table and the replica signals, socket-free."""
 import os
 
-from scheduler.decisions import FlowSignals, ReplicaSignals, Signals
-from scheduler.loop.builtin_policy import BuiltinPolicy
-from scheduler.loop.signals import cgroup_fraction, replica_signals
+from mcp26.scheduler.decisions import FlowSignals, ReplicaSignals, Signals
+from mcp26.scheduler.loop.builtin_policy import BuiltinPolicy
+from mcp26.scheduler.loop.signals import cgroup_fraction, replica_signals
 
 
 def _kinds(actions):

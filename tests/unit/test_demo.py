@@ -9,12 +9,12 @@ from argparse import Namespace
 import pytest
 import yaml
 
-import demo.steps
-from demo.framework import MANIFESTS, Demo
-from demo.steps import discover
-from mesh.change_set import load_texts
+from mcp26.demo import steps as demo_steps
+from mcp26.demo.framework import MANIFESTS, Demo
+from mcp26.demo.steps import discover
+from mcp26.mesh.change_set import load_texts
 
-STEPS_DIR = demo.steps.__path__[0]
+STEPS_DIR = demo_steps.__path__[0]
 
 
 def test_steps_are_found_and_run_in_their_order():
@@ -26,18 +26,18 @@ def test_steps_are_found_and_run_in_their_order():
     assert {"header routing", "80/20 split", "fault delay", "header contract: JWT session headers",
             "gRPC-Web to the inference backend, console",
             "inference pool: two replicas through the gateway"} <= set(names)
-    assert len(steps) == len(list(pkgutil.iter_modules(demo.steps.__path__)))   # one step per module
+    assert len(steps) == len(list(pkgutil.iter_modules(demo_steps.__path__)))   # one step per module
 
 
-@pytest.mark.parametrize("module", [m.name for m in pkgutil.iter_modules(demo.steps.__path__)])
+@pytest.mark.parametrize("module", [m.name for m in pkgutil.iter_modules(demo_steps.__path__)])
 def test_a_step_imports_only_the_framework_the_harness_and_mesh(module):
     tree = ast.parse(open(f"{STEPS_DIR}/{module}.py").read())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
                {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    ours = {m.split(".")[0] for m in imported} & {"demo", "harness", "mesh", "xds_server", "wasm_filters",
-                                                  "inference_backend", "bpf"}
+    ours = {m.split(".")[0] for m in imported} & {"demo", "harness", "mesh", "mcp26.xds", "mcp26.wasm",
+                                                  "mcp26.inference", "bpf"}
     assert ours <= {"demo", "harness", "mesh"}, imported
-    assert {m for m in imported if m.startswith("demo")} <= {"demo.framework"}, imported
+    assert {m for m in imported if m.startswith("demo")} <= {"mcp26.demo.framework"}, imported
 
 
 def test_manifests_are_the_installed_package_data():

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from mesh.parse import parse_documents
-from mesh.resources import MeshConfig
-from xds_server.endpoint_weights import WEIGHTS, EndpointWeights, parse_endpoint, parse_weights
-from xds_server.node import ProxyNode
-from xds_server.translate import Translator
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.endpoint_weights import WEIGHTS, EndpointWeights, parse_endpoint, parse_weights
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Translator
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 
 SE = """
 apiVersion: networking.istio.io/v1

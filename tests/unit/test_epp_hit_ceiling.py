@@ -1,11 +1,11 @@
 """benchmarks.epp_sessions.hit_ceiling: the best prefix-hit rate any picker could reach on a
 workload, counted as a replica's KV cache counts it -- checked on hand-made token sequences and
-against inference_backend.kv_blocks.KVCache itself with a budget that never evicts."""
+against inference.kv_blocks.KVCache itself with a budget that never evicts."""
 import numpy as np
 
 from benchmarks.epp_sessions import Session, TurnResult, hit_ceiling, turn_tokens
-from inference_backend.kv_blocks import KVCache
-from inference_backend.tokenizer import chat_prompt, encode
+from mcp26.inference.kv_blocks import KVCache
+from mcp26.inference.tokenizer import chat_prompt, encode
 
 
 def test_first_prompt_hits_nothing_and_a_shared_prefix_hits_in_whole_blocks():

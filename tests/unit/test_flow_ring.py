@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from mesh import flow_ring as R
-from scheduler.loop.flows import FlowSource
+from mcp26.mesh import flow_ring as R
+from mcp26.scheduler.loop.flows import FlowSource
 
 
 def _ring():

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from scheduler.decisions import Action
-from scheduler.ext_proc import EndpointPicker
-from scheduler.loop.actions import ActionApplier
-from scheduler.loop.marks import FlowMarks
-from scheduler.scheduling import Pick
+from mcp26.scheduler.decisions import Action
+from mcp26.scheduler.ext_proc import EndpointPicker
+from mcp26.scheduler.loop.actions import ActionApplier
+from mcp26.scheduler.loop.marks import FlowMarks
+from mcp26.scheduler.picker import Pick
 
 
 class FakeScheduler:

@@ -1,8 +1,8 @@
-"""harness.ports.free_port never hands out a port twice in a row, even when the kernel
+"""demo.stack.ports.free_port never hands out a port twice in a row, even when the kernel
 offers the same one again (which it may as soon as the probe socket closes)."""
 import socket
 
-from harness import ports
+from mcp26.demo.stack import ports
 
 
 class _Probe:

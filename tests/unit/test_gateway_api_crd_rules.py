@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.parse import parse_documents
-from mesh.resources import MeshConfig
-from mesh.validation import validate
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.validation import validate
 
 ROUTE = """apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute

@@ -1,4 +1,4 @@
-"""mesh/gc_pauses.py: the recorder sees the interpreter's own collections, the tally and the
+"""serving/gc_pauses.py: the recorder sees the interpreter's own collections, the tally and the
 /metrics reader report them as the servers export them."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from mesh import gc_pauses
+from mcp26.serving import gc_pauses
 
 
 def test_a_collection_is_timed_by_generation_and_read_back_from_metrics():

@@ -10,15 +10,15 @@ import pytest
 from google.protobuf import json_format
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from mesh.change_set import load_config
-from mesh.qos import QosClass
-from harness.ports import free_port
-from xds_server.console import mesh_state
-from xds_server.console.latency import LatencyWindow, delta, histograms_by_class, quantile, unit_to_ms
-from xds_server.console.server import Console, ConsoleOptions
-from xds_server.translate import translate
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.change_set import load_config
+from mcp26.mesh.qos import QosClass
+from mcp26.demo.stack.ports import free_port
+from mcp26.xds.console import mesh_state
+from mcp26.xds.console.latency import LatencyWindow, delta, histograms_by_class, quantile, unit_to_ms
+from mcp26.xds.console.server import Console, ConsoleOptions
+from mcp26.xds.translate import translate
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 

@@ -1,10 +1,10 @@
-"""gRPC-Web framing logic of the test client (harness/grpcweb.py)."""
+"""gRPC-Web framing logic of the test client (demo/stack/grpcweb.py)."""
 import base64
 
 import pytest
 from hypothesis import given, strategies as st
 
-from harness.grpcweb import (FrameDecoder, FramingError, TextDecoder, encode_frame, encode_trailers,
+from mcp26.demo.stack.grpcweb import (FrameDecoder, FramingError, TextDecoder, encode_frame, encode_trailers,
                              parse_trailers)
 
 

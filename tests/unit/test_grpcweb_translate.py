@@ -5,11 +5,11 @@ from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
-from mesh import headers as H
-from mesh.change_set import load_config
-from xds_server.translate import translate
-from xds_server.type_urls import CLUSTER, LISTENER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh import headers as H
+from mcp26.mesh.change_set import load_config
+from mcp26.xds.translate import translate
+from mcp26.xds.type_urls import CLUSTER, LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "xds-server", "console", "examples")
 GATEWAY = ProxyNode("router~127.0.0.1~gw.default~default.svc.cluster.local", labels={"istio": "ingressgateway"})

@@ -8,9 +8,9 @@ import time
 import jwt as pyjwt
 import pytest
 
-from harness.ports import free_port, free_port_block, port_is_free, preferred_port
-from harness.processes import stop_processes
-from harness.tokens import Issuer
+from mcp26.demo.stack.ports import free_port, free_port_block, port_is_free, preferred_port
+from mcp26.demo.stack.processes import stop_processes
+from mcp26.demo.stack.tokens import Issuer
 
 
 def test_preferred_port_is_kept_when_free_else_another_free_one():

@@ -1,4 +1,4 @@
-"""mesh.hpack_decoder: RFC 7541's own examples, the hpack package's
+"""serving.h2.hpack_decoder: RFC 7541's own examples, the hpack package's
 decoder on the same encoded blocks, and the errors h2_server turns into GOAWAY."""
 import random
 
@@ -6,7 +6,7 @@ import pytest
 from hpack import Decoder as PackageDecoder, Encoder, NeverIndexedHeaderTuple
 from hpack.exceptions import HPACKError
 
-from mesh.hpack_decoder import Decoder
+from mcp26.serving.h2.hpack_decoder import Decoder
 
 
 def test_rfc7541_appendix_c3_and_c4_requests_decode_with_the_shared_table():

@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from mesh.scheduling import BatcherSettings, QueuePolicy
-from inference_backend.batcher import DynamicBatcher, Pending
-from inference_backend.errors import Internal, InvalidArgument, Overloaded
+from mcp26.mesh.batching_policy import BatcherSettings, QueuePolicy
+from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.errors import Internal, InvalidArgument, Overloaded
 
 
 class Recorder:

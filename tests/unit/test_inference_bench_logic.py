@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from inference_backend.bench import errors
-from inference_backend.bench.http1 import _parse_head, encode_request
-from inference_backend.bench.mix import MixSequence, parse_mix
-from inference_backend.bench.stats import Recorder, percentile, schedule_lag, summarize_rows
-from inference_backend.bench.target import TargetError, build_tensors, parse_shapes, parse_url, rest_body
-from mesh.error_classes import ERROR_CLASSES, GRPC_STATUS
-from mesh.qos import QosClass
+from mcp26.inference.bench import errors
+from mcp26.inference.bench.http1 import _parse_head, encode_request
+from mcp26.inference.bench.mix import MixSequence, parse_mix
+from mcp26.inference.bench.stats import Recorder, percentile, schedule_lag, summarize_rows
+from mcp26.inference.bench.target import TargetError, build_tensors, parse_shapes, parse_url, rest_body
+from mcp26.mesh.error_classes import ERROR_CLASSES, GRPC_STATUS
+from mcp26.mesh.qos import QosClass
 
 
 def test_mix_names_map_to_mesh_qos_classes_and_normalise():
@@ -120,7 +120,7 @@ def test_http_head_parsing():
 
 
 def test_input_specs_replace_metadata():
-    from inference_backend.bench.target import parse_inputs
+    from mcp26.inference.bench.target import parse_inputs
     meta = parse_inputs(["INPUT0:fp32:1,64", "ids:INT64:2,3"])
     assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64]},
                               {"name": "ids", "datatype": "INT64", "shape": [2, 3]}]

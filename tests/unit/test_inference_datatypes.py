@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_backend import datatypes as D
-from inference_backend.errors import InvalidArgument
-from inference_backend.load_report import format_text_report, parse_text_report
+from mcp26.inference import datatypes as D
+from mcp26.inference.errors import InvalidArgument
+from mcp26.inference.load_report import format_text_report, parse_text_report
 
 
 @pytest.mark.parametrize("datatype", ["BOOL", "UINT8", "INT16", "INT32", "INT64", "UINT64", "FP16", "FP32", "FP64"])
@@ -63,7 +63,7 @@ def test_orca_text_report_is_what_envoy_parses():
 
 def test_load_sampler_reports_busy_fraction_and_rate():
     import time
-    from inference_backend.load_report import SAMPLE_INTERVAL_S, LoadSampler
+    from mcp26.inference.load_report import SAMPLE_INTERVAL_S, LoadSampler
     state = {"busy": 0, "done": 0, "queued": 5}
     sampler = LoadSampler(lambda: state["busy"], lambda: state["done"], lambda: state["queued"], cpus=2)
     t0 = time.monotonic()

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from mesh.scheduling import BatcherSettings
-from inference_backend.batcher import DynamicBatcher, Pending
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference.batcher import DynamicBatcher, Pending
 
 
 class Recorder:
@@ -141,8 +141,8 @@ def test_no_inline_run_while_the_instance_is_busy():
 
 
 def test_json_fast_path_keeps_the_standard_librarys_answers():
-    from inference_backend import fastjson
-    assert fastjson.loads(b'{"data": [NaN, 1.5]}')["data"][1] == 1.5      # NaN: what json.dumps writes
-    assert fastjson.output_data(np.array([np.nan], np.float32)) is None     # written as json does
-    out = fastjson.output_data(np.array([[0.5, 2.0]], np.float32))
-    assert fastjson.loads(fastjson.dumps({"d": out if out is not None else [0.5, 2.0]})) == {"d": [0.5, 2.0]}
+    from mcp26.inference import json_codec
+    assert json_codec.loads(b'{"data": [NaN, 1.5]}')["data"][1] == 1.5      # NaN: what json.dumps writes
+    assert json_codec.output_data(np.array([np.nan], np.float32)) is None     # written as json does
+    out = json_codec.output_data(np.array([[0.5, 2.0]], np.float32))
+    assert json_codec.loads(json_codec.dumps({"d": out if out is not None else [0.5, 2.0]})) == {"d": [0.5, 2.0]}

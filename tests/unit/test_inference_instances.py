@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from mesh.scheduling import BatcherSettings
-from inference_backend.batcher import DynamicBatcher, Pending
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference.batcher import DynamicBatcher, Pending
 
 
 class Held:

@@ -9,10 +9,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from inference_backend import builtin_models as B
-from inference_backend.batcher import Pending
-from inference_backend.decoder import DecoderExecutor, KVCache, TokenMeter
-from inference_backend.runtime import OnnxModel, provider_plan
+from mcp26.inference import builtin_models as B
+from mcp26.inference.batcher import Pending
+from mcp26.inference.decoder import DecoderExecutor, KVCache, TokenMeter
+from mcp26.inference.runtime import OnnxModel, provider_plan
 
 
 def test_generation_is_deterministic_and_cached(tmp_path, monkeypatch):

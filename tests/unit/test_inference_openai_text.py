@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_backend.generate import Sampler
-from inference_backend.openai_api import parse_model_map
-from inference_backend.tokenizer import TextAssembler, chat_prompt, decode, encode
+from mcp26.inference.generation import Sampler
+from mcp26.inference.openai_api import parse_model_map
+from mcp26.inference.tokenizer import TextAssembler, chat_prompt, decode, encode
 
 
 def feed(stop, text: str):

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from mesh.scheduling import BatcherSettings
-from inference_backend.batcher import DynamicBatcher, Pending
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference.batcher import DynamicBatcher, Pending
 
 COMPUTE_S = 0.030
 SETTINGS = BatcherSettings(max_batch_size=8, preferred_batch_sizes=(8,), max_queue_delay_us=50_000)

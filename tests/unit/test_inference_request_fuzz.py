@@ -7,14 +7,14 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from mesh.scheduling import BatcherSettings
-from inference_backend.builtin_models import builtin_path
-from inference_backend.errors import InferenceError
-from inference_backend.model_server import ServedModel
-from inference_backend.request_meta import priority_param
-from inference_backend.rest_body import decode_inputs, requested_outputs
-from inference_backend.runtime import OnnxModel
-from inference_backend.telemetry import Telemetry
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference.builtin_models import builtin_path
+from mcp26.inference.errors import InferenceError
+from mcp26.inference.model_server import ServedModel
+from mcp26.inference.request_meta import priority_param
+from mcp26.inference.rest_body import decode_inputs, requested_outputs
+from mcp26.inference.runtime import OnnxModel
+from mcp26.inference.telemetry import Telemetry
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_decoding_never_raises_anything_but_an_inference_error(served, doc, bina
 
 @st.composite
 def grpc_requests(draw):
-    from inference_backend.protos import grpc_service_pb2 as pb
+    from mcp26.inference.protos import grpc_service_pb2 as pb
     req = pb.ModelInferRequest(model_name="tiny-decoder")
     for _ in range(draw(st.integers(0, 3))):
         t = req.inputs.add(name=draw(st.sampled_from(["input_ids", "past_key", "past_value", "x"])),
@@ -126,8 +126,8 @@ def grpc_requests(draw):
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=grpc_requests())
 def test_grpc_decoding_never_raises_anything_but_an_inference_error(served, request):
-    from inference_backend.grpc_service import decode_request
-    from inference_backend.request_meta import priority_param
+    from mcp26.inference.grpc_service import decode_request
+    from mcp26.inference.request_meta import priority_param
     try:
         arrays, params, outputs = decode_request(served, request)
         served.prepare(arrays, outputs, params)

@@ -1,4 +1,4 @@
-"""REST body decoding bounds (inference_backend.rest_body): nesting depth counted outside
+"""REST body decoding bounds (inference.rest_body): nesting depth counted outside
 strings, data checked against the declared shape before conversion, only the read
 parameters kept."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from inference_backend import rest_body as RB
-from inference_backend.errors import InvalidArgument
+from mcp26.inference import rest_body as RB
+from mcp26.inference.errors import InvalidArgument
 
 SPECS = {"x": ("FP32", (-1, 4))}
 

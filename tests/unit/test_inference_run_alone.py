@@ -14,14 +14,14 @@ import prometheus_client
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-from mesh.grpc_fast import metadata_block
-from mesh.h2_server import literal
-from mesh.scheduling import BatcherSettings
-from inference_backend import datatypes, runtime
-from inference_backend.batcher import DynamicBatcher, Pending, Settled
-from inference_backend.builtin_models import builtin_path
-from inference_backend.errors import InvalidArgument
-from inference_backend.telemetry import LATENCY_BUCKETS_S, _Histogram
+from mcp26.serving.grpc.server import metadata_block
+from mcp26.serving.h2.connection import literal
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference import datatypes, runtime
+from mcp26.inference.batcher import DynamicBatcher, Pending, Settled
+from mcp26.inference.builtin_models import builtin_path
+from mcp26.inference.errors import InvalidArgument
+from mcp26.inference.telemetry import LATENCY_BUCKETS_S, _Histogram
 
 SLOW = dict(max_batch_size=8, preferred_batch_sizes=(8,), max_queue_delay_us=5_000_000)
 
@@ -177,7 +177,7 @@ class _Transport:
 def _answered(one_write: bool, data: bytes, stream_window: int = 1 << 20) -> bytes:
     """What a connection sends for one stream's answer, after its SETTINGS (the bytes, flushed)."""
     import asyncio
-    from mesh.h2_server import H2Connection, Stream
+    from mcp26.serving.h2.connection import H2Connection, Stream
 
     async def run() -> bytes:
         conn = H2Connection(lambda *a: None)

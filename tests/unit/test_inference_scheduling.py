@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.qos import PRIORITY_LEVELS, QosClass
-from mesh.scheduling import PRESETS, BatcherSettings, QueuePolicy, parse_spec, preset, settings_from_spec
-from mesh.validation import validate
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.qos import PRIORITY_LEVELS, QosClass
+from mcp26.mesh.batching_policy import PRESETS, BatcherSettings, QueuePolicy, parse_spec, preset, settings_from_spec
+from mcp26.mesh.validation import validate
 
 
 def test_presets_are_valid_and_ordered_by_batch_size():

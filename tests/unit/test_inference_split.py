@@ -16,9 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from mesh.scheduling import BatcherSettings
-from inference_backend import batcher
-from inference_backend.batcher import DynamicBatcher, Pending
+from mcp26.mesh.batching_policy import BatcherSettings
+from mcp26.inference import batcher
+from mcp26.inference.batcher import DynamicBatcher, Pending
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 

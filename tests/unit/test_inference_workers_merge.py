@@ -5,8 +5,8 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference_backend.app import merge_prometheus_texts
-from inference_backend.statistics import ModelStatistics, merge_docs
+from mcp26.inference.server import merge_prometheus_texts
+from mcp26.inference.statistics import ModelStatistics, merge_docs
 
 
 def _stats(requests: list[tuple[int, int]]) -> ModelStatistics:

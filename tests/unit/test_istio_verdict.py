@@ -13,11 +13,11 @@ import re
 
 import pytest
 
-from mesh.change_set import load_texts
-from mesh.diagnostics import ConfigError
-from mesh.parse import parse_documents
-from mesh.resources import MeshConfig
-from mesh.validation import validate
+from mcp26.mesh.change_set import load_texts
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.validation import validate
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "istio_verdict")
 KINDS = ("destinationrule", "serviceentry", "reqauth", "wasm", "virtualservice")
@@ -242,7 +242,7 @@ ANALYZER_TABLE = [
 
 
 def analyzed(name: str) -> list:
-    from mesh.cli_validate import run
+    from mcp26.mesh.cli_validate import run
     diags, _ = run([os.path.join(DATA, "analyze", name)], analyze=True)
     return diags
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from mesh.change_set import load_texts
-from mesh.parse import parse_documents
+from mcp26.mesh.change_set import load_texts
+from mcp26.mesh.parse import parse_documents
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "istio_verdict")
 
@@ -29,7 +29,7 @@ def test_go_yaml_ipv6_in_a_flow_sequence():
 
 def test_a_document_without_kind_or_name_is_named_by_what_it_lacks():
     import pytest
-    from mesh.diagnostics import ConfigError
+    from mcp26.mesh.diagnostics import ConfigError
     with pytest.raises(ConfigError) as e:
         parse_documents("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {}\n---\n"
                         "apiVersion: v1\nmetadata: {name: x}\n", file="d.yaml")

@@ -5,12 +5,12 @@ import os
 
 import pytest
 
-from mesh.change_set import check_config, load_texts
-from mesh.diagnostics import ConfigError
-from mesh.gateway_api import gateway_api_resources
-from mesh.kube import port_protocol, registry_resources
-from mesh.parse import parse_documents
-from mesh.resources import MeshConfig
+from mcp26.mesh.change_set import check_config, load_texts
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.gateway_api import gateway_api_resources
+from mcp26.mesh.kube import port_protocol, registry_resources
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.resources import MeshConfig
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "kube")
 
@@ -247,7 +247,7 @@ spec:
 def test_analyze_reports_invalid_gateway_api_and_services_without_crashing(tmp_path):
     """`mcpctl analyze` converts only what passed validation (as the control plane
     does): a listener without a port is an error naming its field, not a traceback."""
-    from mesh.cli_validate import run
+    from mcp26.mesh.cli_validate import run
     (tmp_path / "g.yaml").write_text("""apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: gw, namespace: a}
@@ -293,7 +293,7 @@ def test_wrong_types_in_kubernetes_objects_are_errors_naming_the_field(text, fie
 
 
 def test_a_validator_that_trips_rejects_the_resource_instead_of_raising(monkeypatch):
-    from mesh import validation
+    from mcp26.mesh import validation
     validation._load_validators()
 
     def broken(res, config):

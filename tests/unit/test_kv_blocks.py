@@ -1,4 +1,4 @@
-"""The block KV cache (inference_backend.kv_blocks): prefix sharing, reference counts,
+"""The block KV cache (inference.kv_blocks): prefix sharing, reference counts,
 idle reclaim, LRU within the budget, and that a reused past is the very past of those tokens.
 
 The "model" here is a stand-in whose key/value at a position is a function of the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inference_backend.kv_blocks import BLOCK_TOKENS, KVCache, prefix_digests
+from mcp26.inference.kv_blocks import BLOCK_TOKENS, KVCache, prefix_digests
 
 H, D = 2, 4
 EMPTY = np.zeros((1, H, 0, D), np.float32)

@@ -5,11 +5,11 @@ import asyncio
 
 import pytest
 
-from scheduler.decisions import Action, ReplicaSignals, Signals
-from scheduler.loop.actions import ActionApplier
-from scheduler.loop.loop import DecisionLoop
-from scheduler.loop.policy import PolicyFailed, WasmPolicy, load_policy
-from scheduler.plugins.host import Decision
+from mcp26.scheduler.decisions import Action, ReplicaSignals, Signals
+from mcp26.scheduler.loop.actions import ActionApplier
+from mcp26.scheduler.loop.loop import DecisionLoop
+from mcp26.scheduler.loop.policy import PolicyFailed, WasmPolicy, load_policy
+from mcp26.scheduler.plugins.host import Decision
 
 
 class FakeHost:

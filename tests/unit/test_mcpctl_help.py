@@ -1,7 +1,7 @@
 """Every mcpctl flag and sub-command says what it is for; `mcpctl --help` fits one screen."""
 import argparse
 
-from mesh.cli import GROUPS, build_parser
+from mcp26.mesh.cli import GROUPS, build_parser
 
 
 def _missing(parser, path):

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from mesh.diagnostics import ConfigError
-from mesh.change_set import load_config, load_texts
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.change_set import load_config, load_texts
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "istio-manifests", "examples")
 

@@ -11,7 +11,7 @@ import subprocess
 
 import yaml
 
-from mesh.scripts import executable
+from mcp26.serving.executables import executable
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 MCPCTL = executable("mcpctl")

@@ -1,11 +1,11 @@
-"""mesh.change_set.load_config: the control plane's all-or-nothing load of one directory."""
+"""mcp26.mesh.change_set.load_config: the control plane's all-or-nothing load of one directory."""
 import os
 
 import pytest
 
-from mesh.resources import MeshConfig
-from mesh.diagnostics import ConfigError
-from mesh.change_set import load_config, load_texts
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.change_set import load_config, load_texts
 
 GOOD = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from mesh.scripts import executable
+from mcp26.serving.executables import executable
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MCPCTL = executable("mcpctl")

@@ -8,10 +8,10 @@ import os
 import pytest
 import yaml
 
-from mesh import scheduling
-from mesh.diagnostics import ConfigError
-from mesh.headers import L7_READ_ONLY_HEADERS
-from mesh.change_set import load_texts
+from mcp26.mesh import batching_policy
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.headers import L7_READ_ONLY_HEADERS
+from mcp26.mesh.change_set import load_texts
 
 celpy = pytest.importorskip("celpy", reason="cel-python (test extra) evaluates the CEL rules")
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (test extra) checks the CRD schema")
@@ -75,7 +75,7 @@ def admits(policy, obj):
     return all(bool(cel(rule["expression"], act)) for rule in policy["spec"]["validations"])
 
 
-# --- L7SchedulingPolicy: CRD + admission policy == mesh.scheduling ------------
+# --- L7SchedulingPolicy: CRD + admission policy == mesh.batching_policy ------------
 
 CRD = docs("crds/l7schedulingpolicy.yaml")[0]
 SCHED_POLICY = docs("admission/l7schedulingpolicy-policy.yaml")[0]
@@ -111,7 +111,7 @@ def crd_rules(node, value):
 
 def cluster_accepts(spec):
     spec = json.loads(json.dumps(spec))   # kubectl sends JSON: YAML's `3:` key arrives as "3"
-    obj = {"apiVersion": scheduling.API_VERSION, "kind": scheduling.KIND, "metadata": {"name": "p"}, "spec": spec}
+    obj = {"apiVersion": batching_policy.API_VERSION, "kind": batching_policy.KIND, "metadata": {"name": "p"}, "spec": spec}
     try:
         jsonschema.Draft4Validator(strict_json_schema(SCHEMA)).validate({"spec": spec})
     except jsonschema.ValidationError:
@@ -160,7 +160,7 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS, ids=[str(s) for s in SPECS])
 def test_cluster_and_mesh_agree_on_l7schedulingpolicy(spec):
-    _, problems = scheduling.parse_spec(copy.deepcopy(spec))
+    _, problems = batching_policy.parse_spec(copy.deepcopy(spec))
     assert cluster_accepts(spec) == (not problems), problems
 
 
@@ -182,31 +182,31 @@ def test_crd_schema_is_structural():
 
 
 def test_crd_names_and_limits_are_mesh_schedulings():
-    group, version = scheduling.API_VERSION.split("/")
-    assert CRD["spec"]["group"] == group and CRD["spec"]["names"]["kind"] == scheduling.KIND
+    group, version = batching_policy.API_VERSION.split("/")
+    assert CRD["spec"]["group"] == group and CRD["spec"]["names"]["kind"] == batching_policy.KIND
     assert [v["name"] for v in CRD["spec"]["versions"]] == [version]
     spec = SCHEMA["properties"]["spec"]["properties"]
-    assert set(spec) == scheduling._SPEC_FIELDS
-    assert spec["qosPolicy"]["enum"] == list(scheduling.PRESETS)
-    assert spec["maxBatchSize"]["maximum"] == scheduling.MAX_BATCH_SIZE_LIMIT
-    assert spec["maxQueueDelayMicroseconds"]["maximum"] == scheduling.MAX_QUEUE_DELAY_US_LIMIT
-    assert spec["priorityLevels"]["maximum"] == scheduling.MAX_PRIORITY_LEVELS
-    assert spec["reservedLaneLevels"]["maximum"] == scheduling.MAX_PRIORITY_LEVELS
+    assert set(spec) == batching_policy._SPEC_FIELDS
+    assert spec["qosPolicy"]["enum"] == list(batching_policy.PRESETS)
+    assert spec["maxBatchSize"]["maximum"] == batching_policy.MAX_BATCH_SIZE_LIMIT
+    assert spec["maxQueueDelayMicroseconds"]["maximum"] == batching_policy.MAX_QUEUE_DELAY_US_LIMIT
+    assert spec["priorityLevels"]["maximum"] == batching_policy.MAX_PRIORITY_LEVELS
+    assert spec["reservedLaneLevels"]["maximum"] == batching_policy.MAX_PRIORITY_LEVELS
     queue = spec["queuePolicies"]["additionalProperties"]["properties"]
-    assert set(queue) == scheduling._QUEUE_FIELDS
-    assert queue["timeoutAction"]["enum"] == list(scheduling.TIMEOUT_ACTIONS)
-    # The admission policy's preset table is mesh.scheduling.PRESETS.
+    assert set(queue) == batching_policy._QUEUE_FIELDS
+    assert queue["timeoutAction"]["enum"] == list(batching_policy.TIMEOUT_ACTIONS)
+    # The admission policy's preset table is mesh.batching_policy.PRESETS.
     table = next(v["expression"] for v in SCHED_POLICY["spec"]["variables"] if v["name"] == "maxBatchSize")
-    for name, preset in scheduling.PRESETS.items():
+    for name, preset in batching_policy.PRESETS.items():
         assert f"'{name}': {preset.max_batch_size}" in table
-    assert {p.priority_levels for p in scheduling.PRESETS.values()} == {4}
+    assert {p.priority_levels for p in batching_policy.PRESETS.values()} == {4}
 
 
 def test_every_l7schedulingpolicy_in_the_manifests_is_admitted():
     for path in manifests():
         with open(path) as fh:
             for o in yaml.safe_load_all(fh):
-                if o and o.get("kind") == scheduling.KIND:
+                if o and o.get("kind") == batching_policy.KIND:
                     assert cluster_accepts(o.get("spec") or {}), path
 
 

@@ -1,4 +1,4 @@
-from mesh import qos
+from mcp26.mesh import qos
 
 
 def test_alpn_dscp_contract():

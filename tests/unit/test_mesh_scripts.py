@@ -1,8 +1,8 @@
-"""mesh.scripts.executable: beside the interpreter first, then PATH, then the bare name."""
+"""mcp26.serving.executables.executable: beside the interpreter first, then PATH, then the bare name."""
 import os
 import sys
 
-from mesh.scripts import executable
+from mcp26.serving.executables import executable
 
 
 def _tool(directory, name):

@@ -1,11 +1,11 @@
-"""mesh.session: the session signature the Wasm filter writes and the backend checks."""
+"""mcp26.mesh.session: the session signature the Wasm filter writes and the backend checks."""
 import hashlib
 import hmac
 
 import pytest
 
-from mesh import headers as H
-from mesh.session import (DEFAULT_CLOCK_SKEW_S, DEFAULT_MAX_AGE_S, SessionError, canonical, carriable,
+from mcp26.mesh import headers as H
+from mcp26.mesh.session import (DEFAULT_CLOCK_SKEW_S, DEFAULT_MAX_AGE_S, SessionError, canonical, carriable,
                           check_session, sign, sign_headers, verify_session)
 
 KEY = b"k" * 32

@@ -10,11 +10,11 @@ import datetime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh.resources import MeshConfig, Resource
-from mesh.diagnostics import Diagnostic
-from mesh.validation import validate
-from mesh.validation.networking_schema import SPECS
-from mesh.validation.schema import Enum, Map, Obj
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.validation import validate
+from mcp26.mesh.validation.networking_schema import SPECS
+from mcp26.mesh.validation.schema import Enum, Map, Obj
 
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-2 ** 40, 2 ** 40), st.floats(allow_nan=False),

@@ -5,8 +5,8 @@ file, that line, the resource and the field.
 """
 import pytest
 
-from mesh.diagnostics import ConfigError
-from mesh.change_set import load_texts
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.change_set import load_texts
 
 
 def marker_line(text: str) -> int:

@@ -6,8 +6,8 @@ line, the resource and the field path, with Istio's message.
 """
 import pytest
 
-from mesh.diagnostics import ConfigError
-from mesh.change_set import load_texts
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.change_set import load_texts
 
 HEAD = """apiVersion: networking.istio.io/v1
 kind: VirtualService

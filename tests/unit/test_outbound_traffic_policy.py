@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 
-from mesh.change_set import load_texts
-from xds_server.node import ProxyNode
-from xds_server.translate import translate
-from xds_server.type_urls import CLUSTER, ROUTE
+from mcp26.mesh.change_set import load_texts
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import translate
+from mcp26.xds.type_urls import CLUSTER, ROUTE
 
 BASE = """
 apiVersion: networking.istio.io/v1

@@ -12,11 +12,11 @@ import struct
 import numpy as np
 import pytest
 
-from scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
-from scheduler.plugins import convert, latency_model
-from scheduler.plugins.commands import signals_from_json
-from scheduler.plugins.inference import OnnxInference
-from scheduler.plugins.sandbox import Limits, _classify
+from mcp26.scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
+from mcp26.scheduler.plugins import convert, latency_model
+from mcp26.scheduler.plugins.commands import signals_from_json
+from mcp26.scheduler.plugins.inference import OnnxInference
+from mcp26.scheduler.plugins.sandbox import Limits, _classify
 
 
 def test_signals_are_encoded_as_wit_ordered_rows_with_wit_types():

@@ -1,12 +1,12 @@
 """proxy-config tables and the Envoy comparison, from config dumps in memory."""
 import json
 
-from xds_server.explain import proxy_config as pc
-from xds_server.node import ProxyNode
-from xds_server.translate import translate
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.explain import proxy_config as pc
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import translate
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from google.protobuf import json_format
-from mesh.change_set import load_texts
+from mcp26.mesh.change_set import load_texts
 
 from tests.unit.test_route_explain import CONFIG
 

@@ -12,12 +12,12 @@ import json
 import numpy as np
 import uvloop
 
-from mesh.scheduling import preset
-from inference_backend import builtin_models
-from inference_backend.model_server import ModelServer
-from inference_backend.rest import InferCore
-from inference_backend.rest_fast import FastLane
-from inference_backend.telemetry import Telemetry
+from mcp26.mesh.batching_policy import preset
+from mcp26.inference import builtin_models
+from mcp26.inference.model_server import ModelServer
+from mcp26.inference.rest import InferCore
+from mcp26.inference.rest_httptools import FastLane
+from mcp26.inference.telemetry import Telemetry
 
 CONNECTIONS, ROUNDS = 16, 20
 

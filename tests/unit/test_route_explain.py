@@ -4,9 +4,9 @@ import pytest
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
 
-from mesh.change_set import load_texts
-from xds_server.explain import envoy_match as em
-from xds_server.explain.route_explain import ExplainError, explain, parse_header, proxy_for
+from mcp26.mesh.change_set import load_texts
+from mcp26.xds.explain import envoy_match as em
+from mcp26.xds.explain.route_explain import ExplainError, explain, parse_header, proxy_for
 
 
 def _rc(*vhosts):
@@ -191,7 +191,7 @@ def test_bad_input_is_an_explain_error(config):
 
 
 def test_cli_errors_exit_2(tmp_path, capsys):
-    from mesh.cli import main
+    from mcp26.mesh.cli import main
     assert main(["route", "explain", str(tmp_path / "missing"), "--host", "h"]) == 2
     (tmp_path / "vs.yaml").write_text(CONFIG)
     assert main(["route", "explain", str(tmp_path), "--host", "h", "-H", "bad"]) == 2

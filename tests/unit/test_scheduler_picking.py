@@ -1,12 +1,12 @@
-"""The Endpoint Picker's decision (scheduler.scheduling), socket-free: filters,
+"""The Endpoint Picker's decision (scheduler.picker), socket-free: filters,
 scorers and the picker on plain loads, and what the ext_proc layer reads from
 a request (scheduler.requests)."""
 import json
 
-from mesh import endpoint_picker as epp
-from scheduler.metrics import Load, parse_prometheus
-from scheduler.requests import build_request, prompt_and_model
-from scheduler.scheduling import Pick, Refusal, Request, Scheduler
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.scheduler.metrics import Load, parse_prometheus
+from mcp26.scheduler.requests import build_request, prompt_and_model
+from mcp26.scheduler.picker import Pick, Refusal, Request, Scheduler
 
 A, B, C = "127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000"
 
@@ -138,7 +138,7 @@ def test_prometheus_text_is_summed_per_name():
 
 
 def test_new_sessions_go_where_fewest_sessions_are_live_and_quiet_sessions_stop_counting():
-    from scheduler.scheduling import SESSION_LIVE_S
+    from mcp26.scheduler.picker import SESSION_LIVE_S
     now = [100.0]
     s = Scheduler(clock=lambda: now[0])
     pool = ready(A, B)

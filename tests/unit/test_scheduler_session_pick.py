@@ -1,8 +1,8 @@
 """Scheduler.pick_by_session: a live session's request picked on its headers
 alone, only where the full decision on the body would pick the same endpoint;
 everywhere else None, so the picker waits for the body."""
-from scheduler.metrics import Load
-from scheduler.scheduling import SESSION_LIVE_S, Pick, Request, Scheduler
+from mcp26.scheduler.metrics import Load
+from mcp26.scheduler.picker import SESSION_LIVE_S, Pick, Request, Scheduler
 
 A, B = "127.0.0.2:8000", "127.0.0.3:8000"
 PROMPT = "system: you are the mesh's assistant. " * 20

@@ -8,21 +8,22 @@ import os
 import pytest
 from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm
 
-from mesh.header_contract import ContractError, parse_plugin_config
-from mesh.parse import parse_documents
-from mesh.resources import MeshConfig
-from mesh.session import verify_session
-from mesh.validation import validate
-from wasm_filters.host import DEFAULT_WASM, ProxyWasmHost
-from xds_server import type_urls
-from xds_server.cli import session_key_environ
-from xds_server.node import ProxyNode
-from xds_server.translate import wasm_plugins
+from mcp26.mesh.header_contract import ContractError, parse_plugin_config
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.session import verify_session
+from mcp26.mesh.validation import validate
+from mcp26.wasm import HEADER_CONTRACT_WASM
+from mcp26.wasm.host import ProxyWasmHost
+from mcp26.xds import type_urls
+from mcp26.xds.cli import session_key_environ
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import wasm_plugins
 
 KEY = hashlib.sha256(b"unit session key from env").digest()
 GW = ProxyNode(id="gw", namespace="default", labels={"istio": "ingressgateway"})
 BASE = [(":method", "GET"), (":path", "/x"), (":authority", "mesh")]
-needs_wasm = pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")
+needs_wasm = pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
 
 
 def _secrets(text: str) -> list[str]:
@@ -54,13 +55,13 @@ def test_bad_key_sources_are_rejected(cfg, field, words):
 
 
 def _plugin(plugin_config: dict, extra: str = "") -> str:
-    sha = hashlib.sha256(open(DEFAULT_WASM, "rb").read()).hexdigest()
+    sha = hashlib.sha256(open(HEADER_CONTRACT_WASM, "rb").read()).hexdigest()
     return f"""apiVersion: extensions.istio.io/v1alpha1
 kind: WasmPlugin
 metadata: {{name: contract, namespace: default}}
 spec:
   selector: {{matchLabels: {{istio: ingressgateway}}}}
-  url: file://{os.path.abspath(DEFAULT_WASM)}
+  url: file://{os.path.abspath(HEADER_CONTRACT_WASM)}
   sha256: "{sha}"
   phase: AUTHZ
   pluginName: mcp-header-contract

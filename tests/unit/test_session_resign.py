@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from mesh import headers as H
-from mesh import session
+from mcp26.mesh import headers as H
+from mcp26.mesh import session
 
 KEY = b"0123456789abcdef0123456789abcdef"
 

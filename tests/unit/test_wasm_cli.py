@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from mesh.cli import main
-from wasm_filters.host import DEFAULT_WASM
+from mcp26.mesh.cli import main
+from mcp26.wasm import HEADER_CONTRACT_WASM
 
-pytestmark = pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")
+pytestmark = pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
 
 
 def plugin_file(tmp_path, config: dict) -> str:
@@ -18,7 +18,7 @@ def plugin_file(tmp_path, config: dict) -> str:
 kind: WasmPlugin
 metadata: {{name: contract, namespace: default}}
 spec:
-  url: file://{DEFAULT_WASM}
+  url: file://{HEADER_CONTRACT_WASM}
   pluginName: mcp-header-contract
   pluginConfig: {json.dumps(config)}
 """)
@@ -31,7 +31,7 @@ GOOD = {"sessionKey": base64.b64encode(b"k" * 32).decode(), "tenants": {"acme": 
 def test_inspect_reports_the_abi_and_size(capsys):
     assert main(["wasm", "inspect"]) == 0
     out = capsys.readouterr().out
-    assert "proxy_abi_version_0_2_1" in out and f"{os.path.getsize(DEFAULT_WASM)} bytes" in out
+    assert "proxy_abi_version_0_2_1" in out and f"{os.path.getsize(HEADER_CONTRACT_WASM)} bytes" in out
 
 
 def test_inspect_rejects_a_non_module(tmp_path, capsys):

@@ -1,8 +1,8 @@
-"""mesh.header_contract: the filter JSON comes from mesh's definitions, not from C."""
-from mesh import headers as H
-from mesh import qos as Q
-from mesh.error_classes import DEFAULT_ERROR_CLASS_MAP
-from mesh.header_contract import parse_plugin_config
+"""mcp26.mesh.header_contract: the filter JSON comes from mcp26.mesh's definitions, not from C."""
+from mcp26.mesh import headers as H
+from mcp26.mesh import qos as Q
+from mcp26.mesh.error_classes import DEFAULT_ERROR_CLASS_MAP
+from mcp26.mesh.header_contract import parse_plugin_config
 
 KEY = {"sessionKeyHex": "ab" * 32}
 

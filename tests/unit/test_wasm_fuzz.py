@@ -12,13 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh import headers as H
-from mesh.header_contract import is_token, parse_plugin_config
-from mesh.qos import QOS_CLASS_NAMES
-from mesh.session import carriable, verify_session
-from wasm_filters.host import DEFAULT_WASM, ProxyWasmHost
+from mcp26.mesh import headers as H
+from mcp26.mesh.header_contract import is_token, parse_plugin_config
+from mcp26.mesh.qos import QOS_CLASS_NAMES
+from mcp26.mesh.session import carriable, verify_session
+from mcp26.wasm import HEADER_CONTRACT_WASM
+from mcp26.wasm.host import ProxyWasmHost
 
-pytestmark = pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")
+pytestmark = pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
 
 KEY = b"fuzz-key-0123456789abcdef-fuzz!!"
 PLUGIN = {"sessionKeyHex": KEY.hex(), "tenants": {"acme": {"allowedHeaders": ["x-tenant-acme-*"]},
@@ -146,7 +147,7 @@ def test_random_bytes_as_config_never_trap(raw):
 @FUZZ
 @given(payload=st.binary(max_size=300))
 def test_malformed_payload_metadata_never_traps_or_leaks(host, payload):
-    from mesh.header_contract import PAYLOAD_PROPERTY
+    from mcp26.mesh.header_contract import PAYLOAD_PROPERTY
     r = host.request([(":path", "/"), (H.END_USER, "admin")], properties={PAYLOAD_PROPERTY: payload})
     if r.local_response is None:
         assert "admin" not in r.all(H.END_USER)

@@ -4,12 +4,13 @@ import os
 
 import pytest
 
-from mesh import headers as H
-from mesh.header_contract import ContractError, parse_plugin_config
-from mesh.session import SessionError, sign, verify_session
-from wasm_filters.host import CONTINUE, DEFAULT_WASM, PAUSE, ProxyWasmHost
+from mcp26.mesh import headers as H
+from mcp26.mesh.header_contract import ContractError, parse_plugin_config
+from mcp26.mesh.session import SessionError, sign, verify_session
+from mcp26.wasm import HEADER_CONTRACT_WASM
+from mcp26.wasm.host import CONTINUE, PAUSE, ProxyWasmHost
 
-pytestmark = pytest.mark.skipif(not os.path.exists(DEFAULT_WASM), reason="run `make wasm` first")
+pytestmark = pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
 
 KEY = bytes(range(32))
 PLUGIN = {
@@ -114,7 +115,7 @@ def test_qos_class_from_priority_tier_and_protocol(host, priority, tier, protoco
     (None, None, None, "HTTP/2", "latency-critical"),         # no header (plaintext, h2c): request.protocol
 ])
 def test_qos_class_from_the_downstream_alpn_header(host, alpn, priority, tier, protocol, want):
-    from mesh.qos import ALPN_CLASSES
+    from mcp26.mesh.qos import ALPN_CLASSES
     assert {"h2", "grpc-exp"} <= set(ALPN_CLASSES)
     hdrs = BASE + ([(H.DOWNSTREAM_ALPN, alpn)] if alpn else []) + ([("x-llm-priority", priority)] if priority else [])
     claims = {"sub": "u", **({"tier": tier} if tier else {})}

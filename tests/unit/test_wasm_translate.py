@@ -10,13 +10,13 @@ from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt
 from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm
 from envoy.extensions.wasm.v3 import wasm_pb2
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.diagnostics import ConfigError
-from mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
-from xds_server import type_urls
-from xds_server.translate import Phase, authn, http_filters, wasm_plugins
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
+from mcp26.xds import type_urls
+from mcp26.xds.translate import Phase, authn, http_filters, wasm_plugins
+from mcp26.xds.node import ProxyNode
 
 GW = ProxyNode(id="gw", namespace="default", labels={"istio": "ingressgateway"})
 JWKS = '{"keys": [{"kty": "RSA", "kid": "k", "n": "AQAB", "e": "AQAB"}]}'

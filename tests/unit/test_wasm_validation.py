@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.validation import validate
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.validation import validate
 
 WASM = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "wasm-filters", "build", "header_contract.wasm"))
 KEY = base64.b64encode(b"k" * 32).decode()

@@ -1,5 +1,5 @@
 """The ADS protocol without sockets: plain DiscoveryRequest / DeltaDiscoveryRequest messages in,
-the wire bytes `xds_server.ads_protocol` returns parsed back, on hand-made PreparedSnapshots.
+the wire bytes `xds.ads_protocol` returns parsed back, on hand-made PreparedSnapshots.
 
 The scenarios are tables (as go-control-plane's server_test.go): each step
 sends one request (or pushes a new snapshot) and names the responses it must
@@ -24,12 +24,12 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import wrappers_pb2
 from google.rpc import status_pb2
 
-from xds_server import type_urls as T
-from xds_server.ads import AdsHub, StreamRunner
-from xds_server.ads_protocol import CONTROL_PLANE, DeltaStream, Shared, SotwStream, counting_nonces, push_order
-from xds_server.cache import PreparedSnapshot, SnapshotCache
-from xds_server.sync import SyncTracker, short_name
-from xds_server.telemetry import Telemetry
+from mcp26.xds import type_urls as T
+from mcp26.xds.ads import AdsHub, StreamRunner
+from mcp26.xds.ads_protocol import CONTROL_PLANE, DeltaStream, Shared, SotwStream, counting_nonces, push_order
+from mcp26.xds.cache import PreparedSnapshot, SnapshotCache
+from mcp26.xds.sync import SyncTracker, short_name
+from mcp26.xds.telemetry import Telemetry
 
 NODE = base_pb2.Node(id="router~127.0.0.1~gw.default~default.svc.cluster.local", cluster="gw")
 CDS, EDS, LDS, RDS, ECDS = T.CLUSTER, T.ENDPOINT, T.LISTENER, T.ROUTE, T.EXTENSION_CONFIG
@@ -566,7 +566,7 @@ def test_runner_over_typed_events_without_grpc():
 
 def test_push_spans_are_capped_per_second():
     """ads.RateLimit, which caps xds.push spans: a burst of `rate`, then `rate` a second."""
-    from xds_server.ads import RateLimit
+    from mcp26.xds.ads import RateLimit
     now = [100.0]
     limit = RateLimit(200, clock=lambda: now[0])
     assert sum(limit.take() for _ in range(1000)) == 200

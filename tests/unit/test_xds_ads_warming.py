@@ -17,11 +17,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from xds_server.ads_protocol import DeltaStream, Shared, SotwStream
-from xds_server.cache import PreparedSnapshot
-from xds_server.sync import SyncTracker
-from xds_server.telemetry import Telemetry
-from xds_server.type_urls import CLUSTER, ENDPOINT
+from mcp26.xds.ads_protocol import DeltaStream, Shared, SotwStream
+from mcp26.xds.cache import PreparedSnapshot
+from mcp26.xds.sync import SyncTracker
+from mcp26.xds.telemetry import Telemetry
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT
 
 NODE = base_pb2.Node(id="sidecar~127.0.0.1~a-1.shop~shop.svc.cluster.local")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 
-from xds_server import type_urls as T
-from xds_server.cache import Packings, PreparedSnapshot, prepare_selections, subscription_key
+from mcp26.xds import type_urls as T
+from mcp26.xds.cache import Packings, PreparedSnapshot, prepare_selections, subscription_key
 
 
 def cla(name: str, port: int) -> endpoint_pb2.ClusterLoadAssignment:
@@ -76,8 +76,8 @@ def test_prepare_selections_fills_what_the_push_looks_up():
 def test_a_build_prepares_the_subscriptions_it_is_given():
     """SnapshotCache.build (what the server's change path calls): the selections and diffs
     of the streams' subscriptions are ready in the snapshots before they are installed."""
-    from xds_server.cache import SnapshotCache, translation_key
-    from xds_server.node import ProxyNode
+    from mcp26.xds.cache import SnapshotCache, translation_key
+    from mcp26.xds.node import ProxyNode
     nodes = [ProxyNode(id=f"gw-{i}", labels={"shape": str(i)}) for i in range(2)]
     keys = [translation_key(n) for n in nodes]
     cache = SnapshotCache(lambda config, node: {T.CLUSTER: CLUSTERS, T.ENDPOINT: EDS})

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from mesh.diagnostics import ConfigError
-from mesh.change_set import load_config
-from harness.xds import remove_config, write_config
-from xds_server.incremental_load import IncrementalLoader
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.change_set import load_config
+from mcp26.demo.stack.control_plane import remove_config, write_config
+from mcp26.xds.incremental_load import IncrementalLoader
 
 SERVICE = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -137,7 +137,7 @@ spec:
 def test_an_endpoint_change_reruns_only_the_analyzers_that_read_endpoints(tmp_path):
     """mesh.analyze.AnalysisCache: what the analyzers that read no endpoints found is kept
     across an endpoint-only change, never across any other; the outcome equals a full load."""
-    from mesh.analyze import ANALYZERS, READS_ENDPOINTS
+    from mcp26.mesh.analyze import ANALYZERS, READS_ENDPOINTS
     d = str(tmp_path)
     write_config(d, "gateway.yaml", GATEWAY)
     for name in ("svc-a", "svc-b"):
@@ -164,7 +164,7 @@ def test_a_route_edit_reruns_the_per_route_analyzers_on_that_route_only(tmp_path
     """mesh.analyze.PER_VIRTUAL_SERVICE: while only VirtualServices change, the findings on
     the routes left as they were are kept; a change to anything else (a rule, the gateway,
     a service) runs them on every route again. Each outcome equals a full load's."""
-    from mesh.analyze import ANALYZERS, PER_VIRTUAL_SERVICE, READS_ENDPOINTS
+    from mcp26.mesh.analyze import ANALYZERS, PER_VIRTUAL_SERVICE, READS_ENDPOINTS
     assert PER_VIRTUAL_SERVICE and not PER_VIRTUAL_SERVICE & READS_ENDPOINTS
     per = len(PER_VIRTUAL_SERVICE)
     whole = len(ANALYZERS) - len(READS_ENDPOINTS)     # an endpoint-only change keeps these whole
@@ -231,12 +231,12 @@ def test_a_resource_made_invalid_is_caught_after_caching(tmp_path):
 
 # -- translation: an endpoint-only change re-translates only EDS ---------------
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents  # noqa: E402
-from xds_server.translate import Translator  # noqa: E402
-from xds_server.cache import SnapshotCache  # noqa: E402
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from xds_server.node import ProxyNode  # noqa: E402
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents  # noqa: E402
+from mcp26.xds.translate import Translator  # noqa: E402
+from mcp26.xds.cache import SnapshotCache  # noqa: E402
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode  # noqa: E402
 
 GW_NODE = ProxyNode("router~1~gw~default", labels={"istio": "ingressgateway"})
 SIDECAR = ProxyNode("sidecar~10.0.0.1~app.default~default.svc.cluster.local", labels={"app": "client"})

@@ -8,9 +8,9 @@ import sys
 
 PROBE = r"""
 import json, sys
-from mesh.cli import build_parser
-from xds_server.cli import _identity
-from xds_server.server import XdsServer
+from mcp26.mesh.cli import build_parser
+from mcp26.xds.cli import _identity
+from mcp26.xds.server import XdsServer
 args = build_parser().parse_args(["xds", "serve", "--config-dir", sys.argv[1], *sys.argv[2:]])
 identity = _identity(args)
 server = XdsServer(sys.argv[1], identity=identity)

@@ -1,11 +1,11 @@
 """translate(): Gateway + VirtualService + DestinationRule + ServiceEntry -> LDS/RDS/CDS/EDS."""
 from google.protobuf import json_format
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from xds_server.translate import TranslateOptions, Translator, translate
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.xds.translate import TranslateOptions, Translator, translate
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 BASIC = """
 apiVersion: networking.istio.io/v1
@@ -136,7 +136,7 @@ def test_translation_is_shared_between_nodes_with_one_routing_key():
 
 
 def test_spans_for_each_translation_with_cache_and_resource_counts():
-    from xds_server import telemetry
+    from mcp26.xds import telemetry
     cfg, translator = config(BASIC), Translator()
     translator.translate(cfg, GATEWAY)
     translator.translate(cfg, ProxyNode("router~10.0.0.3~gw-3.default~default.svc.cluster.local",

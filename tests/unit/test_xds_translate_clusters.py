@@ -2,14 +2,14 @@
 import pytest
 from google.protobuf import json_format
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.diagnostics import ConfigError
-from mesh.qos import QosClass
-from xds_server.translate import TranslateOptions, translate
-from xds_server.translate.routes import RouteContext
-from xds_server.type_urls import CLUSTER, ENDPOINT, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.qos import QosClass
+from mcp26.xds.translate import TranslateOptions, translate
+from mcp26.xds.translate.routes import RouteContext
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, ROUTE
+from mcp26.xds.node import ProxyNode
 
 SE = """
 apiVersion: networking.istio.io/v1

@@ -13,10 +13,10 @@ import threading
 
 from benchmarks.xds_config import write_mesh
 from benchmarks.xds_load_clients import node
-from mesh.change_set import load_config
-from xds_server.node import ProxyNode
-from xds_server.translate import Translator
-from xds_server.type_urls import CLUSTER, LISTENER, ROUTE
+from mcp26.mesh.change_set import load_config
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Translator
+from mcp26.xds.type_urls import CLUSTER, LISTENER, ROUTE
 
 SHAPES = 6
 

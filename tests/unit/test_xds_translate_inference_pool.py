@@ -10,12 +10,12 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
 from envoy.type.metadata.v3 import metadata_pb2
 
-from mesh import endpoint_picker as epp
-from mesh import gateway_api
-from mesh.change_set import load_texts
-from xds_server.node import ProxyNode
-from xds_server.translate import Translator, translate
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.mesh import gateway_api
+from mcp26.mesh.change_set import load_texts
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Translator, translate
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 
 NS = "inference"
 GATEWAY = ProxyNode("router~127.0.0.1~gw.inference~inference.svc.cluster.local", namespace=NS,

@@ -1,11 +1,11 @@
 """VirtualService http match -> Envoy RouteMatch, and which matches apply where."""
 from google.protobuf import json_format
 
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from xds_server.translate import translate
-from xds_server.type_urls import ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.xds.translate import translate
+from mcp26.xds.type_urls import ROUTE
+from mcp26.xds.node import ProxyNode
 
 HEAD = """
 apiVersion: networking.istio.io/v1

@@ -8,10 +8,10 @@ one Envoy route per applicable Istio match, in order.
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh.resources import MeshConfig, Resource
-from xds_server.translate import translate
-from xds_server.type_urls import CLUSTER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.xds.translate import translate
+from mcp26.xds.type_urls import CLUSTER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 SUBSETS = ["v1", "v2", "v3"]
 names = st.text(alphabet="abcdefghij-", min_size=1, max_size=8).map(lambda s: "x" + s)

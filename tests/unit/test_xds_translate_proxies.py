@@ -3,13 +3,13 @@ import pytest
 from google.protobuf import json_format
 
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from mesh.resources import MeshConfig
-from mesh.parse import parse_documents
-from mesh.diagnostics import ConfigError
-from xds_server import translate as translate_pkg
-from xds_server.translate import authn, translate
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from xds_server.node import ProxyNode
+from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.xds import translate as translate_pkg
+from mcp26.xds.translate import authn, translate
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.node import ProxyNode
 
 MESH = """
 apiVersion: networking.istio.io/v1
@@ -269,8 +269,8 @@ def _early_mutations(chain: dict) -> list[dict]:
 
 
 def test_https_servers_get_one_chain_per_qos_alpn_that_sets_the_alpn_header():
-    from mesh import headers as H
-    from mesh.qos import ALPN_CLASSES
+    from mcp26.mesh import headers as H
+    from mcp26.mesh.qos import ALPN_CLASSES
     s = snap(GATEWAY, MESH + "---" + TLS_GATEWAY)
     lis = json_format.MessageToDict(s[LISTENER]["127.0.0.1_443"])
     chains = lis["filterChains"]

@@ -3,11 +3,11 @@ import asyncio
 import os
 import pytest
 
-from mesh.parse import load_dir
-from harness.ports import free_port
-from harness.xds import write_config
-from xds_server.server import XdsServer
-from xds_server.watch import DirectorySource, fingerprint
+from mcp26.mesh.parse import load_dir
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.control_plane import write_config
+from mcp26.xds.server import XdsServer
+from mcp26.xds.watch import DirectorySource, fingerprint
 
 DOC = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -105,7 +105,7 @@ def test_translation_failure_rejects_change_set(tmp_path):
         return {}
 
     async def body():
-        from xds_server.node import ProxyNode
+        from mcp26.xds.node import ProxyNode
         server = XdsServer(d, port=free_port(), admin_port=free_port(), load=load_dir, translate=translate)
         server.hub.nodes = lambda: [ProxyNode(id="n")]   # as if one proxy were connected
         await server.start()
@@ -122,8 +122,8 @@ def test_translation_failure_rejects_change_set(tmp_path):
 
 
 def test_incremental_loader_reparses_only_changed_files_and_equals_load_config(tmp_path):
-    from mesh.change_set import load_config
-    from xds_server.incremental_load import IncrementalLoader
+    from mcp26.mesh.change_set import load_config
+    from mcp26.xds.incremental_load import IncrementalLoader
     d = str(tmp_path)
     for name in "abc":
         write_config(d, f"{name}.yaml", DOC.format(name=name))
@@ -147,7 +147,7 @@ def test_incremental_loader_reparses_only_changed_files_and_equals_load_config(t
 
 
 def test_inotify_wakes_on_write_rename_and_new_subdirectory(tmp_path):
-    from xds_server.inotify import Inotify
+    from mcp26.xds.inotify import Inotify
     w = Inotify(str(tmp_path))
     try:
         assert not w.drain()

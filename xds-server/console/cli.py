@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from xds_server.console.server import ConsoleOptions, run
+    from mcp26.xds.console.server import ConsoleOptions, run
     try:
         urls = {k: _url(v) if v else "" for k, v in
                 (("xds_admin", args.xds_admin), ("backend", args.backend),

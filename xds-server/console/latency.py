@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from mesh.qos import PRIORITY_LEVELS, class_for_priority_level
+from mcp26.mesh.qos import PRIORITY_LEVELS, class_for_priority_level
 
 # Label names a backend may use for the class; the first present wins.
 # The inference backend labels by priority level, which maps 1:1 to a class.

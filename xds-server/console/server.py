@@ -21,12 +21,12 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from mesh import headers as H
-from mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES, QosClass
-from xds_server.console import mesh_state
-from xds_server.console.latency import DEFAULT_METRIC, LatencyWindow
+from mcp26.mesh import headers as H
+from mcp26.mesh.qos import LLM_PRIORITY_CLASSES, QOS_CLASS_NAMES, QosClass
+from mcp26.xds.console import mesh_state
+from mcp26.xds.console.latency import DEFAULT_METRIC, LatencyWindow
 
-log = logging.getLogger("xds_server.console")
+log = logging.getLogger("mcp26.xds.console")
 HERE = os.path.dirname(os.path.abspath(__file__))
 INDEX = os.path.join(HERE, "static", "index.html")
 BUNDLE = os.path.join(HERE, "web", "dist", "console.js")

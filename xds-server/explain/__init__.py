@@ -5,5 +5,5 @@ envoy_match    Envoy's virtual host and route matching over RouteConfiguration m
 sources        Envoy objects back to file:line (pluggable rule sources and backends)
 route_explain  load, translate for one proxy, match, explain
 proxy_config   istioctl's proxy-config tables from a config dump
-cli            the sub-commands, registered by xds_server.cli
+cli            the sub-commands, registered by xds.cli
 """

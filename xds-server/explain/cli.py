@@ -1,4 +1,4 @@
-"""`mcpctl route explain` and `mcpctl proxy-config`, registered by xds_server.cli."""
+"""`mcpctl route explain` and `mcpctl proxy-config`, registered by xds.cli."""
 from __future__ import annotations
 
 import json
@@ -43,8 +43,8 @@ def register(subparsers) -> None:
 
 
 def _route_explain(args) -> int:
-    from xds_server.explain import envoy_match
-    from xds_server.explain.route_explain import ExplainError, explain, format_text, load, parse_header, proxy_for
+    from mcp26.xds.explain import envoy_match
+    from mcp26.xds.explain.route_explain import ExplainError, explain, format_text, load, parse_header, proxy_for
     import os
     try:
         if not os.path.isdir(args.dir):
@@ -65,7 +65,7 @@ def _route_explain(args) -> int:
 
 
 def _proxy_config(args) -> int:
-    from xds_server.explain.proxy_config import ProxyConfigError, run
+    from mcp26.xds.explain.proxy_config import ProxyConfigError, run
     try:
         sys.stdout.write(run(args.kind, args.node, args.admin_address, args.envoy_admin, args.output))
     except ProxyConfigError as e:

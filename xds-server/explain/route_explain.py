@@ -13,11 +13,11 @@ from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import json_format
 
-from mesh.diagnostics import ConfigError
-from mesh.resources import MeshConfig
-from xds_server.explain import envoy_match, sources
-from xds_server.node import ProxyNode
-from xds_server.type_urls import LISTENER, ROUTE
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.explain import envoy_match, sources
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import LISTENER, ROUTE
 
 PASSED_OVER_SHOWN = 10
 FAULT_FILTER = "envoy.filters.http.fault"
@@ -35,7 +35,7 @@ class Proxy:
 
 def load(directory: str) -> MeshConfig:
     """The directory as the control plane loads it (all or nothing)."""
-    from xds_server.incremental_load import IncrementalLoader
+    from mcp26.xds.incremental_load import IncrementalLoader
     try:
         return IncrementalLoader()(directory)
     except ConfigError as e:
@@ -110,7 +110,7 @@ def parse_header(text: str) -> tuple[str, str]:
 
 def explain(config: MeshConfig, proxy: Proxy, request: envoy_match.Request, port: int | None = None,
             options=None) -> dict:
-    from xds_server.translate import translate, TranslateOptions
+    from mcp26.xds.translate import translate, TranslateOptions
     snapshot = translate(config, proxy.node, options or TranslateOptions())
     listener, rc_name = _listener(snapshot, port, request.host)
     request = envoy_match.Request(request.host, envoy_match.normalized_path(request.path), request.method,

@@ -31,13 +31,13 @@ from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
-from mesh.resources import MeshConfig, Resource
-from mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
-from xds_server import type_urls
-from xds_server.node import ProxyNode
-from xds_server.type_urls import Snapshot
-from xds_server.translate.phases import Phase
-from xds_server.translate.policy_scope import request_authentications
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
+from mcp26.xds import type_urls
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.translate.phases import Phase
+from mcp26.xds.translate.policy_scope import request_authentications
 
 
 def jwks_cluster_name(uri: str) -> str:

@@ -32,10 +32,10 @@ from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2 as ext
 from envoy.type.matcher.v3 import metadata_pb2, string_pb2, value_pb2
 from envoy.type.v3 import http_status_pb2
 
-from mesh import hosts
-from mesh.resources import MeshConfig
-from xds_server.translate.index import ROOT_NAMESPACE
-from xds_server.translate.names import cluster_name
+from mcp26.mesh import hosts
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.translate.index import ROOT_NAMESPACE
+from mcp26.xds.translate.names import cluster_name
 
 PROVIDER_ANNOTATION = "mcp-mesh.io/extension-provider"
 EXT_AUTHZ_PREFIX = "istio-ext-authz"

@@ -27,7 +27,7 @@ from envoy.config.route.v3 import route_components_pb2 as route
 from envoy.extensions.path.match.uri_template.v3 import uri_template_match_pb2
 from envoy.type.matcher.v3 import metadata_pb2, path_pb2, regex_pb2, string_pb2, value_pb2
 
-from mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
+from mcp26.mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
 
 SPIFFE = "spiffe://"
 MATCH_ONE, MATCH_ANY = "{*}", "{**}"

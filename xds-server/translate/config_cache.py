@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import threading
 
-from mesh.resources import MeshConfig, same_except_endpoints
-from xds_server.translate.clusters import reassign
-from xds_server.translate.index import EXPORTABLE, MeshIndex, build_index, exported_to
-from xds_server.translate.route_configs import gateway_route_config
-from xds_server.translate.routes import RouteContext
+from mcp26.mesh.resources import MeshConfig, same_except_endpoints
+from mcp26.xds.translate.clusters import reassign
+from mcp26.xds.translate.index import EXPORTABLE, MeshIndex, build_index, exported_to
+from mcp26.xds.translate.route_configs import gateway_route_config
+from mcp26.xds.translate.routes import RouteContext
 
 
 # Endpoint data: what feeds only EDS (ClusterLoadAssignments). WorkloadEntries

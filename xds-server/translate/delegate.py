@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mesh.resources import Resource
-from xds_server.translate.index import MeshIndex
+from mcp26.mesh.resources import Resource
+from mcp26.xds.translate.index import MeshIndex
 
 _MAPS = ("headers", "withoutHeaders", "queryParams", "sourceLabels")
 

@@ -62,14 +62,14 @@ from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_m
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import any_pb2, json_format
 
-from mesh import endpoint_picker as epp
-from mesh import gateway_api, hosts
-from mesh.resources import MeshConfig
-from xds_server.node import ProxyNode
-from xds_server.type_urls import Snapshot
-from xds_server.translate import inference_pool
-from xds_server.translate.index import MeshIndex
-from xds_server.translate.phases import Phase
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.mesh import gateway_api, hosts
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.translate import inference_pool
+from mcp26.xds.translate.index import MeshIndex
+from mcp26.xds.translate.phases import Phase
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 MESSAGE_TIMEOUT_S = 5

@@ -7,7 +7,7 @@ trailers back into the body as the final frame. Requests that are not
 gRPC-Web pass through untouched, so, as istiod does, every HTTP connection
 manager of a gateway or sidecar gets it; proxyless gRPC does not implement it.
 
-Its place in the chain (see xds_server.translate): after authn and the Wasm
+Its place in the chain (see xds.translate): after authn and the Wasm
 header contract -- which therefore see the original request and stamp the
 L6->L7 headers and the QoS class on it as on any other -- and before cors,
 fault and router. The route's cluster must speak HTTP/2 upstream: the
@@ -37,10 +37,10 @@ from envoy.extensions.filters.http.lua.v3 import lua_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import any_pb2
 
-from mesh.resources import MeshConfig
-from xds_server.node import ProxyNode
-from xds_server.type_urls import Snapshot
-from xds_server.translate.phases import Phase
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.translate.phases import Phase
 
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
 FRAMES_FILTER = "mcp.grpc_web.frames"          # a Lua filter; named apart from other Lua uses

@@ -34,12 +34,12 @@ imports another; what two of them read lives in a module of its own
 """
 from __future__ import annotations
 
-from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.resources import MeshConfig
-from xds_server.node import ProxyNode
-from xds_server.type_urls import Snapshot
-from xds_server.translate import authn, endpoint_picker, grpc_web, rbac, wasm_plugins
-from xds_server.translate.phases import Phase
+from mcp26.mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.translate import authn, endpoint_picker, grpc_web, rbac, wasm_plugins
+from mcp26.xds.translate.phases import Phase
 
 # Per phase, the modules asked for filters, in order.
 CHAIN = (

@@ -32,18 +32,18 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
-from mesh import headers as H
-from mesh.resources import MeshConfig, Resource
-from xds_server.node import ProxyNode
-from xds_server.translate import http_filters
-from xds_server.translate.clusters import HTTP_PROTOCOL_OPTIONS
-from xds_server.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS
-from xds_server.translate.listeners import (HCM_FILTER, filter_chain_head, filter_chain_tail,
+from mcp26.mesh import headers as H
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import http_filters
+from mcp26.xds.translate.clusters import HTTP_PROTOCOL_OPTIONS
+from mcp26.xds.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS
+from mcp26.xds.translate.listeners import (HCM_FILTER, filter_chain_head, filter_chain_tail,
                                             http_connection_manager)
-from xds_server.translate.names import cluster_name, listener_name
-from xds_server.translate.sidecar_scope import mtls_mode
-from xds_server.translate.tcp import TCP_PROXY_FILTER
-from xds_server.translate.transport_sockets import istio_mutual_downstream, transport_socket
+from mcp26.xds.translate.names import cluster_name, listener_name
+from mcp26.xds.translate.sidecar_scope import mtls_mode
+from mcp26.xds.translate.tcp import TCP_PROXY_FILTER
+from mcp26.xds.translate.transport_sockets import istio_mutual_downstream, transport_socket
 
 TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"
 XFCC = "x-forwarded-client-cert"

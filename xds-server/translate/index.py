@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mesh.resources import MeshConfig, Resource
+from mcp26.mesh.resources import MeshConfig, Resource
 
 DOMAIN_SUFFIX = "svc.cluster.local"
 MESH_GATEWAY = "mesh"          # the reserved gateway name: sidecars and proxyless clients
@@ -71,7 +71,7 @@ class GatewayServer:
     @property
     def terminates_tls(self) -> bool:
         """HTTPS (SIMPLE or MUTUAL) whose certificate comes from files or from a
-        Secret named by credentialName (served over SDS: xds_server.sds)."""
+        Secret named by credentialName (served over SDS: xds.sds)."""
         mode = str(self.tls.get("mode") or "SIMPLE").upper()
         return (self.protocol == "HTTPS" and mode in ("SIMPLE", "MUTUAL")
                 and (bool(self.tls.get("credentialName"))

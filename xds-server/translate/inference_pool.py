@@ -43,12 +43,12 @@ from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_
 from envoy.type.metadata.v3 import metadata_pb2
 from google.protobuf import any_pb2
 
-from mesh import endpoint_picker as epp
-from mesh import gateway_api as gwapi
-from mesh.inference_pool import DEFAULT_EPP_PORT, FAIL_OPEN
-from mesh.kube import service_host
-from xds_server.translate.index import MeshIndex, Service
-from xds_server.translate.names import cluster_name
+from mcp26.mesh import endpoint_picker as epp
+from mcp26.mesh import gateway_api as gwapi
+from mcp26.mesh.inference_pool import DEFAULT_EPP_PORT, FAIL_OPEN
+from mcp26.mesh.kube import service_host
+from mcp26.xds.translate.index import MeshIndex, Service
+from mcp26.xds.translate.names import cluster_name
 
 Cluster = cluster_pb2.Cluster
 OVERRIDE_HOST = "envoy.load_balancing_policies.override_host"

@@ -27,14 +27,14 @@ from envoy.extensions.http.early_header_mutation.header_mutation.v3 import heade
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from google.protobuf import any_pb2
 
-from mesh import headers as H
-from mesh.header_contract import JWT_AUTHN_FILTER
-from mesh.qos import ALPN_CLASSES
-from xds_server.translate import authn, transport_sockets
-from xds_server.translate.clusters import ads_config_source
-from xds_server.translate.names import grpc_listener_name, listener_name
-from xds_server.translate.routes import CORS_FILTER, FAULT_FILTER
-from xds_server.translate.tcp import TCP_PROXY_FILTER
+from mcp26.mesh import headers as H
+from mcp26.mesh.header_contract import JWT_AUTHN_FILTER
+from mcp26.mesh.qos import ALPN_CLASSES
+from mcp26.xds.translate import authn, transport_sockets
+from mcp26.xds.translate.clusters import ads_config_source
+from mcp26.xds.translate.names import grpc_listener_name, listener_name
+from mcp26.xds.translate.routes import CORS_FILTER, FAULT_FILTER
+from mcp26.xds.translate.tcp import TCP_PROXY_FILTER
 
 Listener = listener_pb2.Listener
 HCM = hcm_pb2.HttpConnectionManager

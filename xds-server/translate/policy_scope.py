@@ -13,9 +13,9 @@ header-contract Wasm filter re-derives those headers from verified metadata).
 """
 from __future__ import annotations
 
-from mesh.resources import MeshConfig, Resource
-from xds_server.node import ProxyNode
-from xds_server.translate.index import ROOT_NAMESPACE
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate.index import ROOT_NAMESPACE
 
 REQUEST_AUTHENTICATION = "RequestAuthentication"
 

@@ -34,12 +34,12 @@ from envoy.config.rbac.v3 import rbac_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as rbac_http
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 
-from mesh.resources import MeshConfig, Resource
-from xds_server.node import ProxyNode
-from xds_server.type_urls import Snapshot
-from xds_server.translate import authz_ext, authz_model
-from xds_server.translate.phases import Phase
-from xds_server.translate.policy_scope import selects
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.translate import authz_ext, authz_model
+from mcp26.xds.translate.phases import Phase
+from mcp26.xds.translate.policy_scope import selects
 
 KIND = "AuthorizationPolicy"
 RBAC_FILTER = "envoy.filters.http.rbac"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 
-from mesh.resources import Resource
-from xds_server.translate.index import DOMAIN_SUFFIX, MESH_GATEWAY, GatewayServer, MeshIndex, host_intersection, host_matches
-from xds_server.translate.names import cluster_name, gateway_route_name, grpc_listener_name, sidecar_route_name, virtual_host_name
-from xds_server.translate.routes import RouteContext, default_route, http_routes
+from mcp26.mesh.resources import Resource
+from mcp26.xds.translate.index import DOMAIN_SUFFIX, MESH_GATEWAY, GatewayServer, MeshIndex, host_intersection, host_matches
+from mcp26.xds.translate.names import cluster_name, gateway_route_name, grpc_listener_name, sidecar_route_name, virtual_host_name
+from mcp26.xds.translate.routes import RouteContext, default_route, http_routes
 
 RouteConfiguration = route_pb2.RouteConfiguration
 DIRECT_RESPONSE_BODY_LIMIT = 4096       # Envoy's default max_direct_response_body_size_bytes

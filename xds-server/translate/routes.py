@@ -18,12 +18,12 @@ from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import any_pb2
 
-from mesh.resources import Resource
-from xds_server.translate import values
-from xds_server.translate.clusters import traffic_policy
-from xds_server.translate.delegate import http_entries
-from xds_server.translate.index import MeshIndex, labels_match
-from xds_server.translate.names import cluster_name
+from mcp26.mesh.resources import Resource
+from mcp26.xds.translate import values
+from mcp26.xds.translate.clusters import traffic_policy
+from mcp26.xds.translate.delegate import http_entries
+from mcp26.xds.translate.index import MeshIndex, labels_match
+from mcp26.xds.translate.names import cluster_name
 
 FAULT_FILTER = "envoy.filters.http.fault"
 CORS_FILTER = "envoy.filters.http.cors"

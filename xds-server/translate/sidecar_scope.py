@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from envoy.config.core.v3 import base_pb2
 
-from mesh.resources import MeshConfig, Resource
-from xds_server.node import ProxyNode
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
-from xds_server.translate.index import ROOT_NAMESPACE, MeshIndex, host_matches
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from mcp26.xds.translate.index import ROOT_NAMESPACE, MeshIndex, host_matches
 
 SIDECAR = "Sidecar"
 PEER_AUTHENTICATION = "PeerAuthentication"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
-from mesh.resources import Resource
-from xds_server.translate.index import TCP_PROTOCOLS, host_intersection
-from xds_server.translate.routes import RouteContext, destination, match_applies
+from mcp26.mesh.resources import Resource
+from mcp26.xds.translate.index import TCP_PROTOCOLS, host_intersection
+from mcp26.xds.translate.routes import RouteContext, destination, match_applies
 
 TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
 

@@ -16,22 +16,22 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from mesh.resources import MeshConfig
-from xds_server import telemetry
-from xds_server.node import ProxyNode
-from xds_server.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
-from xds_server.translate import endpoint_picker, http_filters, inference_pool
-from xds_server.translate.clusters import ClusterOptions, build_clusters, with_endpoint_weights
-from xds_server.translate.config_cache import ConfigTranslation
-from xds_server.translate.inbound import inbound
-from xds_server.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex
-from xds_server.translate.sidecar_scope import apply_egress, apply_outbound_policy, sidecar_for
-from xds_server.translate.listeners import Chain, api_listener, bound_listener, filter_chain_head, filter_chain_tail
-from xds_server.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
-from xds_server.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
+from mcp26.mesh.resources import MeshConfig
+from mcp26.xds import telemetry
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from mcp26.xds.translate import endpoint_picker, http_filters, inference_pool
+from mcp26.xds.translate.clusters import ClusterOptions, build_clusters, with_endpoint_weights
+from mcp26.xds.translate.config_cache import ConfigTranslation
+from mcp26.xds.translate.inbound import inbound
+from mcp26.xds.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex
+from mcp26.xds.translate.sidecar_scope import apply_egress, apply_outbound_policy, sidecar_for
+from mcp26.xds.translate.listeners import Chain, api_listener, bound_listener, filter_chain_head, filter_chain_tail
+from mcp26.xds.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
+from mcp26.xds.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
                                                 sidecar_route_config)
-from xds_server.translate.routes import RouteContext
-from xds_server.translate.tcp import TCP_PROTOCOLS, cluster_proxy, first_tcp_route, tls_routes
+from mcp26.xds.translate.routes import RouteContext
+from mcp26.xds.translate.tcp import TCP_PROTOCOLS, cluster_proxy, first_tcp_route, tls_routes
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,14 @@ class Translator:
     # -- the whole snapshot ----------------------------------------------------
     def translate(self, config: MeshConfig, node: ProxyNode) -> Snapshot:
         """Every resource `node` should have."""
-        # Spans go to the control plane's tracer (xds_server.telemetry, /debug/tracez),
+        # Spans go to the control plane's tracer (xds.telemetry, /debug/tracez),
         # nested under its per-change-set "xds.translate" span when there is one.
         with telemetry.tracer().start_as_current_span("xds.translate.node") as span:
             span.set_attribute("xds.node.id", node.id)
             span.set_attribute("xds.node.kind", node.kind)
             state, config_hit = self._translation(config)
             clusters, assignments = self.clusters(state, node)
-            from xds_server.endpoint_weights import WEIGHTS      # the decision loop's, with expiry
+            from mcp26.xds.endpoint_weights import WEIGHTS      # the decision loop's, with expiry
             assignments = with_endpoint_weights(assignments, WEIGHTS.by_cluster())
             routes, plan, key, routes_hit = self.routes(state, node)
             snapshot: Snapshot = {

@@ -2,7 +2,7 @@
 
 ISTIO_MUTUAL (pilot/pkg/networking/core/cluster_tls.go, apigen of the inbound
 chain): the workload certificate is the SDS secret `default`, the trust
-bundle `ROOTCA`, both over the ADS stream (xds_server.sds serves them per
+bundle `ROOTCA`, both over the ADS stream (xds.sds serves them per
 node). Upstream: SNI `outbound_.PORT_.SUBSET_.HOST`, ALPN
 `istio-peer-exchange, istio` (h2 ports add `h2`), the server's URI SAN
 checked against the destination's SPIFFE identities. Downstream: a client
@@ -17,7 +17,7 @@ from envoy.config.core.v3 import base_pb2, config_source_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 
 TLS_SOCKET = "envoy.transport_sockets.tls"
-WORKLOAD_SECRET = "default"        # xds_server.sds names these; the proxy asks for them by name
+WORKLOAD_SECRET = "default"        # xds.sds names these; the proxy asks for them by name
 ROOT_SECRET = "ROOTCA"
 CREDENTIAL_PREFIX = "kubernetes://"
 # What istiod offers in-mesh (util.ALPNInMeshWithMxc / ALPNInMeshH2WithMxc).

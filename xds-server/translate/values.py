@@ -12,8 +12,8 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2
 
-from mesh.resources import Resource
-from mesh.diagnostics import ConfigError
+from mcp26.mesh.resources import Resource
+from mcp26.mesh.diagnostics import ConfigError
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}

@@ -32,14 +32,14 @@ from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from envoy.extensions.wasm.v3 import wasm_pb2
 
-from mesh.resources import MeshConfig, Resource
-from mesh.diagnostics import ConfigError
-from mesh.header_contract import PLUGIN_NAME, parse_plugin_config
-from xds_server import type_urls
-from xds_server.node import ProxyNode
-from xds_server.type_urls import Snapshot
-from xds_server.translate.phases import Phase
-from xds_server.translate.policy_scope import output_claims, selects
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.diagnostics import ConfigError
+from mcp26.mesh.header_contract import PLUGIN_NAME, parse_plugin_config
+from mcp26.xds import type_urls
+from mcp26.xds.node import ProxyNode
+from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.translate.phases import Phase
+from mcp26.xds.translate.policy_scope import output_claims, selects
 
 KIND = "WasmPlugin"
 WASM_TYPE_URL = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
@@ -108,7 +108,7 @@ def plugin_configuration(res: Resource, config: MeshConfig, node: ProxyNode) -> 
     cfg = res.spec.get("pluginConfig") or {}
     if res.spec.get("pluginName") == PLUGIN_NAME:
         contract = parse_plugin_config(cfg).with_claims(output_claims(config, node))
-        from xds_server.scheduler_actions import REMAPS     # the decision loop's remaps, with expiry
+        from mcp26.xds.scheduler_actions import REMAPS     # the decision loop's remaps, with expiry
         remaps = REMAPS.active()
         return (contract.with_class_remaps(remaps) if remaps else contract).filter_json()
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)

@@ -3,7 +3,7 @@
 Every step (the prompt's prefill, then one token at a time) is a sequence
 request queued in the model's batcher like a Triton sequence step, so the
 QoS class's priority level, queue policies and dynamic batching apply to it,
-and the KV cache (inference_backend.kv_blocks) supplies its past: a prompt
+and the KV cache (inference.kv_blocks) supplies its past: a prompt
 that starts with cached blocks runs only the rest. Each generation is a
 sequence with an id of its own (a tuple, which a client's sequence_id - an
 int or a string - can never equal), ended when the generation ends, so its
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inference_backend.batcher import Pending
-from inference_backend.tokenizer import BYTE_VOCAB, TextAssembler
+from mcp26.inference.batcher import Pending
+from mcp26.inference.tokenizer import BYTE_VOCAB, TextAssembler
 
 _ids = itertools.count(1)
 OUTPUTS = ("logits",)
@@ -62,7 +62,7 @@ class Sampler:
 
 class GenerationLoad:
     """Which generations wait for their first run and which are running, for the
-    load report (inference_backend.load_state). Updated from the event loop and
+    load report (inference.load_state). Updated from the event loop and
     from the compute thread (a step's on_start), hence the lock."""
 
     def __init__(self):

@@ -5,7 +5,7 @@
             cp.wait_synced("gw")
             ...                                    # write_config(config_dir, "vs.yaml", text) to change it
 
-`mesh_envoy` returns a not-yet-started harness.envoy.Envoy (use it as a context
+`mesh_envoy` returns a not-yet-started demo.stack.envoy.Envoy (use it as a context
 manager, or call .start()). `cp.kill()` / `cp.start()` restart the control plane
 on the same ports. `cp.apply(name, text, node_id)` writes one file and waits until
 the change set is served and ACKed (ConfigRejected if the control plane refuses
@@ -22,10 +22,10 @@ import time
 import urllib.error
 import urllib.request
 
-from harness.envoy import Envoy
-from harness.ports import free_port, wait_port
-from harness.processes import stop_process
-from mesh.scripts import executable
+from mcp26.demo.stack.envoy import Envoy
+from mcp26.demo.stack.ports import free_port, wait_port
+from mcp26.demo.stack.processes import stop_process
+from mcp26.serving.executables import executable
 
 GATEWAY_NODE = "router~127.0.0.1~gateway.default~default.svc.cluster.local"
 
@@ -247,7 +247,7 @@ def mesh_envoy(control_plane: ControlPlane, node_id: str = GATEWAY_NODE, delta: 
                labels: dict | None = None, cluster: str = "", namespace: str = "",
                log_level: str = "warning", extra_args: list[str] | None = None) -> Envoy:
     """An Envoy (not started) whose bootstrap points at `control_plane` over ADS."""
-    from xds_server.bootstrap import envoy_bootstrap
+    from mcp26.xds.bootstrap import envoy_bootstrap
     admin_port = free_port()
     bootstrap = envoy_bootstrap(node_id=node_id, xds_address=control_plane.address, cluster=cluster,
                                 admin_port=admin_port, delta=delta, labels=labels, namespace=namespace)

@@ -36,10 +36,10 @@ import zlib
 
 import grpc
 
-from mesh import h2_server
-from mesh.h2_server import STATUS_200, H2Connection, hpack_int, http_status_block, literal
+from mcp26.serving.h2 import connection
+from mcp26.serving.h2.connection import STATUS_200, H2Connection, hpack_int, http_status_block, literal
 
-log = logging.getLogger("mesh.grpc_fast")
+log = logging.getLogger("mcp26.serving.grpc.server")
 
 _LEN = struct.Struct(">I")
 RESPONSE_HEADERS = STATUS_200 + literal(b"content-type", b"application/grpc")
@@ -77,7 +77,7 @@ def _name_part(key: str) -> tuple[bytes, bool]:
 
 
 def metadata_block(pairs) -> bytes:
-    """Custom metadata as literals (h2_server.literal); a `-bin` key's value base64 without padding."""
+    """Custom metadata as literals (connection.literal); a `-bin` key's value base64 without padding."""
     out = []
     for key, value in pairs or ():
         name, binary = _name_part(key)
@@ -486,7 +486,7 @@ class GrpcLane:
     """The server: handlers registered as on a grpc.aio.Server, listening with asyncio."""
 
     def __init__(self, max_receive: int, max_send: int,
-                 min_ping_interval_s: float = h2_server.MIN_RECV_PING_INTERVAL_S, connections: set | None = None):
+                 min_ping_interval_s: float = connection.MIN_RECV_PING_INTERVAL_S, connections: set | None = None):
         self.max_receive, self.max_send = max_receive, max_send
         # grpcio's grpc.http2.min_ping_interval_without_data_ms: a client pinging more often
         # than this, with nothing sent to it between, is told too_many_pings (h2_server).
@@ -540,9 +540,9 @@ class GrpcLane:
         return conn
 
     def _new_call(self, conn: H2Connection, st, headers):
-        if headers is None:     # over h2_server.MAX_HEADER_LIST: this call only, as grpcio answers it
+        if headers is None:     # over connection.MAX_HEADER_LIST: this call only, as grpcio answers it
             _refuse(conn, st, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"received metadata size exceeds limit ({h2_server.MAX_HEADER_LIST})")
+                    f"received metadata size exceeds limit ({connection.MAX_HEADER_LIST})")
             return None
         path = method = content_type = timeout = encoding = None
         metadata = []

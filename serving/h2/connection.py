@@ -33,9 +33,9 @@ import time
 
 from hpack.exceptions import HPACKError
 
-from mesh.hpack_decoder import Decoder
+from mcp26.serving.h2.hpack_decoder import Decoder
 
-log = logging.getLogger("mesh.h2_server")
+log = logging.getLogger("mcp26.serving.h2.connection")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 

@@ -11,8 +11,8 @@ import time
 import urllib.error
 import urllib.request
 
-from harness.ports import free_port
-from harness.processes import stop_process
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.processes import stop_process
 
 
 class InferenceServer:
@@ -26,7 +26,7 @@ class InferenceServer:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.admin_port = free_port() if admin else None
         self.model = model
-        self.args = [sys.executable, "-m", "mesh.cli", "serve", "--model", model,
+        self.args = [sys.executable, "-m", "mcp26.mesh.cli", "serve", "--model", model,
                      "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *args]
         if self.admin_port:
             self.args += ["--admin-port", str(self.admin_port)]

@@ -23,29 +23,29 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from mesh import gc_pauses
-from mesh.frontends import LANE
-from mesh.grpc_fast import EXCLUSIVE_PORT, GrpcLane, start_server
-from mesh.resources import MeshConfig
-from mesh.json_body import parse_json_body
-from mesh.parse import parse_documents
-from mesh.validation import check
-from mesh.diagnostics import ConfigError, Diagnostic
-from mesh.qos import QosClass
-from mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
-from mesh.scheduling import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
-from inference_backend import connection_balance
-from inference_backend.errors import InferenceError, InvalidArgument
-from inference_backend.grpc_service import add_to_server
-from inference_backend.model_server import ModelServer, resolve_model, split_off_reason
-from inference_backend.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
-from inference_backend.protos import grpc_service_pb2 as pb
-from inference_backend.rest import InferCore, build_app
-from inference_backend.rest_fast import FastLane
-from inference_backend import openai_api, triton_rpcs
-from inference_backend.telemetry import Telemetry
+from mcp26.serving import gc_pauses
+from mcp26.serving.grpc.frontends import LANE
+from mcp26.serving.grpc.server import EXCLUSIVE_PORT, GrpcLane, start_server
+from mcp26.mesh.resources import MeshConfig
+from mcp26.serving.json_body import parse_json_body
+from mcp26.mesh.parse import parse_documents
+from mcp26.mesh.validation import check
+from mcp26.mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.mesh.qos import QosClass
+from mcp26.mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
+from mcp26.mesh.batching_policy import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
+from mcp26.inference import connection_balance
+from mcp26.inference.errors import InferenceError, InvalidArgument
+from mcp26.inference.grpc_service import add_to_server
+from mcp26.inference.model_server import ModelServer, resolve_model, split_off_reason
+from mcp26.inference.priority_worker import PARENT_NICE, PriorityWorker, lower_own_priority
+from mcp26.inference.protos import grpc_service_pb2 as pb
+from mcp26.inference.rest import InferCore, build_app
+from mcp26.inference.rest_httptools import FastLane
+from mcp26.inference import openai_api, triton_rpcs
+from mcp26.inference.telemetry import Telemetry
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 WATCH_INTERVAL_S = 0.25
 GRPC_MAX_MESSAGE = 64 << 20
 

@@ -5,7 +5,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from harness.ports import free_port
+from mcp26.demo.stack.ports import free_port
 
 
 class EchoUpstream:

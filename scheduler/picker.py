@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from scheduler.metrics import Load
+from mcp26.scheduler.metrics import Load
 
 PREFIX_BLOCK_CHARS = 64          # GIE's prefix plugin hashes characters in blocks too
 MAX_PREFIX_BLOCKS = 256          # of a prompt's start: long prompts cost the same

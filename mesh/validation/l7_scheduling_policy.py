@@ -1,16 +1,16 @@
 """Validator for the project's L7SchedulingPolicy (scheduling.mcp-mesh.io/v1alpha1).
 
-The rules are mesh.scheduling's (the same code the backend applies the policy
+The rules are mesh.batching_policy's (the same code the backend applies the policy
 with), so `mcpctl validate` and `mcpctl serve --policy-file` cannot disagree.
 """
 from __future__ import annotations
 
 from typing import Iterator
 
-from mesh.resources import MeshConfig, Resource
-from mesh.diagnostics import Diagnostic
-from mesh.scheduling import API_VERSION, KIND, parse_spec
-from mesh.validation import validator
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.diagnostics import Diagnostic
+from mcp26.mesh.batching_policy import API_VERSION, KIND, parse_spec
+from mcp26.mesh.validation import validator
 
 
 @validator(KIND)

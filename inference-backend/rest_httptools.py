@@ -46,11 +46,11 @@ import httptools
 from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
-from inference_backend.errors import TooLarge
-from inference_backend.rest import Answer, InferCore, error_answer
-from inference_backend.rest_body import INLINE_JSON_BYTES
+from mcp26.inference.errors import TooLarge
+from mcp26.inference.rest import Answer, InferCore, error_answer
+from mcp26.inference.rest_body import INLINE_JSON_BYTES
 
-log = logging.getLogger("inference_backend")
+log = logging.getLogger("mcp26.inference")
 
 INFER_PATH = re.compile(r"/v2/models/([^{}/]+)(?:/versions/([^{}/]+))?/infer")   # aiohttp's {name}: [^{}/]+
 MAX_IN_FLIGHT = 32          # unanswered requests per connection before reading pauses

@@ -3,6 +3,6 @@
 (`mcpctl xds serve`), defined once. Names only: the CLIs read it before they
 import either server."""
 
-LANE = "fast"          # mesh.grpc_fast: gRPC over mesh.h2_server's asyncio HTTP/2 (the default)
+LANE = "fast"          # serving.grpc.server: gRPC over serving.h2.connection's asyncio HTTP/2 (the default)
 GRPCIO = "grpcio"      # grpcio's grpc.aio server
 GRPC_FRONTENDS = (LANE, GRPCIO)

@@ -11,9 +11,9 @@ import urllib.request
 
 import yaml
 
-from harness.ports import free_port
-from harness.processes import stop_process
-from mesh.scripts import executable
+from mcp26.demo.stack.ports import free_port
+from mcp26.demo.stack.processes import stop_process
+from mcp26.serving.executables import executable
 
 
 def envoy_binary() -> str:

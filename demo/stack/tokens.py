@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import jwt as pyjwt
 from jwcrypto import jwk
 
-from harness.ports import free_port
+from mcp26.demo.stack.ports import free_port
 
 
 class Issuer:

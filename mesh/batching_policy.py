@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from mesh.qos import PRIORITY_LEVELS, QosClass
+from mcp26.mesh.qos import PRIORITY_LEVELS, QosClass
 
 API_VERSION = "scheduling.mcp-mesh.io/v1alpha1"
 KIND = "L7SchedulingPolicy"

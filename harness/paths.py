@@ -8,3 +8,4 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSOLE = ROOT / "xds-server" / "console"
+TEST_DATA = ROOT / "tests" / "data"          # fixture files tests share (manifests, plugins)

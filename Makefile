@@ -80,6 +80,7 @@ proto: venv
 # A wheel for `pip install` outside the checkout: the Wasm module and the console bundle are
 # built first, since the wheel carries them as package data.
 wheel: wasm web
+	rm -rf build
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
 test: install
@@ -92,5 +93,5 @@ bench: install
 	$(PY) -m benchmarks $(BENCH)
 
 clean:
-	rm -rf .venv build dist artifacts .pytest_cache $(WEB)/dist $(WEB)/src/gen
+	rm -rf .venv build dist artifacts .pytest_cache $(WEB)/src/gen $(WEB)/dist/console.js*
 	@if [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters clean; fi

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+from mcp26.inference import model_format
 from mcp26.inference.datatypes import DTYPES, ORT_TYPES, check_input, check_shape, element_count
 
 log = logging.getLogger("mcp26.inference")
@@ -141,8 +142,19 @@ class OnnxModel:
             opts.enable_profiling = True
             opts.profile_file_prefix = f"ort_profile_{name}"
         plan = provider_plan(device)
+        source = path
+        if model_format.is_container(path):      # .mcp26bin: ORT maps the chunks in place (model_format)
+            container = model_format.open_container(path)
+            source, folder = model_format.session_source(container)
+            if container.toc["optimization"]["provider"] and device.split(":")[0] not in ("cpu", "auto"):
+                raise ValueError(f"model file {path}: packed at optimisation level 'extended' for the CPU "
+                                 f"execution provider; --device {device} needs a file packed without --optimize")
+            opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                                    model_format.LEVELS[container.level])
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+            opts.add_session_config_entry("session.disable_prepacking", "1")   # a copy of every GEMM weight
         try:
-            session = ort.InferenceSession(path, sess_options=opts, providers=plan)
+            session = ort.InferenceSession(source, sess_options=opts, providers=plan)
         except Exception as e:   # onnxruntime's InvalidProtobuf, InvalidGraph, NoSuchFile ... derive from Exception
             raise ValueError(f"model file {path}: onnxruntime cannot load it: {e}") from None
         provider = session.get_providers()[0]

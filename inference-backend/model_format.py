@@ -287,7 +287,10 @@ def pack(source: str, output: str, base: str | None = None, level: str = "basic"
     known: dict[str, dict] = {}           # sha256 -> where the bytes already are
     bases = []
     if base is not None:
-        b = open_container(base)
+        try:
+            b = open_container(base)
+        except FormatError as e:
+            raise FormatError(f"--base: {e}") from None
         problems = verify(b)
         if problems:
             raise FormatError(f"--base {base}: " + "; ".join(problems))

@@ -30,6 +30,7 @@ from mcp26.inference.load_state import snapshot
 from mcp26.inference.errors import InvalidArgument, NotFound, Unavailable
 from mcp26.inference.executors import BatchExecutor
 from mcp26.inference.load_report import LoadSampler
+from mcp26.inference.profiler import Profiler
 from mcp26.inference.runtime import OnnxModel
 from mcp26.inference.statistics import ModelStatistics
 from mcp26.inference.telemetry import Telemetry
@@ -139,7 +140,7 @@ def split_width(model: OnnxModel) -> int:
 class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
                  kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-                 instances: int = 1, split_under_load: bool = False):
+                 instances: int = 1, split_under_load: bool = False, profile: bool = False):
         self.name = name
         self.model = model
         self.telemetry = telemetry
@@ -153,6 +154,11 @@ class ServedModel:
         self._flush_scheduled = False
         self.stats = ModelStatistics(name)          # Triton's ModelStatistics (statistics.py)
         self.stats.add_version(model.version)
+        # --enable-profiler: the 17 metrics (profiler.py), in the statistics extension and /metrics
+        self.profiler = Profiler(model, lambda: self.batcher.settings.max_batch_size) if profile else None
+        self.stats.profiler = self.profiler
+        if self.profiler is not None:
+            telemetry.add_profiler(name, self.profiler)
         self.loaded = True                          # False after a repository unload (repository.py)
         # split under load (batcher.py): as many one-thread instances as the session has threads
         self.split_width = split_width(model) if split_under_load else 0
@@ -183,7 +189,8 @@ class ServedModel:
         narrow = None
         if self.split_width:            # the same file on one thread, for the narrow instances
             narrow = OnnxModel.load(self.name, model.version, model.path, model.requested_device, 1)
-        return BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US, narrow=narrow)
+        executor = BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US, narrow=narrow)
+        return self.profiler.wrap(executor) if getattr(self, "profiler", None) is not None else executor
 
     def _orca_named(self) -> dict:
         """Named metrics of the ORCA report beside queue_depth (load_state's terms)."""
@@ -322,7 +329,7 @@ class ServedModel:
             new_version = version or str(int(old.version) + 1 if old.version.isdigit() else old.version + "+1")
             new = OnnxModel.load(self.name, new_version, path, device or old.requested_device,
                                  intra_op_threads or old.intra_op_threads)
-            new.extra = dict(old.extra)
+            new.extra = {**old.extra, "ort_threads": new.extra.get("ort_threads", [])}
             # Queued requests were checked against the old inputs: the new version must take them.
             if {k: (v.datatype, v.shape) for k, v in new.inputs.items()} != \
                     {k: (v.datatype, v.shape) for k, v in old.inputs.items()}:
@@ -331,6 +338,8 @@ class ServedModel:
             if is_decoder(new) != self.decoder:
                 raise InvalidArgument("a decoder can only be replaced by a decoder")
             self.stats.add_version(new.version)
+            if self.profiler is not None:
+                self.profiler.attach(new)
             self.batcher.set_executor(self._executor_for(new))
             self.model = new
             self.version_count += 1
@@ -391,6 +400,9 @@ class ModelServer:
         # --workers: the loopback admin ports of the other worker processes serving the same
         # ports (set by the first worker once all are ready); statistics are summed over them.
         self.peer_admin_ports: list[int] = []
+        # `POST /infer` and `/v2/infer` (and an empty model name) mean this model: the one
+        # named by --default-model, else the only one served.
+        self.default_model: str | None = None
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
@@ -405,16 +417,28 @@ class ModelServer:
             cores = max(1, os.cpu_count() or 1)
             runners = instances + (1 if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
-        model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
+        model = OnnxModel.load(name, version, path, device, intra_op_threads)
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
         served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
-                             instances=instances, split_under_load=split_under_load)
+                             instances=instances, split_under_load=split_under_load, profile=profile)
         self.models[name] = served
         return served
 
+    def default_name(self) -> str:
+        """The model the short form (`/infer`, `/v2/infer`) stands for."""
+        if self.default_model:
+            return self.default_model
+        if len(self.models) == 1:
+            return next(iter(self.models))
+        if not self.ready and not self.models:
+            raise Unavailable("server is not ready (loading models); no default model yet")
+        raise NotFound(f"no default model: this server has {', '.join(sorted(self.models)) or 'none'}; "
+                       f"POST /v2/models/NAME/infer, or start it with --default-model NAME")
+
     def get(self, name: str, version: str = "") -> ServedModel:
+        name = name or self.default_name()
         served = self.models.get(name)
         if served is None and not self.ready:
             raise Unavailable(f"server is not ready (loading models); model {name!r} not served yet")
@@ -429,6 +453,7 @@ class ModelServer:
 
     def lookup(self, name: str, version: str = "") -> ServedModel:
         """A known model, loaded or not (its configuration and statistics outlive an unload)."""
+        name = name or self.default_name()
         served = self.models.get(name)
         if served is None:
             raise NotFound(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}")
@@ -449,3 +474,5 @@ class ModelServer:
         self.ready = False
         for m in self.models.values():
             m.batcher.stop()
+            if m.profiler is not None:
+                m.profiler.stop()

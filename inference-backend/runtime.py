@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from mcp26.inference import model_format
+from mcp26.inference import hw_counters, model_format
 from mcp26.inference.datatypes import DTYPES, ORT_TYPES, check_input, check_shape, element_count
 
 log = logging.getLogger("mcp26.inference")
@@ -128,7 +128,7 @@ class OnnxModel:
 
     @classmethod
     def load(cls, name: str, version: str, path: str, device: str = "auto",
-             intra_op_threads: int | None = None, warmup: bool = True, profile: bool = False) -> "OnnxModel":
+             intra_op_threads: int | None = None, warmup: bool = True, profile: bool | str = False) -> "OnnxModel":
         t0 = time.perf_counter()
         opts = ort.SessionOptions()
         threads = intra_op_threads or max(1, (os.cpu_count() or 1))
@@ -138,9 +138,9 @@ class OnnxModel:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
-        if profile:  # --enable-profiler: ORT's per-operator chrome trace
+        if profile:  # ORT's per-operator chrome trace (profiler.py's twin gives the prefix)
             opts.enable_profiling = True
-            opts.profile_file_prefix = f"ort_profile_{name}"
+            opts.profile_file_prefix = profile if isinstance(profile, str) else f"ort_profile_{name}"
         plan = provider_plan(device)
         source = path
         if model_format.is_container(path):      # .mcp26bin: ORT maps the chunks in place (model_format)
@@ -153,11 +153,14 @@ class OnnxModel:
                                                     model_format.LEVELS[container.level])
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
             opts.add_session_config_entry("session.disable_prepacking", "1")   # a copy of every GEMM weight
+        threads_before = hw_counters.thread_ids()
         try:
             session = ort.InferenceSession(source, sess_options=opts, providers=plan)
         except Exception as e:   # onnxruntime's InvalidProtobuf, InvalidGraph, NoSuchFile ... derive from Exception
             raise ValueError(f"model file {path}: onnxruntime cannot load it: {e}") from None
         provider = session.get_providers()[0]
+        # the intra-op pool's threads, started by the session (profiler.py counts them)
+        ort_threads = sorted(hw_counters.thread_ids() - threads_before)
         if device != "auto" and device.split(":")[0] not in ("cpu", DEVICE_SHORT.get(provider)):
             log.warning("--device %s: %s is not available in this onnxruntime (%s); running on %s",
                         device, device.split(":")[0], ", ".join(ort.get_available_providers()), provider)
@@ -169,7 +172,8 @@ class OnnxModel:
         batch_dim = all(s.shape and s.shape[0] == -1 for s in [*inputs.values(), *outputs.values()])
         model = cls(name=name, version=version, path=path, session=session, inputs=inputs, outputs=outputs,
                     provider=provider, requested_device=device, load_seconds=time.perf_counter() - t0,
-                    warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim)
+                    warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim,
+                    extra={"ort_threads": ort_threads})
         if warmup:
             try:
                 model.warm_up()

@@ -54,6 +54,7 @@ GRPC_MAX_MESSAGE = 64 << 20
 class ServeOptions:
     model: str
     name: str | None = None
+    default_model: str | None = None         # what POST /infer stands for (default: the only model)
     host: str = "127.0.0.1"
     http_port: int = 8080
     grpc_port: int = 8081
@@ -241,6 +242,9 @@ class Server:
                                          profile=o.enable_profiler, kv_idle_s=o.kv_idle_seconds,
                                          fast_path=o.fast_path, instances=o.instances,
                                          split_under_load=o.split_under_load)
+        if o.default_model and o.default_model != served.name:
+            raise ValueError(f"--default-model {o.default_model!r}: not served here; this server serves {served.name!r}")
+        self.models.default_model = o.default_model or served.name
         if o.workers > 1 and served.decoder:
             # a sequence's KV cache lives in one process; its next step may land on another
             raise ValueError("--workers > 1 cannot serve a decoder model (its sequences' KV caches are per process)")
@@ -254,7 +258,10 @@ class Server:
                  served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
                  time.perf_counter() - t0, json.dumps(self.settings.describe()))
         if o.enable_profiler:
-            log.info("ONNX Runtime profiler on: a chrome-trace JSON is written at shutdown (ort_profile_*.json)")
+            prof = served.profiler
+            log.info("profiler on: 17 metrics per batch (statistics extension `profiler`, /metrics mcp_profiler_*); "
+                     "counters %s; unavailable: %s", ", ".join(prof.events) or "none",
+                     "; ".join(f"{k}: {v}" for k, v in prof.unavailable.items()) or "none")
         admin_port = None
         # The first of several workers always listens (loopback, any port): the others read
         # its statistics there.
@@ -520,9 +527,6 @@ class Server:
         if self._priority:
             await self._priority.stop()
         await asyncio.gather(*(w.stop() for w in self._workers))
-        if self.opts.enable_profiler:
-            for served in self.models.models.values():
-                log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
         self.telemetry.shutdown()
 
     async def _stop_rest(self) -> None:

@@ -78,6 +78,11 @@ def inspect(args) -> int:
         print(f"source {info['source']['name']}  sha256 {info['source']['sha256']}")
         print(f"optimisation {opt['level']} (onnxruntime {opt['onnxruntime']}"
               f"{', for ' + opt['provider'] if opt['provider'] else ''})  graph {_size(info['graph_bytes'])}")
+        src, now = opt.get("source_op_counts", {}), opt.get("op_counts", {})
+        changed = {op: (src.get(op, 0), now.get(op, 0)) for op in sorted({*src, *now})
+                   if src.get(op, 0) != now.get(op, 0)}
+        if changed:
+            print("optimised graph: " + ", ".join(f"{op} {a} -> {b}" for op, (a, b) in changed.items()))
         for b in info["bases"]:
             print(f"base {b['path']}  identity {b['identity'][:16]}")
         print(f"{info['chunks']} chunks: {_size(info['chunk_bytes_here'])} in this file, "

@@ -56,6 +56,7 @@ chunk lies inside its file, and each base's identity; `verify()` (and
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -282,6 +283,10 @@ def pack(source: str, output: str, base: str | None = None, level: str = "basic"
         raise FormatError(f"{source}: already a .mcp26bin file; pack the ONNX model")
     with open(source, "rb") as fh:
         source_sha = _sha(fh.read())
+    try:
+        source_ops = collections.Counter(n.op_type for n in onnx.load(source, load_external_data=False).graph.node)
+    except Exception as e:          # onnx's DecodeError and friends
+        raise FormatError(f"{source}: not an ONNX model: {e}") from None
     model = optimize(source, level)
     out_dir = os.path.dirname(os.path.abspath(output))
     known: dict[str, dict] = {}           # sha256 -> where the bytes already are
@@ -323,7 +328,9 @@ def pack(source: str, output: str, base: str | None = None, level: str = "basic"
     toc = {"format": "mcp26bin", "version": f"{MAJOR}.{MINOR}",
            "source": {"name": os.path.basename(source), "sha256": source_sha},
            "optimization": {"level": level, "onnxruntime": ort.__version__,
-                            "provider": "CPUExecutionProvider" if level == "extended" else None},
+                            "provider": "CPUExecutionProvider" if level == "extended" else None,
+                            "source_op_counts": dict(sorted(source_ops.items())),
+                            "op_counts": dict(sorted(collections.Counter(n.op_type for n in model.graph.node).items()))},
            "graph": {"offset": 0, "length": len(graph), "sha256": _sha(graph)},
            "bases": bases, "chunks": []}
     # The table's length fixes every offset after it; offsets change the table's length:

@@ -47,8 +47,9 @@ METRICS = (
     ("context_switches_per_batch", "switches", "perf: context-switches (software)",
      "times the inference threads were switched out per batch"),
     ("cpu_ms_per_batch", "ms", "perf: task-clock (software)", "CPU time of the inference threads per batch"),
-    ("fused_nodes", "nodes", "ONNX Runtime profile (twin)",
-     "nodes ONNX Runtime fused while optimising that run on this session's provider (by type in fusion)"),
+    ("fused_nodes", "nodes", "ONNX Runtime profile (twin) against the source graph",
+     "source nodes ONNX Runtime's fusions merged into others (fusion: which were removed, which fused "
+     "types run, on which provider, in effect or not)"),
     ("memcpy_ms_per_batch", "ms", "ONNX Runtime profile: Memcpy nodes (twin)",
      "host<->device copy time per batch (0 on the CPU provider: nothing to copy)"),
     ("memcpy_bytes_per_batch", "bytes", "ONNX Runtime profile: Memcpy nodes (twin)", "host<->device bytes per batch"),
@@ -182,12 +183,21 @@ class Profiler:
                 memcpy_ns += ns
                 memcpy_bytes += size
         if self._source_ops is None:
-            self._source_ops = source_op_types(model.path)
-        fusion = collections.defaultdict(lambda: {"count": 0, "providers": set()})
+            self._source_ops = source_op_counts(model.path)
+        executed = collections.Counter(op for op, *_ in nodes.values() if not op.startswith("Memcpy"))
+        fused = collections.defaultdict(lambda: {"count": 0, "providers": set()})
         for name, (op, provider, _, _) in nodes.items():
             if op not in self._source_ops or name.startswith("fused "):
-                fusion[op]["count"] += 1
-                fusion[op]["providers"].add(provider)
+                fused[op]["count"] += 1
+                fused[op]["providers"].add(provider)
+        fusion = {
+            # source nodes ONNX Runtime's optimisations merged into others (at pack time too)
+            "merged_nodes": max(0, sum(self._source_ops.values()) - sum(executed.values())),
+            "removed": {op: n - executed.get(op, 0) for op, n in sorted(self._source_ops.items())
+                        if n > executed.get(op, 0)},
+            "fused": {op: {"count": f["count"], "providers": sorted(p for p in f["providers"] if p),
+                           "in_effect": model.provider in f["providers"]} for op, f in sorted(fused.items())},
+        }
         with self._lock:
             t = self.twin
             t["samples"] += 1
@@ -197,8 +207,7 @@ class Profiler:
             t["memcpy_ns"] += memcpy_ns
             t["memcpy_bytes"] += memcpy_bytes
             t["provider"] = model.provider
-            t["fusion"] = {op: {"count": f["count"], "providers": sorted(p for p in f["providers"] if p),
-                                "in_effect": model.provider in f["providers"]} for op, f in fusion.items()}
+            t["fusion"] = fusion
             t["last_error"] = None
 
     # -- export --------------------------------------------------------------------------
@@ -214,15 +223,14 @@ class Profiler:
                 "threads": sorted(self.counters.threads), "levels": levels, "twin": twin}
 
 
-def source_op_types(path: str) -> set[str]:
-    """Operator types of the model as given (a .mcp26bin: its packed graph, plus what the packing removed)."""
+def source_op_counts(path: str) -> collections.Counter:
+    """Nodes by operator type of the model as its author wrote it (for a .mcp26bin: as
+    recorded when it was packed, before ONNX Runtime's offline optimisation)."""
     import onnx
     from mcp26.inference import model_format
     if model_format.is_container(path):
-        c = model_format.open_container(path)
-        graph = onnx.ModelProto.FromString(c.graph_bytes()).graph
-        return {n.op_type for n in graph.node} | set(c.toc["optimization"].get("source_op_types", ()))
-    return {n.op_type for n in onnx.load(path, load_external_data=False).graph.node}
+        return collections.Counter(model_format.open_container(path).toc["optimization"].get("source_op_counts", {}))
+    return collections.Counter(n.op_type for n in onnx.load(path, load_external_data=False).graph.node)
 
 
 class ProfilingExecutor:
@@ -296,7 +304,7 @@ def derive(before: dict | None, after: dict, level: str = "all") -> dict:
         out["kernel_ms_by_op_type"] = sum(out["kernel_by_op"].values())
         out["memcpy_ms_per_batch"] = twin["memcpy_ns"] * scale / 1e6
         out["memcpy_bytes_per_batch"] = twin["memcpy_bytes"] * scale
-        out["fused_nodes"] = sum(f["count"] for f in twin["fusion"].values() if f["in_effect"])
+        out["fused_nodes"] = twin["fusion"]["merged_nodes"]
         out["fusion"] = twin["fusion"]
     out["reasons"] = reasons
     return out

@@ -173,7 +173,7 @@ class ProfilerCollector:
                     gauge.add_metric([name], float(values[key]))
             for op, ms in values.get("kernel_by_op", {}).items():
                 by_op.add_metric([name, op], ms)
-            for op, f in values.get("fusion", {}).items():
+            for op, f in values.get("fusion", {}).get("fused", {}).items():
                 fusion.add_metric([name, op, str(f["in_effect"]).lower()], f["count"])
             for key, reason in values["reasons"].items():
                 if reason != IDLE:          # idle since the last scrape: nothing to say, not unavailable

@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", default=None, metavar="IN:D1,D2;...", help="shape for variable-size inputs")
     p.add_argument("--input", action="append", default=None, metavar="NAME:DATATYPE:D1,D2",
                    help="an input to send (repeatable); skips the GET of the model's metadata")
+    p.add_argument("--binary-data", choices=("auto", "always", "never"), default="auto",
+                   help="REST inputs as KServe's binary-tensor extension: auto (default) when they exceed 64 KiB, "
+                        "always, never (JSON)")
     p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
     p.add_argument("--warmup", type=int, default=0, help="requests sent first and not recorded")
     p.add_argument("--output-format", choices=("table", "csv", "json"), default="table",
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                  duration=args.duration, rate=args.rate, grpc=args.grpc,
                  priority_mix=args.priority_mix, model=args.model, shape=args.shape, inputs=args.input,
                  timeout=args.timeout, warmup=args.warmup, connections=args.connections,
-                 grpc_client=args.grpc_client, server_profile=args.output_format != "table")
+                 grpc_client=args.grpc_client, server_profile=args.output_format != "table",
+                 binary_data=args.binary_data)
     if not 0 <= args.max_error_rate <= 1:
         print(f"mcp-bench: --max-error-rate {args.max_error_rate}: a share between 0 and 1", file=sys.stderr)
         return 2

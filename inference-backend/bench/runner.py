@@ -13,7 +13,7 @@ from mcp26.inference.bench.mix import MixSequence, Priority, parse_mix
 from mcp26.inference.bench import server_profile
 from mcp26.inference.bench.target import (Target, TargetError, build_tensors, fetch_metadata, no_model,
                                             parse_inputs, parse_shapes, parse_url, resolve_default_model,
-                                            rest_body)
+                                            rest_body, use_binary)
 from mcp26.mesh.headers import QOS_CLASS
 
 
@@ -39,6 +39,7 @@ class Config:
     grpc_client: str = "h2"     # h2: our HTTP/2 client (h2_grpc.py); grpcio: grpcio's channel
     seed: int = 0
     server_profile: bool = False  # read the server's profiler (statistics extension) around the run
+    binary_data: str = "auto"     # REST inputs as the binary-tensor extension: auto (large ones), always, never
 
     def validate(self) -> None:
         if self.concurrency < 1:
@@ -104,9 +105,12 @@ class Prepared:
         if t.model:
             meta = parse_inputs(cfg.inputs) or await asyncio.to_thread(fetch_metadata, t, min(cfg.timeout, 10.0))
             tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
-            payloads = [encode_request("POST", t.infer_path, t.authority,
-                                       {"Content-Type": "application/json", **({QOS_CLASS: q} if q else {})},
-                                       rest_body(tensors, lv)) for q, lv in zip(qos, levels)]
+            binary = use_binary(tensors, cfg.binary_data)
+            payloads = []
+            for q, lv in zip(qos, levels):
+                headers, body = rest_body(tensors, lv, binary)
+                payloads.append(encode_request("POST", t.infer_path, t.authority,
+                                               {**headers, **({QOS_CLASS: q} if q else {})}, body))
         else:
             payloads = [encode_request("GET", t.path, t.authority, {QOS_CLASS: q} if q else {}) for q in qos]
         self.slots = [HttpSlot(t.host, t.port, payloads) for _ in range(cfg.concurrency)]

@@ -327,9 +327,12 @@ class ServedModel:
             t0 = time.perf_counter()
             old = self.model
             new_version = version or str(int(old.version) + 1 if old.version.isdigit() else old.version + "+1")
+            # a .mcp26bin's new chunks are hashed first; those of the files already serving are trusted
             new = OnnxModel.load(self.name, new_version, path, device or old.requested_device,
-                                 intra_op_threads or old.intra_op_threads)
-            new.extra = {**old.extra, "ort_threads": new.extra.get("ort_threads", [])}
+                                 intra_op_threads or old.intra_op_threads,
+                                 trusted=frozenset(old.extra.get("container_files", ())))
+            new.extra = {**old.extra, "ort_threads": new.extra.get("ort_threads", []),
+                         "container_files": new.extra.get("container_files", [])}
             # Queued requests were checked against the old inputs: the new version must take them.
             if {k: (v.datatype, v.shape) for k, v in new.inputs.items()} != \
                     {k: (v.datatype, v.shape) for k, v in old.inputs.items()}:

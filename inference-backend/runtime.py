@@ -128,7 +128,11 @@ class OnnxModel:
 
     @classmethod
     def load(cls, name: str, version: str, path: str, device: str = "auto",
-             intra_op_threads: int | None = None, warmup: bool = True, profile: bool | str = False) -> "OnnxModel":
+             intra_op_threads: int | None = None, warmup: bool = True, profile: bool | str = False,
+             trusted: frozenset | None = None) -> "OnnxModel":
+        """`trusted`: for a .mcp26bin, hash its chunks before loading, but those in these files
+        (model_format.file_keys; a hot update passes the running version's, so only the new
+        chunks are read); None: no hashing (a start; `mcpctl model inspect --verify` checks)."""
         t0 = time.perf_counter()
         opts = ort.SessionOptions()
         threads = intra_op_threads or max(1, (os.cpu_count() or 1))
@@ -142,9 +146,14 @@ class OnnxModel:
             opts.enable_profiling = True
             opts.profile_file_prefix = profile if isinstance(profile, str) else f"ort_profile_{name}"
         plan = provider_plan(device)
-        source = path
+        source, containers = path, []
         if model_format.is_container(path):      # .mcp26bin: ORT maps the chunks in place (model_format)
             container = model_format.open_container(path)
+            if trusted is not None:
+                problems = model_format.verify(container, trusted)
+                if problems:
+                    raise model_format.FormatError("; ".join(problems))
+            containers = model_format.file_keys(container)
             source, folder = model_format.session_source(container)
             if container.toc["optimization"]["provider"] and device.split(":")[0] not in ("cpu", "auto"):
                 raise ValueError(f"model file {path}: packed at optimisation level 'extended' for the CPU "
@@ -173,7 +182,7 @@ class OnnxModel:
         model = cls(name=name, version=version, path=path, session=session, inputs=inputs, outputs=outputs,
                     provider=provider, requested_device=device, load_seconds=time.perf_counter() - t0,
                     warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim,
-                    extra={"ort_threads": ort_threads})
+                    extra={"ort_threads": ort_threads, "container_files": containers})
         if warmup:
             try:
                 model.warm_up()

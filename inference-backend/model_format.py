@@ -35,10 +35,14 @@ Why this load path (measured on builtin:mlp, 76 MB, 2 cores; the benchmark
   nothing else), so the file can be renamed or moved with its bases.
 - Weight prepacking (`session.disable_prepacking`): ONNX Runtime repacks every
   GEMM weight into its own buffer when a session is made (a copy of the 76 MB,
-  ~0.1 s); loading from `.mcp26bin` turns it off, so nothing is copied. The
-  answers are then bit-identical to the source ONNX model run with the same
-  setting; with prepacking on, MLAS's packed GEMM rounds differently (up to
-  4e-7 on builtin:mlp), which is ORT's kernel choice, not the format's.
+  ~0.1 s); the mapped session turns it off, so nothing is copied. Its answers
+  are bit-identical to the source ONNX model run with the same setting; with
+  prepacking on, MLAS's packed GEMM rounds differently (up to 4e-7 on
+  builtin:mlp). Unpacked, a GEMM-bound model computes up to ~2x slower, so the
+  server settles (model_server._maybe_settle): it serves from the mapped session
+  at once and builds, beside it, the session an ONNX file gets (all levels,
+  prepacked), then swaps it in; from then the answers are the ONNX file's, bit
+  for bit (tested), at its speed.
 
 Optimisation: `basic` (default) is ONNX Runtime's level 1 (constant folding,
 redundant-node elimination, Conv+BatchNorm folding...): provider-independent,

@@ -171,6 +171,8 @@ class ServedModel:
                                 self.batcher.total_queued, named=self._orca_named)
         self.version_count = 1
         self._reload_lock = threading.Lock()
+        self.settles = 0                    # mapped .mcp26bin sessions replaced by full ones (_settle)
+        self._maybe_settle(model)
         telemetry.add_gauge_source("queue_depth", self._queue_gauge)
         telemetry.add_load_source(lambda: [(snapshot(self), self)])
         if self.decoder:
@@ -191,6 +193,39 @@ class ServedModel:
             narrow = OnnxModel.load(self.name, model.version, model.path, model.requested_device, 1)
         executor = BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US, narrow=narrow)
         return self.profiler.wrap(executor) if getattr(self, "profiler", None) is not None else executor
+
+    def _maybe_settle(self, model: OnnxModel) -> None:
+        """A .mcp26bin serves at once from its mapped weights (no prepacking: a GEMM-bound
+        model computes up to ~2x slower); on the CPU provider the session an ONNX file gets
+        (all optimisation levels, prepacked weights) is then built beside it, at a lower CPU
+        priority, and swapped in like a reload of the same version. From then the answers
+        are the ONNX file's, bit for bit."""
+        if model.extra.get("mapped") and model.device == "cpu" and not self.decoder:
+            threading.Thread(target=self._settle, args=(model,), name=f"settle-{self.name}", daemon=True).start()
+
+    def _settle(self, mapped: OnnxModel) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except OSError:
+            pass
+        try:
+            full = OnnxModel.load(self.name, mapped.version, mapped.path, mapped.requested_device,
+                                  mapped.intra_op_threads, mapped=False)
+        except Exception as e:      # the mapped session keeps serving
+            log.warning("model %s: the full session of %s failed (%s); serving from the mapped weights",
+                        self.name, mapped.path, e)
+            return
+        with self._reload_lock:
+            if self.model is not mapped:        # reloaded meanwhile: that version settles itself
+                return
+            full.extra = {**mapped.extra, "ort_threads": full.extra["ort_threads"], "mapped": False}
+            if self.profiler is not None:
+                self.profiler.attach(full)
+            self.batcher.set_executor(self._executor_for(full))
+            self.model = full
+            self.settles += 1
+        log.info("model %s v%s: settled from mapped weights into a full session (made in %.3fs, warm-up %.3fs)",
+                 self.name, full.version, full.load_seconds, full.warmup_seconds)
 
     def _orca_named(self) -> dict:
         """Named metrics of the ORCA report beside queue_depth (load_state's terms)."""
@@ -347,6 +382,7 @@ class ServedModel:
             self.model = new
             self.version_count += 1
             seconds = time.perf_counter() - t0
+            self._maybe_settle(new)
             self.telemetry.reloads.add(1, {"model": self.name, "kind": "model"})
             log.info("model %s: version %s -> %s swapped in %.3fs (load %.3fs, warm-up %.3fs), zero requests dropped",
                      self.name, old.version, new.version, seconds, new.load_seconds, new.warmup_seconds)
@@ -366,6 +402,8 @@ class ServedModel:
         out = {
             "name": self.name, "version": m.version, "path": m.path, "provider": m.provider, "device": m.device,
             "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
+            "weights": "mapped" if m.extra.get("mapped") else "session",
+            "settles": self.settles,
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
             "instances": self.batcher.instances,
             "split_under_load": {"width": self.split_width, "split": self.batcher.split,

@@ -129,10 +129,14 @@ class OnnxModel:
     @classmethod
     def load(cls, name: str, version: str, path: str, device: str = "auto",
              intra_op_threads: int | None = None, warmup: bool = True, profile: bool | str = False,
-             trusted: frozenset | None = None) -> "OnnxModel":
+             trusted: frozenset | None = None, mapped: bool = True) -> "OnnxModel":
         """`trusted`: for a .mcp26bin, hash its chunks before loading, but those in these files
         (model_format.file_keys; a hot update passes the running version's, so only the new
-        chunks are read); None: no hashing (a start; `mcpctl model inspect --verify` checks)."""
+        chunks are read); None: no hashing (a start; `mcpctl model inspect --verify` checks).
+        `mapped` (a .mcp26bin only): ONNX Runtime uses the weights in place, at the packed
+        level, no prepacking (ready in milliseconds); False: the session an ONNX file gets
+        (all levels, prepacked weights: slower to make, faster to run; model_server settles
+        a mapped model into one in the background)."""
         t0 = time.perf_counter()
         opts = ort.SessionOptions()
         threads = intra_op_threads or max(1, (os.cpu_count() or 1))
@@ -158,10 +162,11 @@ class OnnxModel:
             if container.toc["optimization"]["provider"] and device.split(":")[0] not in ("cpu", "auto"):
                 raise ValueError(f"model file {path}: packed at optimisation level 'extended' for the CPU "
                                  f"execution provider; --device {device} needs a file packed without --optimize")
-            opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
-                                                    model_format.LEVELS[container.level])
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
-            opts.add_session_config_entry("session.disable_prepacking", "1")   # a copy of every GEMM weight
+            if mapped:
+                opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                                        model_format.LEVELS[container.level])
+                opts.add_session_config_entry("session.disable_prepacking", "1")   # a copy of every GEMM weight
         threads_before = hw_counters.thread_ids()
         try:
             session = ort.InferenceSession(source, sess_options=opts, providers=plan)
@@ -182,7 +187,8 @@ class OnnxModel:
         model = cls(name=name, version=version, path=path, session=session, inputs=inputs, outputs=outputs,
                     provider=provider, requested_device=device, load_seconds=time.perf_counter() - t0,
                     warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim,
-                    extra={"ort_threads": ort_threads, "container_files": containers})
+                    extra={"ort_threads": ort_threads, "container_files": containers,
+                           "mapped": bool(containers) and mapped})
         if warmup:
             try:
                 model.warm_up()

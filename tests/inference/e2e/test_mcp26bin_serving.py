@@ -24,6 +24,7 @@ from mcp26.demo.stack.inference_server import InferenceServer
 from mcp26.inference import model_format
 from mcp26.inference.builtin_models import build_mlp
 from mcp26.inference.profiler import METRICS
+from mcp26.inference.runtime import OnnxModel
 
 pytestmark = pytest.mark.e2e
 BIN = os.path.dirname(sys.executable)
@@ -41,7 +42,7 @@ def fine_tuned_mlp(changed=("w0", "b0", "w3", "b3")) -> onnx.ModelProto:
 
 
 def reference(path: str, x: np.ndarray) -> np.ndarray:
-    """The ONNX model as the .mcp26bin loader runs it: basic level, prepacking off."""
+    """The ONNX model as the mapped .mcp26bin session runs it: basic level, prepacking off."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.add_session_config_entry("session.disable_prepacking", "1")
@@ -110,18 +111,26 @@ def test_incremental_hot_update_under_load_zero_failures_bit_identical(mlp_versi
             fh.write(b"\x00\x01\x02\x03")
         status, reply = server.admin("/admin/reload", {"path": str(bad), "version": "3"})
         assert status == 400 and f"{bad}: hash mismatch: chunk {chunk['name']!r}" in reply["error"], reply
+        # served from the mapped weights at once, then settled into the session the ONNX file
+        # gets (model_server._maybe_settle): from then the answers are the ONNX file's, bit for bit
+        deadline = time.monotonic() + 60
+        while (status := server.admin("/admin/status")[1]["models"][0])["weights"] != "session":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+        assert status["version"] == "2" and status["settles"] >= 1, status
         x = np.ones((2, 64), np.float32)
         inp = tgrpc.InferInput("INPUT0", [2, 64], "FP32")
         inp.set_data_from_numpy(x)
         r = tgrpc.InferenceServerClient(server.grpc).infer("v1", [inp])
         assert r.get_response().model_version == "2"
-        assert np.array_equal(r.as_numpy("OUTPUT0"), reference(str(d / "v2.onnx"), x))
+        onnx_served = OnnxModel.load("v1", "2", str(d / "v2.onnx"), "cpu", status["intra_op_threads"], warmup=False)
+        assert np.array_equal(r.as_numpy("OUTPUT0"), onnx_served.run({"INPUT0": x})["OUTPUT0"])
     assert not load.errors, load.errors[:3]
     versions = [v for v, _, _ in load.records]
     assert "1" in versions and "2" in versions
     refs = {"1": str(d / "v1.onnx"), "2": str(d / "v2.onnx")}
     # under load rows share batches with other requests' rows, and a GEMM's rounding depends on
-    # the batch it runs in: close here; bit-identical for the lone request above
+    # the batch it runs in and on prepacking (mapped or settled): close here; bit-identical above
     for version, x, out in load.records[::7]:
         np.testing.assert_allclose(out, reference(refs[version], x), rtol=1e-5, atol=1e-6)
     print(f"\nhot update: {len(load.records)} requests, 0 failed; "

@@ -1,0 +1,199 @@
+""".mcp26bin against ONNX, side by side in one run, same models: load to ready, the first
+answer, steady compute, an incremental update, and the profiler's cost.
+
+Rows, for builtin:mlp (76 MB) and builtin:resnet50 (102 MB, torchvision's layout):
+- `load to ready`: OnnxModel.load without warm-up (the session made, its inputs and outputs
+  known: what the server does before its warm-up, which is the same for both formats), the
+  median of --repeats loads in this process (the files in the page cache, as on a restart);
+- `first answer`: the first batch-1 run after that load (ORT's arenas, and for .mcp26bin the
+  first touch of the mapped weights);
+- `batch-N compute`: median of 20 runs once warm (the .mcp26bin session runs without weight
+  prepacking: the price of mapping in place, said here);
+- `incremental update`: a version with whole tensors changed (~2 % of the bytes) packed with
+  --base; its file's share of the full one and its load to ready as a hot update does it
+  (the new chunks hashed, the base's trusted);
+- `bit-identical`: the .mcp26bin answers against the ONNX model at the packed level.
+- profiler: builtin:mlp served with and without --enable-profiler, mcp-bench -c 16 over
+  REST, A/B/A/B, requests/s.
+
+    .venv/bin/python -m benchmarks mcp26bin [--repeats 7] [--seconds 6] [--skip-profiler]
+
+Prints one table and the load average before and after; writes artifacts/bench/mcp26bin.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _median_load(path: str, repeats: int, trusted=None) -> tuple[float, object]:
+    from mcp26.inference.runtime import OnnxModel
+    times, model = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model = OnnxModel.load("m", "1", path, "cpu", None, warmup=False, trusted=trusted)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), model
+
+
+def _first_answer(path: str, feeds: dict) -> float:
+    from mcp26.inference.runtime import OnnxModel
+    model = OnnxModel.load("m", "1", path, "cpu", None, warmup=False)
+    t0 = time.perf_counter()
+    model.session.run(None, feeds)
+    return time.perf_counter() - t0
+
+
+def _compute(model, feeds: dict, runs: int = 20) -> float:
+    model.session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        model.session.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _reference(path: str, feeds: dict, level: str) -> np.ndarray:
+    import onnxruntime as ort
+    from mcp26.inference import model_format
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, model_format.LEVELS[level])
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _fine_tune(src: str, dst: str, share: float = 0.02) -> float:
+    """Change whole initializers, the largest that fit, up to `share` of the weight bytes."""
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.load(src)
+    total = sum(numpy_helper.to_array(i).nbytes for i in model.graph.initializer)
+    changed, rng = 0, np.random.default_rng(7)
+    for init in sorted(model.graph.initializer, key=lambda i: -numpy_helper.to_array(i).nbytes):
+        a = numpy_helper.to_array(init)
+        if changed + a.nbytes > share * total:
+            continue
+        init.CopyFrom(numpy_helper.from_array((a + 0.001 * rng.standard_normal(a.shape)).astype(a.dtype),
+                                              init.name))
+        changed += a.nbytes
+    onnx.save(model, dst)
+    return changed / total
+
+
+def measure_model(name: str, rows: int, repeats: int, tmp: str) -> dict:
+    from mcp26.inference import model_format
+    from mcp26.inference.builtin_models import builtin_path
+    src = builtin_path(name)
+    packed = os.path.join(tmp, f"{name}.mcp26bin")
+    t0 = time.perf_counter()
+    model_format.pack(src, packed)
+    pack_s = time.perf_counter() - t0
+    onnx_load, onnx_model = _median_load(src, repeats)
+    bin_load, bin_model = _median_load(packed, repeats)
+    spec = next(iter(onnx_model.inputs.values()))
+    shape = [rows] + [d if d > 0 else 1 for d in spec.shape[1:]]
+    feeds = {spec.name: np.random.default_rng(3).standard_normal(shape).astype(np.float32)}
+    out = {
+        "model": name, "onnx_bytes": os.path.getsize(src), "mcp26bin_bytes": os.path.getsize(packed),
+        "pack_s": round(pack_s, 3),
+        "load_onnx_ms": round(onnx_load * 1e3, 2), "load_mcp26bin_ms": round(bin_load * 1e3, 2),
+        "first_answer_onnx_ms": round(_first_answer(src, feeds) * 1e3, 2),
+        "first_answer_mcp26bin_ms": round(_first_answer(packed, feeds) * 1e3, 2),
+        "rows": rows,
+        "compute_onnx_ms": round(_compute(onnx_model, feeds) * 1e3, 3),
+        "compute_mcp26bin_ms": round(_compute(bin_model, feeds) * 1e3, 3),
+        "bit_identical": bool(np.array_equal(bin_model.session.run(None, feeds)[0],
+                                             _reference(src, feeds, "basic"))),
+    }
+    v2 = os.path.join(tmp, f"{name}-v2.onnx")
+    out["changed_weight_share"] = round(_fine_tune(src, v2), 4)
+    update = os.path.join(tmp, f"{name}-v2.mcp26bin")
+    model_format.pack(v2, update, base=packed)
+    trusted = frozenset(model_format.file_keys(model_format.open_container(packed)))
+    upd_load, upd_model = _median_load(update, repeats, trusted)
+    out.update(update_bytes=os.path.getsize(update), update_share=round(os.path.getsize(update) /
+                                                                         os.path.getsize(packed), 4),
+               update_load_ms=round(upd_load * 1e3, 2),
+               update_bit_identical=bool(np.array_equal(upd_model.session.run(None, feeds)[0],
+                                                        _reference(v2, feeds, "basic"))))
+    return out
+
+
+def _serve_bench(profiler: bool, seconds: float) -> dict:
+    from mcp26.demo.stack.inference_server import InferenceServer
+    args = ["--enable-profiler"] if profiler else []
+    with InferenceServer("builtin:mlp", *args, admin=False) as server:
+        r = subprocess.run([sys.executable, "-m", "mcp26.inference.bench.cli", "-c", "16", "--duration",
+                            str(seconds), "-n", "100000000", "-u", f"http://{server.http}/infer", "--warmup", "200",
+                            "--output-format", "json"], capture_output=True, text=True, timeout=seconds + 120)
+    if r.returncode:
+        raise RuntimeError(f"mcp-bench failed: {r.stderr[-1000:]}")
+    row = json.loads(r.stdout)["rows"][0]
+    return {"rps": row["throughput_rps"], "p50_ms": row["latency_ms"]["p50"], "errors": row["errors"]}
+
+
+def measure_profiler(seconds: float) -> dict:
+    runs = {"off": [], "on": []}
+    for prof in (False, True, False, True):            # A/B/A/B: the machine's drift lands on both
+        runs["on" if prof else "off"].append(_serve_bench(prof, seconds))
+    off = statistics.mean(r["rps"] for r in runs["off"])
+    on = statistics.mean(r["rps"] for r in runs["on"])
+    return {"runs": runs, "rps_off": round(off, 1), "rps_on": round(on, 1), "overhead": round(1 - on / off, 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--seconds", type=float, default=6.0, help="each mcp-bench run of the profiler rows")
+    p.add_argument("--skip-profiler", action="store_true")
+    args = p.parse_args(argv)
+    before = loadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-mcp26bin-") as tmp:
+        models = [measure_model("mlp", 8, args.repeats, tmp), measure_model("resnet50", 1, args.repeats, tmp)]
+    prof = None if args.skip_profiler else measure_profiler(args.seconds)
+    after = loadavg()
+    print(f"load average before: {before}")
+    head = ("model", "load ONNX", "load .mcp26bin", "ratio", "1st answer ONNX / bin", "compute ONNX / bin",
+            "bit-identical", "update: share of file / load", "update bit-identical")
+    lines = [head]
+    for m in models:
+        lines.append((m["model"], f"{m['load_onnx_ms']:.1f} ms", f"{m['load_mcp26bin_ms']:.1f} ms",
+                      f"{m['load_mcp26bin_ms'] / m['load_onnx_ms']:.3f}",
+                      f"{m['first_answer_onnx_ms']:.1f} / {m['first_answer_mcp26bin_ms']:.1f} ms",
+                      f"{m['compute_onnx_ms']:.2f} / {m['compute_mcp26bin_ms']:.2f} ms (batch {m['rows']})",
+                      str(m["bit_identical"]),
+                      f"{100 * m['update_share']:.2f} % ({100 * m['changed_weight_share']:.1f} % of weights) / "
+                      f"{m['update_load_ms']:.1f} ms", str(m["update_bit_identical"])))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    for i, line in enumerate(lines):
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    if prof:
+        print(f"profiler, builtin:mlp REST c=16 (A/B/A/B, {args.seconds:g} s each): off {prof['rps_off']} req/s, "
+              f"on {prof['rps_on']} req/s: overhead {100 * prof['overhead']:.1f} %")
+    print(f"load average after: {after}")
+    os.makedirs(os.path.join(ROOT, "artifacts", "bench"), exist_ok=True)
+    with open(os.path.join(ROOT, "artifacts", "bench", "mcp26bin.json"), "w") as fh:
+        json.dump({"models": models, "profiler": prof, "loadavg_before": before, "loadavg_after": after,
+                   "at": time.strftime("%Y-%m-%d %H:%M:%S")}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

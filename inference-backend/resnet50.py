@@ -96,11 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output-dir", default=".", help="where resnet50.onnx and resnet50.mcp26bin go")
     args = p.parse_args(argv)
     from mcp26.inference import model_format
-    from mcp26.inference.builtin_models import builtin_path
     os.makedirs(args.output_dir, exist_ok=True)
     onnx_path = os.path.join(args.output_dir, "resnet50.onnx")
-    with open(builtin_path("resnet50"), "rb") as src, open(onnx_path, "wb") as dst:
-        dst.write(src.read())
+    onnx.save(build_resnet50(), onnx_path)
     out = os.path.join(args.output_dir, "resnet50.mcp26bin")
     toc = model_format.pack(onnx_path, out)
     print(f"{onnx_path}: {os.path.getsize(onnx_path)} bytes; {out}: {os.path.getsize(out)} bytes, "

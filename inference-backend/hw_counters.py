@@ -138,6 +138,12 @@ class CounterSet:
                 total[i] += v
         return total
 
+    def forget_exited(self) -> None:
+        """Close the counters of threads that have exited (their totals stay in what was read)."""
+        alive = thread_ids()
+        for tid in [t for t in self.threads if t not in alive]:
+            self.threads.pop(tid).close()
+
     def close(self) -> None:
         for tc in self.threads.values():
             tc.close()

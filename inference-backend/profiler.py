@@ -104,6 +104,7 @@ class Profiler:
         """A (new) model version: count its ONNX Runtime threads too."""
         self._model = model
         self._source_ops = None
+        self.counters.forget_exited()           # a replaced session's threads are gone
         for tid in model.extra.get("ort_threads", ()):
             self.counters.watch(tid)
 
@@ -118,7 +119,7 @@ class Profiler:
     def record(self, batch, start_ns: int, compute_s: float, before, after, inputs: list[dict]) -> None:
         rows = sum(p.rows for p in batch)
         capacity = max(1, self.max_batch_size())
-        delta = [a - b for a, b in zip(after, before)]
+        delta = [max(0, a - b) for a, b in zip(after, before)]   # a thread forgotten mid-batch: not negative
         by_level = collections.Counter()
         for p in batch:
             by_level[str(p.level)] += p.rows
@@ -159,8 +160,10 @@ class Profiler:
         from mcp26.inference.runtime import OnnxModel
         model = self._model
         feeds = inputs[0] if len(inputs) == 1 else {k: np.concatenate([i[k] for i in inputs]) for k in inputs[0]}
+        # the twin is made as the serving session was (a .mcp26bin: mapped, or settled)
         twin = OnnxModel.load(model.name, model.version, model.path, model.requested_device,
-                              model.intra_op_threads, warmup=False, profile=os.path.join(self._tmp, "twin"))
+                              model.intra_op_threads, warmup=False, profile=os.path.join(self._tmp, "twin"),
+                              mapped=model.extra.get("mapped", True))
         twin.session.run(None, feeds)   # the first run allocates and warms: its events are replaced below
         twin.session.run(None, feeds)
         path = twin.session.end_profiling()

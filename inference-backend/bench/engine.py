@@ -50,7 +50,8 @@ class Load:
 
     def check_probe(self) -> None:
         rec = self.recorder
-        if self.probe and self.aborted is None and len(rec) == min(self.probe, self.requests):
+        # early: a run no longer than the probe ends anyway, its 404s counted and reported
+        if self.probe and self.aborted is None and len(rec) == self.probe and self.requests > self.probe:
             if all(e == self.probe_error for e in rec.error):
                 self.aborted = self.probe_error
             self.probe = 0

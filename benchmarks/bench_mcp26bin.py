@@ -13,10 +13,10 @@ Rows, for builtin:mlp (76 MB) and builtin:resnet50 (102 MB, torchvision's layout
   --base; its file's share of the full one and its load to ready as a hot update does it
   (the new chunks hashed, the base's trusted);
 - `bit-identical`: the .mcp26bin answers against the ONNX model at the packed level.
-- profiler: builtin:mlp served with and without --enable-profiler, mcp-bench -c 16 over
-  REST, A/B/A/B, requests/s.
+- profiler: builtin:mlp served without and with --enable-profiler, mcp-bench -c 16 over
+  REST, --pairs off/on pairs: the overhead is 1 - the median of the pairs' on/off ratios.
 
-    .venv/bin/python -m benchmarks mcp26bin [--repeats 7] [--seconds 6] [--skip-profiler]
+    .venv/bin/python -m benchmarks mcp26bin [--repeats 7] [--seconds 10] [--pairs 3] [--skip-profiler]
 
 Prints one table and the load average before and after; writes artifacts/bench/mcp26bin.json.
 """
@@ -147,25 +147,32 @@ def _serve_bench(profiler: bool, seconds: float) -> dict:
     return {"rps": row["throughput_rps"], "p50_ms": row["latency_ms"]["p50"], "errors": row["errors"]}
 
 
-def measure_profiler(seconds: float) -> dict:
+def measure_profiler(seconds: float, pairs: int) -> dict:
+    """Off then on, `pairs` times: each pair's ratio, so the shared machine's drift between
+    pairs cancels; the overhead is 1 - the median ratio."""
     runs = {"off": [], "on": []}
-    for prof in (False, True, False, True):            # A/B/A/B: the machine's drift lands on both
-        runs["on" if prof else "off"].append(_serve_bench(prof, seconds))
-    off = statistics.mean(r["rps"] for r in runs["off"])
-    on = statistics.mean(r["rps"] for r in runs["on"])
-    return {"runs": runs, "rps_off": round(off, 1), "rps_on": round(on, 1), "overhead": round(1 - on / off, 4)}
+    ratios = []
+    for _ in range(pairs):
+        off, on = _serve_bench(False, seconds), _serve_bench(True, seconds)
+        runs["off"].append(off)
+        runs["on"].append(on)
+        ratios.append(on["rps"] / off["rps"])
+    return {"runs": runs, "rps_off": round(statistics.median(r["rps"] for r in runs["off"]), 1),
+            "rps_on": round(statistics.median(r["rps"] for r in runs["on"]), 1),
+            "ratios": [round(r, 3) for r in ratios], "overhead": round(1 - statistics.median(ratios), 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--seconds", type=float, default=6.0, help="each mcp-bench run of the profiler rows")
+    p.add_argument("--seconds", type=float, default=10.0, help="each mcp-bench run of the profiler rows")
+    p.add_argument("--pairs", type=int, default=3, help="off/on pairs of the profiler rows")
     p.add_argument("--skip-profiler", action="store_true")
     args = p.parse_args(argv)
     before = loadavg()
     with tempfile.TemporaryDirectory(prefix="bench-mcp26bin-") as tmp:
         models = [measure_model("mlp", 8, args.repeats, tmp), measure_model("resnet50", 1, args.repeats, tmp)]
-    prof = None if args.skip_profiler else measure_profiler(args.seconds)
+    prof = None if args.skip_profiler else measure_profiler(args.seconds, args.pairs)
     after = loadavg()
     print(f"load average before: {before}")
     head = ("model", "load ONNX", "load .mcp26bin", "ratio", "1st answer ONNX / bin", "compute ONNX / bin",
@@ -185,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     if prof:
-        print(f"profiler, builtin:mlp REST c=16 (A/B/A/B, {args.seconds:g} s each): off {prof['rps_off']} req/s, "
-              f"on {prof['rps_on']} req/s: overhead {100 * prof['overhead']:.1f} %")
+        print(f"profiler, builtin:mlp REST c=16 ({args.pairs} off/on pairs, {args.seconds:g} s each): off "
+              f"{prof['rps_off']} req/s, on {prof['rps_on']} req/s (medians); on/off per pair "
+              f"{', '.join(map(str, prof['ratios']))}: overhead {100 * prof['overhead']:.1f} %")
     print(f"load average after: {after}")
     os.makedirs(os.path.join(ROOT, "artifacts", "bench"), exist_ok=True)
     with open(os.path.join(ROOT, "artifacts", "bench", "mcp26bin.json"), "w") as fh:

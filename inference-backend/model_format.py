@@ -345,7 +345,8 @@ def pack(source: str, output: str, base: str | None = None, level: str = "basic"
            "optimization": {"level": level, "onnxruntime": ort.__version__,
                             "provider": "CPUExecutionProvider" if level == "extended" else None,
                             "source_op_counts": dict(sorted(source_ops.items())),
-                            "op_counts": dict(sorted(collections.Counter(n.op_type for n in model.graph.node).items()))},
+                            "op_counts": dict(sorted(collections.Counter(n.op_type
+                                                                         for n in model.graph.node).items()))},
            "graph": {"offset": 0, "length": len(graph), "sha256": _sha(graph)},
            "bases": bases, "chunks": []}
     # The table's length fixes every offset after it; offsets change the table's length:
@@ -390,6 +391,7 @@ def describe(container: Container) -> dict:
         "chunks_from_base": len(from_base), "chunk_bytes_from_base": sum(c["length"] for c in from_base),
         "bases": [{"path": b["path"], "identity": b["identity"]} for b in toc["bases"]],
         "table": [{"name": c["name"], "dtype": c["dtype"], "shape": c["shape"], "bytes": c["length"],
-                   "sha256": c["sha256"], "from": "this file" if c["file"] == 0 else toc["bases"][c["file"] - 1]["path"],
+                   "sha256": c["sha256"],
+                   "from": "this file" if c["file"] == 0 else toc["bases"][c["file"] - 1]["path"],
                    "offset": c["offset"]} for c in toc["chunks"]],
     }

@@ -131,11 +131,13 @@ class CounterSet:
         except OSError as e:
             self.failed[tid] = _reason(e)
 
-    def read(self) -> list[int]:
+    def read(self, tids=None) -> list[int]:
+        """The events summed over `tids` (default: every thread watched)."""
         total = [0] * len(self.events)
-        for tc in self.threads.values():
-            for i, v in enumerate(tc.read()):
-                total[i] += v
+        for tid, tc in self.threads.items():
+            if tids is None or tid in tids:
+                for i, v in enumerate(tc.read()):
+                    total[i] += v
         return total
 
     def forget_exited(self) -> None:

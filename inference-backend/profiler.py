@@ -17,8 +17,11 @@ Sources, per metric (the README's table says the same):
   of one core (measured first at 20x from the start of the load: a 2 s sample of
   builtin:mlp inside a 6 s run cost a third of its throughput).
 
+Counters are per batch that ran alone: instances and the reserved lane share
+ONNX Runtime's pool threads, so a batch run beside another is left out of them.
 Every metric is cumulative in `doc()` (the statistics extension's `profiler`
-entry), split per priority level by each batch's rows, so a client (mcp-bench)
+entry), split per priority level by each batch's rows and kept per compute
+thread (`thread:TID`: a model instance), so a client (mcp-bench)
 takes two readings and derives the window's values with `derive()`. A counter the
 kernel does not give is `None` with its reason, never 0.
 """
@@ -81,8 +84,9 @@ TWIN_FIRST_ROWS = 8             # the first sample's batch (zero inputs, when th
 
 
 def _zero_level() -> dict:
+    # counted_batches: the batches whose counters were read (those that ran alone, below)
     return {"batches": 0.0, "rows": 0.0, "requests": 0, "capacity_rows": 0.0, "queue_ns": 0,
-            "compute_ns": 0.0, "counters": collections.defaultdict(float)}
+            "compute_ns": 0.0, "counted_batches": 0.0, "counters": collections.defaultdict(float)}
 
 
 class Profiler:
@@ -118,7 +122,8 @@ class Profiler:
         self._model = model
         self._source_ops = None
         self.counters.forget_exited()           # a replaced session's threads are gone
-        for tid in model.extra.get("ort_threads", ()):
+        self.pool = frozenset(model.extra.get("ort_threads", ()))
+        for tid in self.pool:
             self.counters.watch(tid)
 
     def wrap(self, executor):
@@ -129,22 +134,31 @@ class Profiler:
         self.counters.close()
 
     # -- per batch -----------------------------------------------------------------------
-    def record(self, batch, start_ns: int, compute_s: float, before, after, inputs: list[dict]) -> None:
+    def record(self, batch, start_ns: int, compute_s: float, before, after, inputs: list[dict],
+               thread: int) -> None:
+        """One batch. `before`/`after`: its counters, None where another batch ran beside it
+        (instances, the reserved lane: they share ONNX Runtime's pool threads, so neither
+        batch's count would be its own): such a batch is left out of the counter metrics."""
         rows = sum(p.rows for p in batch)
         capacity = max(1, self.max_batch_size())
-        delta = [max(0, a - b) for a, b in zip(after, before)]   # a thread forgotten mid-batch: not negative
+        counted = before is not None and after is not None
+        delta = [max(0, a - b) for a, b in zip(after, before)] if counted else []   # never negative
         by_level = collections.Counter()
         for p in batch:
             by_level[str(p.level)] += p.rows
         with self._lock:
-            for key, share in [("all", 1.0)] + [(lv, n / rows) for lv, n in by_level.items()]:
+            # per priority level (split by rows), for all, and per compute thread (model instance)
+            for key, share in [("all", 1.0), (f"thread:{thread}", 1.0)] + [(lv, n / rows)
+                                                                          for lv, n in by_level.items()]:
                 acc = self.levels[key]
                 acc["batches"] += share
                 acc["rows"] += rows * share
                 acc["capacity_rows"] += capacity * share
                 acc["compute_ns"] += compute_s * 1e9 * share
-                for name, d in zip(self.events, delta):
-                    acc["counters"][name] += d * share
+                if counted:
+                    acc["counted_batches"] += share
+                    for name, d in zip(self.events, delta):
+                        acc["counters"][name] += d * share
             for p in batch:
                 for key in ("all", str(p.level)):
                     self.levels[key]["requests"] += 1
@@ -258,18 +272,33 @@ class ProfilingExecutor:
 
     def __init__(self, inner, profiler: Profiler):
         self.inner, self.profiler = inner, profiler
+        self._lock = threading.Lock()
+        self._running = 0           # batches in run_batch now
+        self._overlaps = 0          # bumped when a batch starts beside another
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def run_batch(self, batch, *args, **kwargs):
         prof = self.profiler
-        prof.counters.watch(threading.get_native_id())
+        tid = threading.get_native_id()
+        prof.counters.watch(tid)
+        threads = prof.pool | {tid}
+        with self._lock:
+            self._running += 1
+            if self._running > 1:
+                self._overlaps += 1
+            alone, seen = self._running == 1, self._overlaps
         start_ns = time.monotonic_ns()
-        before = prof.counters.read()
-        out = self.inner.run_batch(batch, *args, **kwargs)
-        after = prof.counters.read()
-        prof.record(batch, start_ns, out[3], before, after, [p.inputs for p in batch])
+        before = prof.counters.read(threads) if alone else None
+        try:
+            out = self.inner.run_batch(batch, *args, **kwargs)
+        finally:
+            with self._lock:
+                self._running -= 1
+                alone = alone and self._overlaps == seen      # nothing started beside it meanwhile
+        after = prof.counters.read(threads) if alone else None
+        prof.record(batch, start_ns, out[3], before, after, [p.inputs for p in batch], tid)
         return out
 
 
@@ -278,9 +307,10 @@ def derive(before: dict | None, after: dict, level: str = "all") -> dict:
     Values are None where unavailable; `reasons` says why."""
     a = after["levels"].get(level) or _plain_zero()
     b = (before or {}).get("levels", {}).get(level) or _plain_zero()
-    d = {k: a[k] - b[k] for k in ("batches", "rows", "requests", "capacity_rows", "queue_ns", "compute_ns")}
+    d = {k: a.get(k, 0) - b.get(k, 0) for k in ("batches", "rows", "requests", "capacity_rows", "queue_ns",
+                                                 "compute_ns", "counted_batches")}
     c = {k: a["counters"].get(k, 0) - b["counters"].get(k, 0) for k in a["counters"]}
-    batches = d["batches"]
+    batches = d["counted_batches"]
     out, reasons = {}, {}
     have = set(after["counters"])
     for key, needs in NEEDS.items():
@@ -289,7 +319,8 @@ def derive(before: dict | None, after: dict, level: str = "all") -> dict:
             out[key], reasons[key] = None, "; ".join(f"{n}: {after['unavailable'].get(n, 'not counted')}"
                                                      for n in missing)
         elif not batches:
-            out[key], reasons[key] = None, IDLE
+            out[key], reasons[key] = None, IDLE if not d["batches"] else \
+                "every batch in the window ran beside another (shared ONNX Runtime threads: not attributable)"
     per = (lambda n: c.get(n, 0) / batches) if batches else (lambda n: None)
     if "cycles_per_batch" not in out:
         out["cycles_per_batch"] = per("cycles")
@@ -318,7 +349,7 @@ def derive(before: dict | None, after: dict, level: str = "all") -> dict:
         out["kernel_by_op"] = {}
     else:
         # the twin's figures per sampled row, scaled to the window's mean batch
-        mean_rows = d["rows"] / batches if batches else twin["rows"] / twin["samples"]
+        mean_rows = d["rows"] / d["batches"] if d["batches"] else twin["rows"] / twin["samples"]
         scale = mean_rows / twin["rows"]
         out["kernel_by_op"] = {op: ns * scale / 1e6 for op, ns in sorted(twin["kernel_ns_by_op"].items())}
         out["kernel_ms_by_op_type"] = sum(out["kernel_by_op"].values())

@@ -104,3 +104,28 @@ def test_an_unavailable_counter_is_never_reported_as_zero():
             assert m[key] is not None, key
         else:
             assert m[key] is None and ("not supported" in m["reasons"][key] or "not permitted" in m["reasons"][key])
+
+
+def test_batches_beside_each_other_are_not_counted_as_their_own():
+    """Two instances on one session share ONNX Runtime's pool threads: a batch that ran beside
+    another is left out of the counter metrics (never both counting the same work); each compute
+    thread (model instance) has its own row."""
+    import threading
+    model = OnnxModel.load("mlp", "1", builtin_path("mlp"), "cpu", 2, warmup=False)
+    prof = profiler.Profiler(model, lambda: 32)
+    ex = prof.wrap(BatchExecutor(model))
+    try:
+        workers = [threading.Thread(target=_batches, args=(prof, ex, model, 16, 6)) for _ in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        _batches(prof, ex, model, 16, 3)          # alone again
+        doc = prof.doc()
+    finally:
+        prof.stop()
+    everything = doc["levels"]["all"]
+    assert everything["batches"] == 15
+    assert 3 <= everything["counted_batches"] < 15
+    threads = [k for k in doc["levels"] if k.startswith("thread:")]
+    assert len(threads) == 3 and sum(doc["levels"][k]["batches"] for k in threads) == 15

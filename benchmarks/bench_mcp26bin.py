@@ -138,28 +138,42 @@ def _serve_bench(profiler: bool, seconds: float) -> dict:
     from mcp26.demo.stack.inference_server import InferenceServer
     args = ["--enable-profiler"] if profiler else []
     with InferenceServer("builtin:mlp", *args, admin=False) as server:
+        cpu0 = _cpu_seconds(server.proc.pid)
         r = subprocess.run([sys.executable, "-m", "mcp26.inference.bench.cli", "-c", "16", "--duration",
                             str(seconds), "-n", "100000000", "-u", f"http://{server.http}/infer", "--warmup", "200",
                             "--output-format", "json"], capture_output=True, text=True, timeout=seconds + 120)
+        cpu = _cpu_seconds(server.proc.pid) - cpu0
     if r.returncode:
         raise RuntimeError(f"mcp-bench failed: {r.stderr[-1000:]}")
     row = json.loads(r.stdout)["rows"][0]
-    return {"rps": row["throughput_rps"], "p50_ms": row["latency_ms"]["p50"], "errors": row["errors"]}
+    # the server's CPU a request (warm-up included on both sides): less at the mercy of the
+    # other work on this shared machine than req/s
+    return {"rps": row["throughput_rps"], "p50_ms": row["latency_ms"]["p50"], "errors": row["errors"],
+            "server_cpu_us": round(1e6 * cpu / max(1, row["requests"] + 200), 1)}
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")     # utime + stime
 
 
 def measure_profiler(seconds: float, pairs: int) -> dict:
     """Off then on, `pairs` times: each pair's ratio, so the shared machine's drift between
     pairs cancels; the overhead is 1 - the median ratio."""
     runs = {"off": [], "on": []}
-    ratios = []
+    ratios, cpu_ratios = [], []
     for _ in range(pairs):
         off, on = _serve_bench(False, seconds), _serve_bench(True, seconds)
         runs["off"].append(off)
         runs["on"].append(on)
         ratios.append(on["rps"] / off["rps"])
+        cpu_ratios.append(on["server_cpu_us"] / off["server_cpu_us"])
     return {"runs": runs, "rps_off": round(statistics.median(r["rps"] for r in runs["off"]), 1),
             "rps_on": round(statistics.median(r["rps"] for r in runs["on"]), 1),
-            "ratios": [round(r, 3) for r in ratios], "overhead": round(1 - statistics.median(ratios), 4)}
+            "ratios": [round(r, 3) for r in ratios], "overhead": round(1 - statistics.median(ratios), 4),
+            "cpu_ratios": [round(r, 3) for r in cpu_ratios],
+            "cpu_overhead": round(statistics.median(cpu_ratios) - 1, 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     if prof:
         print(f"profiler, builtin:mlp REST c=16 ({args.pairs} off/on pairs, {args.seconds:g} s each): off "
               f"{prof['rps_off']} req/s, on {prof['rps_on']} req/s (medians); on/off per pair "
-              f"{', '.join(map(str, prof['ratios']))}: overhead {100 * prof['overhead']:.1f} %")
+              f"{', '.join(map(str, prof['ratios']))}: overhead {100 * prof['overhead']:.1f} %; server CPU a "
+              f"request on/off {', '.join(map(str, prof['cpu_ratios']))}: {100 * prof['cpu_overhead']:+.1f} %")
     print(f"load average after: {after}")
     os.makedirs(os.path.join(ROOT, "artifacts", "bench"), exist_ok=True)
     with open(os.path.join(ROOT, "artifacts", "bench", "mcp26bin.json"), "w") as fh:

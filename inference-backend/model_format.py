@@ -311,6 +311,9 @@ def pack(source: str, output: str, base: str | None = None, level: str = "basic"
             b = open_container(base)
         except FormatError as e:
             raise FormatError(f"--base: {e}") from None
+        if os.path.abspath(output) in b.files:
+            raise FormatError(f"-o {output}: is the base (or one of its bases); the new file would reference "
+                              f"chunks it overwrites")
         problems = verify(b)
         if problems:
             raise FormatError(f"--base {base}: " + "; ".join(problems))
@@ -365,17 +368,22 @@ def pack(source: str, output: str, base: str | None = None, level: str = "basic"
             break
         room = _align(len(raw) + 1024)
     end = offset
-    tmp = output + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(HEADER.pack(MAGIC, MAJOR, MINOR, 0, HEADER.size, len(raw), hashlib.sha256(raw).digest()))
-        fh.write(raw)
-        fh.seek(graph_off)
-        fh.write(graph)
-        for digest in payload:
-            fh.seek(known[digest]["offset"])
-            fh.write(known[digest]["data"])
-        fh.truncate(max(end, graph_off + len(graph)))
-    os.replace(tmp, output)
+    tmp = output + ".tmp"       # then renamed: a server watching `output` never maps half a file
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(HEADER.pack(MAGIC, MAJOR, MINOR, 0, HEADER.size, len(raw), hashlib.sha256(raw).digest()))
+            fh.write(raw)
+            fh.seek(graph_off)
+            fh.write(graph)
+            for digest in payload:
+                fh.seek(known[digest]["offset"])
+                fh.write(known[digest]["data"])
+            fh.truncate(max(end, graph_off + len(graph)))
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return toc
 
 

@@ -195,6 +195,8 @@ def test_missing_and_changed_base(tmp_path):
     v2 = write(tmp_path, "v2.onnx", small_mlp(changed=(1,)))
     model_format.pack(v1, str(tmp_path / "v1.mcp26bin"))
     model_format.pack(v2, str(tmp_path / "v2.mcp26bin"), base=str(tmp_path / "v1.mcp26bin"))
+    with pytest.raises(model_format.FormatError, match="is the base .* chunks it overwrites"):
+        model_format.pack(v2, str(tmp_path / "v1.mcp26bin"), base=str(tmp_path / "v2.mcp26bin"))
     shutil.move(tmp_path / "v1.mcp26bin", tmp_path / "elsewhere.mcp26bin")
     msg = _load_error(tmp_path / "v2.mcp26bin")
     assert msg.startswith(f"{tmp_path / 'v2.mcp26bin'}: missing base: bases[0] 'v1.mcp26bin' (looked for "

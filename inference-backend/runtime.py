@@ -191,7 +191,9 @@ class OnnxModel:
                            "mapped": bool(containers) and mapped})
         if warmup:
             try:
-                model.warm_up()
+                # a mapped .mcp26bin warms batch 1 only (its batch1_us): the full session that
+                # replaces it (model_server._maybe_settle) warms every size, off the ready path
+                model.warm_up((1,) if model.extra["mapped"] else (1, 8, 32))
             except Exception as e:
                 raise ValueError(f"model file {path}: loaded, but its warm-up run on zero inputs "
                                  f"failed: {e}") from None

@@ -16,6 +16,7 @@ import errno
 import os
 import platform
 import struct
+import threading
 
 _SYSCALL = {"x86_64": 298, "aarch64": 241, "ppc64le": 319, "s390x": 331}.get(platform.machine())
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -122,34 +123,44 @@ class CounterSet:
         self.events = list(events)
         self.threads: dict[int, ThreadCounters] = {}
         self.failed: dict[int, str] = {}      # tid -> why it is not counted (it exited, ...)
+        self._lock = threading.Lock()         # watch / forget / close come from several threads
 
     def watch(self, tid: int) -> None:
         if tid in self.threads or tid in self.failed or not self.events:
             return
-        try:
-            self.threads[tid] = ThreadCounters(tid, self.events)
-        except OSError as e:
-            self.failed[tid] = _reason(e)
+        with self._lock:
+            if tid in self.threads:
+                return
+            try:
+                self.threads[tid] = ThreadCounters(tid, self.events)
+            except OSError as e:
+                self.failed[tid] = _reason(e)
 
     def read(self, tids=None) -> list[int]:
         """The events summed over `tids` (default: every thread watched)."""
         total = [0] * len(self.events)
-        for tid, tc in self.threads.items():
+        for tid, tc in list(self.threads.items()):
             if tids is None or tid in tids:
-                for i, v in enumerate(tc.read()):
+                try:
+                    values = tc.read()
+                except OSError:         # closed meanwhile (shutdown, a replaced session)
+                    continue
+                for i, v in enumerate(values):
                     total[i] += v
         return total
 
     def forget_exited(self) -> None:
         """Close the counters of threads that have exited (their totals stay in what was read)."""
         alive = thread_ids()
-        for tid in [t for t in self.threads if t not in alive]:
-            self.threads.pop(tid).close()
+        with self._lock:
+            for tid in [t for t in self.threads if t not in alive]:
+                self.threads.pop(tid).close()
 
     def close(self) -> None:
-        for tc in self.threads.values():
-            tc.close()
-        self.threads.clear()
+        with self._lock:
+            for tc in self.threads.values():
+                tc.close()
+            self.threads.clear()
 
 
 def thread_ids() -> set[int]:

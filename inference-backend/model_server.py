@@ -366,8 +366,8 @@ class ServedModel:
             new = OnnxModel.load(self.name, new_version, path, device or old.requested_device,
                                  intra_op_threads or old.intra_op_threads,
                                  trusted=frozenset(old.extra.get("container_files", ())))
-            new.extra = {**old.extra, "ort_threads": new.extra.get("ort_threads", []),
-                         "container_files": new.extra.get("container_files", [])}
+            # the old version's extras (a decoder's vocab...), but what describes the new session is its own
+            new.extra = {**old.extra, **{k: new.extra[k] for k in ("ort_threads", "container_files", "mapped")}}
             # Queued requests were checked against the old inputs: the new version must take them.
             if {k: (v.datatype, v.shape) for k, v in new.inputs.items()} != \
                     {k: (v.datatype, v.shape) for k, v in old.inputs.items()}:

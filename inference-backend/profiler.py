@@ -31,6 +31,7 @@ import collections
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -132,6 +133,7 @@ class Profiler:
     def stop(self) -> None:
         self._stop.set()
         self.counters.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     # -- per batch -----------------------------------------------------------------------
     def record(self, batch, start_ns: int, compute_s: float, before, after, inputs: list[dict],

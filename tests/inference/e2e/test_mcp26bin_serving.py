@@ -92,11 +92,23 @@ class Load:
             t.join(30)
 
 
+def settled(server: InferenceServer, version: str) -> dict:
+    """/admin/status of the model once `version` serves from its full session."""
+    deadline = time.monotonic() + 60
+    while True:
+        status = server.admin("/admin/status")[1]["models"][0]
+        if status["version"] == version and status["weights"] == "session":
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+
+
 def test_incremental_hot_update_under_load_zero_failures_bit_identical(mlp_versions):
     d = mlp_versions
     full, update = os.path.getsize(d / "v1.mcp26bin"), os.path.getsize(d / "v2.mcp26bin")
     assert update <= 0.05 * full, (update, full)
     with InferenceServer(str(d / "v1.mcp26bin")) as server:
+        settled(server, "1")            # v1 settled first: the update must come in mapped and settle again
         with Load(server) as load:
             time.sleep(0.8)
             status, reply = server.admin("/admin/reload", {"path": str(d / "v2.mcp26bin"), "version": "2"})
@@ -113,11 +125,8 @@ def test_incremental_hot_update_under_load_zero_failures_bit_identical(mlp_versi
         assert status == 400 and f"{bad}: hash mismatch: chunk {chunk['name']!r}" in reply["error"], reply
         # served from the mapped weights at once, then settled into the session the ONNX file
         # gets (model_server._maybe_settle): from then the answers are the ONNX file's, bit for bit
-        deadline = time.monotonic() + 60
-        while (status := server.admin("/admin/status")[1]["models"][0])["weights"] != "session":
-            assert time.monotonic() < deadline, status
-            time.sleep(0.05)
-        assert status["version"] == "2" and status["settles"] >= 1, status
+        status = settled(server, "2")
+        assert status["settles"] == 2, status
         x = np.ones((2, 64), np.float32)
         inp = tgrpc.InferInput("INPUT0", [2, 64], "FP32")
         inp.set_data_from_numpy(x)

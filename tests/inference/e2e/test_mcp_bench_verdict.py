@@ -68,9 +68,22 @@ def test_a_url_without_a_model_stops_early_naming_the_models(relu):
         assert r.stderr.startswith(f"mcp-bench: no model at {url.replace('/infer', '')}"), r.stderr
 
 
-def test_shed_requests_counted_and_the_run_fails_above_the_error_rate():
-    """latency-critical bounds its queue: c=200 against builtin:mlp is mostly answered 429."""
-    with InferenceServer("builtin:mlp", "--qos-policy", "latency-critical", admin=False) as server:
+SMALL_QUEUES = """apiVersion: scheduling.mcp-mesh.io/v1alpha1
+kind: L7SchedulingPolicy
+metadata:
+  name: small-queues
+spec:
+  qosPolicy: latency-critical
+  queuePolicies:
+""" + "".join(f"    {level}:\n      maxQueueSize: 8\n" for level in range(1, 5))
+
+
+def test_shed_requests_counted_and_the_run_fails_above_the_error_rate(tmp_path):
+    """latency-critical with queues of 8 (so the shedding does not hang on how fast this machine
+    is today): c=200 against builtin:mlp is mostly answered 429."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(SMALL_QUEUES)
+    with InferenceServer("builtin:mlp", "--policy-file", str(policy), admin=False) as server:
         url = f"http://{server.http}/infer"
         r = bench("-c", "200", "-n", "1500", "-u", url, "--output-format", "csv")
         assert r.returncode == 1, r.stderr

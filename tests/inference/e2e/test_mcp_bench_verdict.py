@@ -111,3 +111,17 @@ def test_no_profiler_columns_without_the_profiler_said_not_zeroed():
 def test_bad_max_error_rate_is_a_usage_error():
     r = bench("-u", "http://127.0.0.1:9/infer", "--max-error-rate", "5")
     assert r.returncode == 2 and "--max-error-rate 5.0: a share between 0 and 1" in r.stderr
+
+
+def test_csv_profiler_columns_per_priority_class(relu):
+    r = bench("-c", "4", "-n", "400", "-u", f"http://{relu.http}/infer", "--priority-mix", "high=0.5,low=0.5",
+              "--output-format", "csv")
+    assert r.returncode == 0, r.stderr
+    import csv
+    import io
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [row["priority"] for row in rows] == ["all", "high", "low"]
+    for row in rows:                       # each class's window of the server's profiler
+        assert float(row["batch_fill_ratio (ratio)"]) > 0 and float(row["queue_wait_ms (ms)"]) >= 0, row
+        assert float(row["compute_us_per_row (us)"]) > 0, row
+    assert int(rows[1]["requests"]) + int(rows[2]["requests"]) == 400

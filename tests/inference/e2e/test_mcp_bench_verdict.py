@@ -125,3 +125,21 @@ def test_csv_profiler_columns_per_priority_class(relu):
         assert float(row["batch_fill_ratio (ratio)"]) > 0 and float(row["queue_wait_ms (ms)"]) >= 0, row
         assert float(row["compute_us_per_row (us)"]) > 0, row
     assert int(rows[1]["requests"]) + int(rows[2]["requests"]) == 400
+
+
+def test_prometheus_has_the_profiler_gauges_and_says_what_is_unavailable(relu):
+    from mcp26.inference import hw_counters
+    from mcp26.inference.profiler import NEEDS
+    relu.metrics()                          # the window starts at this scrape
+    assert bench("-c", "4", "-n", "300", "-u", f"http://{relu.http}/infer").returncode == 0
+    lines = relu.metrics().splitlines()
+    assert any(line.startswith('mcp_profiler_batch_fill_ratio{model_name="relu"} ') for line in lines)
+    assert any(line.startswith('mcp_profiler_fused_nodes{model_name="relu"} ') for line in lines)
+    available, missing = hw_counters.probe()
+    for metric, needs in NEEDS.items():
+        gauge = [line for line in lines if line.startswith(f'mcp_profiler_{metric}{{model_name="relu"}}')]
+        said = [line for line in lines if line.startswith("mcp_profiler_unavailable{") and f'metric="{metric}"' in line]
+        if all(n in available for n in needs):
+            assert gauge and not said, metric
+        else:                               # no gauge at all (never a 0), and the reason instead
+            assert not gauge and said and "perf_event_open" in said[0], (metric, said)

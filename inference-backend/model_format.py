@@ -25,8 +25,10 @@ Why this load path (measured on builtin:mlp, 76 MB, 2 cores; the benchmark
 - `SessionOptions.add_external_initializers` with OrtValues over mmap'd pages:
   ONNX Runtime copies them into the session (18.9k minor faults = the 76 MB
   touched, 0.10-0.19 s), so it is no faster than reading the ONNX file.
-- ORT format (`session.use_ort_model_bytes_for_initializers`): onnxruntime
-  1.32's Python binding crashed (SIGSEGV) on a 76 MB model here.
+- ORT format, saved at the extended level: loaded with
+  `session.use_ort_model_bytes_directly` and `..._for_initializers` the Python
+  binding crashes (SIGSEGV: the bytes it was given do not outlive the call);
+  without them 0.68 s and 93k minor faults, slower than the ONNX file.
 - ONNX Runtime's own external-data loading, with every initializer's
   `location` pointing at this file (or a base) at its page-aligned offset:
   ONNX Runtime mmaps each range and uses it in place: 0 minor faults while
@@ -50,12 +52,13 @@ and loading the packed graph at the same level gives the same answers as the
 source model at that level (tested). `--optimize` packs at `extended` (level 2:
 fusions such as Gemm+Relu, for the CPU execution provider only; the file says
 so, and loading it for another provider is refused). Layout transforms (level
-3, `all`) are machine-specific and would copy weights at load, so they are
-never applied to a packed graph.
+3, `all`) are machine-specific and copy weights, so they are never packed: the
+settled session applies them when it is made, as for an ONNX file.
 
 Loading checks the header, the table's hash, the graph's hash, that every
 chunk lies inside its file, and each base's identity; `verify()` (and
-`mcpctl model inspect --verify`) hashes every chunk too. Every error is a
+`mcpctl model inspect --verify`) hashes every chunk too, and a hot update
+hashes the chunks that are not in the files the running version came from. Every error is a
 `FormatError` naming the file and what is wrong.
 """
 from __future__ import annotations

@@ -45,7 +45,11 @@ def register(subparsers) -> None:
     p.add_argument("--serve-class", default=None, help=argparse.SUPPRESS)
     p.add_argument("--admin-port", type=int, default=None,
                    help="admin listener (reload, policy, status); off unless given")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda:N | tensorrt:N (default auto)")
+    p.add_argument("--device", default="auto",
+                   help="where the model runs: a list of ONNX Runtime's devices in priority order (cpu, gpu:0, "
+                        "npu:0,gpu:1, dsp:0), a selection policy (prefer-npu, prefer-gpu, prefer-cpu, "
+                        "max-performance, max-efficiency, min-power), or auto | cuda:N | tensorrt:N "
+                        "(default auto); `mcpctl devices` lists what is here")
     p.add_argument("--qos-policy", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                    help=f"batcher preset (default {DEFAULT_PRESET}); see inference-backend/README.md")
     p.add_argument("--policy-file", help="an L7SchedulingPolicy YAML; watched and applied on change")
@@ -105,6 +109,23 @@ def register(subparsers) -> None:
                         "grpcio: grpcio's grpc.aio server (README: gRPC lane)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
     p.set_defaults(func=run)
+    d = subparsers.add_parser("devices", help="list the devices and execution providers ONNX Runtime offers here",
+                              description="List ONNX Runtime's (execution provider, device) pairs, named as "
+                                          "`mcpctl serve --device` names them (cpu:0, gpu:1, npu:0).")
+    d.add_argument("-o", "--output", default="table", choices=("table", "json"), help="table (default) or json")
+    d.set_defaults(func=run_devices)
+
+
+def run_devices(args) -> int:
+    import onnxruntime as ort
+    from mcp26.inference import devices
+    found = devices.devices()
+    if args.output == "json":
+        print(json.dumps({"onnxruntime": ort.__version__, "plugins": devices.register_plugins(),
+                          "devices": [d.describe() for d in found]}, indent=2))
+    else:
+        print(devices.table(found))
+    return 0
 
 
 def _labels(items: list[str]) -> dict:
@@ -154,7 +175,9 @@ def run(args) -> int:
     from mcp26.inference.server import ServeOptions, serve
     from mcp26.inference.model_server import check_model_spec
     from mcp26.inference.openai_api import parse_model_map
+    from mcp26.inference import devices
     try:
+        devices.check(args.device)        # an absent device: the list of what is here, before any load
         check_model_spec(args.model)
         intra = args.intra_op_threads     # None: the cores, shared by the instances and the lane (model_server)
         if intra is None and args.workers > 1:    # the workers (and their instances) share the cores

@@ -12,13 +12,17 @@ What maps to what:
   priority_queue_policy (timeout_action, default_timeout_microseconds,
   allow_timeout_override, max_queue_size), exactly the settings the batcher runs with
   (preset, policy file or POST /admin/policy: the current ones);
-- instance_group: `--instances` (count) of kind KIND_GPU (CUDA / TensorRT) or KIND_CPU; the
+- instance_group: `--instances` (count) of kind KIND_GPU (CUDA / TensorRT / a listed GPU),
+  KIND_CPU, or KIND_MODEL (an NPU or DSP: Triton has no kind for them; `parameters.placement`
+  says which device and EP, in devices.py's names); the
   reserved lane (a second compute thread for levels 1..N only) and the fast path are
   not Triton fields: they are in `parameters` (reserved_lane_levels, idle_dispatch),
   with execution_provider;
 - platform onnxruntime_onnx, backend onnxruntime; not decoupled; no response cache.
 """
 from __future__ import annotations
+
+import json
 
 from google.protobuf import json_format
 
@@ -56,11 +60,14 @@ def config_doc(served) -> dict:
             "default_queue_policy": _queue_policy(s.default_queue_policy),
             "priority_queue_policy": {str(level): _queue_policy(p) for level, p in sorted(s.queue_policies.items())},
         },
-        "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_CPU" if m.device == "cpu" else "KIND_GPU",
-                            "count": served.batcher.instances, "gpus": [] if m.device == "cpu" else [_device_id(m)]}],
+        "instance_group": [{"name": f"{served.name}_0", "kind": "KIND_CPU" if m.device == "cpu" else
+                            "KIND_GPU" if m.device in ("gpu", "cuda", "tensorrt") else "KIND_MODEL",
+                            "count": served.batcher.instances,
+                            "gpus": [_device_id(m)] if m.device in ("gpu", "cuda", "tensorrt") else []}],
         "default_model_filename": "model.onnx",
         "parameters": {
             "execution_provider": {"string_value": m.provider},
+            "placement": {"string_value": json.dumps(m.where())},     # devices.py's names: where it runs
             "reserved_lane_levels": {"string_value": str(s.reserved_lane_levels)},
             "idle_dispatch": {"string_value": "true" if served.batcher.idle_dispatch else "false"},
             "qos_policy": {"string_value": s.name},
@@ -71,6 +78,9 @@ def config_doc(served) -> dict:
 
 
 def _device_id(model) -> int:
+    placed = [d for d in model.where() if d.get("type") == "GPU"]
+    if placed:
+        return int(placed[0]["device"].partition(":")[2])
     kind, _, index = model.requested_device.partition(":")
     return int(index) if index.isdigit() else 0
 

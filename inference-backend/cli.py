@@ -30,7 +30,13 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve an ONNX model over KServe v2 (REST + gRPC)",
                               description="Serve an ONNX model over the KServe v2 protocol with dynamic "
                                           "batching and priority queues.")
-    p.add_argument("--model", required=True, help="PATH.onnx, builtin:mlp or builtin:tiny-decoder")
+    p.add_argument("--model", help="PATH.onnx, builtin:mlp or builtin:tiny-decoder (or --model-repository)")
+    p.add_argument("--model-repository", metavar="DIR",
+                   help="serve a Triton model repository: DIR/NAME/config.pbtxt and DIR/NAME/VERSION/model.onnx, "
+                        "ensembles included (inference-backend/README.md: Model repository)")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="with --model-repository and --model-control-mode explicit: load NAME at start "
+                        "(Triton's --load-model; repeatable)")
     p.add_argument("--name", help="served model name (default: the file's or built-in's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=8080, help="KServe v2 REST port (default 8080)")
@@ -160,6 +166,21 @@ def run(args) -> int:
         print("mcpctl serve: --model-control-mode explicit needs --workers 1", file=sys.stderr)
         return 2
     priority = args.priority_grpc_port is not None or args.priority_http_port is not None
+    if (args.model is None) == (args.model_repository is None):
+        print("mcpctl serve: give one of --model FILE and --model-repository DIR", file=sys.stderr)
+        return 2
+    if args.model_repository:
+        alone = [f for f, on in (("--replicas", args.replicas > 1), ("--workers", args.workers > 1),
+                                 ("--priority-grpc-port/--priority-http-port", priority),
+                                 ("--watch-model", args.watch_model), ("--name", args.name),
+                                 ("--split-under-load", args.split_under_load)) if on]
+        if alone:
+            print(f"mcpctl serve: --model-repository serves in one process: leave out {', '.join(alone)}",
+                  file=sys.stderr)
+            return 2
+    elif args.load_model:
+        print("mcpctl serve: --load-model is for --model-repository", file=sys.stderr)
+        return 2
     if args.serve_class:
         from mcp26.mesh.qos import QosClass
         try:
@@ -178,12 +199,17 @@ def run(args) -> int:
     from mcp26.inference import devices
     try:
         devices.check(args.device)        # an absent device: the list of what is here, before any load
-        check_model_spec(args.model)
+        if args.model_repository:
+            from mcp26.inference.model_repository import scan
+            scan(args.model_repository, args.device)     # every config.pbtxt checked before listening
+        else:
+            check_model_spec(args.model)
         intra = args.intra_op_threads     # None: the cores, shared by the instances and the lane (model_server)
         if intra is None and args.workers > 1:    # the workers (and their instances) share the cores
             intra = max(1, (os.cpu_count() or 1) // (args.workers * args.instances))
         opts = ServeOptions(
-            model=args.model, name=args.name, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+            model=args.model, model_repository=args.model_repository, load_models=args.load_model, name=args.name,
+            host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,

@@ -154,6 +154,7 @@ class ServedModel:
         self.stats = ModelStatistics(name)          # Triton's ModelStatistics (statistics.py)
         self.stats.add_version(model.version)
         self.loaded = True                          # False after a repository unload (repository.py)
+        self.entry = None                           # its model_repository.ModelEntry, if from a repository
         # split under load (batcher.py): as many one-thread instances as the session has threads
         self.split_width = split_width(model) if split_under_load else 0
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
@@ -388,6 +389,7 @@ class ModelServer:
         self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
         self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
+        self.repository = None             # model_repository.Repository with --model-repository
         # --workers: the loopback admin ports of the other worker processes serving the same
         # ports (set by the first worker once all are ready); statistics are summed over them.
         self.peer_admin_ports: list[int] = []
@@ -412,6 +414,33 @@ class ModelServer:
         served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
                              instances=instances, split_under_load=split_under_load)
         self.models[name] = served
+        return served
+
+    def add_entry(self, entry, base: BatcherSettings, intra_op_threads: int | None = None,
+                  fast_path: bool = True, profile: bool = False):
+        """Serve one model of a Triton repository (model_repository.ModelEntry): its config's
+        batching, instances and device; an ensemble over the models already served. On any
+        problem nothing is added (a model already served under the name stays)."""
+        from mcp26.inference import model_repository
+        from mcp26.inference.ensemble import EnsembleModel
+        if entry.is_ensemble:
+            served = EnsembleModel(entry, self, base)
+        else:
+            settings = model_repository.batcher_settings(entry, base)
+            old = self.models.get(entry.name)
+            served = self.add(entry.name, entry.model_path, settings, entry.device, intra_op_threads,
+                              version=entry.version, profile=profile, fast_path=fast_path, instances=entry.instances)
+            try:
+                model_repository.check_against_model(entry, served.model)
+            except ValueError:
+                served.batcher.stop()
+                if old is None:
+                    del self.models[entry.name]
+                else:
+                    self.models[entry.name] = old
+                raise
+        served.entry = entry
+        self.models[entry.name] = served
         return served
 
     def get(self, name: str, version: str = "") -> ServedModel:

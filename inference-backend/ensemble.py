@@ -90,6 +90,9 @@ class _NoQueue:
     def queue_depth(self) -> dict:
         return {}
 
+    def stop(self, timeout: float = 10.0) -> None:
+        pass
+
 
 class EnsembleModel:
     decoder = False
@@ -164,9 +167,6 @@ class EnsembleModel:
                 if tensor not in produced:
                     raise e.fail(f"ensemble_scheduling.step[{s.index}].input_map",
                                  f"tensor {tensor!r} is neither an ensemble input nor a step's output")
-        for name in self.model.outputs:
-            if name not in produced:
-                raise e.fail("output", f"{name!r} is produced by no step")
         # a cycle: a step whose inputs can never all be ready
         ready, left = set(self.model.inputs), list(self.steps)
         while left:
@@ -177,6 +177,9 @@ class EnsembleModel:
             for s in runnable:
                 ready.update(s.outputs.values())
                 left.remove(s)
+        for name in self.model.outputs:
+            if name not in produced:
+                raise e.fail("output", f"{name!r} is produced by no step")
 
     # -- what the front ends call ------------------------------------------------------
     def check_version(self, version: str) -> None:

@@ -56,6 +56,10 @@ def register(subparsers) -> None:
                         "npu:0,gpu:1, dsp:0), a selection policy (prefer-npu, prefer-gpu, prefer-cpu, "
                         "max-performance, max-efficiency, min-power), or auto | cuda:N | tensorrt:N "
                         "(default auto); `mcpctl devices` lists what is here")
+    p.add_argument("--partition", metavar="SPEC",
+                   help="split the model's graph into pipelined stages over devices: 'stages=2' (cuts chosen from "
+                        "ONNX Runtime's per-node cost) or 'cut=TENSOR,...', with ';devices=cpu,gpu:0', ';micro=4', "
+                        "';dynamic=1' (move the cut while serving); inference-backend/partition.py")
     p.add_argument("--qos-policy", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                    help=f"batcher preset (default {DEFAULT_PRESET}); see inference-backend/README.md")
     p.add_argument("--policy-file", help="an L7SchedulingPolicy YAML; watched and applied on change")
@@ -173,13 +177,20 @@ def run(args) -> int:
         alone = [f for f, on in (("--replicas", args.replicas > 1), ("--workers", args.workers > 1),
                                  ("--priority-grpc-port/--priority-http-port", priority),
                                  ("--watch-model", args.watch_model), ("--name", args.name),
-                                 ("--split-under-load", args.split_under_load)) if on]
+                                 ("--split-under-load", args.split_under_load),
+                                 ("--partition (use the model's parameters { key: \"partition\" })", args.partition))
+                 if on]
         if alone:
             print(f"mcpctl serve: --model-repository serves in one process: leave out {', '.join(alone)}",
                   file=sys.stderr)
             return 2
     elif args.load_model:
         print("mcpctl serve: --load-model is for --model-repository", file=sys.stderr)
+        return 2
+    if args.partition and (args.replicas > 1 or args.workers > 1 or args.instances > 1 or args.split_under_load
+                           or priority or args.envoy_port):
+        print("mcpctl serve: --partition runs one pipeline in one process: leave out --replicas, --workers, "
+              "--instances, --split-under-load, --envoy-port and the priority worker", file=sys.stderr)
         return 2
     if args.serve_class:
         from mcp26.mesh.qos import QosClass
@@ -204,11 +215,15 @@ def run(args) -> int:
             scan(args.model_repository, args.device)     # every config.pbtxt checked before listening
         else:
             check_model_spec(args.model)
+        if args.partition:
+            from mcp26.inference.partition import Spec
+            Spec.parse(args.partition, args.device)
         intra = args.intra_op_threads     # None: the cores, shared by the instances and the lane (model_server)
         if intra is None and args.workers > 1:    # the workers (and their instances) share the cores
             intra = max(1, (os.cpu_count() or 1) // (args.workers * args.instances))
         opts = ServeOptions(
             model=args.model, model_repository=args.model_repository, load_models=args.load_model, name=args.name,
+            partition=args.partition,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,

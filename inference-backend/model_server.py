@@ -397,7 +397,7 @@ class ModelServer:
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
             profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-            instances: int = 1, split_under_load: bool = False) -> ServedModel:
+            instances: int = 1, split_under_load: bool = False, partition: str | None = None) -> ServedModel:
         if intra_op_threads is None:
             # The instances and the reserved lane (batcher.py) may run at once on
             # this session: each gets its share of the cores, so together they do
@@ -407,7 +407,12 @@ class ModelServer:
             cores = max(1, os.cpu_count() or 1)
             runners = instances + (1 if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
-        model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
+        if partition:       # one graph in stages over devices (partition.py)
+            from mcp26.inference.partition import PartitionedModel, Spec
+            model = PartitionedModel.load_partitioned(name, version, path, Spec.parse(partition, device), device,
+                                                      intra_op_threads)
+        else:
+            model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
@@ -429,7 +434,8 @@ class ModelServer:
             settings = model_repository.batcher_settings(entry, base)
             old = self.models.get(entry.name)
             served = self.add(entry.name, entry.model_path, settings, entry.device, intra_op_threads,
-                              version=entry.version, profile=profile, fast_path=fast_path, instances=entry.instances)
+                              version=entry.version, profile=profile, fast_path=fast_path, instances=entry.instances,
+                              partition=entry.parameter("partition"))
             try:
                 model_repository.check_against_model(entry, served.model)
             except ValueError:

@@ -55,6 +55,7 @@ class ServeOptions:
     model: str | None
     model_repository: str | None = None      # a Triton model repository directory (model_repository.py)
     load_models: list | None = None          # explicit mode: the repository's models loaded at start
+    partition: str | None = None             # one graph in stages over devices (partition.py's SPEC)
     name: str | None = None
     host: str = "127.0.0.1"
     http_port: int = 8080
@@ -245,7 +246,7 @@ class Server:
                                              o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
                                              profile=o.enable_profiler, kv_idle_s=o.kv_idle_seconds,
                                              fast_path=o.fast_path, instances=o.instances,
-                                             split_under_load=o.split_under_load)
+                                             split_under_load=o.split_under_load, partition=o.partition)
         self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
         if served is not None:
             if o.workers > 1 and served.decoder:

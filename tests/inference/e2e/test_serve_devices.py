@@ -46,3 +46,19 @@ def test_device_cpu_serves_and_reports_where():
         with urllib.request.urlopen(req) as r:
             out = json.load(r)["outputs"][0]["data"]
         assert min(out) == 0 and max(out) == pytest.approx(1.0)
+
+
+def test_a_partitioned_model_serves_the_unsplit_answer(tmp_path):
+    import onnxruntime as ort
+    import tritonclient.http as thttp
+    from mcp26.inference.examples.build_repository import build
+    path = f"{build(str(tmp_path / 'mm'))}/vision/1/model.onnx"
+    x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    expected = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"IMAGE": x})[0]
+    with InferenceServer(path, "--partition", "stages=2;devices=cpu,cpu;micro=2") as s:
+        c = thttp.InferenceServerClient(s.http)
+        i = thttp.InferInput("IMAGE", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        assert np.abs(c.infer("model", [i]).as_numpy("EMBEDDING") - expected).max() <= 1e-5
+        stages = json.loads(c.get_model_config("model")["parameters"]["placement"]["string_value"])
+        assert [st["stage"] for st in stages] == [0, 1] and stages[0]["cut_after"]

@@ -189,6 +189,9 @@ class OnnxModel:
         provider (the named-provider and policy forms)."""
         got = set(self.session.get_providers())
         placed = [d.describe() for d in (self.placement.devices if self.placement else ()) if d.ep in got]
+        if not placed and self.placement is not None and self.placement.policy:   # what ORT's policy chose
+            placed = [{**d.describe(), "policy": self.requested_device} for d in devices.devices()
+                      if d.ep == self.provider][:1]
         return placed or [{"device": self.device, "execution_provider": self.provider,
                            "requested": self.requested_device}]
 

@@ -280,11 +280,7 @@ class EnsembleModel:
                       batch_size=totals["batch"] or pending.rows, batch_requests=1, level=totals["level"],
                       version=self.model.version)
 
-    # -- what the server's admin and policy paths call ---------------------------------
-    def reconfigure(self, settings):
-        from mcp26.inference.model_server import ReloadRecord
-        return ReloadRecord("policy", 0.0, f"ensemble {self.name}: its steps' models carry the policy")
-
+    # -- what the server's admin path calls (a policy change leaves repository models alone) --
     def status(self) -> dict:
         return {"name": self.name, "version": self.model.version, "platform": "ensemble",
                 "steps": self.model.where(), "in_flight": self.in_flight, "completed": self.completed}

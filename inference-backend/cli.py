@@ -106,8 +106,9 @@ def register(subparsers) -> None:
     p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
     p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
     p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
-    p.add_argument("--model-control-mode", default="none", choices=("none", "explicit"),
-                   help="Triton's: explicit allows repository load / unload of the served model (default none)")
+    p.add_argument("--model-control-mode", default="none", choices=("none", "poll", "explicit"),
+                   help="Triton's: explicit allows repository load / unload (default none); poll (with "
+                        "--model-repository) applies the directory's changes as they appear")
     p.add_argument("--no-fast-path", action="store_true",
                    help="plain Triton batching: a lone request waits max_queue_delay, every batch runs on the "
                         "compute thread (for comparison; README: fast path)")
@@ -184,7 +185,10 @@ def run(args) -> int:
             print(f"mcpctl serve: --model-repository serves in one process: leave out {', '.join(alone)}",
                   file=sys.stderr)
             return 2
-    elif args.load_model:
+    elif args.load_model or args.model_control_mode == "poll":
+        if args.model_control_mode == "poll":
+            print("mcpctl serve: --model-control-mode poll watches a --model-repository", file=sys.stderr)
+            return 2
         print("mcpctl serve: --load-model is for --model-repository", file=sys.stderr)
         return 2
     if args.partition and (args.replicas > 1 or args.workers > 1 or args.instances > 1 or args.split_under_load

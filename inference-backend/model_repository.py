@@ -336,3 +336,54 @@ class Repository:
             if e.is_ensemble and e.name not in models.models:
                 out.append(self.load(models, e.name))
         return out
+
+    def poll(self, models) -> list[str]:
+        """Triton's poll mode, one pass: what changed in the directory since the models were
+        loaded is applied, each change on its own (a bad model is logged and keeps serving as
+        it was). New model: loaded. A new version (its policy's newest): swapped in under the
+        queue (ServedModel.reload: no request dropped). A changed dynamic_batching: the batcher's
+        settings. A changed ensemble: rebuilt. A model whose directory is gone: unloaded.
+        Device or instance changes need a restart (logged). The changes, as lines for the log."""
+        out = []
+        names = self.names()
+        for name in names:
+            served = models.models.get(name)
+            try:
+                entry = read_model(self.root, name, self.default_device)
+                if served is None:
+                    self.load(models, name)
+                    out.append(f"{name}: loaded")
+                    continue
+                old = served.entry
+                if old is None or (entry.config == old.config and entry.versions == old.versions):
+                    if not served.loaded and old is not None:
+                        served.loaded = True
+                        out.append(f"{name}: back in the directory, serving again")
+                    continue
+                served.loaded = True
+                if entry.is_ensemble:
+                    self.load(models, name)
+                    out.append(f"{name}: ensemble rebuilt")
+                    continue
+                if (entry.device, entry.instances) != (old.device, old.instances):
+                    out.append(f"{name}: instance_group / device changed ({old.device} x{old.instances} -> "
+                               f"{entry.device} x{entry.instances}): not applied until a restart")
+                    continue
+                if entry.version != old.version:
+                    from mcp26.inference.runtime import OnnxModel
+                    check_against_model(entry, OnnxModel.load(name, entry.version, entry.model_path, "cpu",
+                                                               1, warmup=False))     # before anything is swapped
+                    served.reload(entry.model_path, entry.version)
+                    out.append(f"{name}: version {old.version} -> {entry.version}")
+                settings = batcher_settings(entry, self.base)
+                if settings != served.batcher.settings:
+                    served.reconfigure(settings)
+                    out.append(f"{name}: batching from config.pbtxt applied")
+                served.entry = entry
+            except Exception as e:       # noqa: BLE001 - one model's problem must not stop the others' changes
+                out.append(f"{name}: not applied, serving as before: {getattr(e, 'message', None) or e}")
+        for name, served in models.models.items():
+            if name not in names and served.entry is not None and served.loaded:
+                served.loaded = False
+                out.append(f"{name}: gone from the directory, unloaded")
+        return out

@@ -47,6 +47,7 @@ from mcp26.inference.telemetry import Telemetry
 
 log = logging.getLogger("mcp26.inference")
 WATCH_INTERVAL_S = 0.25
+REPOSITORY_POLL_S = 1.0          # --model-control-mode poll: the directory is read this often
 GRPC_MAX_MESSAGE = 64 << 20
 
 
@@ -151,6 +152,7 @@ class Server:
         self._stop = asyncio.Event()
         self.exit_status = 0
         self.only_class = QosClass.parse(opts.serve_class) if opts.serve_class else None
+        self._next_poll = 0.0
 
     def _initial_settings(self) -> BatcherSettings:
         o = self.opts
@@ -412,6 +414,11 @@ class Server:
                         log.info("policy file %s applied in %.4fs (read + validate + swap)",
                                  self.opts.policy_file, time.perf_counter() - t0)
                         del rec
+                if self.opts.model_control_mode == "poll" and self.models.repository is not None and \
+                        time.monotonic() >= self._next_poll:
+                    self._next_poll = time.monotonic() + REPOSITORY_POLL_S
+                    for line in await asyncio.to_thread(self.models.repository.poll, self.models):
+                        log.info("repository poll: %s", line)
                 if self.opts.watch_model:
                     mtime = os.stat(self._model_path).st_mtime
                     if mtime != self._model_mtime:

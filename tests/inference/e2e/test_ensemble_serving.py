@@ -116,3 +116,49 @@ def test_explicit_load_reads_a_model_from_the_directory(server):
     i = tgrpc.InferInput("X", [1, 4], "FP32")
     i.set_data_from_numpy(np.array([[1, -2, 3, -4]], np.float32))
     assert g.infer("spare", [i]).as_numpy("Y").tolist() == [[-1, 2, -3, 4]]
+
+
+def test_poll_mode_applies_the_directory_as_it_changes(tmp_path):
+    import shutil
+    import time
+    root = tmp_path / "repo"
+    _model(str(root / "a/1/model.onnx"), [helper.make_node("Relu", ["X"], ["Y"])], ["X"])
+    (root / "a/config.pbtxt").write_text(BRANCH)
+    x = np.array([[1, -2, 3, -4]], np.float32)
+
+    def infer(h, name):
+        i = thttp.InferInput("X", [1, 4], "FP32")
+        i.set_data_from_numpy(x)
+        return h.infer(name, [i]).as_numpy("Y").tolist()
+
+    def until(predicate, timeout=20):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if predicate():
+                    return True
+            except InferenceServerException:
+                pass
+            time.sleep(0.2)
+        return False
+
+    with InferenceServer("repository:" + str(root), "--model-control-mode", "poll") as s:
+        h = thttp.InferenceServerClient(s.http)
+        assert infer(h, "a") == [[1, 0, 3, 0]]
+        # a new model directory is loaded
+        _model(str(root / "b/1/model.onnx"), [helper.make_node("Neg", ["X"], ["Y"])], ["X"])
+        (root / "b/config.pbtxt").write_text(BRANCH)
+        assert until(lambda: h.is_model_ready("b"))
+        assert infer(h, "b") == [[-1, 2, -3, 4]]
+        # a new version is swapped in
+        _model(str(root / "a/2/model.onnx"), [helper.make_node("Abs", ["X"], ["Y"])], ["X"])
+        assert until(lambda: infer(h, "a") == [[1, 2, 3, 4]])
+        # a broken config changes nothing
+        (root / "a/config.pbtxt").write_text(BRANCH + "max_batch_size: \"many\"\n")
+        time.sleep(2.5)
+        assert infer(h, "a") == [[1, 2, 3, 4]]
+        assert "not applied, serving as before" in s.log_tail() and "config.pbtxt:7:" in s.log_tail()
+        # a removed directory is unloaded
+        shutil.rmtree(root / "b")
+        assert until(lambda: not h.is_model_ready("b"))
+        assert infer(h, "a") == [[1, 2, 3, 4]]

@@ -83,6 +83,8 @@ class _NoQueue:
         self.instances = 1
         self.in_flight = 0
         self.idle_dispatch = False
+        self.policy_changes = ()      # /admin/status: an ensemble's steps carry the policies
+        self.policy_generation = 0
 
     def total_queued(self) -> int:
         return 0

@@ -354,7 +354,8 @@ class ServedModel:
         m = self.model
         out = {
             "name": self.name, "version": m.version, "path": m.path, "provider": m.provider, "device": m.device,
-            "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
+            "requested_device": m.requested_device, "placement": m.where(),
+            "load_seconds": round(m.load_seconds, 4),
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
             "instances": self.batcher.instances,
             "split_under_load": {"width": self.split_width, "split": self.batcher.split,

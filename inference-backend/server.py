@@ -462,11 +462,12 @@ class Server:
             try:
                 doc = await body(request)
                 settings = settings_from_spec(doc.get("spec", doc))
-            except InferenceError as e:
+                out = self.apply_settings(settings)
+            except InferenceError as e:       # (every model from a repository: apply_settings)
                 return web.json_response({"error": e.message}, status=e.http_status)
             except ValueError as e:
                 return web.json_response({"error": str(e)}, status=400)
-            return await self._forward("/admin/policy", doc, self.apply_settings(settings))
+            return await self._forward("/admin/policy", doc, out)
 
         @routes.get("/admin/status")
         async def status(_):
@@ -562,7 +563,8 @@ class Server:
         await asyncio.gather(*(w.stop() for w in self._workers))
         if self.opts.enable_profiler:
             for served in self.models.models.values():
-                log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
+                if getattr(served.model, "session", None) is not None:    # (an ensemble has none)
+                    log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
         self.telemetry.shutdown()
 
     async def _stop_rest(self) -> None:

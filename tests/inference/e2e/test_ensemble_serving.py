@@ -162,3 +162,20 @@ def test_poll_mode_applies_the_directory_as_it_changes(tmp_path):
         shutil.rmtree(root / "b")
         assert until(lambda: not h.is_model_ready("b"))
         assert infer(h, "a") == [[1, 2, 3, 4]]
+
+
+def test_admin_status_says_where_each_model_runs_and_a_policy_leaves_configs_alone(server):
+    import json
+    import urllib.error
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.admin_port}/admin/status") as r:
+        models = {m["name"]: m for m in json.load(r)["models"]}
+    assert models["left"]["placement"][0]["execution_provider"] == "CPUExecutionProvider"
+    assert [s["model"] for s in models["diamond"]["steps"]] == ["left", "right", "join"]
+    req = urllib.request.Request(f"http://127.0.0.1:{server.admin_port}/admin/policy",
+                                 json.dumps({"qosPolicy": "throughput"}).encode(), {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 400 and "keeps its config.pbtxt's batching" in e.value.read().decode()
+    cfg = thttp.InferenceServerClient(server.http).get_model_config("left")
+    assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 200

@@ -87,3 +87,17 @@ def test_an_accelerator_placement_runs_where_one_is_here(relu_file, kind):
     m = OnnxModel.load("relu", "1", relu_file, device=f"{kind}:0,cpu", warmup=False)
     assert m.where()[0]["type"] == kind.upper()
     assert m.run({"x": np.array([[-1, 2, -3, 4]], np.float32)})["y"].tolist() == [[0, 2, 0, 4]]
+
+
+def test_an_installed_plugin_ep_registers_with_onnxruntime():
+    ov = pytest.importorskip("onnxruntime_ep_openvino", reason="the openvino extra is not installed "
+                             "(pip install '.[openvino]')")
+    assert "OpenVINOExecutionProvider" in devices.register_plugins()
+    assert devices.register_plugins() == devices.register_plugins()      # once a process
+    mine = [d for d in devices.devices() if d.ep == "OpenVINOExecutionProvider"]
+    intel = any(d.vendor_id == 0x8086 for d in devices.devices())
+    if not intel:      # its factory offers devices of Intel's vendor id only
+        assert mine == [], mine
+    else:
+        assert mine and mine[0].label.split(":")[0] in ("cpu", "gpu", "npu")
+    assert ov.get_ep_name() == "OpenVINOExecutionProvider"

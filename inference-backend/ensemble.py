@@ -21,7 +21,7 @@ import concurrent.futures
 import contextlib
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -204,7 +204,6 @@ def choose_cuts(model: onnx.ModelProto, costs: dict[str, float], stages: int, we
     cand = valid_cuts(model)
     if len(cand) < stages - 1:
         raise PartitionError(f"the graph has {len(cand)} single-tensor cut point(s); {stages} stages need {stages - 1}")
-    producer = {t: n for n in nodes for t in n.output}
     boundary = set()
     if eps:
         for i, n in enumerate(nodes[:-1]):
@@ -218,7 +217,6 @@ def choose_cuts(model: onnx.ModelProto, costs: dict[str, float], stages: int, we
         near = [t for t in options if t in boundary and abs(cum[t] - target) <= 0.1 * total]
         best = min(near or options, key=lambda t: abs(cum[t] - target))
         out.append(best)
-    del producer
     return out
 
 
@@ -273,7 +271,6 @@ class Pipeline:
     def __init__(self, stage_models: list, spec_devices: list[str], threads: int, cuts: list[str]):
         self.cuts = cuts
         self.stages = [Stage(i, m, d, threads) for i, (m, d) in enumerate(zip(stage_models, spec_devices))]
-        self.passthrough = [set() for _ in self.stages]
 
     def run(self, feeds: dict[str, np.ndarray], micro: int) -> dict[str, np.ndarray]:
         n = next(iter(feeds.values())).shape[0]
@@ -392,7 +389,7 @@ class PartitionedModel(OnnxModel):
     def _stage_costs(self, cuts: list[str]) -> list[float]:
         out, acc = [], 0.0
         nodes = _order(self.graph.graph)
-        bounds = {t for t in cuts}
+        bounds = set(cuts)
         for n in nodes:
             acc += self.costs.get(n.name, 1.0)
             if bounds & set(n.output):

@@ -265,14 +265,44 @@ class Stage:
         self.inbox.put(None)
 
 
+class Retired(Exception):
+    """The pipeline was swapped out before the run began on it."""
+
+
 class Pipeline:
     """Stages chained: micro-batch i runs on stage k+1 while i+1 runs on stage k."""
 
     def __init__(self, stage_models: list, spec_devices: list[str], threads: int, cuts: list[str]):
         self.cuts = cuts
         self.stages = [Stage(i, m, d, threads) for i, (m, d) in enumerate(zip(stage_models, spec_devices))]
+        self._active = 0              # runs on these stages now
+        self._retired = False         # swapped out: stop once the last run on it ends
+        self._lock = threading.Lock()
 
     def run(self, feeds: dict[str, np.ndarray], micro: int) -> dict[str, np.ndarray]:
+        """Raises Retired when swapped out before this run began (run on the new stages)."""
+        with self._lock:
+            if self._retired:
+                raise Retired()
+            self._active += 1
+        try:
+            return self._run(feeds, micro)
+        finally:
+            with self._lock:
+                self._active -= 1
+                done = self._retired and self._active == 0
+            if done:
+                self.stop()
+
+    def retire(self) -> None:
+        """Stop the stages once no run is on them (at once if none is)."""
+        with self._lock:
+            self._retired = True
+            idle = self._active == 0
+        if idle:
+            self.stop()
+
+    def _run(self, feeds: dict[str, np.ndarray], micro: int) -> dict[str, np.ndarray]:
         n = next(iter(feeds.values())).shape[0]
         chunks = [{k: v[i:i + micro] for k, v in feeds.items()} for i in range(0, n, micro)] or [feeds]
         results: list = [None] * len(chunks)
@@ -362,8 +392,13 @@ class PartitionedModel(OnnxModel):
         self.batch1_us = float("inf")          # never inline on the event loop: stages run on their threads
 
     def run(self, feeds, output_names=None):
-        pipeline = self.pipeline                  # the stages this batch runs on, start to end
-        out = pipeline.run(feeds, self.spec.micro)
+        while True:
+            pipeline = self.pipeline              # the stages this batch runs on, start to end
+            try:
+                out = pipeline.run(feeds, self.spec.micro)
+                break
+            except Retired:                       # swapped between the read and the run: the new one
+                continue
         if self.spec.dynamic:
             self._batches += 1
             if self._batches % WINDOW == 0:
@@ -410,7 +445,7 @@ class PartitionedModel(OnnxModel):
         swap = Swap(time.time(), t2 - t0, t2 - t1, old.cuts, cuts)
         self.swaps.append(swap)
         del self.swaps[:-100]
-        threading.Timer(5.0, old.stop).start()           # batches still on it finish first
+        old.retire()                                      # batches still on it finish first
         log.info("model %s: cut moved %s -> %s in %.1f ms (swap %.3f ms)", self.name, old.cuts, cuts,
                  swap.seconds * 1e3, swap.swap_seconds * 1e3)
         return swap

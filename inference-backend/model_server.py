@@ -154,6 +154,7 @@ class ServedModel:
         self.stats = ModelStatistics(name)          # Triton's ModelStatistics (statistics.py)
         self.stats.add_version(model.version)
         self.loaded = True                          # False after a repository unload (repository.py)
+        self.entry = None                           # its model_repository.ModelEntry, if from a repository
         # split under load (batcher.py): as many one-thread instances as the session has threads
         self.split_width = split_width(model) if split_under_load else 0
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
@@ -353,7 +354,8 @@ class ServedModel:
         m = self.model
         out = {
             "name": self.name, "version": m.version, "path": m.path, "provider": m.provider, "device": m.device,
-            "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
+            "requested_device": m.requested_device, "placement": m.where(),
+            "load_seconds": round(m.load_seconds, 4),
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
             "instances": self.batcher.instances,
             "split_under_load": {"width": self.split_width, "split": self.batcher.split,
@@ -388,6 +390,7 @@ class ModelServer:
         self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
         self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
+        self.repository = None             # model_repository.Repository with --model-repository
         # --workers: the loopback admin ports of the other worker processes serving the same
         # ports (set by the first worker once all are ready); statistics are summed over them.
         self.peer_admin_ports: list[int] = []
@@ -395,7 +398,7 @@ class ModelServer:
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
             profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-            instances: int = 1, split_under_load: bool = False) -> ServedModel:
+            instances: int = 1, split_under_load: bool = False, partition: str | None = None) -> ServedModel:
         if intra_op_threads is None:
             # The instances and the reserved lane (batcher.py) may run at once on
             # this session: each gets its share of the cores, so together they do
@@ -405,13 +408,46 @@ class ModelServer:
             cores = max(1, os.cpu_count() or 1)
             runners = instances + (1 if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
-        model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
+        if partition:       # one graph in stages over devices (partition.py)
+            from mcp26.inference.partition import PartitionedModel, Spec
+            model = PartitionedModel.load_partitioned(name, version, path, Spec.parse(partition, device), device,
+                                                      intra_op_threads)
+        else:
+            model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
         served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
                              instances=instances, split_under_load=split_under_load)
         self.models[name] = served
+        return served
+
+    def add_entry(self, entry, base: BatcherSettings, intra_op_threads: int | None = None,
+                  fast_path: bool = True, profile: bool = False):
+        """Serve one model of a Triton repository (model_repository.ModelEntry): its config's
+        batching, instances and device; an ensemble over the models already served. On any
+        problem nothing is added (a model already served under the name stays)."""
+        from mcp26.inference import model_repository
+        from mcp26.inference.ensemble import EnsembleModel
+        if entry.is_ensemble:
+            served = EnsembleModel(entry, self, base)
+        else:
+            settings = model_repository.batcher_settings(entry, base)
+            old = self.models.get(entry.name)
+            served = self.add(entry.name, entry.model_path, settings, entry.device, intra_op_threads,
+                              version=entry.version, profile=profile, fast_path=fast_path, instances=entry.instances,
+                              partition=entry.parameter("partition"))
+            try:
+                model_repository.check_against_model(entry, served.model)
+            except ValueError:
+                served.batcher.stop()
+                if old is None:
+                    del self.models[entry.name]
+                else:
+                    self.models[entry.name] = old
+                raise
+        served.entry = entry
+        self.models[entry.name] = served
         return served
 
     def get(self, name: str, version: str = "") -> ServedModel:

@@ -1,6 +1,7 @@
 """`mcpctl validate` / `mcpctl analyze` as an operator runs them: exit codes and output."""
 import json
 
+from harness.paths import ROOT
 from mcp26.manifests import EXAMPLES
 
 GOOD_VS = """apiVersion: networking.istio.io/v1
@@ -30,7 +31,8 @@ def lines(out, marker):
     return [line for line in out.splitlines() if marker in line]
 
 
-def test_examples_validate_and_analyze_clean(mcpctl):
+def test_examples_validate_and_analyze_clean(mcpctl, monkeypatch):
+    monkeypatch.chdir(ROOT)    # header-contract.yaml's module url is relative to the checkout's root
     for cmd in ("validate", "analyze"):
         r = mcpctl(cmd, EXAMPLES)
         assert r.returncode == 0, r.stdout + r.stderr

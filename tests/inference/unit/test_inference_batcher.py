@@ -116,19 +116,6 @@ def test_preferred_batch_size_goes_without_waiting_for_the_delay(rec):
     assert rec.runs[1] == ["p0", "p1", "p2", "p3"] and rec.runs[2] == ["p4"]
 
 
-def test_timeout_reject_fails_the_request_while_queued(rec):
-    b = make(rec, max_batch_size=1, queue_policies={3: QueuePolicy(default_timeout_us=20_000)})
-    first = hold_first(b, rec)
-    doomed = b.submit(req("late"))
-    time.sleep(0.2)
-    with pytest.raises(Overloaded, match="timed out after .* us in the priority level 3 queue"):
-        doomed.result(0.5)                      # failed at its timeout, compute still held
-    rec.gate.set()
-    first.result(5)
-    b.stop()
-    assert ["late"] not in rec.runs
-
-
 class Rejects:
     """An observer that records the batcher's refusals."""
 
@@ -156,6 +143,7 @@ def test_refusals_reach_the_observer_and_the_caller(rec):
     first.result(5)
     b.stop()
     assert seen.rejects == [(3, "queue_full"), (3, "timeout")] and b.total_queued() == 0
+    assert rec.runs == [["first"]]              # neither ran
 
 
 def test_a_batch_is_reported_to_the_formation_before_its_answers_go(rec):

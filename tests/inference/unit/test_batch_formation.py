@@ -204,7 +204,7 @@ def test_two_instances_take_two_batches_and_a_serial_executor_keeps_to_instance_
     g = formation(instances=3, max_batch_size=1)
     for tag in "abc":
         arrive(g, tag, T0)
-    assert f.next_batch(T0, 1, serial=True).batch is None and g.next_batch(T0, 2, serial=True).batch is None
+    assert g.next_batch(T0, 1, serial=True).batch is None and g.next_batch(T0, 2, serial=True).batch is None
     assert tags(g.next_batch(T0, 0, serial=True).batch) == ["a"]
 
 

@@ -4,7 +4,7 @@ apart from parsing, the model and the answer. With `--against REV` the batcher.p
 revision REV (its queue inside it, as before the split of issue #39) runs in the same process,
 interleaved with this tree's, so both see the same machine.
 
-    .venv/bin/python -m benchmarks batcher [--against house] [--rounds 7]
+    .venv/bin/python -m benchmarks batcher [--against house] [--rounds 7] [--scale 1.0] [--json PATH]
 
 Paths (REST and gRPC front ends call these):
   lone     run_alone: a lone request on the caller's thread (the gRPC lane's unary call)
@@ -93,16 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--against", help="a git revision whose batcher.py runs beside this tree's")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--scale", type=float, default=1.0, help="times the requests of a round (a quick look: 0.1)")
+    ap.add_argument("--json", default=os.path.join(ROOT, "artifacts", "bench", "batcher.json"))
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: at least 1")
+    if not 0 < args.scale <= 100:
+        ap.error(f"--scale {args.scale}: from above 0 to 100")
     trees = [("this tree", current)] + ([(args.against, load_batcher(args.against))] if args.against else [])
     load_start = os.getloadavg()
     runs: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         for path, n in PATHS.items():
             for name, module in (trees if r % 2 == 0 else trees[::-1]):
-                runs.setdefault((path, name), []).append(per_request_us(module, path, n))
+                runs.setdefault((path, name), []).append(per_request_us(module, path, max(16, int(n * args.scale))))
     load_end = os.getloadavg()
     med = {k: statistics.median(v) for k, v in runs.items()}
     head = f"{'path':7} {'clock':7} {'this tree us':>12}"
@@ -116,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.against:
             line += f" {med[(path, args.against)]:14.2f} {med[(path, 'this tree')] / med[(path, args.against)]:6.3f}"
         print(line)
-    out = os.path.join(ROOT, "artifacts", "bench", "batcher.json")
+    out = os.path.abspath(args.json)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as fh:
         json.dump({"against": args.against, "rounds": args.rounds, "load_average": [load_start[0], load_end[0]],
                    "us_per_request": {f"{p} {n}": v for (p, n), v in runs.items()}}, fh, indent=1)
-    print(f"wrote {os.path.relpath(out, ROOT)}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from mcp26.mesh.batching_policy import BatcherSettings, QueuePolicy
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 from mcp26.inference.errors import Internal, InvalidArgument, Overloaded
 
 

@@ -11,7 +11,8 @@ import time
 import numpy as np
 
 from mcp26.mesh.batching_policy import BatcherSettings
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 
 
 class Recorder:

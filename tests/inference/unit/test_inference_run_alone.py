@@ -18,7 +18,8 @@ from mcp26.serving.grpc.server import metadata_block
 from mcp26.serving.h2.connection import literal
 from mcp26.mesh.batching_policy import BatcherSettings
 from mcp26.inference import datatypes, runtime
-from mcp26.inference.batcher import DynamicBatcher, Pending, Settled
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher, Settled
 from mcp26.inference.builtin_models import builtin_path
 from mcp26.inference.errors import InvalidArgument
 from mcp26.inference.telemetry import LATENCY_BUCKETS_S, _Histogram

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from mcp26.mesh.batching_policy import BatcherSettings
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcp26.inference.batcher import Pending, Result
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import Result
 from mcp26.inference.errors import InferenceError, InvalidArgument, NotFound
 from mcp26.inference.runtime import OnnxModel, TensorSpec
 from mcp26.inference.statistics import ModelStatistics

@@ -21,7 +21,8 @@ import numpy as np
 from mcp26.mesh.batching_policy import BatcherSettings
 from mcp26.mesh.session import DEFAULT_MAX_AGE_S
 from mcp26.inference import builtin_models
-from mcp26.inference.batcher import DynamicBatcher, Pending, Result, Settled
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher, Result, Settled
 from mcp26.inference.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
                                        sequence_context)
 from mcp26.inference.generation import GenerationLoad
@@ -36,7 +37,7 @@ from mcp26.inference.telemetry import Telemetry
 
 log = logging.getLogger("mcp26.inference")
 # A model whose batch-1 run (measured at warm-up) takes at most this long runs a lone
-# request on the event loop (batcher.try_inline): cheaper than handing it to the compute
+# request on the event loop (batcher.py: inline runs): cheaper than handing it to the compute
 # thread and back, and short enough not to hold up the next request's parsing.
 INLINE_MAX_US = 100
 
@@ -155,7 +156,7 @@ class ServedModel:
         self.stats.add_version(model.version)
         self.loaded = True                          # False after a repository unload (repository.py)
         self.entry = None                           # its model_repository.ModelEntry, if from a repository
-        # split under load (batcher.py): as many one-thread instances as the session has threads
+        # split under load (batch_formation.py): as many one-thread instances as the session has threads
         self.split_width = split_width(model) if split_under_load else 0
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
                                       idle_dispatch=fast_path, instances=instances, split=self.split_width)
@@ -400,7 +401,7 @@ class ModelServer:
             profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
             instances: int = 1, split_under_load: bool = False, partition: str | None = None) -> ServedModel:
         if intra_op_threads is None:
-            # The instances and the reserved lane (batcher.py) may run at once on
+            # The instances and the reserved lane (batch_formation.py) may run at once on
             # this session: each gets its share of the cores, so together they do
             # not oversubscribe the machine (2 + 2 ORT threads on 2 cores, beside
             # the event loop). On builtin:mlp batch-1 compute alone was about the

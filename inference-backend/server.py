@@ -71,7 +71,7 @@ class ServeOptions:
     max_queue_delay_us: int | None = None
     intra_op_threads: int | None = None
     instances: int = 1                       # compute threads per model (Triton's instance_group count)
-    split_under_load: bool = False           # one-thread instances while more than a batch waits (batcher.py)
+    split_under_load: bool = False           # one-thread instances while more than a batch waits (batch_formation.py)
     kv_cache_mb: float = 64
     kv_idle_seconds: float = 5.0             # unreferenced KV blocks are dropped after this long (kv_blocks.py)
     openai_models: dict | None = None        # OpenAI model name -> (served model, version): openai_api.py
@@ -84,7 +84,7 @@ class ServeOptions:
     watch_model: bool = False
     drain_seconds: float = 1.0
     model_control_mode: str = "none"         # Triton's: explicit allows repository load / unload
-    fast_path: bool = True                   # idle dispatch + inline runs (batcher.py); off: --no-fast-path
+    fast_path: bool = True                   # idle dispatch + inline runs (batch_formation.py, batcher.py); off: --no-fast-path
     workers: int = 1                         # processes serving the same ports: see Workers
     worker_argv: list[str] | None = None     # first worker: `mcpctl serve` arguments of the others, less ports
     worker_index: int = 0                    # 0: the first worker (admin, fan-out); 1..N-1: the others

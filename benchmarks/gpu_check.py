@@ -189,6 +189,70 @@ def check_serving(device: str) -> None:
             f"floor <= 2x; low load served {low_out['throughput_rps']:,.0f}/s")
 
 
+def check_heterogeneous() -> None:
+    """Issue 41's rows: ORT's device list, the example repository's vision model placed on the
+    GPU, one graph partitioned CPU -> GPU (equal to unsplit; throughput beside the whole graph
+    on each device), cut moves, the multimodal ensemble in process."""
+    import asyncio
+    import numpy as np
+    import onnxruntime as ort
+    from mcp26.mesh.batching_policy import preset
+    from mcp26.inference import devices, model_repository, partition as P
+    from mcp26.inference.examples.build_repository import build, example_request
+    from mcp26.inference.model_server import ModelServer
+    from mcp26.inference.runtime import OnnxModel
+    from mcp26.inference.telemetry import Telemetry
+    found = devices.devices()
+    row("ORT devices", ", ".join(f"{d.label}={d.ep}" for d in found))
+    gpu = "gpu:0" if any(d.kind == "gpu" for d in found) else \
+        "cuda:0" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    repo = build(os.path.join(ROOT, ".cache", "gpu-check-multimodal"))
+    path = os.path.join(repo, "vision", "1", "model.onnx")
+    x = np.random.default_rng(0).standard_normal((32, 3, 32, 32)).astype(np.float32)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"IMAGE": x})[0]
+    whole = {}
+    for dev in ("cpu", gpu):
+        m = OnnxModel.load("vision", "1", path, dev)
+        diff = float(np.abs(m.run({"IMAGE": x})["EMBEDDING"] - ref).max())
+        whole[dev] = median_us(lambda: m.run({"IMAGE": x}), 50)
+        row(f"vision --device {dev}", f"{whole[dev]:.0f} us/batch32, max diff {diff:.1e}",
+            json.dumps(m.where()[0])[:90])
+    pm = P.PartitionedModel.load_partitioned("vision", "1", path, P.Spec.parse(f"stages=2;devices=cpu,{gpu};micro=8"))
+    try:
+        diff = float(np.abs(pm.run({"IMAGE": x})["EMBEDDING"] - ref).max())
+        us = median_us(lambda: pm.run({"IMAGE": x}), 50)
+        best = min(whole.values())
+        row(f"partition cpu,{gpu} at {pm.pipeline.cuts}", f"{us:.0f} us/batch32, {best / us:.2f}x the best "
+            f"single device", f"max diff {diff:.1e} (<= 1e-4 on a GPU's kernels)")
+        cuts = P.valid_cuts(pm.graph)
+        swaps = sorted(pm.move_to([cuts[i % len(cuts)]]).seconds * 1e3 for i in range(1, 21))
+        row("reconfiguration (20 cut moves)", f"p50 {swaps[10]:.1f} ms, p99 {swaps[-1]:.1f} ms",
+            "build + warm the new stages + swap")
+    finally:
+        pm.pipeline.stop()
+    server = ModelServer(Telemetry.get(None))
+    server.repository = model_repository.Repository(repo, "auto", preset("balanced"))
+    server.repository.load_all(server)
+    server.ready = True
+    try:
+        ens, req = server.get("multimodal"), example_request(1)
+
+        async def one():
+            return await ens.infer(ens.prepare(req, [], {}), None, None)
+        loop = asyncio.new_event_loop()
+        lat = []
+        for _ in range(200):
+            t = time.perf_counter()
+            loop.run_until_complete(one())
+            lat.append((time.perf_counter() - t) * 1e6)
+        loop.close()
+        lat.sort()
+        row("multimodal ensemble in process", f"p50 {lat[100]:.0f} us, p99 {lat[198]:.0f} us",
+            "; ".join(f"{s.model}: {served.model.where()[0].get('device')}" for s, served in ens._step_models()))
+    finally:
+        server.stop()
+
+
 def main() -> int:
     gpu = gpu_name()
     if not gpu and os.environ.get("GPU_CHECK_ALLOW_CPU") != "1":
@@ -202,7 +266,7 @@ def main() -> int:
     path = builtin_path("mlp")
     device = check_providers(ort, path)
     for step in (lambda: check_trt_cache(path, device), lambda: check_runs(ort, path, device),
-                 lambda: check_serving(device)):
+                 lambda: check_serving(device), check_heterogeneous):
         try:
             step()
         except Exception as e:     # one failed check is a row, not the end of the table

@@ -1,10 +1,11 @@
 """A small header-contract gateway for the adversarial tests (not a test module).
 
-The stack of tests/e2e/test_wasm_contract.py cut to what these tests attack: the
+The stack of tests/wasm/e2e/test_wasm_contract.py cut to what these tests attack: the
 real control plane (`mcpctl xds serve`) on a watched directory holding a Gateway,
 a ServiceEntry + VirtualService to one echo upstream, a RequestAuthentication
 (authn.yaml, inline JWKS) and the header-contract WasmPlugin (wasm.yaml,
-FAIL_CLOSE), and a real Envoy attached over ADS (SotW or Delta).
+FAIL_CLOSE), each from tests/data/manifests/, and a real Envoy attached over ADS
+(SotW or Delta).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.tokens import Issuer
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.manifests import documents, manifest, wasm_module
 
 KEY = hashlib.sha256(b"adversarial session key").digest()
 ISSUER, AUDIENCE = "https://issuer.mesh.test", "mesh-gateway"
@@ -29,69 +31,16 @@ NODE = GATEWAY_NODE
 
 
 def texts(gw_port: int, upstream_port: int, issuer: Issuer) -> dict[str, str]:
-    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
     plugin = {"sessionKey": base64.b64encode(KEY).decode(),
               "tenants": {"acme": {"allowedHeaders": ["x-tenant-acme-*"]}}}
     return {
-        "mesh.yaml": f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers:
-  - port: {{number: {gw_port}, name: http, protocol: HTTP}}
-    hosts: ["*"]
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: reviews, namespace: default}}
-spec:
-  hosts: [reviews.mesh.local]
-  location: MESH_INTERNAL
-  ports: [{{number: 80, name: http, protocol: HTTP}}]
-  resolution: STATIC
-  endpoints:
-  - {{address: 127.0.0.1, ports: {{http: {upstream_port}}}}}
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: reviews, namespace: default}}
-spec:
-  hosts: ["*"]
-  gateways: [gw]
-  http:
-  - route: [{{destination: {{host: reviews.mesh.local}}}}]
-""",
-        "authn.yaml": f"""apiVersion: security.istio.io/v1
-kind: RequestAuthentication
-metadata:
-  name: gateway-jwt
-  namespace: default
-spec:
-  selector:
-    matchLabels:
-      istio: ingressgateway
-  jwtRules:
-  - issuer: {ISSUER}
-    audiences: [{AUDIENCE}]
-    jwks: '{issuer.jwks}'
-""",
-        "wasm.yaml": f"""apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata:
-  name: header-contract
-  namespace: default
-spec:
-  selector:
-    matchLabels:
-      istio: ingressgateway
-  url: file://{WASM}
-  sha256: "{sha}"
-  phase: AUTHZ
-  pluginName: mcp-header-contract
-  failStrategy: FAIL_CLOSE
-  pluginConfig: {json.dumps(plugin)}
-""",
+        "mesh.yaml": documents(
+            manifest("gateway.yaml", gw_port=gw_port),
+            manifest("service_entry.yaml", name="reviews", number=80, port_name="http", protocol="HTTP",
+                     upstream=upstream_port),
+            manifest("gateway_route.yaml", name="reviews", host="reviews.mesh.local")),
+        "authn.yaml": manifest("gateway_jwt.yaml", issuer=ISSUER, audience=AUDIENCE, jwks=issuer.jwks),
+        "wasm.yaml": manifest("header_contract_plugin.yaml", plugin_config=plugin, **wasm_module(WASM)),
     }
 
 

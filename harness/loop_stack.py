@@ -7,7 +7,7 @@ Wasm filter (ECDS), their InferencePool in a directory, and `mcpctl scheduler ru
         st.qos_seen()                                              # the class the upstream got
         st.clear_remaps()
 
-The configuration is the one tests/e2e/test_decision_loop.py asserts on: `/v1/` routes to
+The configuration is the one tests/scheduler/e2e/test_decision_loop.py asserts on: `/v1/` routes to
 the replicas (models.mesh.local), everything else to an echo upstream that shows the
 headers Envoy forwarded (so `qos_seen` reads the class the filter gave).
 """
@@ -36,7 +36,7 @@ HOSTS = ("127.0.0.2", "127.0.0.3")
 KEY = hashlib.sha256(b"decision loop key").digest()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the Wasm seed table (the loop's default policy) is built and compiled once into this cache,
-# the one tests/e2e/test_decision_loop.py and test_policy_plugins.py use; later loads ~0.3 s
+# the one tests/scheduler/e2e/test_decision_loop.py and test_policy_plugins.py use; later loads ~0.3 s
 POLICY_CACHE = os.path.join(ROOT, ".cache", "policy-tests")
 
 

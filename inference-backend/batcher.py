@@ -1,133 +1,42 @@
-"""The dynamic batcher: priority queues with Triton's dynamic-batching semantics.
+"""The dynamic batcher's runtime: the threads around the batch formation.
 
-Requests wait in one FIFO per priority level (1 is the highest); a batch is
-taken in (level, arrival) order from requests that can share one run (same
-inputs, same non-batch shape, same outputs). A batch leaves when it reaches
-max_batch_size, when it reaches the largest preferred_batch_size it can, or
-when the oldest request in it has waited max_queue_delay_microseconds. Each
-level's queue policy bounds its length (max_queue_size: reject at arrival)
-and its wait (default_timeout_microseconds, overridable downwards by the
-request when allow_timeout_override): on timeout, REJECT fails the request,
-DELAY moves it behind every fresh request of its level and above.
+What leaves when, on which instance, is decided by BatchFormation (batch_formation.py;
+the queue itself is batch_queue.py), a pure state machine fed the time. This module is
+what Triton's DynamicBatchScheduler keeps beside its PriorityQueue: the threads, the lock
+and its conditions, the futures, the runs and their answers. Each call into the
+formation happens under the one lock, with `now` read here.
 
-One compute thread per model instance takes the batches; everything else
-(parsing, encoding) happens on the server's threads, which only enqueue.
+Threads. One compute thread per main instance (`instances` N; split under load: the wide
+one and N narrow ones), each taking its batches from `BatchFormation.next_batch`; the
+reserved lane's thread, started when a policy first asks for one; and a timeout reaper,
+so that a request whose deadline passes while every instance computes a long batch is
+refused at once. One lock and four conditions, so that a submit wakes only the thread
+that has something to do: the main instances, the lane (levels 1..N only), the reaper
+(only for a nearer deadline), and the threads of the split mode not in use (parked).
+Everything else - parsing, encoding - happens on the server's threads, which only enqueue.
 
-Instances (`instances` N, Triton's instance_group count; `mcpctl serve
---instances`). N compute threads take batches from the same queues, each
-running its batch on the same session beside the others (ORT's run is
-thread-safe). On a CPU a batch then runs on fewer intra-op threads
-(model_server gives each instance its share of the cores): a GEMM split over
-two threads waits at its end for the slower half, and on a machine whose
-cores also parse and answer requests one half is often descheduled, while two
-single-threaded batches never wait for each other (builtin:mlp batch 32 under
-a 0.6-core background load: 3,000-3,500 rows/s against 2,100-2,400 with one
-two-thread instance, inference-backend/README.md). An executor that cannot
-run concurrently (`concurrent_runs = False`, the decoder) uses instance 0 only.
+Deferred submits and inline runs (`submit_deferred` + `flush`). The event loop queues
+every request it decodes in one turn without waking a compute thread, then flushes once:
+the requests read together leave together (one wake-up, not one per request). For a
+model whose batch-1 run is cheaper than a thread hop (`executor.inline_ok`, measured at
+warm-up) the flush runs the batches itself, on the loop, while a main instance is idle:
+the batches a compute thread would have formed, minus the hand-over. `run_alone` goes one
+step further for a lone gRPC request: when a flush would run it alone now, it runs on the
+caller's thread without entering the queue, with a Settled future.
 
-Split under load (`split` N >= 2; `mcpctl serve --split-under-load`). One
-batch on all N intra-op threads finishes soonest while the load fits one
-batch; once more than a batch waits, N single-threaded batches side by side
-do more per second (no GEMM half waits for the other; builtin:mlp batch 32
-alone: 459 us of CPU a row on one thread, 520 on two). So thread 0 runs
-batches on the executor's N-thread session while the requests that arrivals
-find in the server (queued + computing, an average over the last ~64
-arrivals) stay under (N - 0.75) max batches; above that, threads 1..N run
-batches on its one-thread session (`run_batch(batch, narrow=True)`) until
-that average falls under N - 1 batches and stays there for 100 ms
-(SPLIT_SETTLE_NS: a stalled client's burst of returns is no fall of the
-load). The narrow threads run at SCHED_IDLE: they take only the CPU the
-event loop, the gRPC threads and (in a container: the same cgroup) anything
-else leave, so the front end answers and reads without waiting for a
-batch. While a narrow instance computes, another forms only full batches
-(or waits the queue delay): smaller preferred sizes would split the load
-into batches that each read all the weights for fewer rows.
+Compute priority. A narrow instance, and a main one whose executor `yields_cpu` (a CPU
+session on one intra-op thread), computes at SCHED_IDLE: the event loop and the gRPC
+threads then have a core whenever they have work, and the batch takes the rest. A hot
+reload that swaps in a session of another thread count moves the thread to match (back to
+SCHED_OTHER needs CAP_SYS_NICE or room in RLIMIT_NICE; refused, it stays and says so).
 
-One-thread instances (`executor.yields_cpu`: a CPU session on one intra-op
-thread) compute at SCHED_IDLE too, split or not, for the same reason: the
-loop then has its core whenever it has work, and the batch takes the rest.
-builtin:mlp REST c=64 as `--workers 2 --intra-op-threads 1`: 1.06x the req/s
-at normal priority (3,322 against 3,125; relu REST at --workers 2, whose
-batches mostly run inline on the loop: 0.99-1.01x). A hot reload that swaps in a
-session of another thread count moves the thread to match (back to
-SCHED_OTHER needs CAP_SYS_NICE or room in RLIMIT_NICE; refused, it stays and
-says so).
-
-Reserved lane (`reserved_lane_levels` N > 0; on in the latency-critical
-preset). A batch cannot be pre-empted, so with one instance a top-level
-request that arrives while a low-priority batch computes waits for all of it
-(measured: its queue p99 was the low batch's compute time, ~10 ms of a
-~38 ms p99). Triton's answer is a second model instance (instance_group
-count 2); a plain second instance would be taken by low-priority work as
-soon as it is free, so under saturating low load both would be busy and
-nothing would change. The lane is a second compute thread over the same
-model that only ever forms batches from levels 1..N: it idles (costing
-nothing) until such a request waits, and then starts it at once, beside
-whatever the main instance is computing. Being made of levels 1..N only,
-its batches are never back-filled with lower levels (their compute time is
-the high requests' own). The main instance keeps Triton's rules: it takes
-the highest level first and fills the rest of the batch from lower levels.
-
-Idle dispatch (`idle_dispatch=True`; `mcpctl serve` turns it on unless
-`--no-fast-path`). Triton's max_queue_delay_microseconds is an upper bound on
-how long a batch may wait for more requests. When the instance forming the
-batch is idle and no request is on its way into the queue (`arriving`: the
-front ends count requests they have read and not yet submitted), waiting
-cannot grow the batch except by requests not yet received, so the batch
-leaves at once, as with max_queue_delay 0. While the instance computes,
-requests still gather and leave together when it is free, and a request that
-is being decoded when the instance frees up is still waited for (up to the
-delay). Every batch formed is one Triton's rules allow: (level, arrival)
-order, at most max_batch_size rows, never older than the delay. What differs
-is only that a lone request on an idle server does not pay the delay.
-
-Regrouping (with idle dispatch, one main instance). Clients that wait for an
-answer before sending again (closed loops: benchmarks, agents, a proxy's
-pooled connections) split into groups once one batch leaves without some of
-them: each group then comes back while the other computes, and leaves alone
-when the instance frees up - for good (builtin:mlp REST c=16: batches of
-6 + 10 or 1 + 15 instead of 16, 20 % fewer req/s, in two runs of five).
-So an idle lone instance that just finished a batch of n requests waits for n
-requests to arrive since its end before forming the next batch, when such a
-return has been taking (averaged over batches of two or more) less than
-that batch's compute time. Two groups pay the part of a batch that does not
-grow with its rows twice a round, and what they seem to gain by overlapping
-one group's return with the other's batch is small where both run on the
-same cores (a lone instance on every core, as by default): the loop's work
-for the returning requests takes those cores from the batch. builtin:mlp
-REST c=64, batches of up to 64 on both cores of a 2-core VM: returns took
-4.3-5.3 ms against 6.6-7.1 ms batches; waiting for them made batches of 62-64
-rows instead of 45-57 and 1.08-1.14x the req/s (4 paired runs; half a batch,
-the bound before, never waited there); c=16 and c=64 at the preset's 32, and
-gRPC, moved within the spread (2026-12-05). The wait ends once n have come,
-at 1.25x the average return time (extended while requests keep coming, by a
-row's compute time after each), and at the latest a batch's compute time or
-the queue delay after the batch ended, whichever is sooner. Requests already
-queued when it ended (the other group) wait with it: the queue delay bounds
-the wait from the instance's end, not from their arrival. Nothing waits when
-returns take longer (clients slower than the model), for a lone request's
-return (c=1), with more than one instance, or in the reserved lane.
-
-Deferred submits and inline runs (`submit_deferred` + `flush`). The event
-loop queues every request it decodes in one turn without waking the compute
-thread, then flushes once: the requests read together leave together (one
-wake-up, not one per request). For a model whose batch-1 run is cheaper than
-a thread hop (`executor.inline_ok`, measured at warm-up), the flush runs those
-batches itself, on the loop, while the main instance is idle: the same
-batches the compute thread would have formed, minus the hand-over to it and
-back. Otherwise the flush wakes the compute thread (and the lane).
-
-Admission hook (`executor.admits(p, taking, head)`, optional). An executor may hold a
-request back from the batch being formed (None: it keeps its place and others pass it;
-the queue is looked at again every GATED_RECHECK_S, since room is made outside it) or say
-what it will take. The decoder uses it to start batch-class sequences only while its KV
-budget has room (inference.decoder).
+A batch the model fails is run again request by request, so that only the request whose
+input the model rejects gets the error (not decode steps: their KV caches already moved).
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import itertools
 import logging
 import os
 import threading
@@ -138,38 +47,11 @@ from typing import Protocol
 import numpy as np
 
 from mcp26.mesh.batching_policy import BatcherSettings
-from mcp26.inference.errors import InferenceError, Internal, InvalidArgument, Overloaded, Unavailable
+from mcp26.inference.batch_formation import BatchFormation
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.errors import InferenceError, Internal, InvalidArgument, Overloaded
 
 log = logging.getLogger("mcp26.inference")
-_seq = itertools.count()
-GATED_RECHECK_S = 0.005
-SPLIT_EWMA = 1 / 64         # weight of one arrival in the split decision's load average
-# How long the load average must stay under N - 1 batches before the wide instance takes
-# the batches back. A closed-loop client that stalls for a moment sends its requests back
-# in a burst that finds the server nearly empty; such a dip of the average lasted 0.1-2.5 ms
-# (builtin:mlp REST c=64, with and without bursts of CPU beside it) and, switching at once,
-# one CI run flipped 10 times in 2 s of steady load. A real fall of the load stays down.
-SPLIT_SETTLE_NS = 100_000_000
-BACK_EWMA = 1 / 8           # weight of one batch in the regrouping's average time until its requests are back
-
-
-@dataclass(eq=False, slots=True)
-class Pending:
-    """One request in the queue."""
-    inputs: dict[str, np.ndarray]
-    outputs: tuple[str, ...]          # requested outputs; empty: all
-    rows: int                         # its batch dimension
-    key: tuple                        # requests with equal keys can share a run
-    level: int = 0                    # filled by submit()
-    timeout_us: int | None = None     # the request's own timeout (parameter `timeout`)
-    context: dict = field(default_factory=dict)
-    arrival_ns: int = 0
-    deadline_ns: int = 0              # 0: none
-    delayed: bool = False
-    order: int = field(default_factory=_seq.__next__)
-    # Made when it is queued (submit, submit_deferred), where another thread may wait for it; a
-    # request run on its own thread (run_alone) gets a Settled one: no lock, no Condition.
-    future: "concurrent.futures.Future | Settled | None" = None
 
 
 class Settled:
@@ -232,144 +114,107 @@ class Observer(Protocol):
 
 
 class DynamicBatcher:
+    """One model's batcher: the formation (batch_formation.py) and the threads that run its batches."""
+
     def __init__(self, name: str, executor: Executor, settings: BatcherSettings,
                  observer: Observer | None = None, idle_dispatch: bool = False, instances: int = 1,
                  split: int = 0):
         self.name = name
         self.executor = executor
-        self.settings = settings
         self.observer = observer
+        self.formation = BatchFormation(name, settings, idle_dispatch, instances, split)
         lock = threading.Lock()
-        # One lock, four conditions, so that a submit wakes only the thread that
-        # has something to do: the main instance, the lane (levels 1..N only), the
-        # timeout reaper (only for a nearer deadline); split under load parks the
-        # threads of the mode not in use on the fourth.
-        self._cond = threading.Condition(lock)
+        self._cond = threading.Condition(lock)       # the main instances
         self._lane_cond = threading.Condition(lock)
         self._reap_cond = threading.Condition(lock)
-        self._parked = threading.Condition(lock)   # split under load: the threads of the other mode
-        self._fresh: dict[int, collections.deque] = {}
-        self._delayed: dict[int, collections.deque] = {}
-        self._count: dict[int, int] = collections.defaultdict(int)
-        self._next_deadline = 0
-        self._stopping = False
-        self.in_flight = 0                 # requests of the batches being computed (main instances)
+        self._parked = threading.Condition(lock)     # split under load: the threads of the other mode
         self.busy_ns = 0                   # main instances' compute time so far, summed, for utilisation
         self.lane_busy_ns = 0              # the reserved lane's
         self.lane_batches = 0
-        self.completed = 0
-        self.idle_dispatch = idle_dispatch
-        self.arriving = 0                  # requests read by a front end, not yet submitted (idle dispatch)
-        self.inline_runs = 0
-        self.instances = max(1, instances)
-        self._busy_instances = 0           # main instances running a batch (their thread, or an inline run)
-        # Split under load (module docstring): 0 off, else N narrow threads beside the wide one.
-        self.split_width = split if split >= 2 else 0
-        self.split = False                 # the narrow threads take the batches now
-        self.split_changes = 0
         self.narrow_batches = 0
-        self.seen_load = 0.0               # requests in the server as arrivals find it, averaged
-        self._light_since_ns = 0           # split, and the average under N - 1 batches since then
-        # Regrouping (module docstring): the last batch of a lone main instance, and what came since.
-        self._done_ns = 0                  # when it finished
-        self._done_requests = 0            # its requests
-        self._batch_ns = 0                 # its compute time
-        self._row_ns = 0                   # ... per row
-        self._last_arrival_ns = 0
-        self._regrouping = False           # waiting for them now
-        self._since_done = 0               # requests queued since it finished
-        self._back_ns = 0.0                # from a batch's end until as many requests came, averaged
-        self.regroup_waits = 0             # batches that waited so
+        self.completed = 0
+        self.inline_runs = 0
         # Policy changes and when the first batch under each was formed (wall clock, so another
         # process - a benchmark, the decision loop - can compare with its own times): /admin/status.
         self.policy_generation = 0
         self.policy_changes: collections.deque = collections.deque(maxlen=64)
         self._batch_generation = 0
         self._lane: threading.Thread | None = None
-        threads = 1 + self.split_width if self.split_width else self.instances
+        f = self.formation
+        threads = 1 + f.split_width if f.split_width else f.instances
         self._threads = [threading.Thread(target=self._loop, kwargs={"instance": i}, daemon=True,
                                           name=f"batcher-{name}" + (f"-{i}" if i else ""))
                          for i in range(threads)]
         for t in self._threads:
             t.start()
         self._start_lane()
-        # Timeouts fire at their deadline even while the compute thread is busy
-        # with a long batch: a refused client should hear so at once.
         self._reaper = threading.Thread(target=self._reap, name=f"batcher-{name}-timeouts", daemon=True)
         self._reaper.start()
 
+    # What the model server reports (/admin/status, ModelConfig), as the formation holds it.
+    settings = property(lambda self: self.formation.settings)
+    idle_dispatch = property(lambda self: self.formation.idle_dispatch)
+    instances = property(lambda self: self.formation.instances)
+    in_flight = property(lambda self: self.formation.in_flight)
+    split_width = property(lambda self: self.formation.split_width)
+    split = property(lambda self: self.formation.split)
+    split_changes = property(lambda self: self.formation.split_changes)
+    seen_load = property(lambda self: self.formation.seen_load)
+    regroup_waits = property(lambda self: self.formation.regroup_waits)
+
     # -- called from request threads ------------------------------------------------
     def submit(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> concurrent.futures.Future:
-        policy = self._admit(p, qos_class, priority)
+        policy = self.formation.admit(p, qos_class, priority, time.monotonic_ns())
         if p.future is None:
             p.future = concurrent.futures.Future()
         with self._cond:
             self._enqueue(p, policy)
         return p.future
 
-    def _admit(self, p: Pending, qos_class: str | None, priority: int | None):
-        """The request's level, checks and deadline (no lock)."""
-        s = self.settings
-        try:
-            p.level = s.level_for(qos_class, priority)
-        except ValueError as e:
-            raise InvalidArgument(str(e)) from None
-        if p.rows > s.max_batch_size:
-            raise InvalidArgument(f"batch size {p.rows} exceeds max_batch_size {s.max_batch_size} of model {self.name!r}")
-        policy = s.policy_for(p.level)
-        p.arrival_ns = time.monotonic_ns()
-        timeout = policy.timeout_us(p.timeout_us)
-        p.deadline_ns = p.arrival_ns + timeout * 1000 if timeout else 0
-        return policy
+    def submit_deferred(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> None:
+        """Queue `p` without waking anyone: the caller (the event loop) calls `flush()` once
+        it has taken every request it can read this turn, so they leave as one batch."""
+        policy = self.formation.admit(p, qos_class, priority, time.monotonic_ns())
+        if p.future is None:
+            p.future = concurrent.futures.Future()
+        with self._cond:
+            self._enqueue(p, policy, wake=False)
 
     def _enqueue(self, p: Pending, policy, wake: bool = True) -> None:
-        """Queue `p` (the lock is held); `wake`: tell the compute threads now."""
-        if self._stopping:
-            raise Unavailable(f"model {self.name!r} is shutting down")
-        if policy.max_queue_size and self._count[p.level] >= policy.max_queue_size:
-            reason = f"priority level {p.level} queue of model {self.name!r} is full ({policy.max_queue_size} requests)"
+        """Queue `p` (the lock is held) and wake who must know: the reaper for a nearer
+        deadline, every thread when the split switched, and (`wake`) the instances now."""
+        f = self.formation
+        deadline, changes = f.queue.next_deadline, f.split_changes
+        try:
+            f.enqueue(p, policy)
+        except Overloaded:
             if self.observer:
                 self.observer.on_reject(p.level, "queue_full")
-            raise Overloaded(reason)
-        self._fresh.setdefault(p.level, collections.deque()).append(p)
-        self._count[p.level] += 1
-        self._arrival(p)
-        if self.split_width:
-            self._observe_load()
-        if p.deadline_ns and (not self._next_deadline or p.deadline_ns < self._next_deadline):
-            self._next_deadline = p.deadline_ns
+            raise
+        if f.queue.next_deadline != deadline:
             self._reap_cond.notify()
+        if f.split_changes != changes:
+            self._cond.notify_all()         # the threads of the old mode park,
+            self._parked.notify_all()       # those of the new one take over
         if not wake:
             return
         self._cond.notify()
-        if self._lane is not None and p.level <= self.settings.reserved_lane_levels:
+        if self._lane is not None and p.level <= f.settings.reserved_lane_levels:
             self._lane_cond.notify()
-
-    def _arrival(self, p: Pending) -> None:
-        """What regrouping learns from an arrival (the lock is held)."""
-        self._since_done += 1
-        self._last_arrival_ns = p.arrival_ns
-        if self._since_done == self._done_requests > 1:     # as many as the last batch had: "back"
-            back = p.arrival_ns - self._done_ns             # (a lone request's return says nothing of a group's)
-            self._back_ns += (back - self._back_ns) * BACK_EWMA if self._back_ns else back
 
     def run_alone(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> bool:
         """Run `p` now, on this thread, as a batch of one, when that is the batch a flush would
-        form at once: a cheap model (inline runs), an idle main instance, nothing queued or being
-        decoded, no regrouping wait. It never enters a queue, so none of a queue's bookkeeping is
-        done for it, and its future is a Settled one (ServedModel.submit's `run_now`). False:
+        form at once (BatchFormation.take_alone) and the model is cheap (inline runs). It never
+        enters a queue, and its future is a Settled one (ServedModel.submit's `run_now`). False:
         nothing was done (beyond the admission checks, which raise as submit's do); queue it."""
-        if not (self.idle_dispatch and getattr(self.executor, "inline_ok", False)) or self.split_width:
+        f = self.formation
+        if not (f.idle_dispatch and getattr(self.executor, "inline_ok", False)) or f.split_width:
             return False
-        self._admit(p, qos_class, priority)
+        f.admit(p, qos_class, priority, time.monotonic_ns())
         with self._cond:
-            if (self._stopping or self.arriving > 0 or not self.instance_free()
-                    or any(self._count.values()) or self._regroups(self._since_done + 1)):
+            if not f.take_alone(p):
                 return False
-            self._arrival(p)
             self._formed()
-            self._busy_instances += 1
-            self.in_flight += 1
             executor = self.executor
         p.future = Settled()
         self.inline_runs += 1
@@ -377,52 +222,46 @@ class DynamicBatcher:
             self._run(executor, [p])
         finally:
             with self._cond:
-                self._finished([p])
+                f.finished([p])
         return True
-
-    def submit_deferred(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> None:
-        """Queue `p` without waking anyone: the caller (the event loop) calls `flush()` once
-        it has taken every request it can read this turn, so they leave as one batch."""
-        policy = self._admit(p, qos_class, priority)
-        if p.future is None:
-            p.future = concurrent.futures.Future()
-        with self._cond:
-            self._enqueue(p, policy, wake=False)
 
     def flush(self) -> None:
         """After a turn of deferred submits: run what is queued here, in batches, when the
-        model is cheap enough and the main instance idle (inline runs, module docstring);
-        else wake the compute threads once."""
-        inline = self.idle_dispatch and getattr(self.executor, "inline_ok", False)
+        model is cheap enough and a main instance idle (inline runs); else wake the compute
+        threads once."""
+        f = self.formation
+        inline = f.idle_dispatch and getattr(self.executor, "inline_ok", False)
         while inline:
             with self._cond:
-                if not self.instance_free() or self._stopping:
+                if not f.instance_free() or f.stopping:
                     break
-                batch, _ = self._form(time.monotonic_ns())
+                batch, _ = f.form(time.monotonic_ns(), admits=getattr(self.executor, "admits", None))
                 if not batch:           # nothing queued, or a batch waiting for a request being decoded
                     break
-                self._started(batch)
+                f.started(batch)
+                self._formed()
                 executor = self.executor
             self.inline_runs += 1
             try:
                 self._run(executor, batch)
             finally:
                 with self._cond:
-                    self._finished(batch)
+                    f.finished(batch)
         with self._cond:
-            if any(self._count.values()):
+            if f.queue.total():
                 self._cond.notify()
                 if self._lane is not None:
                     self._lane_cond.notify()
 
     def arrived(self) -> None:
         """A front end read a request it will submit (or refuse): `departed()` follows."""
-        self.arriving += 1
+        self.formation.arriving += 1
 
     def departed(self, submitting: bool = False) -> None:
         """`submitting`: the request is submitted next (its submit wakes the instance)."""
-        self.arriving -= 1
-        if not submitting and self.arriving == 0 and self.idle_dispatch and any(self._count.values()):
+        f = self.formation
+        f.arriving -= 1
+        if not submitting and f.arriving == 0 and f.idle_dispatch and f.queue.total():
             with self._cond:            # a batch may have been waiting for this one
                 self._cond.notify()
 
@@ -430,7 +269,7 @@ class DynamicBatcher:
         """Take new settings for every batch formed from now on; queued requests keep
         their place (a level beyond the new priority_levels is served as the lowest)."""
         with self._cond:
-            self.settings = settings
+            self.formation.settings = settings
             self.policy_generation += 1
             self.policy_changes.append({"generation": self.policy_generation, "policy": settings.name,
                                         "applied_at": time.time(), "first_batch_at": None})
@@ -439,46 +278,7 @@ class DynamicBatcher:
 
     def instance_free(self) -> bool:
         """A main instance is idle (read without the lock, it is a hint)."""
-        return self._busy_instances < self._capacity()
-
-    def _capacity(self) -> int:
-        if self.split_width:
-            return self.split_width if self.split else 1
-        return self.instances
-
-    def _observe_load(self) -> None:
-        """An arrival (the lock is held): update the load average and switch wide / narrow."""
-        seen = self.in_flight + self.total_queued()
-        self.seen_load += (seen - self.seen_load) * SPLIT_EWMA
-        batches = self.seen_load / max(1, self.settings.max_batch_size)
-        if not self.split:
-            if batches >= self.split_width - 0.75:
-                self._switch_split()
-        elif batches >= self.split_width - 1:
-            self._light_since_ns = 0
-        elif not self._light_since_ns:
-            self._light_since_ns = time.monotonic_ns()
-        elif time.monotonic_ns() - self._light_since_ns >= SPLIT_SETTLE_NS:
-            self._switch_split()
-
-    def _switch_split(self) -> None:
-        self.split = not self.split
-        self.split_changes += 1
-        self._light_since_ns = 0
-        self._cond.notify_all()         # the threads of the old mode park,
-        self._parked.notify_all()       # those of the new one take over
-
-    def _started(self, batch: list[Pending]) -> None:
-        """A main instance takes `batch` (the lock is held)."""
-        self._take(batch)
-        self._formed()
-        self._busy_instances += 1
-        self.in_flight += len(batch)
-
-    def _finished(self, batch: list[Pending]) -> None:
-        """...and is done with it (the lock is held)."""
-        self._busy_instances -= 1
-        self.in_flight -= len(batch)
+        return self.formation.instance_free()
 
     def _formed(self) -> None:
         """A batch was just taken (the lock is held): the first under a new policy is recorded."""
@@ -494,8 +294,7 @@ class DynamicBatcher:
         self._reap_cond.notify_all()
 
     def _start_lane(self) -> None:
-        on = bool(self.settings.reserved_lane_levels)
-        if on and self._lane is None:
+        if self.formation.settings.reserved_lane_levels and self._lane is None:
             self._lane = threading.Thread(target=self._loop, args=(True,), name=f"batcher-{self.name}-lane",
                                           daemon=True)
             self._lane.start()
@@ -507,15 +306,15 @@ class DynamicBatcher:
 
     def queue_depth(self) -> dict[int, int]:
         with self._cond:
-            return {level: n for level, n in self._count.items() if n}
+            return self.formation.queue.depth()
 
     def total_queued(self) -> int:
-        return sum(self._count.values())
+        return self.formation.queue.total()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Serve what is queued, then end the compute thread."""
+        """Serve what is queued, then end the compute threads."""
         with self._cond:
-            self._stopping = True
+            self.formation.stopping = True
             self._notify_all()
         for t in self._threads:
             t.join(timeout)
@@ -523,141 +322,28 @@ class DynamicBatcher:
             self._lane.join(timeout)
         self._reaper.join(timeout)
 
-    # -- the compute thread (and the timeout reaper) --------------------------------
+    # -- the compute threads (and the timeout reaper) --------------------------------
     def _reap(self) -> None:
+        f = self.formation
         with self._cond:
-            while not self._stopping:
+            while not f.stopping:
                 now = time.monotonic_ns()
                 self._expire(now)
-                wait = (self._next_deadline - now) / 1e9 if self._next_deadline else None
+                wait = (f.queue.next_deadline - now) / 1e9 if f.queue.next_deadline else None
                 self._reap_cond.wait(wait if wait is None else max(wait, 0.0005))
-    def _ordered(self, top: int = 0):
-        for level in sorted(set(self._fresh) | set(self._delayed)):
-            if top and level > top:
-                return
-            yield from self._fresh.get(level, ())
-            yield from self._delayed.get(level, ())
 
     def _expire(self, now: int) -> None:
-        if not self._next_deadline or now < self._next_deadline:
-            return
-        nearest = 0
-        for level, dq in self._fresh.items():
-            keep = collections.deque()
-            for p in dq:
-                if p.deadline_ns and p.deadline_ns <= now:
-                    action = self.settings.policy_for(level).timeout_action
-                    if action == "DELAY":
-                        p.delayed, p.deadline_ns = True, 0
-                        self._delayed.setdefault(level, collections.deque()).append(p)
-                        continue
-                    self._count[level] -= 1
-                    waited = (now - p.arrival_ns) // 1000
-                    if self.observer:
-                        self.observer.on_reject(level, "timeout")
-                    _fail(p, Overloaded(f"request timed out after {waited} us in the priority level {level} "
-                                        f"queue of model {self.name!r} (timeout_action REJECT)"))
-                    continue
-                if p.deadline_ns and (not nearest or p.deadline_ns < nearest):
-                    nearest = p.deadline_ns
-                keep.append(p)
-            self._fresh[level] = keep
-        self._next_deadline = nearest
-
-    def _take(self, batch: list[Pending]) -> None:
-        taken = set(map(id, batch))
-        for queues in (self._fresh, self._delayed):
-            for level, dq in queues.items():
-                if any(id(p) in taken for p in dq):
-                    queues[level] = collections.deque(p for p in dq if id(p) not in taken)
-        for p in batch:
-            self._count[p.level] -= 1
-
-    def _form(self, now: int, top: int = 0) -> tuple[list[Pending] | None, float | None]:
-        """-> (a batch to run now, or None and how long to wait in seconds).
-        `top` > 0: only from levels 1..top (the reserved lane)."""
-        s = self.settings
-        head, batch, rows, overflow, oldest = None, [], 0, False, 0
-        cancelled = []
-        admits = getattr(self.executor, "admits", None)     # e.g. a decoder's KV budget (decoder.py)
-        taking, gated = 0, False
-        for p in self._ordered(top):
-            if p.future.cancelled():
-                cancelled.append(p)
-                continue
-            if admits is not None:
-                cost = admits(p, taking, head)
-                if cost is None:         # must wait for room; stays in its place in the queue
-                    gated = True
-                    continue
-            if head is None:
-                head = p
-            if p.key != head.key:
-                continue
-            if rows + p.rows > s.max_batch_size:
-                overflow = True
-                break
-            batch.append(p)
-            rows += p.rows
-            if admits is not None:
-                taking += cost
-            oldest = p.arrival_ns if not oldest else min(oldest, p.arrival_ns)
-        if cancelled:
-            self._take(cancelled)
-        if not batch:
-            # a gated request is looked at again shortly: room is made by sequences ending,
-            # which does not go through the queue
-            return None, (GATED_RECHECK_S if gated else None)
-        if overflow or rows >= s.max_batch_size or s.max_queue_delay_us == 0 or self._stopping:
-            return batch, None
-        if self.idle_dispatch and (top or not self._busy_instances):
-            wait = 0 if top else self._regroup_wait(now)
-            if wait:                    # the last batch's requests are coming back: they join this one
-                return None, wait
-            if self.arriving <= 0:
-                # nothing can join in time and every main instance is idle (while another computes,
-                # its answers bring more requests, so Triton's rules below apply); the reserved
-                # lane's top-level requests never wait for company
-                return batch, None
-        if s.preferred_batch_sizes and not (self.split and self._busy_instances):
-            # Triton: the largest preferred size a prefix of the queue reaches goes now
-            # (split: full batches only while a narrow instance computes, module docstring).
-            total, best = 0, 0
-            for i, p in enumerate(batch):
-                total += p.rows
-                if total in s.preferred_batch_sizes:
-                    best = i + 1
-            if best:
-                return batch[:best], None
-        wait_until = oldest + s.max_queue_delay_us * 1000
-        if now >= wait_until:
-            return batch, None
-        return None, (wait_until - now) / 1e9
-
-    def _regroups(self, since_done: int) -> bool:
-        """May an idle lone instance wait for its last batch's requests to come back, `since_done`
-        of them having come? Only while such returns take under a batch's compute time."""
-        return (self._capacity() == 1 and since_done < self._done_requests and bool(self._back_ns)
-                and self._back_ns <= self._batch_ns)
-
-    def _regroup_wait(self, now: int) -> float:
-        """Seconds an idle lone instance waits for as many requests as its last batch had to
-        arrive (module docstring, "Regrouping"); 0: none."""
-        if not self._regroups(self._since_done):
-            return 0
-        # until they are expected back, or while they keep coming, within the queue delay
-        until = min(max(self._done_ns + self._back_ns * 1.25, self._last_arrival_ns + self._row_ns),
-                    self._done_ns + min(self._batch_ns, self.settings.max_queue_delay_us * 1000))
-        if now >= until:
-            return 0
-        if not self._regrouping:
-            self._regrouping = True
-            self.regroup_waits += 1
-        return (until - now) / 1e9
+        """Fail the requests whose timeout REJECTs them by `now` (the lock is held)."""
+        for p in self.formation.expire(now):
+            if self.observer:
+                self.observer.on_reject(p.level, "timeout")
+            _fail(p, Overloaded(f"request timed out after {(now - p.arrival_ns) // 1000} us in the priority "
+                                f"level {p.level} queue of model {self.name!r} (timeout_action REJECT)"))
 
     def _loop(self, lane: bool = False, instance: int = 0) -> None:
         """A main instance's compute thread, or (lane=True) the reserved lane's."""
-        narrow = bool(self.split_width) and instance > 0
+        f = self.formation
+        narrow = bool(f.split_width) and instance > 0
         # SCHED_IDLE for a narrow instance, and for a main one whose executor yields its CPU
         # (looked at again when a hot reload swaps the executor)
         main, priority_of = not (lane or narrow), self.executor
@@ -667,34 +353,15 @@ class DynamicBatcher:
                 while True:
                     now = time.monotonic_ns()
                     self._expire(now)
-                    top = self.settings.reserved_lane_levels if lane else 0
-                    serial = not getattr(self.executor, "concurrent_runs", True)   # e.g. a decoder's KV cache
-                    if lane and serial:
-                        top = 0
-                    parked = bool(self.split_width) and not lane and narrow != self.split
-                    if (lane and (not top or self._stopping)) or (instance and serial) or parked:
-                        if self._stopping:
-                            return          # instance 0 (split: the threads of the mode) drains what is left
-                        # lane switched off by a policy update, a serial model, or not this thread's mode: idle
-                        batch, wait = None, None
-                    else:
-                        batch, wait = self._form(now, top)
-                    if batch and not lane and not self.instance_free():
-                        batch, wait = None, None    # an inline run holds the last free instance
-                    if batch:
-                        if lane:
-                            self._take(batch)
-                            self._formed()
-                        else:
-                            self._started(batch)
+                    turn = f.next_batch(now, instance, lane, serial=not getattr(self.executor, "concurrent_runs", True),
+                                        admits=getattr(self.executor, "admits", None))
+                    if turn.batch:
+                        self._formed()
                         break
-                    if self._stopping and not self.total_queued():
+                    if turn.stop:
                         return
-                    if self._next_deadline:
-                        until_deadline = max(0.0, (self._next_deadline - now) / 1e9)
-                        wait = until_deadline if wait is None else min(wait, until_deadline)
-                    (self._lane_cond if lane else self._parked if parked else self._cond).wait(wait)
-                executor = self.executor
+                    (self._lane_cond if lane else self._parked if f.parked(instance) else self._cond).wait(turn.wait)
+                executor, batch = self.executor, turn.batch
             if main and executor is not priority_of:
                 priority_of = executor
                 if _yields_cpu(executor) != idle:
@@ -704,7 +371,7 @@ class DynamicBatcher:
             finally:
                 if not lane:
                     with self._cond:
-                        self._finished(batch)
+                        f.finished(batch)
 
     def _run(self, executor: Executor, batch: list[Pending], lane: bool = False, narrow: bool = False) -> None:
         start = time.monotonic_ns()
@@ -714,7 +381,7 @@ class DynamicBatcher:
             else:
                 outputs, params, assemble_s, compute_s = executor.run_batch(batch)
         except Exception as e:  # the model failed; the server does not
-            self._busy(lane, time.monotonic_ns() - start, narrow)
+            self._busy(lane, start, narrow)
             if len(batch) > 1 and batch[0].key[0] != "sequence":
                 # One request's input can fail a whole batch (a shape only the model
                 # checks): run each alone, so only the culprit gets the error.
@@ -730,7 +397,7 @@ class DynamicBatcher:
             return
         rows = sum(p.rows for p in batch)
         # before its answers go: what arrives from now on may be theirs (regrouping)
-        self._busy(lane, time.monotonic_ns() - start, narrow, len(batch), rows)
+        self._busy(lane, start, narrow, len(batch), rows)
         version = getattr(getattr(executor, "model", None), "version", "")
         assemble_us, compute_us = int(assemble_s * 1e6), int(compute_s * 1e6)
         for p, out, par in zip(batch, outputs, params):
@@ -745,14 +412,15 @@ class DynamicBatcher:
         if self.observer:
             self.observer.on_batch(batch, (start, assemble_us, compute_us), rows, version)
 
-    def _busy(self, lane: bool, ns: int, narrow: bool = False, requests: int = 0, rows: int = 0) -> None:
-        """A batch took `ns`; `requests` > 0: its `rows` were computed, answers go next."""
+    def _busy(self, lane: bool, start: int, narrow: bool = False, requests: int = 0, rows: int = 0) -> None:
+        """A batch ran from `start` until now; `requests` > 0: its `rows` were computed, answers go next."""
+        now = time.monotonic_ns()
+        ns = now - start
         with self._cond:
             if requests and not lane:
-                self._done_ns, self._done_requests, self._since_done = time.monotonic_ns(), requests, 0
-                self._batch_ns, self._row_ns, self._regrouping = ns, ns // max(1, rows), False
+                self.formation.computed(now, requests, rows, ns)
             if narrow:                  # one of N threads: 1/N of the capacity the wide run has
-                self.busy_ns += ns // self.split_width
+                self.busy_ns += ns // self.formation.split_width
                 self.narrow_batches += 1
             elif lane:
                 self.lane_busy_ns += ns

@@ -30,8 +30,14 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve an ONNX model over KServe v2 (REST + gRPC)",
                               description="Serve an ONNX model over the KServe v2 protocol with dynamic "
                                           "batching and priority queues.")
-    p.add_argument("--model", required=True,
-                   help="PATH.onnx, PATH.mcp26bin (mcpctl model pack), builtin:mlp, builtin:resnet50 or builtin:tiny-decoder")
+    p.add_argument("--model", help="PATH.onnx, PATH.mcp26bin (mcpctl model pack), builtin:mlp, builtin:resnet50 or "
+                                   "builtin:tiny-decoder (or --model-repository)")
+    p.add_argument("--model-repository", metavar="DIR",
+                   help="serve a Triton model repository: DIR/NAME/config.pbtxt and DIR/NAME/VERSION/model.onnx, "
+                        "ensembles included (inference-backend/README.md: Model repository)")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="with --model-repository and --model-control-mode explicit: load NAME at start "
+                        "(Triton's --load-model; repeatable)")
     p.add_argument("--name", help="served model name (default: the file's or built-in's name)")
     p.add_argument("--default-model", metavar="NAME",
                    help="the model `POST /infer` and `/v2/infer` stand for (default: the only one served)")
@@ -48,7 +54,15 @@ def register(subparsers) -> None:
     p.add_argument("--serve-class", default=None, help=argparse.SUPPRESS)
     p.add_argument("--admin-port", type=int, default=None,
                    help="admin listener (reload, policy, status); off unless given")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda:N | tensorrt:N (default auto)")
+    p.add_argument("--device", default="auto",
+                   help="where the model runs: a list of ONNX Runtime's devices in priority order (cpu, gpu:0, "
+                        "npu:0,gpu:1, dsp:0), a selection policy (prefer-npu, prefer-gpu, prefer-cpu, "
+                        "max-performance, max-efficiency, min-power), or auto | cuda:N | tensorrt:N "
+                        "(default auto); `mcpctl devices` lists what is here")
+    p.add_argument("--partition", metavar="SPEC",
+                   help="split the model's graph into pipelined stages over devices: 'stages=2' (cuts chosen from "
+                        "ONNX Runtime's per-node cost) or 'cut=TENSOR,...', with ';devices=cpu,gpu:0', ';micro=4', "
+                        "';dynamic=1' (move the cut while serving); inference-backend/partition.py")
     p.add_argument("--qos-policy", default=DEFAULT_PRESET, choices=sorted(PRESETS),
                    help=f"batcher preset (default {DEFAULT_PRESET}); see inference-backend/README.md")
     p.add_argument("--policy-file", help="an L7SchedulingPolicy YAML; watched and applied on change")
@@ -95,8 +109,9 @@ def register(subparsers) -> None:
     p.add_argument("--envoy-port", type=int, help="with --replicas: run Envoy on this port in front of them")
     p.add_argument("--envoy-admin-port", type=int, help="Envoy's admin port (with --envoy-port)")
     p.add_argument("--enable-profiler", action="store_true", help="ONNX Runtime per-operator profile")
-    p.add_argument("--model-control-mode", default="none", choices=("none", "explicit"),
-                   help="Triton's: explicit allows repository load / unload of the served model (default none)")
+    p.add_argument("--model-control-mode", default="none", choices=("none", "poll", "explicit"),
+                   help="Triton's: explicit allows repository load / unload (default none); poll (with "
+                        "--model-repository) applies the directory's changes as they appear")
     p.add_argument("--no-fast-path", action="store_true",
                    help="plain Triton batching: a lone request waits max_queue_delay, every batch runs on the "
                         "compute thread (for comparison; README: fast path)")
@@ -108,6 +123,23 @@ def register(subparsers) -> None:
                         "grpcio: grpcio's grpc.aio server (README: gRPC lane)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
     p.set_defaults(func=run)
+    d = subparsers.add_parser("devices", help="list the devices and execution providers ONNX Runtime offers here",
+                              description="List ONNX Runtime's (execution provider, device) pairs, named as "
+                                          "`mcpctl serve --device` names them (cpu:0, gpu:1, npu:0).")
+    d.add_argument("-o", "--output", default="table", choices=("table", "json"), help="table (default) or json")
+    d.set_defaults(func=run_devices)
+
+
+def run_devices(args) -> int:
+    import onnxruntime as ort
+    from mcp26.inference import devices
+    found = devices.devices()
+    if args.output == "json":
+        print(json.dumps({"onnxruntime": ort.__version__, "plugins": devices.register_plugins(),
+                          "devices": [d.describe() for d in found]}, indent=2))
+    else:
+        print(devices.table(found))
+    return 0
 
 
 def _labels(items: list[str]) -> dict:
@@ -142,6 +174,31 @@ def run(args) -> int:
         print("mcpctl serve: --model-control-mode explicit needs --workers 1", file=sys.stderr)
         return 2
     priority = args.priority_grpc_port is not None or args.priority_http_port is not None
+    if (args.model is None) == (args.model_repository is None):
+        print("mcpctl serve: give one of --model FILE and --model-repository DIR", file=sys.stderr)
+        return 2
+    if args.model_repository:
+        alone = [f for f, on in (("--replicas", args.replicas > 1), ("--workers", args.workers > 1),
+                                 ("--priority-grpc-port/--priority-http-port", priority),
+                                 ("--watch-model", args.watch_model), ("--name", args.name),
+                                 ("--split-under-load", args.split_under_load),
+                                 ("--partition (use the model's parameters { key: \"partition\" })", args.partition))
+                 if on]
+        if alone:
+            print(f"mcpctl serve: --model-repository serves in one process: leave out {', '.join(alone)}",
+                  file=sys.stderr)
+            return 2
+    elif args.load_model or args.model_control_mode == "poll":
+        if args.model_control_mode == "poll":
+            print("mcpctl serve: --model-control-mode poll watches a --model-repository", file=sys.stderr)
+            return 2
+        print("mcpctl serve: --load-model is for --model-repository", file=sys.stderr)
+        return 2
+    if args.partition and (args.replicas > 1 or args.workers > 1 or args.instances > 1 or args.split_under_load
+                           or priority or args.envoy_port):
+        print("mcpctl serve: --partition runs one pipeline in one process: leave out --replicas, --workers, "
+              "--instances, --split-under-load, --envoy-port and the priority worker", file=sys.stderr)
+        return 2
     if args.serve_class:
         from mcp26.mesh.qos import QosClass
         try:
@@ -157,14 +214,24 @@ def run(args) -> int:
     from mcp26.inference.server import ServeOptions, serve
     from mcp26.inference.model_server import check_model_spec
     from mcp26.inference.openai_api import parse_model_map
+    from mcp26.inference import devices
     try:
-        check_model_spec(args.model)
+        devices.check(args.device)        # an absent device: the list of what is here, before any load
+        if args.model_repository:
+            from mcp26.inference.model_repository import scan
+            scan(args.model_repository, args.device)     # every config.pbtxt checked before listening
+        else:
+            check_model_spec(args.model)
+        if args.partition:
+            from mcp26.inference.partition import Spec
+            Spec.parse(args.partition, args.device)
         intra = args.intra_op_threads     # None: the cores, shared by the instances and the lane (model_server)
         if intra is None and args.workers > 1:    # the workers (and their instances) share the cores
             intra = max(1, (os.cpu_count() or 1) // (args.workers * args.instances))
         opts = ServeOptions(
-            model=args.model, name=args.name, default_model=args.default_model, host=args.host,
-            http_port=args.http_port, grpc_port=args.grpc_port,
+            model=args.model, model_repository=args.model_repository, load_models=args.load_model, name=args.name,
+            default_model=args.default_model, partition=args.partition,
+            host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
             max_batch=args.max_batch, max_queue_delay_us=args.max_queue_delay_us, intra_op_threads=intra,

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from mcp26.inference.batcher import Pending
+from mcp26.inference.batch_queue import Pending
 from mcp26.inference.errors import InvalidArgument
 from mcp26.inference.executors import BatchExecutor, wanted_outputs
 from mcp26.inference.kv_blocks import KVCache  # noqa: F401  (re-exported: its home before blocks)

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from mcp26.inference.batcher import Pending
+from mcp26.inference.batch_queue import Pending
 from mcp26.inference.runtime import OnnxModel
 
 
@@ -42,8 +42,8 @@ class BatchExecutor:
 
     def __init__(self, model: OnnxModel, inline_ok: bool = False, narrow: OnnxModel | None = None):
         self.model = model
-        self.inline_ok = inline_ok      # cheap enough to run on the event loop (batcher.try_inline)
-        self.narrow = narrow            # the same file on one intra-op thread (batcher: split under load)
+        self.inline_ok = inline_ok      # cheap enough to run on the event loop (batcher.py: inline runs)
+        self.narrow = narrow            # the same file on one intra-op thread (batch_formation.py: split under load)
         # A one-thread CPU session computes at SCHED_IDLE, as a narrow instance does (batcher):
         # the front end then always has its core first, and the batch takes what is left.
         self.yields_cpu = model.intra_op_threads == 1 and model.device == "cpu"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mcp26.inference.batcher import Pending
+from mcp26.inference.batch_queue import Pending
 from mcp26.inference.tokenizer import BYTE_VOCAB, TextAssembler
 
 _ids = itertools.count(1)

@@ -21,7 +21,8 @@ import numpy as np
 from mcp26.mesh.batching_policy import BatcherSettings
 from mcp26.mesh.session import DEFAULT_MAX_AGE_S
 from mcp26.inference import builtin_models
-from mcp26.inference.batcher import DynamicBatcher, Pending, Result, Settled
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher, Result, Settled
 from mcp26.inference.decoder import (MAX_CONTEXT, PAST, DecoderExecutor, KVCache, TokenMeter, is_decoder,
                                        sequence_context)
 from mcp26.inference.generation import GenerationLoad
@@ -37,7 +38,7 @@ from mcp26.inference.telemetry import Telemetry
 
 log = logging.getLogger("mcp26.inference")
 # A model whose batch-1 run (measured at warm-up) takes at most this long runs a lone
-# request on the event loop (batcher.try_inline): cheaper than handing it to the compute
+# request on the event loop (batcher.py: inline runs): cheaper than handing it to the compute
 # thread and back, and short enough not to hold up the next request's parsing.
 INLINE_MAX_US = 100
 
@@ -160,7 +161,8 @@ class ServedModel:
         if self.profiler is not None:
             telemetry.add_profiler(name, self.profiler)
         self.loaded = True                          # False after a repository unload (repository.py)
-        # split under load (batcher.py): as many one-thread instances as the session has threads
+        self.entry = None                           # its model_repository.ModelEntry, if from a repository
+        # split under load (batch_formation.py): as many one-thread instances as the session has threads
         self.split_width = split_width(model) if split_under_load else 0
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
                                       idle_dispatch=fast_path, instances=instances, split=self.split_width)
@@ -401,7 +403,8 @@ class ServedModel:
         m = self.model
         out = {
             "name": self.name, "version": m.version, "path": m.path, "provider": m.provider, "device": m.device,
-            "requested_device": m.requested_device, "load_seconds": round(m.load_seconds, 4),
+            "requested_device": m.requested_device, "placement": m.where(),
+            "load_seconds": round(m.load_seconds, 4),
             "weights": "mapped" if m.extra.get("mapped") else "session",
             "settles": self.settles,
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
@@ -438,6 +441,7 @@ class ModelServer:
         self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
         self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
+        self.repository = None             # model_repository.Repository with --model-repository
         # --workers: the loopback admin ports of the other worker processes serving the same
         # ports (set by the first worker once all are ready); statistics are summed over them.
         self.peer_admin_ports: list[int] = []
@@ -448,9 +452,9 @@ class ModelServer:
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
             profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-            instances: int = 1, split_under_load: bool = False) -> ServedModel:
+            instances: int = 1, split_under_load: bool = False, partition: str | None = None) -> ServedModel:
         if intra_op_threads is None:
-            # The instances and the reserved lane (batcher.py) may run at once on
+            # The instances and the reserved lane (batch_formation.py) may run at once on
             # this session: each gets its share of the cores, so together they do
             # not oversubscribe the machine (2 + 2 ORT threads on 2 cores, beside
             # the event loop). On builtin:mlp batch-1 compute alone was about the
@@ -458,7 +462,12 @@ class ModelServer:
             cores = max(1, os.cpu_count() or 1)
             runners = instances + (1 if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
-        model = OnnxModel.load(name, version, path, device, intra_op_threads)
+        if partition:       # one graph in stages over devices (partition.py)
+            from mcp26.inference.partition import PartitionedModel, Spec
+            model = PartitionedModel.load_partitioned(name, version, path, Spec.parse(partition, device), device,
+                                                      intra_op_threads)
+        else:               # (--enable-profiler profiles on a twin of its own, never this session: profiler.py)
+            model = OnnxModel.load(name, version, path, device, intra_op_threads)
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
@@ -477,6 +486,34 @@ class ModelServer:
             raise Unavailable("server is not ready (loading models); no default model yet")
         raise NotFound(f"no default model: this server has {', '.join(sorted(self.models)) or 'none'}; "
                        f"POST /v2/models/NAME/infer, or start it with --default-model NAME")
+
+    def add_entry(self, entry, base: BatcherSettings, intra_op_threads: int | None = None,
+                  fast_path: bool = True, profile: bool = False):
+        """Serve one model of a Triton repository (model_repository.ModelEntry): its config's
+        batching, instances and device; an ensemble over the models already served. On any
+        problem nothing is added (a model already served under the name stays)."""
+        from mcp26.inference import model_repository
+        from mcp26.inference.ensemble import EnsembleModel
+        if entry.is_ensemble:
+            served = EnsembleModel(entry, self, base)
+        else:
+            settings = model_repository.batcher_settings(entry, base)
+            old = self.models.get(entry.name)
+            served = self.add(entry.name, entry.model_path, settings, entry.device, intra_op_threads,
+                              version=entry.version, profile=profile, fast_path=fast_path, instances=entry.instances,
+                              partition=entry.parameter("partition"))
+            try:
+                model_repository.check_against_model(entry, served.model)
+            except ValueError:
+                served.batcher.stop()
+                if old is None:
+                    del self.models[entry.name]
+                else:
+                    self.models[entry.name] = old
+                raise
+        served.entry = entry
+        self.models[entry.name] = served
+        return served
 
     def get(self, name: str, version: str = "") -> ServedModel:
         name = name or self.default_name()
@@ -515,5 +552,5 @@ class ModelServer:
         self.ready = False
         for m in self.models.values():
             m.batcher.stop()
-            if m.profiler is not None:
+            if getattr(m, "profiler", None) is not None:      # (an ensemble has none)
                 m.profiler.stop()

@@ -1,7 +1,9 @@
 """Triton's model-repository extension over the models this process serves
 (RepositoryIndex / RepositoryModelLoad / RepositoryModelUnload, POST /v2/repository/...).
 
-The repository is the models the server knows (`--model`: one per process). Index
+The repository is the models the server knows: `--model` (one per process), or the
+models of `--model-repository DIR` (model_repository.py), where a load of a model of
+the directory that is not served yet reads it from disk (an ensemble's step models first). Index
 entries are Triton's: name, version, state READY or UNAVAILABLE, reason ("unloaded").
 Unload stops serving the model at once (infer, metadata and ready answer UNAVAILABLE /
 503 / not ready) while requests already queued are still answered; its session stays
@@ -33,7 +35,15 @@ def index(server, ready_only: bool = False) -> list[dict]:
         if not ready:
             entry["reason"] = "unloaded" if not served.loaded else "loading"
         out.append(entry)
-    return out
+        if not ready_only and served.entry is not None:    # versions its policy selected but not served
+            out += [{"name": name, "version": v, "state": "UNAVAILABLE",
+                     "reason": "one version per model is served here: the newest its version_policy selects"}
+                    for v in served.entry.versions[:-1]]
+    repo = getattr(server, "repository", None)
+    if repo is not None and not ready_only:   # in the directory, not loaded (explicit mode)
+        out += [{"name": n, "version": "", "state": "UNAVAILABLE", "reason": "not loaded"}
+                for n in repo.names() if n not in server.models]
+    return sorted(out, key=lambda e: (e["name"], e["version"]))
 
 
 def _check_parameters(parameters: dict) -> None:
@@ -52,6 +62,15 @@ def _check_mode(server) -> None:
 def load(server, name: str, parameters: dict | None = None) -> None:
     _check_mode(server)
     _check_parameters(parameters or {})
+    repo = getattr(server, "repository", None)
+    if repo is not None and name not in server.models and name in repo.names():
+        from mcp26.inference.model_repository import RepositoryError
+        try:
+            repo.load(server, name)          # from the directory: config.pbtxt and its version
+        except RepositoryError as e:
+            raise InvalidArgument(f"load of {name!r} failed, nothing changed: {e}") from None
+        log.info("model %s loaded from the repository %s", name, repo.root)
+        return
     served = server.lookup(name)
     if not served.loaded:
         served.loaded = True

@@ -18,7 +18,7 @@ from aiohttp import web
 from mcp26.mesh.qos import QosClass
 from mcp26.inference import datatypes, json_codec, triton_http
 from mcp26.inference.errors import InferenceError, InvalidArgument, NotFound, TooLarge
-from mcp26.inference.batcher import Pending
+from mcp26.inference.batch_queue import Pending
 from mcp26.inference.model_server import ModelServer, when_done
 from mcp26.inference.rest_body import Body, BodyDecoder
 from mcp26.inference.request_meta import QosAdmission, response_parameters, timing_pairs

@@ -1,6 +1,8 @@
 """ONNX Runtime sessions for serving: execution-provider choice, threads, warm-up.
 
-Providers are tried TensorRT > CUDA > CPU, as far as the installed
+`--device` is resolved by devices.py: a device list (`cpu`, `gpu:0`, `npu:0,gpu:1`) or
+one of ORT's selection policies goes on the session options as ORT's own devices; with
+`auto`, `cuda:N` or `tensorrt:N` providers are tried TensorRT > CUDA > CPU, as far as the installed
 onnxruntime offers them (the `gpu` extra brings onnxruntime-gpu/tensorrt);
 the one the session actually got is reported in model metadata and logs.
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from mcp26.inference import hw_counters, model_format
+from mcp26.inference import devices, hw_counters, model_format
 from mcp26.inference.datatypes import DTYPES, ORT_TYPES, check_input, check_shape, element_count
 
 log = logging.getLogger("mcp26.inference")
@@ -62,7 +64,8 @@ def gpu_provider_options(provider: str, dev_id: int, cuda_graph: bool = False) -
 
 
 def provider_plan(device: str, cuda_graph: bool = False) -> list:
-    """Providers to offer ORT for `--device auto|cpu|cuda:N|tensorrt:N`, best first."""
+    """Providers to offer ORT for `--device auto|cpu|cuda:N|tensorrt:N`, best first (the
+    named-provider forms; device lists and policies are devices.py's)."""
     available = set(ort.get_available_providers())
     kind, _, index = device.partition(":")
     dev_id = int(index) if index else 0
@@ -121,6 +124,7 @@ class OnnxModel:
     load_seconds: float
     warmup_seconds: float
     intra_op_threads: int
+    placement: "devices.Placement | None" = None     # the resolved --device
     batch_dim: bool = True          # dim 0 of every input/output is the batch
     batch1_us: float = float("inf")  # median batch-1 run after warm-up (model_server.INLINE_MAX_US)
     extra: dict = field(default_factory=dict)
@@ -149,7 +153,8 @@ class OnnxModel:
         if profile:  # ORT's per-operator chrome trace (profiler.py's twin gives the prefix)
             opts.enable_profiling = True
             opts.profile_file_prefix = profile if isinstance(profile, str) else f"ort_profile_{name}"
-        plan = provider_plan(device)
+        placement = devices.resolve(device)         # DeviceError (a ValueError) names what is here
+        plan = provider_plan(placement.legacy) if placement.legacy else placement.apply(opts)
         source, containers = path, []
         if model_format.is_container(path):      # .mcp26bin: ORT maps the chunks in place (model_format)
             container = model_format.open_container(path)
@@ -175,7 +180,7 @@ class OnnxModel:
         provider = session.get_providers()[0]
         # the intra-op pool's threads, started by the session (profiler.py counts them)
         ort_threads = sorted(hw_counters.thread_ids() - threads_before)
-        if device != "auto" and device.split(":")[0] not in ("cpu", DEVICE_SHORT.get(provider)):
+        if placement.legacy and device != "auto" and device.split(":")[0] not in ("cpu", DEVICE_SHORT.get(provider)):
             log.warning("--device %s: %s is not available in this onnxruntime (%s); running on %s",
                         device, device.split(":")[0], ", ".join(ort.get_available_providers()), provider)
         try:
@@ -185,10 +190,10 @@ class OnnxModel:
             raise ValueError(f"model file {path}: {e}") from None
         batch_dim = all(s.shape and s.shape[0] == -1 for s in [*inputs.values(), *outputs.values()])
         model = cls(name=name, version=version, path=path, session=session, inputs=inputs, outputs=outputs,
-                    provider=provider, requested_device=device, load_seconds=time.perf_counter() - t0,
-                    warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim,
-                    extra={"ort_threads": ort_threads, "container_files": containers,
-                           "mapped": bool(containers) and mapped})
+                    provider=provider, requested_device=device, placement=placement,
+                    load_seconds=time.perf_counter() - t0, warmup_seconds=0.0, intra_op_threads=threads,
+                    batch_dim=batch_dim, extra={"ort_threads": ort_threads, "container_files": containers,
+                                                "mapped": bool(containers) and mapped})
         if warmup:
             try:
                 # a mapped .mcp26bin warms batch 1 only (its batch1_us): the full session that
@@ -199,13 +204,28 @@ class OnnxModel:
                                  f"failed: {e}") from None
         log.info("model %s v%s loaded from %s on %s (asked %s; offered %s) in %.3fs, warm-up %.3fs, "
                  "intra-op threads %d", name, version, path, provider, device,
-                 [p if isinstance(p, str) else p[0] for p in plan], model.load_seconds,
+                 [p if isinstance(p, str) else p[0] for p in plan] if plan else placement.describe(), model.load_seconds,
                  model.warmup_seconds, threads)
         return model
 
     @property
     def device(self) -> str:
-        return DEVICE_SHORT.get(self.provider, self.provider)
+        """cpu, cuda, tensorrt, or the type (gpu, npu) of the listed device the session got."""
+        if self.provider in DEVICE_SHORT:
+            return DEVICE_SHORT[self.provider]
+        placed = [d for d in (self.placement.devices if self.placement else ()) if d.ep == self.provider]
+        return placed[0].kind if placed else self.provider
+
+    def where(self) -> list[dict]:
+        """Where this session runs: the listed devices whose EP the session got, or the
+        provider (the named-provider and policy forms)."""
+        got = set(self.session.get_providers())
+        placed = [d.describe() for d in (self.placement.devices if self.placement else ()) if d.ep in got]
+        if not placed and self.placement is not None and self.placement.policy:   # what ORT's policy chose
+            placed = [{**d.describe(), "policy": self.requested_device} for d in devices.devices()
+                      if d.ep == self.provider][:1]
+        return placed or [{"device": self.device, "execution_provider": self.provider,
+                           "requested": self.requested_device}]
 
     def example_inputs(self, batch: int = 1) -> dict[str, np.ndarray]:
         """Zero inputs of a valid shape: variable dims become `batch` at dim 0, 1 elsewhere

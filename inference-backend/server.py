@@ -47,12 +47,16 @@ from mcp26.inference.telemetry import Telemetry
 
 log = logging.getLogger("mcp26.inference")
 WATCH_INTERVAL_S = 0.25
+REPOSITORY_POLL_S = 1.0          # --model-control-mode poll: the directory is read this often
 GRPC_MAX_MESSAGE = 64 << 20
 
 
 @dataclass
 class ServeOptions:
-    model: str
+    model: str | None
+    model_repository: str | None = None      # a Triton model repository directory (model_repository.py)
+    load_models: list | None = None          # explicit mode: the repository's models loaded at start
+    partition: str | None = None             # one graph in stages over devices (partition.py's SPEC)
     name: str | None = None
     default_model: str | None = None         # what POST /infer stands for (default: the only model)
     host: str = "127.0.0.1"
@@ -68,7 +72,7 @@ class ServeOptions:
     max_queue_delay_us: int | None = None
     intra_op_threads: int | None = None
     instances: int = 1                       # compute threads per model (Triton's instance_group count)
-    split_under_load: bool = False           # one-thread instances while more than a batch waits (batcher.py)
+    split_under_load: bool = False           # one-thread instances while more than a batch waits (batch_formation.py)
     kv_cache_mb: float = 64
     kv_idle_seconds: float = 5.0             # unreferenced KV blocks are dropped after this long (kv_blocks.py)
     openai_models: dict | None = None        # OpenAI model name -> (served model, version): openai_api.py
@@ -81,7 +85,7 @@ class ServeOptions:
     watch_model: bool = False
     drain_seconds: float = 1.0
     model_control_mode: str = "none"         # Triton's: explicit allows repository load / unload
-    fast_path: bool = True                   # idle dispatch + inline runs (batcher.py); off: --no-fast-path
+    fast_path: bool = True                   # idle dispatch + inline runs (batch_formation.py, batcher.py); off: --no-fast-path
     workers: int = 1                         # processes serving the same ports: see Workers
     worker_argv: list[str] | None = None     # first worker: `mcpctl serve` arguments of the others, less ports
     worker_index: int = 0                    # 0: the first worker (admin, fan-out); 1..N-1: the others
@@ -149,6 +153,7 @@ class Server:
         self._stop = asyncio.Event()
         self.exit_status = 0
         self.only_class = QosClass.parse(opts.serve_class) if opts.serve_class else None
+        self._next_poll = 0.0
 
     def _initial_settings(self) -> BatcherSettings:
         o = self.opts
@@ -231,33 +236,40 @@ class Server:
                 self._workers.append(w)
                 await w.start()
         t0 = time.perf_counter()
-        # A built-in is generated on first use (the worker may do so at the same time:
-        # builtin_path writes then renames).
-        name, path = await asyncio.to_thread(resolve_model, o.model)
-        self._model_path = path
-        self._model_mtime = os.stat(path).st_mtime
+        if o.model_repository:
+            served = await asyncio.to_thread(self._load_repository)
+            path = o.model_repository
+        else:
+            # A built-in is generated on first use (the worker may do so at the same time:
+            # builtin_path writes then renames).
+            name, path = await asyncio.to_thread(resolve_model, o.model)
+            self._model_path = path
+            self._model_mtime = os.stat(path).st_mtime
+            served = await asyncio.to_thread(self.models.add, o.name or name, path, self.settings, o.device,
+                                             o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
+                                             profile=o.enable_profiler, kv_idle_s=o.kv_idle_seconds,
+                                             fast_path=o.fast_path, instances=o.instances,
+                                             split_under_load=o.split_under_load, partition=o.partition)
         self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
-        served = await asyncio.to_thread(self.models.add, o.name or name, path, self.settings, o.device,
-                                         o.intra_op_threads, int(o.kv_cache_mb * (1 << 20)),
-                                         profile=o.enable_profiler, kv_idle_s=o.kv_idle_seconds,
-                                         fast_path=o.fast_path, instances=o.instances,
-                                         split_under_load=o.split_under_load)
-        if o.default_model and o.default_model != served.name:
-            raise ValueError(f"--default-model {o.default_model!r}: not served here; this server serves {served.name!r}")
-        self.models.default_model = o.default_model or served.name
-        if o.workers > 1 and served.decoder:
-            # a sequence's KV cache lives in one process; its next step may land on another
-            raise ValueError("--workers > 1 cannot serve a decoder model (its sequences' KV caches are per process)")
-        if o.instances > 1 and served.decoder:
-            # its KV cache is advanced by one run at a time (decoder.py)
-            raise ValueError("--instances > 1 cannot serve a decoder model (its KV cache takes one run at a time)")
-        if o.split_under_load and not served.split_width:
-            log.warning("--split-under-load: off for model %s: %s", served.name, split_off_reason(served.model))
-        m = served.model
-        log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
-                 served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
-                 time.perf_counter() - t0, json.dumps(self.settings.describe()))
-        if o.enable_profiler:
+        if o.default_model and o.default_model not in self.models.models:
+            raise ValueError(f"--default-model {o.default_model!r}: not served here; this server serves "
+                             f"{', '.join(repr(n) for n in sorted(self.models.models)) or 'none'}")
+        # POST /infer: the named model, else the one served (several, from a repository: none)
+        self.models.default_model = o.default_model or (served.name if served is not None else None)
+        if served is not None:
+            if o.workers > 1 and served.decoder:
+                # a sequence's KV cache lives in one process; its next step may land on another
+                raise ValueError("--workers > 1 cannot serve a decoder model (its sequences' KV caches are per process)")
+            if o.instances > 1 and served.decoder:
+                # its KV cache is advanced by one run at a time (decoder.py)
+                raise ValueError("--instances > 1 cannot serve a decoder model (its KV cache takes one run at a time)")
+            if o.split_under_load and not served.split_width:
+                log.warning("--split-under-load: off for model %s: %s", served.name, split_off_reason(served.model))
+            m = served.model
+            log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
+                     served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
+                     time.perf_counter() - t0, json.dumps(self.settings.describe()))
+        if o.enable_profiler and served is not None and getattr(served, "profiler", None) is not None:
             prof = served.profiler
             log.info("profiler on: 17 metrics per batch (statistics extension `profiler`, /metrics mcp_profiler_*); "
                      "counters %s; unavailable: %s", ", ".join(prof.events) or "none",
@@ -286,13 +298,15 @@ class Server:
                  f" priority worker pid {self._priority.proc.pid}: grpc {worker.get('grpc_port')} "
                  f"http {worker.get('http_port')}" if worker else "",
                  f" (serving only {o.serve_class})" if o.serve_class else "", frozen)
-        print(json.dumps({"event": "ready", "model": served.name, "http_port": http_port, "grpc_port": grpc_port,
+        m = served.model if served is not None else None
+        print(json.dumps({"event": "ready", "model": served.name if served is not None else None,
+                          "models": sorted(self.models.models), "http_port": http_port, "grpc_port": grpc_port,
                           "admin_port": admin_port, "serve_class": o.serve_class,
                           "priority_worker": {"pid": self._priority.proc.pid, "http_port": worker["http_port"],
                                               "grpc_port": worker["grpc_port"]} if worker else None,
                           "workers": [os.getpid(), *(w.proc.pid for w in self._workers)] if self._workers else None,
-                          "provider": m.provider, "load_seconds": round(m.load_seconds, 4),
-                          "warmup_seconds": round(m.warmup_seconds, 4)}), flush=True)
+                          "provider": m and m.provider, "load_seconds": m and round(m.load_seconds, 4),
+                          "warmup_seconds": m and round(m.warmup_seconds, 4)}), flush=True)
 
     async def _serving(self) -> None:
         """Ready, on REST and gRPC health. The workers of --workers share the ports, and a probe
@@ -328,15 +342,34 @@ class Server:
         log.info("%d workers serve the ports (pids %s)", len(ports),
                  ", ".join(str(p) for p in [os.getpid(), *(w.proc.pid for w in self._workers)]))
 
+    def _load_repository(self):
+        """--model-repository: every model (explicit mode: those of --load-model), ensembles
+        after their steps; the first served model (for the ready line)."""
+        from mcp26.inference.model_repository import Repository
+        o = self.opts
+        repo = Repository(o.model_repository, o.device, self.settings, o.intra_op_threads, o.fast_path,
+                          o.enable_profiler)
+        self.models.repository = repo
+        if o.model_control_mode == "explicit":
+            loaded = repo.load_all(self.models, o.load_models) if o.load_models else []
+        else:
+            loaded = repo.load_all(self.models)
+        for served in loaded:
+            log.info("repository %s: model %s v%s on %s", repo.root, served.name, served.model.version,
+                     json.dumps(served.model.where()))
+        return loaded[0] if loaded else None
+
     # -- hot reconfiguration -------------------------------------------------------------
     def served(self):
-        return next(iter(self.models.models.values()))
+        """The model a reload without a name means: the one of --model (a repository's first plain model)."""
+        return next((m for m in self.models.models.values() if hasattr(m, "reload")), None)
 
     async def reload_model(self, path: str | None = None, version: str | None = None, name: str | None = None) -> dict:
         served = self.models.models.get(name) if name else self.served()
-        if served is None:
-            raise InvalidArgument(f"unknown model {name!r}")
-        path = path or self._model_path
+        if served is None or not hasattr(served, "reload"):
+            raise InvalidArgument(f"unknown model {name!r}" if served is None else
+                                  f"model {name!r} is an ensemble: reload its step models")
+        path = path or getattr(self, "_model_path", None) or served.model.path
         if path.startswith("builtin:"):
             path = resolve_model(path)[1]
         if not os.path.isfile(path):
@@ -349,7 +382,11 @@ class Server:
         settings = settings.with_overrides(self.opts.max_batch, self.opts.max_queue_delay_us)
         out = []
         for served in self.models.models.values():
+            if served.entry is not None:     # a repository model keeps its config.pbtxt's batching
+                continue
             out.append(self.models.record(served.reconfigure(settings)))
+        if not out:
+            raise InvalidArgument("every model is from a repository and keeps its config.pbtxt's batching")
         self.settings = settings
         # the generation per model: /admin/status `policy_changes` says when its first batch formed
         return {"kind": "policy", "seconds": round(max(r.seconds for r in out), 6), "policy": settings.describe(),
@@ -386,6 +423,11 @@ class Server:
                         log.info("policy file %s applied in %.4fs (read + validate + swap)",
                                  self.opts.policy_file, time.perf_counter() - t0)
                         del rec
+                if self.opts.model_control_mode == "poll" and self.models.repository is not None and \
+                        time.monotonic() >= self._next_poll:
+                    self._next_poll = time.monotonic() + REPOSITORY_POLL_S
+                    for line in await asyncio.to_thread(self.models.repository.poll, self.models):
+                        log.info("repository poll: %s", line)
                 if self.opts.watch_model:
                     mtime = os.stat(self._model_path).st_mtime
                     if mtime != self._model_mtime:
@@ -429,11 +471,12 @@ class Server:
             try:
                 doc = await body(request)
                 settings = settings_from_spec(doc.get("spec", doc))
-            except InferenceError as e:
+                out = self.apply_settings(settings)
+            except InferenceError as e:       # (every model from a repository: apply_settings)
                 return web.json_response({"error": e.message}, status=e.http_status)
             except ValueError as e:
                 return web.json_response({"error": str(e)}, status=400)
-            return await self._forward("/admin/policy", doc, self.apply_settings(settings))
+            return await self._forward("/admin/policy", doc, out)
 
         @routes.get("/admin/status")
         async def status(_):

@@ -53,7 +53,7 @@ class BatcherSettings:
     # Levels 1..N get a reserved compute lane: a second compute thread on the
     # model that only takes batches of those levels, so they never wait behind a
     # running lower-level batch (batches cannot be pre-empted). 0: off, one
-    # instance, plain Triton. See inference_backend/batcher.py.
+    # instance, plain Triton. See inference-backend/batch_formation.py.
     reserved_lane_levels: int = 0
     name: str = "custom"          # the preset or policy it came from, for reports
 

@@ -16,3 +16,28 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         raise pytest.UsageError("tests under an e2e/ folder without the e2e marker "
                                 "(add `pytestmark = pytest.mark.e2e`): " + ", ".join(unmarked))
+
+
+@pytest.fixture
+def mcpctl(capsys, monkeypatch):
+    """`mcpctl ARGS...` in this process (mcp26.mesh.cli.main), answered as a subprocess would be:
+    a CompletedProcess with returncode, stdout and stderr. Starting the console script costs
+    ~1 s of imports a call; tests that read only its output and exit code use this, and those
+    that test the process itself (signals, child processes, its environment, its memory) still
+    start it. `stdin=` feeds standard input; argparse's refusals come back as exit code 2."""
+    import io
+    import subprocess
+    import sys
+    from mcp26.mesh.cli import main
+
+    def run(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        capsys.readouterr()                                  # what the test printed before is not ours
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exit_:                          # argparse's usage errors, --help
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["mcpctl", *argv], code, out, err)
+    return run

@@ -16,7 +16,8 @@ from mcp26.demo.stack.processes import stop_process
 
 
 class InferenceServer:
-    """`mcpctl serve --model MODEL ...` with http/grpc/admin on free ports.
+    """`mcpctl serve --model MODEL ...` with http/grpc/admin on free ports (MODEL "repository:DIR":
+    `--model-repository DIR`).
 
     Waits for the server's `{"event": "ready"}` line; stderr goes to a log
     file whose tail is shown when start-up fails. Always stopped in __exit__.
@@ -26,7 +27,9 @@ class InferenceServer:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.admin_port = free_port() if admin else None
         self.model = model
-        self.args = [sys.executable, "-m", "mcp26.mesh.cli", "serve", "--model", model,
+        source = ["--model-repository", model[len("repository:"):]] if model.startswith("repository:") \
+            else ["--model", model]
+        self.args = [sys.executable, "-m", "mcp26.mesh.cli", "serve", *source,
                      "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *args]
         if self.admin_port:
             self.args += ["--admin-port", str(self.admin_port)]

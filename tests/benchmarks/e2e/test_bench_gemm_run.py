@@ -14,6 +14,7 @@ from benchmarks import bench_peers
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.slow      # a ratio of CPU a row between batch sizes
 def test_every_layout_runs_and_batching_shares_the_weights(tmp_path):
     out = tmp_path / "gemm.json"
     p = subprocess.run([sys.executable, "-m", "benchmarks.bench_gemm", "--seconds", "0.3", "--json", str(out)],

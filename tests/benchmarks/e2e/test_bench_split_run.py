@@ -1,7 +1,7 @@
 """benchmarks/bench_split.py end to end with our two configurations (no Triton,
 which needs its peer venv): both answer every request, their CPU is counted,
 and the table names each server (that the split one splits under this load is
-tests/e2e/test_model_split_under_load.py's)."""
+tests/inference/e2e/test_model_split_under_load.py's)."""
 from __future__ import annotations
 
 import json

@@ -19,6 +19,7 @@ def _worktrees() -> set[str]:
     return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")}
 
 
+@pytest.mark.slow      # installs a second tree and measures both
 def test_serve_ab_measures_both_trees_and_cleans_up():
     before = _worktrees()       # one left by an earlier, killed serve_ab run (or made by hand) is not this run's
     p = subprocess.run([sys.executable, "-m", "benchmarks.serve_ab", "HEAD", "--flags", "--qos-policy balanced",

@@ -116,6 +116,7 @@ def test_unreachable_target_and_bad_flags_are_clear_errors():
     assert p.returncode == 2 and "concurrency" in p.stderr
 
 
+@pytest.mark.slow      # a p99 ratio under overload
 def test_open_loop_overload_shows_in_latency_not_in_a_lower_rate(unbatched):
     """First the server's capacity, closed loop; then an open loop at 4x that:
     the schedule must still be sent on time (requests queue in the generator,

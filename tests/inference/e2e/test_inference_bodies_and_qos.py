@@ -195,6 +195,7 @@ def test_data_is_checked_against_the_declared_shape_before_conversion(plain):
     assert status == 400 and "nested deeper or wider than its shape" in doc["error"]
 
 
+@pytest.mark.slow      # a latency bound beside a 60 MB body
 def test_a_60mb_json_body_does_not_stall_other_requests(plain):
     """60 MB of JSON data under a [1, 64] shape: refused with a reason, while gRPC
     requests on the same server keep being answered in well under a second."""

@@ -23,6 +23,7 @@ def _frozen(metrics_text: str) -> float:
                 if s.name == "mcp_python_gc_frozen_objects")
 
 
+@pytest.mark.slow      # a ratio of GC pauses under load
 def test_startup_heap_is_frozen_and_full_collections_under_load_stay_short():
     with InferenceServer("builtin:relu") as server:
         text = server.metrics()

@@ -10,7 +10,8 @@ import numpy as np
 
 from mcp26.mesh.qos import QosClass
 from mcp26.mesh.batching_policy import BatcherSettings
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 from mcp26.inference.decoder import KV_ADMIT_FRACTION, DecoderExecutor
 from mcp26.inference.kv_blocks import KVCache
 

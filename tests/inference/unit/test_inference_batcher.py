@@ -1,4 +1,6 @@
-"""The dynamic batcher's Triton semantics, with an executor that records each run.
+"""The dynamic batcher's runtime (inference-backend/batcher.py): its threads run the
+batches the formation forms, with an executor that records each run. The rules
+themselves, with explicit times, are test_batch_formation.py and test_batch_queue.py.
 
 The executor computes a real function of its input (x * 2 + row index is not
 used: each request's rows come back doubled), so a mixed-up split would show.
@@ -12,7 +14,8 @@ import numpy as np
 import pytest
 
 from mcp26.mesh.batching_policy import BatcherSettings, QueuePolicy
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 from mcp26.inference.errors import Internal, InvalidArgument, Overloaded
 
 
@@ -78,25 +81,6 @@ def test_priority_order_is_level_then_arrival(rec):
     assert [r[0] for r in rec.runs] == ["first", "a1", "b1", "e2", "c3", "f3", "d4"]
 
 
-def test_qos_class_header_wins_over_priority_parameter(rec):
-    b = make(rec, max_batch_size=1)
-    first = hold_first(b, rec)
-    low = b.submit(req("asked-1-but-batch"), qos_class="batch", priority=1)
-    high = b.submit(req("interactive"), qos_class="interactive")
-    rec.gate.set()
-    assert high.result(5).level == 2 and low.result(5).level == 4
-    first.result(5)
-    b.stop()
-    assert [r[0] for r in rec.runs] == ["first", "interactive", "asked-1-but-batch"]
-
-
-def test_unknown_qos_class_is_invalid_argument(rec):
-    b = make(rec)
-    with pytest.raises(InvalidArgument, match="unknown QoS class"):
-        b.submit(req("x"), qos_class="platinum")
-    b.stop()
-
-
 def test_each_request_gets_its_own_rows_back(rec):
     b = make(rec, max_batch_size=16, max_queue_delay_us=50_000)
     reqs = [req(f"r{i}", rows=1 + i % 3) for i in range(6)]
@@ -133,80 +117,53 @@ def test_preferred_batch_size_goes_without_waiting_for_the_delay(rec):
     assert rec.runs[1] == ["p0", "p1", "p2", "p3"] and rec.runs[2] == ["p4"]
 
 
-def test_max_batch_size_splits_and_oversized_request_is_refused(rec):
-    b = make(rec, max_batch_size=4, max_queue_delay_us=200_000)
-    first = hold_first(b, rec)
-    futures = [b.submit(req(f"m{i}", rows=2)) for i in range(3)]
-    rec.gate.set()
-    first.result(5)
-    assert futures[0].result(5).batch_size == 4 and futures[1].result(5).batch_size == 4
-    with pytest.raises(InvalidArgument, match="batch size 5 exceeds max_batch_size 4"):
-        b.submit(req("big", rows=5))
-    b.stop()
+class Rejects:
+    """An observer that records the batcher's refusals."""
+
+    def __init__(self):
+        self.rejects: list[tuple[int, str]] = []
+
+    def on_reject(self, level, reason):
+        self.rejects.append((level, reason))
+
+    def on_batch(self, *a, **kw):
+        pass
 
 
-def test_incompatible_shapes_never_share_a_run(rec):
-    b = make(rec, max_batch_size=8, max_queue_delay_us=20_000)
-    f1, f2 = b.submit(req("w4", width=4)), b.submit(req("w5", width=5))
-    f1.result(5), f2.result(5)
-    b.stop()
-    assert sorted(rec.runs) == [["w4"], ["w5"]]
-
-
-def test_max_queue_size_rejects_at_arrival(rec):
-    b = make(rec, max_batch_size=1, queue_policies={3: QueuePolicy(max_queue_size=2)})
-    first = hold_first(b, rec)
-    ok = [b.submit(req(f"q{i}")) for i in range(2)]
-    with pytest.raises(Overloaded, match="priority level 3 queue of model 'm' is full"):
-        b.submit(req("q2"))
-    other_level = b.submit(req("level1"), priority=1)   # other levels are not bounded
-    rec.gate.set()
-    for f in [first, *ok, other_level]:
-        f.result(5)
-    b.stop()
-
-
-def test_timeout_reject_fails_the_request_while_queued(rec):
-    b = make(rec, max_batch_size=1, queue_policies={3: QueuePolicy(default_timeout_us=20_000)})
+def test_refusals_reach_the_observer_and_the_caller(rec):
+    seen = Rejects()
+    b = DynamicBatcher("m", rec, BatcherSettings(max_batch_size=1, queue_policies={
+        3: QueuePolicy(max_queue_size=1, default_timeout_us=20_000)}), observer=seen)
     first = hold_first(b, rec)
     doomed = b.submit(req("late"))
-    time.sleep(0.2)
-    with pytest.raises(Overloaded, match="timed out after .* us in the priority level 3 queue"):
-        doomed.result(0.5)                      # failed at its timeout, compute still held
+    with pytest.raises(Overloaded, match="priority level 3 queue of model 'm' is full"):
+        b.submit(req("full"))
+    with pytest.raises(Overloaded, match="timed out"):
+        doomed.result(2)                        # the reaper, while the compute thread is held
     rec.gate.set()
     first.result(5)
     b.stop()
-    assert ["late"] not in rec.runs
+    assert seen.rejects == [(3, "queue_full"), (3, "timeout")] and b.total_queued() == 0
+    assert rec.runs == [["first"]]              # neither ran
 
 
-def test_timeout_delay_moves_behind_fresh_requests_of_its_level(rec):
-    b = make(rec, max_batch_size=1, queue_policies={3: QueuePolicy(default_timeout_us=10_000, timeout_action="DELAY")})
-    first = hold_first(b, rec)
-    delayed = b.submit(req("old"), priority=3)
-    time.sleep(0.05)                            # "old" times out -> delayed
-    fresh = b.submit(req("fresh"), priority=3)   # arrives later, has not timed out
-    lower = b.submit(req("level4"), priority=4)
+def test_a_batch_is_reported_to_the_formation_before_its_answers_go(rec):
+    """Regrouping learns how soon a batch's requests come back from when it ended: the compute
+    thread must tell the formation (`computed`) before any answer can bring a request back."""
+    b = make(rec, max_batch_size=4, max_queue_delay_us=5_000_000)     # leaves when full
+    rec.gate.clear()
+    rec.started.clear()
+    futures = [b.submit(req(f"g{i}")) for i in range(4)]
+    seen = []
+    for f in futures:
+        f.add_done_callback(lambda _: seen.append((b.formation._done_requests, b.formation._since_done)))
+    assert rec.started.wait(5)
+    time.sleep(0.02)                            # the batch computes for at least 20 ms
     rec.gate.set()
-    for f in (first, delayed, fresh, lower):
-        f.result(5)
+    [f.result(5) for f in futures]
     b.stop()
-    assert [r[0] for r in rec.runs] == ["first", "fresh", "old", "level4"]
-
-
-def test_timeout_override_may_only_shorten(rec):
-    policy = QueuePolicy(default_timeout_us=50_000, allow_timeout_override=True)
-    assert policy.timeout_us(10_000) == 10_000 and policy.timeout_us(900_000) == 50_000
-    assert QueuePolicy(default_timeout_us=50_000).timeout_us(10_000) == 50_000
-    assert QueuePolicy(allow_timeout_override=True).timeout_us(7) == 7
-    b = make(rec, max_batch_size=1, queue_policies={3: policy})
-    first = hold_first(b, rec)
-    short = b.submit(req("short", timeout_us=5_000))
-    time.sleep(0.03)                            # past 5 ms, within 50 ms
-    with pytest.raises(Overloaded):
-        short.result(0.5)
-    rec.gate.set()
-    first.result(5)
-    b.stop()
+    assert seen == [(4, 0)] * 4
+    assert b.formation._batch_ns >= 20_000_000 and b.formation._row_ns == b.formation._batch_ns // 4
 
 
 def test_model_failure_fails_its_batch_and_the_batcher_keeps_going(rec):

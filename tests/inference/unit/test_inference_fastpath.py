@@ -1,7 +1,8 @@
-"""The batcher's fast path (inference_backend/batcher.py, "Idle dispatch" and "Inline runs"):
-a lone request on an idle instance leaves at once instead of waiting max_queue_delay, a
-request being decoded is still waited for, and a cheap model runs a lone request on the
-caller's thread. Plain Triton batching (idle_dispatch off) is tests/unit/test_inference_batcher.py."""
+"""The batcher's fast path (inference-backend/batch_formation.py, "Idle dispatch";
+batcher.py, "Deferred submits and inline runs"), through the runtime's threads: a lone
+request on an idle instance leaves at once instead of waiting max_queue_delay, a request
+being decoded is still waited for, and a cheap model runs a lone request on the caller's
+thread. Plain Triton batching (idle_dispatch off) is test_inference_batcher.py."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,8 @@ import time
 import numpy as np
 
 from mcp26.mesh.batching_policy import BatcherSettings
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 
 
 class Recorder:

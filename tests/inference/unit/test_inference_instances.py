@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 from mcp26.mesh.batching_policy import BatcherSettings
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 
 
 class Held:
@@ -95,28 +96,6 @@ def test_an_executor_that_cannot_run_concurrently_keeps_to_one_instance():
     [f.result(5) for f in futures]
     b.stop()
     assert ex.threads == {"batcher-m"} and ex.most_at_once == 1
-
-
-def test_idle_dispatch_waits_for_the_batch_while_another_instance_computes():
-    """A lone request leaves at once only when every instance is idle; while
-    another computes, its answers bring more requests, so the batch forming
-    waits the queue delay for them as Triton's rules say."""
-    ex = Held()
-    delay_us = 150_000
-    settings = BatcherSettings(max_batch_size=8, preferred_batch_sizes=(), max_queue_delay_us=delay_us)
-    b = DynamicBatcher("m", ex, settings, idle_dispatch=True, instances=2)
-    first = b.submit(req("first"))                 # every instance idle: leaves at once (queue_us below)
-    assert ex.wait_running(1)
-    t0 = time.monotonic()
-    second = b.submit(req("second"))               # instance 0 computes: waits for company
-    late = b.submit(req("late"))
-    assert ex.wait_running(2)
-    waited = time.monotonic() - t0
-    ex.gate.set()
-    assert first.result(5).queue_us < delay_us / 2
-    assert second.result(5).batch_requests == 2 and late.result(5).batch_requests == 2
-    b.stop()
-    assert waited >= delay_us / 1e6 * 0.8 and ex.runs == [["first"], ["second", "late"]]
 
 
 def test_the_reserved_lane_still_dispatches_at_once_while_the_main_instance_computes():

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from mcp26.inference import builtin_models as B
-from mcp26.inference.batcher import Pending
+from mcp26.inference.batch_queue import Pending
 from mcp26.inference.decoder import DecoderExecutor, KVCache, TokenMeter
 from mcp26.inference.runtime import OnnxModel, provider_plan
 

@@ -18,7 +18,8 @@ from mcp26.serving.grpc.server import metadata_block
 from mcp26.serving.h2.connection import literal
 from mcp26.mesh.batching_policy import BatcherSettings
 from mcp26.inference import datatypes, runtime
-from mcp26.inference.batcher import DynamicBatcher, Pending, Settled
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher, Settled
 from mcp26.inference.builtin_models import builtin_path
 from mcp26.inference.errors import InvalidArgument
 from mcp26.inference.telemetry import LATENCY_BUCKETS_S, _Histogram
@@ -70,18 +71,15 @@ def test_a_model_failure_reaches_the_caller_through_the_settled_future():
     b.stop()
 
 
-@pytest.mark.parametrize("why", ["queued", "decoding", "not cheap", "busy", "regrouping"])
+@pytest.mark.parametrize("why", ["queued", "not cheap"])
 def test_run_alone_declines_and_does_nothing_when_a_flush_would_not_run_it_alone_now(why):
+    """The formation's reasons (busy, decoding, regrouping, ...) are test_batch_formation.py's;
+    here: what the runtime adds (a model not cheap enough), and that a declined request still
+    joins the turn's batch."""
     rec = Recorder(inline_ok=why != "not cheap")
     b = batcher(rec)
     if why == "queued":
         b.submit_deferred(req("before"))
-    elif why == "decoding":
-        b.arrived()
-    elif why == "busy":
-        b._busy_instances = b.instances       # an inline run or the compute thread holds it
-    elif why == "regrouping":                 # the last batch had 4; its requests come back fast
-        b._done_requests, b._since_done, b._back_ns, b._batch_ns = 4, 0, 100_000, 1_000_000
     p = req("a")
     assert b.run_alone(p) is False
     assert p.future is None and rec.runs == [] and b.inline_runs == 0
@@ -150,17 +148,6 @@ def test_metadata_block_encodes_as_literals_with_bin_values_base64():
     want = b"".join(literal(b"x-mcp-queue-time-us", b"12") + literal(b"trace-bin", b"AP8")
                     + literal(b"x-big", b"v" * 300) for _ in range(2))
     assert metadata_block(pairs) == want and metadata_block(()) == b"" and metadata_block(None) == b""
-
-
-def test_a_batch_whose_requests_come_back_slowly_does_not_hold_a_lone_request():
-    """Regrouping waits only while returns take under a batch's compute (batcher.py): a cheap
-    model's batch of 4 whose requests take longer to come back than it took does not hold the next."""
-    rec = Recorder()
-    b = batcher(rec)
-    b._done_requests, b._since_done, b._back_ns, b._batch_ns = 4, 0, 1_200_000, 1_000_000
-    p = req("a")
-    assert b.run_alone(p) is True and p.future.done()
-    b.stop()
 
 
 class _Transport:

@@ -1,6 +1,8 @@
 """Split under load (`DynamicBatcher(split=N)`, `mcpctl serve --split-under-load`):
 one wide instance while the load fits a batch, N narrow ones at background CPU
-priority while more than a batch waits, and back.
+priority while more than a batch waits, and back. These are the runtime's part - which
+thread runs a batch, at which priority, side by side; the decision itself (thresholds,
+settle time, full batches while a narrow instance computes) is test_batch_formation.py.
 
 The executor below records, for every run, which thread ran it, whether it was
 asked to run narrow, how many runs were computing at that moment and the
@@ -17,8 +19,8 @@ import numpy as np
 import pytest
 
 from mcp26.mesh.batching_policy import BatcherSettings
-from mcp26.inference import batcher
-from mcp26.inference.batcher import DynamicBatcher, Pending
+from mcp26.inference.batch_queue import Pending
+from mcp26.inference.batcher import DynamicBatcher
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 
@@ -87,73 +89,6 @@ def test_a_backlog_moves_the_batches_to_narrow_instances_at_idle_priority_and_ba
     before = len(ex.runs)
     one_at_a_time(b, 5)
     assert [(r["thread"], r["narrow"]) for r in ex.runs[before:]] == [("batcher-m", False)] * 5
-    b.stop()
-
-
-def test_a_dip_shorter_than_the_settle_time_keeps_the_split(monkeypatch):
-    """A closed-loop client that stalls sends its requests back in a burst that finds the
-    server nearly empty: the average dips under one batch, but only staying there for
-    SPLIT_SETTLE_NS moves the batches back to the wide instance; a rise in between starts
-    the count again."""
-    monkeypatch.setattr(batcher, "SPLIT_SETTLE_NS", 10_000_000_000)
-    ex = Recorder(hold=True)
-    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, max_queue_delay_us=1000), split=2)
-
-    def backlog():
-        ex.gate.clear()
-        futures = [b.submit(req(i)) for i in range(60)]
-        assert b.seen_load >= 4 and b.split
-        ex.gate.set()
-        [f.result(10) for f in futures]
-
-    def dip():
-        for _ in range(400):
-            one_at_a_time(b, 1)
-            if b.seen_load < 4:
-                return
-        raise AssertionError(f"the average stayed at {b.seen_load}")
-
-    backlog()
-    dip()
-    assert b.split and b.split_changes == 1         # under one batch, still split
-    backlog()                                       # back over one batch: the count starts again
-    time.sleep(0.3)
-    monkeypatch.setattr(batcher, "SPLIT_SETTLE_NS", 200_000_000)
-    dip()                                           # under since now, not since the first dip
-    assert b.split and b.split_changes == 1
-    time.sleep(0.25)
-    one_at_a_time(b, 1)                             # still under, 250 ms on: back to the wide instance
-    assert not b.split and b.split_changes == 2
-    b.stop()
-
-
-def test_while_a_narrow_instance_computes_the_next_batch_waits_to_be_full():
-    """Preferred sizes 2 and 4 would send 2 rows at once; split, with the other
-    instance busy, the batch waits for 4 rows (or the queue delay)."""
-    ex = Recorder(hold=True)
-    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, preferred_batch_sizes=(2, 4),
-                                                max_queue_delay_us=2_000_000), split=2)
-    first = [b.submit(req()) for _ in range(40)]
-    assert b.split
-    ex.gate.set()
-    [f.result(10) for f in first]
-    assert b.split                           # no arrival since: the average has not moved
-    ex.gate.clear()
-    held = [b.submit(req()) for _ in range(4)]   # a full batch: a narrow instance takes it and is held
-    deadline = time.monotonic() + 5
-    while ex.running < 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert ex.running == 1
-    two = [b.submit(req()) for _ in range(2)]    # a preferred size, but not a full batch
-    time.sleep(0.3)
-    assert ex.running == 1 and not any(f.done() for f in two)
-    more = [b.submit(req()) for _ in range(2)]   # now 4: the other narrow instance starts at once
-    deadline = time.monotonic() + 5
-    while ex.running < 2 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert ex.running == 2 and ex.runs[-1]["rows"] == 4 and ex.runs[-1]["narrow"]
-    ex.gate.set()
-    [f.result(10) for f in held + two + more]
     b.stop()
 
 

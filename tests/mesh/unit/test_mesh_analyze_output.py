@@ -6,16 +6,8 @@ written for istioctl work."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import yaml
-
-from mcp26.serving.executables import executable
-from harness.paths import ROOT
-
-ROOT = str(ROOT)
-MCPCTL = executable("mcpctl")
 
 BROKEN = """apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -39,11 +31,7 @@ spec:
 """
 
 
-def mcpctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MCPCTL, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
-
-
-def test_json_is_istioctls_message_list(tmp_path):
+def test_json_is_istioctls_message_list(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(BROKEN)
     r = mcpctl("analyze", "-o", "json", str(f))
@@ -61,7 +49,7 @@ def test_json_is_istioctls_message_list(tmp_path):
     assert messages[2]["message"] == "Schema validation error: spec.http[0].route[0].weight: weight -1 < 0"
 
 
-def test_yaml_is_the_same_list(tmp_path):
+def test_yaml_is_the_same_list(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(BROKEN)
     as_yaml = yaml.safe_load(mcpctl("analyze", "-o", "yaml", str(f)).stdout)
@@ -69,7 +57,7 @@ def test_yaml_is_the_same_list(tmp_path):
     assert len(as_yaml) == 3
 
 
-def test_log_is_istioctls_text_and_exit_79_on_errors(tmp_path):
+def test_log_is_istioctls_text_and_exit_79_on_errors(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(BROKEN)
     r = mcpctl("analyze", "-o", "log", str(f))
@@ -79,7 +67,7 @@ def test_log_is_istioctls_text_and_exit_79_on_errors(tmp_path):
     assert r.stdout.splitlines()[0].startswith("Warning [IST0101] (VirtualService bookinfo/reviews ")
 
 
-def test_clean_input(tmp_path):
+def test_clean_input(mcpctl, tmp_path):
     f = tmp_path / "se.yaml"
     f.write_text(CLEAN)
     r = mcpctl("analyze", "-o", "log", str(f))
@@ -89,7 +77,7 @@ def test_clean_input(tmp_path):
     assert yaml.safe_load(mcpctl("analyze", "-o", "yaml", str(f)).stdout) == []
 
 
-def test_a_file_that_does_not_parse_is_exit_65_and_named_on_stderr(tmp_path):
+def test_a_file_that_does_not_parse_is_exit_65_and_named_on_stderr(mcpctl, tmp_path):
     (tmp_path / "bad.yaml").write_text("kind: [oops\n")
     (tmp_path / "se.yaml").write_text(CLEAN)
     r = mcpctl("analyze", "-o", "log", str(tmp_path))
@@ -97,7 +85,7 @@ def test_a_file_that_does_not_parse_is_exit_65_and_named_on_stderr(tmp_path):
     assert "bad.yaml:" in r.stderr and "malformed YAML" in r.stderr
 
 
-def test_text_stays_mesh_format_and_validate_json_its_summary(tmp_path):
+def test_text_stays_mesh_format_and_validate_json_its_summary(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(BROKEN)
     r = mcpctl("analyze", str(f))

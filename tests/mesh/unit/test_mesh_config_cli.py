@@ -1,15 +1,8 @@
 """`mcpctl validate` / `mcpctl analyze` as an operator runs them: exit codes and output."""
 import json
-import os
-import subprocess
 
-import pytest
-
-from mcp26.serving.executables import executable
 from harness.paths import ROOT
-
-ROOT = str(ROOT)
-MCPCTL = executable("mcpctl")
+from mcp26.manifests import EXAMPLES
 
 GOOD_VS = """apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -34,24 +27,19 @@ spec: {group: example.com}
 """
 
 
-def mcpctl(*args, stdin=None):
-    if not os.path.exists(MCPCTL):
-        pytest.skip(f"{MCPCTL} not installed (make install)")
-    return subprocess.run([MCPCTL, *args], capture_output=True, text=True, timeout=60, cwd=ROOT, input=stdin)
-
-
 def lines(out, marker):
     return [line for line in out.splitlines() if marker in line]
 
 
-def test_examples_validate_and_analyze_clean():
+def test_examples_validate_and_analyze_clean(mcpctl, monkeypatch):
+    monkeypatch.chdir(ROOT)    # header-contract.yaml's module url is relative to the checkout's root
     for cmd in ("validate", "analyze"):
-        r = mcpctl(cmd, "istio-manifests/examples")
+        r = mcpctl(cmd, EXAMPLES)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "No validation issues found" in r.stdout
 
 
-def test_bad_input_exits_non_zero_with_file_line_resource_field(tmp_path):
+def test_bad_input_exits_non_zero_with_file_line_resource_field(mcpctl, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD_VS.replace("subset: v1}", "subset: v1}\n      weight: -3"))
     r = mcpctl("validate", str(bad))
@@ -61,7 +49,7 @@ def test_bad_input_exits_non_zero_with_file_line_resource_field(tmp_path):
     assert "Error: 1 error(s), 0 warning(s) in 2 resource(s) validated" in r.stderr
 
 
-def test_validate_checks_resources_alone_and_analyze_checks_references(tmp_path):
+def test_validate_checks_resources_alone_and_analyze_checks_references(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(GOOD_VS.replace("subset: v1}", "subset: v2}"))
     assert mcpctl("validate", str(f)).returncode == 0
@@ -72,7 +60,7 @@ def test_validate_checks_resources_alone_and_analyze_checks_references(tmp_path)
         'Referenced host+subset in destinationrule not found: "reviews+v2"']
 
 
-def test_warnings_do_not_fail_the_command(tmp_path):
+def test_warnings_do_not_fail_the_command(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(GOOD_VS)   # reviews has no ServiceEntry: IST0101 host warning
     r = mcpctl("analyze", str(f))
@@ -80,7 +68,7 @@ def test_warnings_do_not_fail_the_command(tmp_path):
     assert lines(r.stdout, "warning IST0101") and "no errors, 1 warning(s)" in r.stdout
 
 
-def test_non_istio_kinds_are_skipped_with_a_note_unless_strict(tmp_path):
+def test_non_istio_kinds_are_skipped_with_a_note_unless_strict(mcpctl, tmp_path):
     (tmp_path / "crd.yaml").write_text(CRD)
     (tmp_path / "vs.yaml").write_text(GOOD_VS)
     r = mcpctl("validate", str(tmp_path))
@@ -90,7 +78,7 @@ def test_non_istio_kinds_are_skipped_with_a_note_unless_strict(tmp_path):
     assert strict.returncode == 1 and "unknown kind 'CustomResourceDefinition'" in strict.stderr
 
 
-def test_malformed_file_is_reported_and_the_others_still_checked(tmp_path):
+def test_malformed_file_is_reported_and_the_others_still_checked(mcpctl, tmp_path):
     (tmp_path / "a.yaml").write_text("kind: [oops\n")
     (tmp_path / "b.yaml").write_text(GOOD_VS.replace("host: reviews, subset", "host: '*', subset"))
     r = mcpctl("validate", str(tmp_path))
@@ -98,7 +86,7 @@ def test_malformed_file_is_reported_and_the_others_still_checked(tmp_path):
     assert lines(r.stderr, "malformed YAML") and lines(r.stderr, "invalid destination host *")
 
 
-def test_json_output(tmp_path):
+def test_json_output(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(GOOD_VS.replace("subset: v1}", "subset: v1}\n      weight: -3"))
     r = mcpctl("validate", "-o", "json", str(f))
@@ -110,12 +98,12 @@ def test_json_output(tmp_path):
         str(f), 9, "VirtualService/bookinfo/reviews", "spec.http[0].route[0].weight", "error")
 
 
-def test_missing_path_is_an_error(tmp_path):
+def test_missing_path_is_an_error(mcpctl, tmp_path):
     r = mcpctl("validate", str(tmp_path / "nope.yaml"))
     assert r.returncode == 1 and "no such file or directory" in r.stderr
 
 
-def test_istio_kinds_mesh_does_not_model_warn_and_typos_fail(tmp_path):
+def test_istio_kinds_mesh_does_not_model_warn_and_typos_fail(mcpctl, tmp_path):
     authz = ("apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: deny, namespace: prod}\n"
              "spec: {accessLogging: [{}]}\n")
     (tmp_path / "authz.yaml").write_text(authz)
@@ -127,7 +115,7 @@ def test_istio_kinds_mesh_does_not_model_warn_and_typos_fail(tmp_path):
     assert r.returncode == 1 and lines(r.stderr, "unknown kind 'VirtualServce'")
 
 
-def test_standard_input():
+def test_standard_input(mcpctl):
     r = mcpctl("validate", "-", stdin=GOOD_VS.replace("subset: v1}", "subset: v1}\n      weight: -3"))
     assert r.returncode == 1
     assert lines(r.stderr, "<stdin>:9: error: VirtualService/bookinfo/reviews: spec.http[0].route[0].weight")

@@ -7,7 +7,7 @@ the applier's mark writer). A request from the marked client address reaches the
 marked client's address on another port, does not. The gateway runs the header-contract filter
 with the mesh's session key (it signs the class it sets, after Envoy assigned x-request-id); the
 picker holds the same key, so the upgraded class arrives re-signed and the backend's own check
-(mesh.session.verify_session) accepts it. (A forged signature is refused: tests/unit/test_session_resign.py.)"""
+(mesh.session.verify_session) accepts it. (A forged signature is refused: tests/mesh/unit/test_session_resign.py.)"""
 import asyncio
 import http.client
 import base64

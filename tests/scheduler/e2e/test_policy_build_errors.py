@@ -2,12 +2,10 @@
 naming the file (and line), with what a plugin must define."""
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
 
-from mcp26.serving.executables import executable
 from mcp26.scheduler.plugins.build import BuildError, build, check_source
 
 pytestmark = pytest.mark.e2e
@@ -48,13 +46,12 @@ def test_what_may_be_a_plugin_is_left_to_componentize_py(tmp_path, text):
     check_source(src)
 
 
-def test_a_plugin_failing_at_import_shows_its_own_traceback(tmp_path):
+def test_a_plugin_failing_at_import_shows_its_own_traceback(mcpctl, tmp_path):
     """componentize-py imports the plugin at build time: the author sees their file and line,
     not the generated wrapper, componentize-py's frames or its Rust backtrace."""
     src = tmp_path / "boom.py"
     src.write_text(PLUGIN.replace("import wit_world\n", "import wit_world\nLIMIT = 1 / 0\n"))
-    p = subprocess.run([executable("mcpctl"), "policy", "build", str(src), "-o", str(tmp_path / "boom.wasm")],
-                       capture_output=True, text=True, timeout=300)
+    p = mcpctl("policy", "build", str(src), "-o", str(tmp_path / "boom.wasm"))
     assert p.returncode == 1, p.stdout + p.stderr
     assert f'File "{src}", line 2, in <module>' in p.stderr, p.stderr
     assert "ZeroDivisionError: division by zero" in p.stderr, p.stderr
@@ -63,11 +60,10 @@ def test_a_plugin_failing_at_import_shows_its_own_traceback(tmp_path):
     assert not (tmp_path / "boom.wasm").exists()
 
 
-def test_a_wasm_file_that_is_not_wasm_is_refused_as_such(tmp_path):
+def test_a_wasm_file_that_is_not_wasm_is_refused_as_such(mcpctl, tmp_path):
     """Not read as WAT text (wasmtime's "expected `(`"): told it is no Wasm binary."""
     bad = tmp_path / "policy.wasm"
     bad.write_bytes(b"garbage, not a component")
-    p = subprocess.run([executable("mcpctl"), "policy", "run", str(bad), "--signals", "{}",
-                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
+    p = mcpctl("policy", "run", str(bad), "--signals", "{}", "--cache-dir", str(tmp_path / "cache"))
     assert p.returncode == 1, p.stdout + p.stderr
     assert f"{bad}: instantiate: not a Wasm binary" in p.stderr, p.stderr

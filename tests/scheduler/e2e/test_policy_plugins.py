@@ -197,6 +197,7 @@ def test_hot_swap_under_calls_fails_none(tmp_path, seed_host):
     assert results[-1].actions == (Action("class-weight", "latency-critical", "", 2.0, 0.0, 0, "healthy: ok"),)
 
 
+@pytest.mark.slow      # a cold compile's time against a deserialize
 def test_serialized_component_loads_much_faster_than_a_cold_compile(seed_host):
     from wasmtime.component import Component
     info = seed_host.stats()["plugin"]

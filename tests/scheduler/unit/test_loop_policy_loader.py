@@ -1,5 +1,5 @@
 """The loop's policy loader: the Wasm plugin host behind the loop's policy interface (a
-fake host here: the real components are tests/e2e/test_policy_plugins.py's), a failed plugin
+fake host here: the real components are tests/scheduler/e2e/test_policy_plugins.py's), a failed plugin
 call counted by the host's reason with the last decision kept, builtin-python for comparison."""
 import asyncio
 

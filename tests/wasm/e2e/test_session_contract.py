@@ -30,6 +30,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.tokens import Issuer
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.manifests import documents, manifest, wasm_module
 
 pytestmark = [pytest.mark.e2e, pytest.mark.adversarial]
 
@@ -40,59 +41,29 @@ SESSION = (H.END_USER, H.TENANT, H.QOS_CLASS, H.SESSION_SIG)
 
 
 def mesh_yaml(gw_port: int, echo: int, backend: int, jwks: str) -> dict[str, str]:
-    import hashlib
     plugin = {"sessionKey": base64.b64encode(KEY).decode(), "tenants": {"acme": {"allowedHeaders": []}},
               "qos": {"tiers": {"gold": "latency-critical"}, "ceiling": "standard"}}
-    entry = lambda name, port: f"""apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: {name}, namespace: default}}
-spec:
-  hosts: [{name}.mesh.local]
-  location: MESH_INTERNAL
-  ports: [{{number: 80, name: http, protocol: HTTP}}]
-  resolution: STATIC
-  endpoints: [{{address: 127.0.0.1, ports: {{http: {port}}}}}]
-"""   # noqa: E731
-    return {"mesh.yaml": f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers: [{{port: {{number: {gw_port}, name: http, protocol: HTTP}}, hosts: ["*"]}}]
----
-{entry("echo", echo)}---
-{entry("models", backend)}---
-apiVersion: networking.istio.io/v1
+    http = {"number": 80, "port_name": "http", "protocol": "HTTP"}
+    return {"mesh.yaml": documents(
+        manifest("gateway.yaml", gw_port=gw_port),
+        manifest("service_entry.yaml", name="echo", upstream=echo, **http),
+        manifest("service_entry.yaml", name="models", upstream=backend, **http),
+        """apiVersion: networking.istio.io/v1
 kind: VirtualService
-metadata: {{name: routes, namespace: default}}
+metadata: {name: routes, namespace: default}
 spec:
   hosts: ["*"]
   gateways: [gw]
   http:
-  - match: [{{uri: {{prefix: /v2/}}}}]
-    route: [{{destination: {{host: models.mesh.local}}}}]
-  - match: [{{uri: {{prefix: /rewritten/}}}}]
-    rewrite: {{uri: /v2/, authority: models.internal}}
-    route: [{{destination: {{host: models.mesh.local}}}}]
-  - route: [{{destination: {{host: echo.mesh.local}}}}]
-""", "authn.yaml": f"""apiVersion: security.istio.io/v1
-kind: RequestAuthentication
-metadata: {{name: jwt, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  jwtRules: [{{issuer: {ISSUER}, audiences: [{AUDIENCE}], jwks: '{jwks}'}}]
-""", "wasm.yaml": f"""apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {{name: header-contract, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  url: file://{WASM}
-  sha256: "{hashlib.sha256(open(WASM, "rb").read()).hexdigest()}"
-  phase: AUTHZ
-  pluginName: mcp-header-contract
-  failStrategy: FAIL_CLOSE
-  pluginConfig: {json.dumps(plugin)}
-"""}
+  - match: [{uri: {prefix: /v2/}}]
+    route: [{destination: {host: models.mesh.local}}]
+  - match: [{uri: {prefix: /rewritten/}}]
+    rewrite: {uri: /v2/, authority: models.internal}
+    route: [{destination: {host: models.mesh.local}}]
+  - route: [{destination: {host: echo.mesh.local}}]
+"""),
+        "authn.yaml": manifest("gateway_jwt.yaml", issuer=ISSUER, audience=AUDIENCE, jwks=jwks),
+        "wasm.yaml": manifest("header_contract_plugin.yaml", plugin_config=plugin, **wasm_module(WASM))}
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, write_config
 from mcp26.serving.executables import executable
+from harness.manifests import documents, manifest, wasm_module
 
 pytestmark = pytest.mark.e2e
 
@@ -33,48 +34,11 @@ MCPCTL = executable("mcpctl")
 
 
 def mesh_yaml(gw_port: int, upstream: int) -> str:
-    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
-    return f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers:
-  - port: {{number: {gw_port}, name: http, protocol: HTTP}}
-    hosts: ["*"]
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: echo, namespace: default}}
-spec:
-  hosts: [echo.mesh.local]
-  location: MESH_INTERNAL
-  ports: [{{number: 80, name: http, protocol: HTTP}}]
-  resolution: STATIC
-  endpoints:
-  - {{address: 127.0.0.1, ports: {{http: {upstream}}}}}
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: echo, namespace: default}}
-spec:
-  hosts: ["*"]
-  gateways: [gw]
-  http:
-  - route: [{{destination: {{host: echo.mesh.local}}}}]
----
-apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {{name: header-contract, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  url: file://{WASM}
-  sha256: "{sha}"
-  phase: AUTHZ
-  pluginName: mcp-header-contract
-  pluginConfig:
-    sessionKeyFrom: {{env: {ENV}}}
-"""
+    return documents(
+        manifest("gateway.yaml", gw_port=gw_port),
+        manifest("service_entry.yaml", name="echo", number=80, port_name="http", protocol="HTTP", upstream=upstream),
+        manifest("gateway_route.yaml", name="echo", host="echo.mesh.local"),
+        manifest("header_contract_plugin.yaml", plugin_config={"sessionKeyFrom": {"env": ENV}}, **wasm_module(WASM)))
 
 
 def get(port: int, headers=None):

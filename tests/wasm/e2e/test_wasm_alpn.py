@@ -32,6 +32,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.tokens import Issuer
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.manifests import documents, manifest, wasm_module
 
 pytestmark = pytest.mark.e2e
 
@@ -43,11 +44,11 @@ DEFAULT = DEFAULT_QOS_CLASS.header_value
 
 
 def mesh_yaml(https_port, http_port, up, cert, key, jwks) -> dict[str, str]:
-    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
     plugin = {"sessionKey": base64.b64encode(KEY).decode(),
               "qos": {"tiers": {"free": "standard", "gold": "latency-critical"}}}
     return {
-        "mesh.yaml": f"""apiVersion: networking.istio.io/v1
+        "mesh.yaml": documents(
+            f"""apiVersion: networking.istio.io/v1
 kind: Gateway
 metadata: {{name: edge, namespace: default}}
 spec:
@@ -58,17 +59,9 @@ spec:
     tls: {{mode: SIMPLE, serverCertificate: {cert}, privateKey: {key}}}
   - port: {{number: {http_port}, name: http, protocol: HTTP}}
     hosts: [{HOST}]
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: app, namespace: default}}
-spec:
-  hosts: [app.mesh.local]
-  ports: [{{number: 80, name: http, protocol: HTTP}}]
-  resolution: STATIC
-  endpoints: [{{address: 127.0.0.1, ports: {{http: {up}}}}}]
----
-apiVersion: networking.istio.io/v1
+""",
+            manifest("service_entry.yaml", name="app", number=80, port_name="http", protocol="HTTP", upstream=up),
+            f"""apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {{name: app, namespace: default}}
 spec:
@@ -76,29 +69,9 @@ spec:
   gateways: [edge]
   http:
   - route: [{{destination: {{host: app.mesh.local}}}}]
-""",
-        "authn.yaml": f"""apiVersion: security.istio.io/v1
-kind: RequestAuthentication
-metadata: {{name: gateway-jwt, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  jwtRules:
-  - issuer: {ISSUER}
-    audiences: [{AUDIENCE}]
-    jwks: '{jwks}'
-""",
-        "wasm.yaml": f"""apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {{name: header-contract, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  url: file://{WASM}
-  sha256: "{sha}"
-  phase: AUTHZ
-  pluginName: mcp-header-contract
-  failStrategy: FAIL_CLOSE
-  pluginConfig: {json.dumps(plugin)}
-""",
+"""),
+        "authn.yaml": manifest("gateway_jwt.yaml", issuer=ISSUER, audience=AUDIENCE, jwks=jwks),
+        "wasm.yaml": manifest("header_contract_plugin.yaml", plugin_config=plugin, **wasm_module(WASM)),
     }
 
 

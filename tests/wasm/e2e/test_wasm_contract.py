@@ -24,6 +24,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.tokens import Issuer
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.manifests import documents, manifest, wasm_module
 
 pytestmark = pytest.mark.e2e
 
@@ -33,21 +34,17 @@ GW_LABELS = {"istio": "ingressgateway"}
 
 
 def mesh_yaml(gw_port, v1, v2, backend, remote_jwks, local_jwks, tenants=None, backend_grpc=0) -> dict[str, str]:
-    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
     tenants = tenants or {"acme": {"allowedHeaders": ["x-tenant-acme-*"]}, "globex": {"allowedHeaders": ["x-tenant-globex-*"]}}
     plugin = {"sessionKey": base64.b64encode(KEY).decode(), "tenants": tenants,
               "qos": {"tiers": {"free": "standard", "gold": "latency-critical"}}}
     return {
-        "mesh.yaml": f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers:
-  - port: {{number: {gw_port}, name: http, protocol: HTTP}}
-    hosts: ["*"]
----
-apiVersion: networking.istio.io/v1
+        "mesh.yaml": documents(
+            manifest("gateway.yaml", gw_port=gw_port),
+            manifest("service_entry.yaml", name="models", number=80, port_name="http", protocol="HTTP",
+                     upstream=backend),
+            manifest("service_entry.yaml", name="models-grpc", number=81, port_name="grpc", protocol="GRPC",
+                     upstream=backend_grpc),
+            f"""apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {{name: reviews, namespace: default}}
 spec:
@@ -58,28 +55,6 @@ spec:
   endpoints:
   - {{address: 127.0.0.1, ports: {{http: {v1}}}, labels: {{version: v1}}}}
   - {{address: 127.0.0.1, ports: {{http: {v2}}}, labels: {{version: v2}}}}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: models, namespace: default}}
-spec:
-  hosts: [models.mesh.local]
-  location: MESH_INTERNAL
-  ports: [{{number: 80, name: http, protocol: HTTP}}]
-  resolution: STATIC
-  endpoints:
-  - {{address: 127.0.0.1, ports: {{http: {backend}}}}}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: models-grpc, namespace: default}}
-spec:
-  hosts: [models-grpc.mesh.local]
-  location: MESH_INTERNAL
-  ports: [{{number: 81, name: grpc, protocol: GRPC}}]
-  resolution: STATIC
-  endpoints:
-  - {{address: 127.0.0.1, ports: {{grpc: {backend_grpc}}}}}
 ---
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
@@ -106,7 +81,7 @@ spec:
         end-user: {{exact: jane}}
     route: [{{destination: {{host: reviews.mesh.local, subset: v2}}}}]
   - route: [{{destination: {{host: reviews.mesh.local, subset: v1}}}}]
-""",
+"""),
         "authn.yaml": f"""apiVersion: security.istio.io/v1
 kind: RequestAuthentication
 metadata: {{name: gateway-jwt, namespace: default}}
@@ -123,18 +98,7 @@ spec:
     jwksUri: http://127.0.0.1:{remote_jwks.port}/jwks.json
     fromHeaders: [{{name: x-remote-token}}]
 """,
-        "wasm.yaml": f"""apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {{name: header-contract, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  url: file://{WASM}
-  sha256: "{sha}"
-  phase: AUTHZ
-  pluginName: mcp-header-contract
-  failStrategy: FAIL_CLOSE
-  pluginConfig: {json.dumps(plugin)}
-""",
+        "wasm.yaml": manifest("header_contract_plugin.yaml", plugin_config=plugin, **wasm_module(WASM)),
     }
 
 

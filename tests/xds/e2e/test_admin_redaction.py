@@ -23,6 +23,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 from mcp26.xds.redact import redact_text
 from mcp26.serving.executables import executable
+from harness.manifests import documents, manifest, wasm_module
 
 pytestmark = [pytest.mark.e2e, pytest.mark.adversarial]
 
@@ -32,27 +33,9 @@ MCPCTL = executable("mcpctl")
 
 
 def config(gw_port: int) -> str:
-    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
     plugin = {"sessionKey": base64.b64encode(KEY).decode()}
-    return f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers: [{{port: {{number: {gw_port}, name: http, protocol: HTTP}}, hosts: ["*"]}}]
----
-apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {{name: header-contract, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  url: file://{WASM}
-  sha256: "{sha}"
-  phase: AUTHZ
-  pluginName: mcp-header-contract
-  failStrategy: FAIL_CLOSE
-  pluginConfig: {json.dumps(plugin)}
-"""
+    return documents(manifest("gateway.yaml", gw_port=gw_port),
+                     manifest("header_contract_plugin.yaml", plugin_config=plugin, **wasm_module(WASM)))
 
 
 @pytest.fixture(scope="module")

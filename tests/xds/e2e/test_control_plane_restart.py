@@ -1,6 +1,6 @@
 """kill -9 of the control plane under load, then a restart, over SotW and Delta, with the Wasm contract.
 
-tests/e2e/test_xds_resilience.py does this for plain routes; here the gateway also
+tests/xds/e2e/test_xds_resilience.py does this for plain routes; here the gateway also
 runs jwt_authn and the header-contract Wasm filter (ECDS), and what must hold is:
 no request fails, every response was signed by the filter, and Envoy's Wasm VM is
 not rebuilt by the reconnect (its `wasm.*.created` / `vm_reload*` counters, read

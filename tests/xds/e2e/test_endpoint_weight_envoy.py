@@ -22,6 +22,7 @@ from mcp26.scheduler.decisions import Action
 from mcp26.scheduler.loop.actions import ActionApplier
 from mcp26.scheduler.loop.loop import DecisionLoop
 from mcp26.scheduler.loop.service import make_app
+from harness.manifests import documents, manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -33,14 +34,7 @@ N = 100
 
 def _config(gw_port: int, ports: dict) -> str:
     eps = "\n".join(f"  - {{address: {h}, ports: {{http: {p}}}}}" for h, p in ports.items())
-    return f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers: [{{port: {{number: {gw_port}, name: http, protocol: HTTP}}, hosts: ["*"]}}]
----
-apiVersion: networking.istio.io/v1
+    return documents(manifest("gateway.yaml", gw_port=gw_port), f"""apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {{name: weighted, namespace: default}}
 spec:
@@ -65,7 +59,7 @@ spec:
   hosts: ["*"]
   gateways: [gw]
   http: [{{route: [{{destination: {{host: weighted.mesh.local}}}}]}}]
-"""
+""")
 
 
 @pytest.fixture(scope="module", params=["sotw", "delta"])

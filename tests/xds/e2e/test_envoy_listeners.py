@@ -25,6 +25,7 @@ from mcp26.wasm import HEADER_CONTRACT_WASM as WASM
 from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
+from harness.manifests import documents, manifest, wasm_module
 
 pytestmark = [pytest.mark.e2e, pytest.mark.adversarial]
 
@@ -40,52 +41,20 @@ TWINS["x_mcp-qos-class"] = "latency-critical"
 
 
 def config(gw_port: int, sidecar_port: int, echo: int) -> str:
-    sha = hashlib.sha256(open(WASM, "rb").read()).hexdigest()
     plugin = {"sessionKey": base64.b64encode(KEY).decode(), "claims": [{"claim": "email", "header": "x-mcp-email"}]}
-    return f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers: [{{port: {{number: {gw_port}, name: http, protocol: HTTP}}, hosts: ["*"]}}]
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: echo, namespace: default}}
+    return documents(
+        manifest("gateway.yaml", gw_port=gw_port),
+        manifest("service_entry.yaml", name="echo", number=sidecar_port, port_name="http", protocol="HTTP",
+                 upstream=echo),
+        manifest("gateway_route.yaml", name="gw", host="echo.mesh.local"),
+        """apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: default}
 spec:
   hosts: [echo.mesh.local]
-  location: MESH_INTERNAL
-  ports: [{{number: {sidecar_port}, name: http, protocol: HTTP}}]
-  resolution: STATIC
-  endpoints: [{{address: 127.0.0.1, ports: {{http: {echo}}}}}]
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: gw, namespace: default}}
-spec:
-  hosts: ["*"]
-  gateways: [gw]
-  http: [{{route: [{{destination: {{host: echo.mesh.local}}}}]}}]
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: echo, namespace: default}}
-spec:
-  hosts: [echo.mesh.local]
-  http: [{{route: [{{destination: {{host: echo.mesh.local}}}}]}}]
----
-apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {{name: header-contract, namespace: default}}
-spec:
-  selector: {{matchLabels: {{istio: ingressgateway}}}}
-  url: file://{WASM}
-  sha256: "{sha}"
-  phase: AUTHZ
-  pluginName: mcp-header-contract
-  failStrategy: FAIL_CLOSE
-  pluginConfig: {json.dumps(plugin)}
-"""
+  http: [{route: [{destination: {host: echo.mesh.local}}]}]
+""",
+        manifest("header_contract_plugin.yaml", plugin_config=plugin, **wasm_module(WASM)))
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.control_plane import GATEWAY_NODE, ControlPlane, mesh_envoy, write_config
 from mcp26.xds.cli import STREAM_IDLE_ENV
 from mcp26.xds.translate.grpc_web import MAX_REQUEST_MESSAGE
+from harness.manifests import documents, manifest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.adversarial]
 
@@ -61,31 +62,10 @@ class AioUpstream:
 
 
 def config(gw_port: int, upstream: int) -> str:
-    return f"""apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: gw, namespace: default}}
-spec:
-  selector: {{istio: ingressgateway}}
-  servers: [{{port: {{number: {gw_port}, name: http, protocol: HTTP}}, hosts: ["*"]}}]
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: echo, namespace: default}}
-spec:
-  hosts: [echo.mesh.local]
-  location: MESH_INTERNAL
-  ports: [{{number: 81, name: grpc, protocol: GRPC}}]
-  resolution: STATIC
-  endpoints: [{{address: 127.0.0.1, ports: {{grpc: {upstream}}}}}]
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: gw, namespace: default}}
-spec:
-  hosts: ["*"]
-  gateways: [gw]
-  http: [{{route: [{{destination: {{host: echo.mesh.local}}}}]}}]
-"""
+    return documents(
+        manifest("gateway.yaml", gw_port=gw_port),
+        manifest("service_entry.yaml", name="echo", number=81, port_name="grpc", protocol="GRPC", upstream=upstream),
+        manifest("gateway_route.yaml", name="gw", host="echo.mesh.local"))
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ files (a bad route is refused by all three, and nothing changes in Envoy)."""
 import collections
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -43,10 +41,6 @@ def get(port, path, headers=None):
             return r.status, json.loads(r.read()), r.headers
     except urllib.error.HTTPError as e:
         return e.code, None, e.headers
-
-
-def mcpctl(*args):
-    return subprocess.run([sys.executable, "-m", "mcp26.mesh.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +115,7 @@ def test_mirror_sends_a_copy_to_the_mirror_backend(stack):
         time.sleep(0.05)
 
 
-def test_validate_analyze_and_serve_agree_on_the_same_files(stack):
+def test_validate_analyze_and_serve_agree_on_the_same_files(mcpctl, stack):
     cp, port, _, d = stack
     for verb in ("validate", "analyze"):
         r = mcpctl(verb, d)

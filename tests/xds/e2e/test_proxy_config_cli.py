@@ -4,14 +4,12 @@ The tables are read from what the control plane says it sent the node, and,
 with --envoy-admin, compared with what that Envoy holds: after the Envoy
 ACKs, every resource must read SAME.
 """
-import subprocess
 
 import pytest
 
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import ControlPlane, GATEWAY_NODE, mesh_envoy
 from mcp26.demo.stack.ports import free_port
-from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 
@@ -52,13 +50,6 @@ spec:
   - route: [{{destination: {{host: reviews, subset: v1}}}}]
 """
 
-MCPCTL = executable("mcpctl")
-
-
-def mcpctl(*args):
-    return subprocess.run([MCPCTL, *args], capture_output=True, text=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     d = tmp_path_factory.mktemp("pc")
@@ -70,7 +61,7 @@ def mesh(tmp_path_factory):
                 yield cp, envoy, up
 
 
-def test_clusters_table_from_the_control_plane(mesh):
+def test_clusters_table_from_the_control_plane(mcpctl, mesh):
     cp, _, _ = mesh
     out = mcpctl("proxy-config", "clusters", GATEWAY_NODE, "--admin-address", f"127.0.0.1:{cp.admin_port}")
     assert out.returncode == 0, out.stderr
@@ -80,7 +71,7 @@ def test_clusters_table_from_the_control_plane(mesh):
     assert ("reviews.default.svc.cluster.local", "9080", "v1", "outbound", "EDS") in rows
 
 
-def test_every_kind_matches_what_envoy_holds(mesh):
+def test_every_kind_matches_what_envoy_holds(mcpctl, mesh):
     cp, envoy, up = mesh
     for kind in ("listeners", "routes", "clusters", "endpoints"):
         out = mcpctl("proxy-config", kind, GATEWAY_NODE, "--admin-address", f"127.0.0.1:{cp.admin_port}",
@@ -91,7 +82,7 @@ def test_every_kind_matches_what_envoy_holds(mesh):
     assert f"127.0.0.1:{up.port}" in endpoints.stdout
 
 
-def test_routes_name_the_virtual_service_and_json_parses(mesh):
+def test_routes_name_the_virtual_service_and_json_parses(mcpctl, mesh):
     cp, _, _ = mesh
     out = mcpctl("proxy-config", "routes", GATEWAY_NODE, "--admin-address", f"127.0.0.1:{cp.admin_port}")
     assert "reviews.default" in out.stdout and "reviews.example.com" in out.stdout
@@ -100,7 +91,7 @@ def test_routes_name_the_virtual_service_and_json_parses(mesh):
     assert json.loads(js.stdout)[0]["name"].startswith("http.")
 
 
-def test_unknown_node_is_one_line_and_nonzero(mesh):
+def test_unknown_node_is_one_line_and_nonzero(mcpctl, mesh):
     cp, _, _ = mesh
     out = mcpctl("proxy-config", "clusters", "nobody", "--admin-address", f"127.0.0.1:{cp.admin_port}")
     assert out.returncode != 0

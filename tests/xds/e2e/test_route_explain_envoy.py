@@ -9,7 +9,6 @@ redirect is read from Envoy's answer. The explanation must name the same.
 import http.client
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -20,7 +19,6 @@ from mcp26.xds.explain import envoy_match
 from mcp26.xds.explain.route_explain import explain, load, proxy_for
 from mcp26.xds.translate import translate
 from mcp26.xds.translate.static import static_bootstrap
-from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 
@@ -208,10 +206,10 @@ def test_explained_cluster_is_where_envoy_routes(setup, host, method, path, head
         assert explained == seen, (json.dumps(result, indent=1), seen)
 
 
-def test_cli_json_names_the_rule_and_line(setup):
-    out = subprocess.run([executable("mcpctl"), "route", "explain", setup["dir"],
-                          "--host", "bookinfo.example.com", "--port", str(setup["port"]), "--path", "/reviews/7",
-                          "-H", "end-user:jason", "-o", "json"], capture_output=True, text=True, timeout=60)
+def test_cli_json_names_the_rule_and_line(mcpctl, setup):
+    out = mcpctl("route", "explain", setup["dir"],
+                 "--host", "bookinfo.example.com", "--port", str(setup["port"]), "--path", "/reviews/7",
+                 "-H", "end-user:jason", "-o", "json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     src = result["route"]["source"]

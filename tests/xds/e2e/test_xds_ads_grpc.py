@@ -2,7 +2,7 @@
 
 Each test drives one stream as Envoy would (requests, ACKs, NACKs) and
 asserts on the responses that came back over the wire. The protocol's
-cases in detail, without sockets: tests/unit/test_xds_ads_protocol.py.
+cases in detail, without sockets: tests/xds/unit/test_xds_ads_protocol.py.
 """
 import asyncio
 

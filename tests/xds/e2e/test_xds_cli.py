@@ -15,15 +15,17 @@ from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e
 
+# The demo tests start `mcpctl demo` as a process: what they test is that process's children
+# (all gone afterwards) and its answer to SIGTERM. The others run in-process (conftest's mcpctl).
 MCPCTL = executable("mcpctl")
 
 
 @pytest.mark.parametrize("delta", [False, True])
-def test_bootstrap_is_valid_for_envoy(tmp_path, delta):
-    args = [MCPCTL, "envoy", "bootstrap", "--node-id", "router~127.0.0.1~gw.default~default.svc.cluster.local",
+def test_bootstrap_is_valid_for_envoy(mcpctl, tmp_path, delta):
+    args = ["envoy", "bootstrap", "--node-id", "router~127.0.0.1~gw.default~default.svc.cluster.local",
             "--cluster", "gw", "--xds-address", "127.0.0.1:18000", "--admin-port", "0",
             "--label", "istio=ingressgateway"] + (["--delta"] if delta else [])
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    out = mcpctl(*args)
     assert out.returncode == 0, out.stderr
     boot = yaml.safe_load(out.stdout)
     assert boot["dynamic_resources"]["ads_config"]["api_type"] == ("DELTA_GRPC" if delta else "GRPC")
@@ -35,15 +37,13 @@ def test_bootstrap_is_valid_for_envoy(tmp_path, delta):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_bootstrap_rejects_a_bad_address():
-    out = subprocess.run([MCPCTL, "envoy", "bootstrap", "--node-id", "n", "--xds-address", "no-port"],
-                         capture_output=True, text=True, timeout=60)
+def test_bootstrap_rejects_a_bad_address(mcpctl):
+    out = mcpctl("envoy", "bootstrap", "--node-id", "n", "--xds-address", "no-port")
     assert out.returncode == 2 and "HOST:PORT" in out.stderr
 
 
-def test_proxy_status_without_a_control_plane_says_so():
-    out = subprocess.run([MCPCTL, "proxy-status", "--admin-address", "127.0.0.1:9"],
-                         capture_output=True, text=True, timeout=60)
+def test_proxy_status_without_a_control_plane_says_so(mcpctl):
+    out = mcpctl("proxy-status", "--admin-address", "127.0.0.1:9")
     assert out.returncode == 1 and "cannot reach the control plane" in out.stderr
 
 

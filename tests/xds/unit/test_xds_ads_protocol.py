@@ -6,7 +6,7 @@ sends one request (or pushes a new snapshot) and names the responses it must
 produce, in order, as "TYPE: name ... -removed ...". Every resource in a
 response is looked up by its exact Any bytes in the snapshot that was served,
 so a summary only matches if the bytes are the prepared ones. The same
-protocol over a real grpc.aio server: tests/e2e/test_xds_ads_grpc.py.
+protocol over a real grpc.aio server: tests/xds/e2e/test_xds_ads_grpc.py.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ cluster warms only when its initial fetch times out (15 s) and the old one
 keeps serving meanwhile: a DestinationRule switching a service to
 ISTIO_MUTUAL kept plaintext for 15 s while the server side was already
 STRICT (503s). istiod answers EDS for warming (AlwaysRespond, envoy#13009).
-The same through real Envoys: tests/e2e/test_identity_mtls.py.
+The same through real Envoys: tests/xds/e2e/test_identity_mtls.py.
 """
 from __future__ import annotations
 

@@ -199,17 +199,15 @@ class ServedModel:
     def _maybe_settle(self, model: OnnxModel) -> None:
         """A .mcp26bin serves at once from its mapped weights (no prepacking: a GEMM-bound
         model computes up to ~2x slower); on the CPU provider the session an ONNX file gets
-        (all optimisation levels, prepacked weights) is then built beside it, at a lower CPU
-        priority, and swapped in like a reload of the same version. From then the answers
+        (all optimisation levels, prepacked weights) is then built beside it and swapped in
+        like a reload of the same version. From then the answers
         are the ONNX file's, bit for bit."""
         if model.extra.get("mapped") and model.device == "cpu" and not self.decoder:
             threading.Thread(target=self._settle, args=(model,), name=f"settle-{self.name}", daemon=True).start()
 
     def _settle(self, mapped: OnnxModel) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except OSError:
-            pass
+        # (at normal priority: the session's intra-op threads, which serve from now on, would
+        # inherit a nice value from the thread that makes it)
         try:
             full = OnnxModel.load(self.name, mapped.version, mapped.path, mapped.requested_device,
                                   mapped.intra_op_threads, mapped=False)

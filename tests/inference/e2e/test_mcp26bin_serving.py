@@ -127,6 +127,10 @@ def test_incremental_hot_update_under_load_zero_failures_bit_identical(mlp_versi
         # gets (model_server._maybe_settle): from then the answers are the ONNX file's, bit for bit
         status = settled(server, "2")
         assert status["settles"] == 2, status
+        # the settled session's threads serve at the server's own priority (none inherited a nice value)
+        nice = {tid: int(open(f"/proc/{server.proc.pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[16])
+                for tid in os.listdir(f"/proc/{server.proc.pid}/task")}
+        assert set(nice.values()) == {0}, nice
         x = np.ones((2, 64), np.float32)
         inp = tgrpc.InferInput("INPUT0", [2, 64], "FP32")
         inp.set_data_from_numpy(x)

@@ -142,6 +142,52 @@ _GIE = GieCollector()
 REGISTRY.register(_GIE)
 
 
+class ProfilerCollector:
+    """`--enable-profiler`'s 17 metrics (profiler.METRICS) as gauges `mcp_profiler_<key>{model_name}`,
+    each over the window since the previous scrape; a metric the machine cannot give is left out
+    of its gauge and listed in `mcp_profiler_unavailable{model_name,metric,reason}` instead of 0."""
+
+    def __init__(self):
+        self.sources: list[tuple[str, object]] = []      # (model name, profiler.Profiler)
+        self._last: dict[int, dict] = {}
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from mcp26.inference.profiler import IDLE, METRICS, derive
+        gauges = {k: GaugeMetricFamily(f"mcp_profiler_{k}", f"{meaning} ({unit}; {src})", labels=["model_name"])
+                  for k, unit, src, meaning in METRICS if k != "kernel_ms_by_op_type"}
+        by_op = GaugeMetricFamily("mcp_profiler_kernel_ms_by_op_type", "kernel time per batch by operator type "
+                                  "(ms; ONNX Runtime profile, twin)", labels=["model_name", "op_type"])
+        fusion = GaugeMetricFamily("mcp_profiler_fused_nodes_by_type", "fused nodes ONNX Runtime runs, by type; "
+                                   "in_effect: on this session's provider", labels=["model_name", "op_type", "in_effect"])
+        missing = GaugeMetricFamily("mcp_profiler_unavailable", "a profiler metric this machine does not give, "
+                                    "and why (1)", labels=["model_name", "metric", "reason"])
+        for name, prof in self.sources:
+            doc = prof.doc()
+            values = derive(self._last.get(id(prof)), doc)
+            self._last[id(prof)] = doc
+            for key, gauge in gauges.items():
+                if values.get(key) is not None:
+                    gauge.add_metric([name], float(values[key]))
+            for op, ms in values.get("kernel_by_op", {}).items():
+                by_op.add_metric([name, op], ms)
+            for op, f in values.get("fusion", {}).get("fused", {}).items():
+                fusion.add_metric([name, op, str(f["in_effect"]).lower()], f["count"])
+            for key, reason in values["reasons"].items():
+                if reason != IDLE:          # idle since the last scrape: nothing to say, not unavailable
+                    missing.add_metric([name, key, reason], 1)
+        yield from gauges.values()
+        yield by_op
+        yield fusion
+        yield missing
+
+
+_PROFILERS = ProfilerCollector()
+REGISTRY.register(_PROFILERS)
+
+
 class _Instrument:
     """A prometheus_client metric behind OpenTelemetry's `record` / `add` calls.
 
@@ -322,6 +368,9 @@ class Telemetry:
     def add_load_source(self, source: Callable[[], list[tuple[dict, object]]]) -> None:
         """(load_state.snapshot(served), served) pairs for the GIE metrics, read on each scrape."""
         _GIE.sources.append(source)
+
+    def add_profiler(self, model: str, profiler) -> None:
+        _PROFILERS.sources.append((model, profiler))
 
     def add_gauge_source(self, name: str, source: Callable[[], list[tuple[float, dict]]]) -> None:
         self._sources.setdefault(name, []).append(source)

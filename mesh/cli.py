@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 # still shows, under "Other".
 GROUPS = (
     ("Check and author config", ("validate", "analyze", "route")),
-    ("Run the mesh", ("xds", "envoy", "serve", "epp", "console", "demo")),
+    ("Run the mesh", ("xds", "envoy", "serve", "model", "epp", "console", "demo")),
     ("Scheduling: the decision loop and its policies", ("scheduler", "policy")),
     ("Inspect running proxies", ("proxy-status", "proxy-config")),
     ("Network QoS (eBPF) and the Wasm filter", ("bpf", "wasm")),

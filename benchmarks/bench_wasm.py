@@ -43,7 +43,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.wasm.lua import lua_source
 from mcp26.xds.translate import Phase, authn, wasm_plugins
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

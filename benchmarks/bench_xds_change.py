@@ -35,7 +35,7 @@ from mcp26.demo.stack.control_plane import write_config
 from mcp26.mesh.change_set import load_config
 from mcp26.xds.cache import WILDCARD_TYPES, SnapshotCache, subscription_key
 from mcp26.xds.incremental_load import IncrementalLoader
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Translator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

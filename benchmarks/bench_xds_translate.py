@@ -29,8 +29,8 @@ from benchmarks.xds_config import GATEWAY, service_yaml
 from mcp26.mesh.resources import MeshConfig
 from mcp26.mesh.parse import parse_documents
 from mcp26.xds.translate import Translator
-from mcp26.xds.type_urls import CLUSTER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 
 SIZES = (100, 1000)
 PROXIES = 100

@@ -18,8 +18,8 @@ from typing import Callable, Iterable
 
 from google.protobuf import any_pb2, message
 
-from mcp26.xds.type_urls import CLUSTER, LISTENER, Snapshot
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, LISTENER, Snapshot
+from mcp26.xds.model.node import ProxyNode
 
 # Types whose empty subscription means "everything" (xDS protocol: wildcard).
 WILDCARD_TYPES = frozenset({LISTENER, CLUSTER})

@@ -16,8 +16,8 @@ from google.protobuf import json_format
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.resources import MeshConfig
 from mcp26.xds.explain import envoy_match, sources
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import LISTENER, ROUTE
 
 PASSED_OVER_SHOWN = 10
 FAULT_FILTER = "envoy.filters.http.fault"

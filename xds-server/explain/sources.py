@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from mcp26.mesh.resources import MeshConfig, Resource
 from mcp26.xds.translate.routes import SOURCE_METADATA    # the route metadata translation writes
-from mcp26.xds.type_urls import ENDPOINT
+from mcp26.xds.model.type_urls import ENDPOINT
 
 
 def where(res: Resource, path: str = "") -> str:

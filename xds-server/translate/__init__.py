@@ -1,7 +1,7 @@
 """Translation of the mesh model into Envoy resources, as istiod does it.
 
 `Translator` (translator.py) turns a MeshConfig and a proxy into every
-resource that proxy should have, keyed by type URL (xds.type_urls)
+resource that proxy should have, keyed by type URL (xds.model.type_urls)
 then by name; it owns its cache. `translate()` is a one-off translation.
 The HTTP filter chain and the contract of a filter module are in
 http_filters.py; the per-config cache and incremental translation in

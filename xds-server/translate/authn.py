@@ -33,9 +33,9 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from mcp26.mesh.resources import MeshConfig, Resource
 from mcp26.mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
-from mcp26.xds import type_urls
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model import type_urls
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate.phases import Phase
 from mcp26.xds.translate.policy_scope import request_authentications
 

@@ -65,8 +65,8 @@ from google.protobuf import any_pb2, json_format
 from mcp26.mesh import endpoint_picker as epp
 from mcp26.mesh import gateway_api, hosts
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate import inference_pool
 from mcp26.xds.translate.index import MeshIndex
 from mcp26.xds.translate.phases import Phase

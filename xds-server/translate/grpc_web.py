@@ -38,8 +38,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import any_pb2
 
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate.phases import Phase
 
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate import authn, endpoint_picker, grpc_web, rbac, wasm_plugins
 from mcp26.xds.translate.phases import Phase
 

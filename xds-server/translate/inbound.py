@@ -34,7 +34,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from mcp26.mesh import headers as H
 from mcp26.mesh.resources import MeshConfig, Resource
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import http_filters
 from mcp26.xds.translate.clusters import HTTP_PROTOCOL_OPTIONS
 from mcp26.xds.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from mcp26.mesh.resources import MeshConfig
 from mcp26.xds import telemetry
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
 from mcp26.xds.translate import endpoint_picker, http_filters, inference_pool
 from mcp26.xds.translate.clusters import ClusterOptions, build_clusters, with_endpoint_weights
 from mcp26.xds.translate.config_cache import ConfigTranslation

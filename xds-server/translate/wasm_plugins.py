@@ -35,9 +35,9 @@ from envoy.extensions.wasm.v3 import wasm_pb2
 from mcp26.mesh.resources import MeshConfig, Resource
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.header_contract import PLUGIN_NAME, parse_plugin_config
-from mcp26.xds import type_urls
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model import type_urls
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate.phases import Phase
 from mcp26.xds.translate.policy_scope import output_claims, selects
 

@@ -19,7 +19,7 @@ from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.wasm import HEADER_CONTRACT_WASM
 from mcp26.wasm.lua import lua_source
 from mcp26.xds.translate import Phase, authn, wasm_plugins
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")]
 KEY = b"lua-equivalence-key-0123456789ab"

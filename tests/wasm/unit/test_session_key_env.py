@@ -15,9 +15,9 @@ from mcp26.mesh.session import verify_session
 from mcp26.mesh.validation import validate
 from mcp26.wasm import HEADER_CONTRACT_WASM
 from mcp26.wasm.host import ProxyWasmHost
-from mcp26.xds import type_urls
+from mcp26.xds.model import type_urls
 from mcp26.xds.cli import session_key_environ
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import wasm_plugins
 
 KEY = hashlib.sha256(b"unit session key from env").digest()

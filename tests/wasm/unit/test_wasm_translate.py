@@ -14,9 +14,9 @@ from mcp26.mesh.resources import MeshConfig
 from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
-from mcp26.xds import type_urls
+from mcp26.xds.model import type_urls
 from mcp26.xds.translate import Phase, authn, http_filters, wasm_plugins
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.wasm import HEADER_CONTRACT_WASM
 
 GW = ProxyNode(id="gw", namespace="default", labels={"istio": "ingressgateway"})

@@ -9,9 +9,9 @@ import pytest
 from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.resources import MeshConfig
 from mcp26.xds.endpoint_weights import WEIGHTS, EndpointWeights, parse_endpoint, parse_weights
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Translator
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 
 SE = """
 apiVersion: networking.istio.io/v1

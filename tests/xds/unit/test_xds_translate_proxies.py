@@ -8,8 +8,8 @@ from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.xds import translate as translate_pkg
 from mcp26.xds.translate import authn, translate
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 
 MESH = """
 apiVersion: networking.istio.io/v1

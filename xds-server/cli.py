@@ -100,9 +100,6 @@ def register(subparsers) -> None:
     ps.add_argument("--json", action="store_true", help="print /debug/syncz as JSON instead of the table")
     ps.set_defaults(func=_proxy_status)
 
-    from mcp26.xds.explain.cli import register as register_explain
-    register_explain(subparsers)       # `route explain`, `proxy-config`
-
 
 def _serve(args) -> int:
     from mcp26.xds.server import XdsServer, serve

@@ -69,6 +69,7 @@ from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate import inference_pool
 from mcp26.xds.translate.index import MeshIndex
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -160,7 +161,7 @@ def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -
     return [_FILTER]
 
 
-def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay) -> Snapshot:
     return {}
 
 

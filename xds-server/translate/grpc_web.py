@@ -40,6 +40,7 @@ from google.protobuf import any_pb2
 from mcp26.mesh.resources import MeshConfig
 from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.model.type_urls import Snapshot
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
@@ -83,6 +84,6 @@ def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -
     return [frames_filter(), grpc_web_filter()]
 
 
-def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay) -> Snapshot:
     """Nothing extra: the filter needs no cluster or extension config of its own."""
     return {}

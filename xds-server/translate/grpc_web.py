@@ -29,7 +29,6 @@ HCM's stream idle timeout (listeners.py) bounds a stall on either side.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 from envoy.extensions.filters.http.grpc_web.v3 import grpc_web_pb2
@@ -63,16 +62,18 @@ def grpc_web_filter() -> hcm_pb2.HttpFilter:
     return _filter(GRPC_WEB_FILTER, grpc_web_pb2.GrpcWeb())
 
 
-@functools.cache
 def _frames_source() -> str:
     with open(_LUA, encoding="utf-8") as f:
         return (f.read().replace("__LIMIT__", str(FRAMES_CHECK_LIMIT))
                 .replace("__MAX_MESSAGE__", str(MAX_REQUEST_MESSAGE)))
 
 
+FRAMES_SOURCE = _frames_source()        # the package's own Lua, read once at import: translation reads no file
+
+
 def frames_filter() -> hcm_pb2.HttpFilter:
     lua = lua_pb2.Lua()
-    lua.default_source_code.inline_string = _frames_source()
+    lua.default_source_code.inline_string = FRAMES_SOURCE
     return _filter(FRAMES_FILTER, lua)
 
 

@@ -168,6 +168,29 @@ def test_translation_reads_no_file_the_bytes_come_in_the_overlay(module):
     assert wasm.config.vm_config.vm_id == f"default.contract@{hashlib.sha256(MODULE).hexdigest()[:12]}"
 
 
+def test_translation_opens_no_file_and_reads_no_environment(module, monkeypatch):
+    cfg = config(module)
+    overlay = Overlay(wasm_modules=WasmModuleStore().load(cfg))
+
+    reads, listeners = [], []
+
+    def refuse(*args, **kwargs):
+        reads.append(args[:1])
+        raise PermissionError("translation may not read this")
+
+    grpc = ProxyNode("grpc-client", kind="grpc")
+    with monkeypatch.context() as m:        # undone before pytest itself reads a file
+        for name in ("open", "stat", "listdir", "scandir", "getenv"):
+            m.setattr(os, name, refuse)
+        m.setattr("builtins.open", refuse)
+        m.setattr(os, "environ", {})
+        try:
+            listeners = [bool(Translator().translate(cfg, node, overlay)[LISTENER]) for node in (GATEWAY, SIDECAR, grpc)]
+        except PermissionError:
+            pass
+    assert (reads, listeners) == ([], [True, True, True])
+
+
 def test_a_plugin_whose_module_was_not_loaded_is_a_config_error_naming_it(module):
     with pytest.raises(ConfigError) as e:
         Translator().translate(config(module), GATEWAY, NO_OVERLAY)

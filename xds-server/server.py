@@ -231,8 +231,11 @@ class XdsServer:
 
     def _load(self) -> tuple:
         """(config, overlay): the directory, then the Wasm modules its WasmPlugins name (off
-        the loop; ConfigError for either rejects the change set whole)."""
+        the loop; ConfigError for either rejects the change set whole). A caller's translate
+        function is given no overlay, so its config's modules are not read."""
         config = self.load(self.config_dir)
+        if self._custom_translate is not None:
+            return config, self.overlay
         return config, dataclasses.replace(self.overlay, wasm_modules=self.wasm_modules.load(config))
 
     def _translating(self, overlay: Overlay):

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from mcp26.xds.ads_protocol import DeltaStream, Shared, SotwStream, Stream
 from mcp26.xds.cache import PreparedSnapshot, SnapshotCache, translation_key
 from mcp26.xds.write_budget import Trimmer, WriteBudget
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.sync import SyncTracker
 from mcp26.xds.telemetry import Telemetry
 

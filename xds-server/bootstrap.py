@@ -15,7 +15,8 @@ def split_address(address: str) -> tuple[str, int]:
 
 def node_namespace(node_id: str, namespace: str = "") -> str:
     """The namespace the control plane reads for a node (node.ProxyNode.from_proto's rule)."""
-    from mcp26.xds.node import ProxyNode
+    # Imported here: the Envoy protos cost ~0.3 s, and only `--ca-dir` (a node token) asks this.
+    from mcp26.xds.model.node import ProxyNode
     from envoy.config.core.v3 import base_pb2
     node = base_pb2.Node(id=node_id)
     if namespace:

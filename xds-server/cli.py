@@ -100,9 +100,6 @@ def register(subparsers) -> None:
     ps.add_argument("--json", action="store_true", help="print /debug/syncz as JSON instead of the table")
     ps.set_defaults(func=_proxy_status)
 
-    from mcp26.xds.explain.cli import register as register_explain
-    register_explain(subparsers)       # `route explain`, `proxy-config`
-
 
 def _serve(args) -> int:
     from mcp26.xds.server import XdsServer, serve
@@ -113,17 +110,11 @@ def _serve(args) -> int:
               "node-local address reachable only by the proxies, and pass --allow-remote to bind it anyway",
               file=sys.stderr)
         return 2
-    from mcp26.xds.translate import listeners
-    idle = args.stream_idle_timeout
-    try:
-        idle = float(os.environ.get(STREAM_IDLE_ENV) or listeners.STREAM_IDLE_TIMEOUT_S) if idle is None else idle
-    except ValueError:
-        idle = -1
-    if not idle >= 0:
-        print(f"mcpctl xds serve: the stream idle timeout must be >= 0 seconds (0: off), "
+    options = translate_options(args)
+    if options is None:
+        print(f"mcpctl xds serve: the stream idle timeout must be a finite number of seconds >= 0 (0: off), "
               f"from --stream-idle-timeout or ${STREAM_IDLE_ENV}", file=sys.stderr)
         return 2
-    listeners.STREAM_IDLE_TIMEOUT_S = idle    # read by every HCM translated in this process
     if not os.path.isdir(args.config_dir):
         print(f"mcpctl xds serve: config directory {args.config_dir!r} does not exist", file=sys.stderr)
         return 2
@@ -134,13 +125,25 @@ def _serve(args) -> int:
         return 2
     server = XdsServer(args.config_dir, port=args.port, admin_port=args.admin_port, address=args.address,
                        debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
-                       grpc_frontend=args.grpc_frontend)
+                       grpc_frontend=args.grpc_frontend, options=options)
     try:
         asyncio.run(serve(server))
     except OSError as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def translate_options(args, environ=os.environ):
+    """The TranslateOptions of `xds serve`'s flags (--stream-idle-timeout, else
+    $MCP_XDS_STREAM_IDLE_TIMEOUT, else the default); None for a bad timeout."""
+    from mcp26.xds.translate.options import DEFAULT_STREAM_IDLE_TIMEOUT_S, TranslateOptions
+    idle = args.stream_idle_timeout
+    try:
+        idle = float(environ.get(STREAM_IDLE_ENV) or DEFAULT_STREAM_IDLE_TIMEOUT_S) if idle is None else idle
+        return TranslateOptions(stream_idle_timeout_s=idle)
+    except ValueError:          # not a number, negative (TranslateOptions), or nan
+        return None
 
 
 def _identity_flags(serve) -> None:

@@ -79,10 +79,10 @@ class Telemetry:
     """One set of providers: metrics into a private registry, spans into a ring.
 
     The server takes one (and hands it to the ADS hub and the admin app);
-    `default()` is the process's, which the translator and the snapshot cache
-    still reach through `metrics()` / `tracer()`, and which the server uses
-    unless given another, so that /debug/tracez shows translate and push spans
-    side by side.
+    `default()` is the process's, which the snapshot cache still reaches through
+    `metrics()` / `tracer()`, and which the server uses unless given another;
+    the server hands its tracer to its Translator, so that /debug/tracez shows
+    translate and push spans side by side.
     """
 
     def __init__(self):

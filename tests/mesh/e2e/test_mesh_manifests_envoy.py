@@ -21,8 +21,8 @@ from mcp26.demo.stack.ports import free_port
 pytestmark = pytest.mark.e2e
 translate_mod = pytest.importorskip("mcp26.xds.translate")
 from mcp26.xds.translate.static import static_bootstrap  # noqa: E402
-from mcp26.xds.type_urls import LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode  # noqa: E402
+from mcp26.xds.model.type_urls import LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode  # noqa: E402
 from mcp26.manifests import EXAMPLES
 
 EXAMPLES = str(EXAMPLES)

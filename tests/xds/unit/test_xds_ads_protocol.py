@@ -24,7 +24,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import wrappers_pb2
 from google.rpc import status_pb2
 
-from mcp26.xds import type_urls as T
+from mcp26.xds.model import type_urls as T
 from mcp26.xds.ads import AdsHub, StreamRunner
 from mcp26.xds.ads_protocol import CONTROL_PLANE, DeltaStream, Shared, SotwStream, counting_nonces, push_order
 from mcp26.xds.cache import PreparedSnapshot, SnapshotCache

@@ -31,6 +31,7 @@ import tempfile
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from mcp26.inference import resnet50
 
 OPSET = 17
 GENERATOR_VERSION = 1           # bump when a graph below changes; it is part of the cache name
@@ -146,13 +147,8 @@ FP32 input [-1, 3, 224, 224] -> output [-1, 1000]; 102 MB.
                              producer_name="mcp-mesh", doc_string="builtin:relu")
 
 
-def build_resnet50() -> onnx.ModelProto:
-    """`builtin:resnet50`: torchvision's ResNet-50, random weights (resnet50.py)."""
-    from mcp26.inference.resnet50 import build_resnet50 as build
-    return build()
-
-
-BUILDERS = {"mlp": build_mlp, "tiny-decoder": build_tiny_decoder, "relu": build_relu, "resnet50": build_resnet50}
+BUILDERS = {"mlp": build_mlp, "tiny-decoder": build_tiny_decoder, "relu": build_relu,
+            "resnet50": resnet50.build_resnet50}          # torchvision's ResNet-50, random weights
 
 
 def builtin_path(name: str) -> str:

@@ -35,6 +35,9 @@ from mcp26.inference.profiler import Profiler
 from mcp26.inference.runtime import OnnxModel
 from mcp26.inference.statistics import ModelStatistics
 from mcp26.inference.telemetry import Telemetry
+from mcp26.inference.partition import PartitionedModel, Spec
+from mcp26.inference import model_repository
+from mcp26.inference.ensemble import EnsembleModel
 
 log = logging.getLogger("mcp26.inference")
 # A model whose batch-1 run (measured at warm-up) takes at most this long runs a lone
@@ -461,7 +464,6 @@ class ModelServer:
             runners = instances + (1 if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
         if partition:       # one graph in stages over devices (partition.py)
-            from mcp26.inference.partition import PartitionedModel, Spec
             model = PartitionedModel.load_partitioned(name, version, path, Spec.parse(partition, device), device,
                                                       intra_op_threads)
         else:               # (--enable-profiler profiles on a twin of its own, never this session: profiler.py)
@@ -490,8 +492,6 @@ class ModelServer:
         """Serve one model of a Triton repository (model_repository.ModelEntry): its config's
         batching, instances and device; an ensemble over the models already served. On any
         problem nothing is added (a model already served under the name stays)."""
-        from mcp26.inference import model_repository
-        from mcp26.inference.ensemble import EnsembleModel
         if entry.is_ensemble:
             served = EnsembleModel(entry, self, base)
         else:

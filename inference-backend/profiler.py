@@ -37,6 +37,8 @@ import threading
 import time
 
 from mcp26.inference import hw_counters
+from mcp26.inference.runtime import OnnxModel
+from mcp26.inference import model_format
 
 log = logging.getLogger("mcp26.inference")
 
@@ -190,7 +192,6 @@ class Profiler:
 
     def _sample(self, inputs: list[dict]) -> None:
         import numpy as np
-        from mcp26.inference.runtime import OnnxModel
         model = self._model
         feeds = inputs[0] if len(inputs) == 1 else {k: np.concatenate([i[k] for i in inputs]) for k in inputs[0]}
         # the twin is made as the serving session was (a .mcp26bin: mapped, or settled)
@@ -263,7 +264,6 @@ def source_op_counts(path: str) -> collections.Counter:
     """Nodes by operator type of the model as its author wrote it (for a .mcp26bin: as
     recorded when it was packed, before ONNX Runtime's offline optimisation)."""
     import onnx
-    from mcp26.inference import model_format
     if model_format.is_container(path):
         return collections.Counter(model_format.open_container(path).toc["optimization"].get("source_op_counts", {}))
     return collections.Counter(n.op_type for n in onnx.load(path, load_external_data=False).graph.node)

@@ -21,6 +21,7 @@ import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from mcp26.inference import model_format
 
 STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))    # width, blocks, stride
 EXPANSION = 4
@@ -95,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--output-dir", default=".", help="where resnet50.onnx and resnet50.mcp26bin go")
     args = p.parse_args(argv)
-    from mcp26.inference import model_format
     os.makedirs(args.output_dir, exist_ok=True)
     onnx_path = os.path.join(args.output_dir, "resnet50.onnx")
     onnx.save(build_resnet50(), onnx_path)

@@ -44,6 +44,7 @@ from mcp26.inference.rest import InferCore, build_app
 from mcp26.inference.rest_httptools import FastLane
 from mcp26.inference import openai_api, triton_rpcs
 from mcp26.inference.telemetry import Telemetry
+from mcp26.inference.model_repository import Repository
 
 log = logging.getLogger("mcp26.inference")
 WATCH_INTERVAL_S = 0.25
@@ -345,7 +346,6 @@ class Server:
     def _load_repository(self):
         """--model-repository: every model (explicit mode: those of --load-model), ensembles
         after their steps; the first served model (for the ready line)."""
-        from mcp26.inference.model_repository import Repository
         o = self.opts
         repo = Repository(o.model_repository, o.device, self.settings, o.intra_op_threads, o.fast_path,
                           o.enable_profiler)

@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from mcp26.serving import gc_pauses
+from mcp26.inference.profiler import IDLE, METRICS, derive
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                      0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -155,7 +156,6 @@ class ProfilerCollector:
         return []
 
     def collect(self):
-        from mcp26.inference.profiler import IDLE, METRICS, derive
         gauges = {k: GaugeMetricFamily(f"mcp_profiler_{k}", f"{meaning} ({unit}; {src})", labels=["model_name"])
                   for k, unit, src, meaning in METRICS if k != "kernel_ms_by_op_type"}
         by_op = GaugeMetricFamily("mcp_profiler_kernel_ms_by_op_type", "kernel time per batch by operator type "

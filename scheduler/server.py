@@ -25,6 +25,7 @@ from mcp26.scheduler.ext_proc import EndpointPicker
 from mcp26.scheduler.metrics import MetricsPoller
 from mcp26.scheduler.pool_source import PoolSource, PoolView
 from mcp26.scheduler.picker import Pick, Refusal, Scheduler
+from mcp26.scheduler.loop.marks import FlowMarks
 
 log = logging.getLogger("scheduler")
 POOL_REFRESH_S = 0.5
@@ -111,7 +112,6 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
     if flow_marks:               # the decision loop's marked flows (ext_proc._flow_marks reads state.flow_marks)
-        from mcp26.scheduler.loop.marks import FlowMarks
         state.flow_marks = FlowMarks(flow_marks)
     state.session_key = session_key
     state.refresh()

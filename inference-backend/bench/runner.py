@@ -15,6 +15,7 @@ from mcp26.inference.bench.target import (Target, TargetError, build_tensors, fe
                                             parse_inputs, parse_shapes, parse_url, resolve_default_model,
                                             rest_body, use_binary)
 from mcp26.mesh.headers import QOS_CLASS
+from mcp26.inference.bench.http_slots import HttpSlot
 
 
 # The first answers looked at: all 404 means no model behind the URL (the run stops there).
@@ -99,7 +100,6 @@ class Prepared:
                 self.slots = [grpc_slots.H2Slot(self.connections[i % len(self.connections)], t, payloads, qos,
                                                 cfg.timeout) for i in range(cfg.concurrency)]
             return
-        from mcp26.inference.bench.http_slots import HttpSlot
         if t.short_form and not t.model:
             t.model = await asyncio.to_thread(resolve_default_model, t, cfg.url, min(cfg.timeout, 10.0))
         if t.model:

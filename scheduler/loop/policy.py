@@ -17,6 +17,7 @@ import os
 from typing import Protocol
 
 from mcp26.scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
+from mcp26.scheduler.loop.builtin_policy import REMAP_HOLD_S, BuiltinPolicy
 
 BUILTIN_PYTHON = "builtin-python"
 
@@ -93,7 +94,6 @@ def load_policy(spec: str | None, hold_s: float | None = None, cache_dir: str | 
                 watch: bool = False) -> tuple[Policy, str]:
     """(policy, what it is). Blocking for a Wasm plugin: call it off the event loop."""
     if spec == BUILTIN_PYTHON:
-        from mcp26.scheduler.loop.builtin_policy import REMAP_HOLD_S, BuiltinPolicy
         return BuiltinPolicy(hold_s=REMAP_HOLD_S if hold_s is None else hold_s), "builtin-python (plain Python)"
     if spec and spec.startswith("python:"):
         path = spec[len("python:"):]

@@ -164,11 +164,10 @@ KNOWN_PACKAGE_CYCLES = {
 CLI = ("a command line: each sub-command imports what it runs when it runs, so `mcpctl --help`, "
        "completion and the other sub-commands start without it (mcp26.xds.translate alone is 0.6 s)")
 DRIVER = "a driver (benchmark, harness, demo): imports what the case it runs needs"
-UNREVIEWED = ("there when this check came (issue #39): the owning part gives its reason here, "
-              "or moves it to the top")
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("mcp26.*.cli", "*"): CLI,
     ("mcp26.scheduler.plugins.commands", "*"): CLI + " (`mcpctl policy`'s sub-commands)",
+    ("mcp26.inference.model_cli", "*"): CLI + " (`mcpctl model`'s sub-commands)",
     ("benchmarks.*", "*"): DRIVER,
     ("harness.*", "*"): DRIVER,
     ("mcp26.demo.*", "*"): DRIVER,
@@ -179,23 +178,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("mcp26.scheduler.loop.policy", "mcp26.scheduler.plugins.host"):
         "wasmtime (the plugin sandbox) only when the policy is a plugin",
     ("mcp26.inference.bench.runner", "mcp26.inference.bench.grpc_slots"): "grpcio and numpy only for a gRPC run",
-    ("mcp26.bpf.attach", "mcp26.bpf.flow_ring"): UNREVIEWED,
-    ("mcp26.bpf.attach", "mcp26.mesh.flow_ring"): UNREVIEWED,
-    ("mcp26.bpf.latency", "mcp26.bpf.attach"): UNREVIEWED,
-    ("mcp26.bpf.latency", "mcp26.bpf.syscall"): UNREVIEWED,
-    ("mcp26.bpf.program", "mcp26.bpf.flow_ring"): UNREVIEWED,
-    ("mcp26.inference.bench.runner", "mcp26.inference.bench.http_slots"): UNREVIEWED,
-    ("mcp26.inference.envoy_bootstrap", "mcp26.inference.priority_worker"): UNREVIEWED,
-    ("mcp26.inference.ensemble", "mcp26.inference.model_repository"): UNREVIEWED,
-    ("mcp26.inference.model_repository", "mcp26.inference.runtime"): UNREVIEWED,
-    ("mcp26.inference.model_server", "mcp26.inference.ensemble"): UNREVIEWED,
-    ("mcp26.inference.model_server", "mcp26.inference.model_repository"): UNREVIEWED,
-    ("mcp26.inference.model_server", "mcp26.inference.partition"): UNREVIEWED,
-    ("mcp26.inference.repository", "mcp26.inference.model_repository"): UNREVIEWED,
-    ("mcp26.inference.server", "mcp26.inference.model_repository"): UNREVIEWED,
-    ("mcp26.scheduler.loop.actions", "mcp26.scheduler.loop.marks"): UNREVIEWED,
-    ("mcp26.scheduler.loop.policy", "mcp26.scheduler.loop.builtin_policy"): UNREVIEWED,
-    ("mcp26.scheduler.server", "mcp26.scheduler.loop.marks"): UNREVIEWED,
 }
 
 

@@ -26,9 +26,9 @@ def register(subparsers) -> None:
                          "instead of the basic, provider-independent ones")
     pk.set_defaults(func=pack)
     ins = sub.add_parser("inspect", help="print a .mcp26bin file's table of contents")
-    ins.add_argument("file")
+    ins.add_argument("file", help="the .mcp26bin file")
     ins.add_argument("--verify", action="store_true", help="hash every chunk (exit 1 on a mismatch)")
-    ins.add_argument("--output", choices=("table", "json"), default="table")
+    ins.add_argument("--output", choices=("table", "json"), default="table", help="table (default) or json")
     ins.set_defaults(func=inspect)
 
 

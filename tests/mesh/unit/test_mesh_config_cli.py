@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from mcp26.serving.executables import executable
-from harness.paths import ROOT
+from harness.paths import ROOT, checkout_examples
 
 ROOT = str(ROOT)
 MCPCTL = executable("mcpctl")
@@ -44,9 +44,10 @@ def lines(out, marker):
     return [line for line in out.splitlines() if marker in line]
 
 
-def test_examples_validate_and_analyze_clean():
+def test_examples_validate_and_analyze_clean(tmp_path):
+    examples = str(checkout_examples(tmp_path / "examples"))
     for cmd in ("validate", "analyze"):
-        r = mcpctl(cmd, "istio-manifests/examples")
+        r = mcpctl(cmd, examples)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "No validation issues found" in r.stdout
 

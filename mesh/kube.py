@@ -139,11 +139,27 @@ def synthesized(source: Resource, kind: str, name: str, spec: dict, labels: dict
                     annotations={SYNTHESIZED_FROM: source.ref})
 
 
-def _slice_endpoints(config: MeshConfig, svc: Resource) -> list[dict] | None:
+def _pods_by_ip(instances: list[Workload]) -> dict[tuple[str, str], Workload]:
+    return {(w.namespace, a): w for w in instances if w.source.kind == "Pod" for a in w.addresses}
+
+
+def _endpoint(address: str, ports: dict, pod: Workload | None) -> dict:
+    """One inline endpoint; with the Pod behind it (istiod's endpoint -> Pod lookup) its labels,
+    so DestinationRule subsets select it, and its service account, the identity mTLS checks."""
+    ep = {"address": address, "ports": ports}
+    if pod is not None:
+        if pod.labels:
+            ep["labels"] = dict(pod.labels)
+        ep["serviceAccount"] = pod.service_account
+    return ep
+
+
+def _slice_endpoints(config: MeshConfig, svc: Resource, pods: dict | None = None) -> list[dict] | None:
     """Inline ServiceEntry endpoints from the Service's EndpointSlices or
     Endpoints (ready addresses only); None when the directory has neither."""
     found = False
     out = []
+    pods = pods or {}
     for es in config.of_kind("EndpointSlice"):
         if es.namespace != svc.namespace or es.labels.get(SERVICE_NAME_LABEL) != svc.name:
             continue
@@ -153,7 +169,7 @@ def _slice_endpoints(config: MeshConfig, svc: Resource) -> list[dict] | None:
             if (ep.get("conditions") or {}).get("ready") is False:
                 continue
             for address in ep.get("addresses") or []:
-                out.append({"address": address, "ports": {k: v for k, v in ports.items() if k}})
+                out.append(_endpoint(address, {k: v for k, v in ports.items() if k}, pods.get((svc.namespace, address))))
     for ep in config.of_kind("Endpoints"):
         if ep.namespace != svc.namespace or ep.name != svc.name:
             continue
@@ -162,7 +178,7 @@ def _slice_endpoints(config: MeshConfig, svc: Resource) -> list[dict] | None:
             ports = {str(p.get("name") or ""): int(p["port"]) for p in subset.get("ports") or [] if p.get("port")}
             for a in subset.get("addresses") or []:
                 if a.get("ip"):
-                    out.append({"address": a["ip"], "ports": {k: v for k, v in ports.items() if k}})
+                    out.append(_endpoint(a["ip"], {k: v for k, v in ports.items() if k}, pods.get((svc.namespace, a["ip"]))))
     if not found:
         return None
     # A Service port without a name maps by its targetPort/number (the ServiceEntry's).
@@ -173,6 +189,7 @@ def registry_resources(config: MeshConfig) -> list[Resource]:
     """The ServiceEntries and WorkloadEntries the Kubernetes objects of `config` stand for."""
     out: list[Resource] = []
     instances = workloads(config)
+    pods = _pods_by_ip(instances)
     for svc in config.of_kind("Service"):
         if not is_registry_kind(svc):
             continue
@@ -202,7 +219,7 @@ def registry_resources(config: MeshConfig) -> list[Resource]:
         ip = spec.get("clusterIP")
         if ip and ip != "None":
             se["addresses"] = [ip]
-        endpoints = _slice_endpoints(config, svc)
+        endpoints = _slice_endpoints(config, svc, pods)
         selector = {str(k): str(v) for k, v in (spec.get("selector") or {}).items()}
         if endpoints is not None:
             se["endpoints"] = endpoints

@@ -42,8 +42,14 @@ def _labels(values: list[str] | None) -> dict:
 def register(subparsers) -> None:
     xds = subparsers.add_parser("xds", help="the xDS control plane")
     xsub = xds.add_subparsers(dest="xds_command", metavar="COMMAND", required=True)
-    serve = xsub.add_parser("serve", help="serve ADS (SotW and Delta) from a watched config directory")
-    serve.add_argument("--config-dir", required=True, help="the watched directory of YAML (Istio resources, WasmPlugins, ...)")
+    serve = xsub.add_parser("serve", help="serve ADS (SotW and Delta) from a watched config directory or the Kubernetes API")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config-dir", help="the watched directory of YAML (Istio resources, WasmPlugins, ...)")
+    source.add_argument("--kubeconfig", help="read the config from the Kubernetes API server this kubeconfig names "
+                                             "(list and watch, as istiod does)")
+    source.add_argument("--in-cluster", action="store_true",
+                        help="read the config from the Kubernetes API server of the Pod this runs in (its service account)")
+    serve.add_argument("--kube-context", default=None, help="the kubeconfig context (default: its current one)")
     serve.add_argument("--port", type=int, default=18000, help="ADS gRPC port")
     serve.add_argument("--admin-port", type=int, default=18001, help="admin HTTP port")
     serve.add_argument("--address", default="127.0.0.1",
@@ -124,22 +130,38 @@ def _serve(args) -> int:
               f"from --stream-idle-timeout or ${STREAM_IDLE_ENV}", file=sys.stderr)
         return 2
     listeners.STREAM_IDLE_TIMEOUT_S = idle    # read by every HCM translated in this process
-    if not os.path.isdir(args.config_dir):
+    if args.config_dir is not None and not os.path.isdir(args.config_dir):
         print(f"mcpctl xds serve: config directory {args.config_dir!r} does not exist", file=sys.stderr)
+        return 2
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        print(f"mcpctl xds serve: kubeconfig {args.kubeconfig!r} does not exist", file=sys.stderr)
         return 2
     try:
         identity = _identity(args)
     except ValueError as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 2
-    server = XdsServer(args.config_dir, port=args.port, admin_port=args.admin_port, address=args.address,
-                       debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
-                       grpc_frontend=args.grpc_frontend)
+
+    async def main() -> None:
+        source = None
+        if args.config_dir is None:
+            from mcp26.xds.kube_source import KubeApi, KubeSource, api_client
+            source = KubeSource(KubeApi(await api_client(args.kubeconfig, args.kube_context)),
+                                debounce=args.debounce_ms / 1000)
+        server = XdsServer(args.config_dir or "", port=args.port, admin_port=args.admin_port, address=args.address,
+                           debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
+                           grpc_frontend=args.grpc_frontend, source=source)
+        await serve(server)
     try:
-        asyncio.run(serve(server))
+        asyncio.run(main())
     except OSError as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 1
+    except Exception as e:            # a kubeconfig or in-cluster configuration that does not load
+        if type(e).__module__.startswith("kubernetes_asyncio"):
+            print(f"mcpctl xds serve: Kubernetes configuration: {e}", file=sys.stderr)
+            return 2
+        raise
     return 0
 
 

@@ -49,15 +49,18 @@ class XdsServer:
                  address: str = "127.0.0.1", load=None, translate=None,
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
                  telemetry: Telemetry | None = None,
-                 settle: float = DEFAULT_SETTLE, identity=None, grpc_frontend: str = LANE):
+                 settle: float = DEFAULT_SETTLE, identity=None, grpc_frontend: str = LANE,
+                 source=None):
         if grpc_frontend not in GRPC_FRONTENDS:
             raise ValueError(f"grpc_frontend must be one of {', '.join(GRPC_FRONTENDS)}, not {grpc_frontend!r}")
         self.grpc_frontend = grpc_frontend
-        self.config_dir = config_dir
+        # The config source: the watched directory (the default), or `source`, e.g. a
+        # kube_source.KubeSource, which brings its own loader and is described in its place.
+        self.config_dir = config_dir if source is None else source.describe()
         self.settle = settle            # settle.py: how long a security weakening waits for its file
         self._recheck: asyncio.TimerHandle | None = None
         self.port, self.admin_port, self.address = port, admin_port, address
-        self.load = load or default_load()
+        self.load = load or (source.loader if source is not None else default_load())
         # The server owns its Translator (and so its translation cache); a
         # caller may pass any (config, node) -> Snapshot function instead.
         self.translator = Translator()
@@ -70,7 +73,11 @@ class XdsServer:
         self.identity = self.hub.identity = identity or IdentityService(None)   # no CA: issues nothing
         self._rotation: asyncio.Task | None = None
         self.test_hooks = test_hooks
-        self.source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)
+        if source is None:
+            source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)
+        else:
+            source.on_change = self.apply
+        self.source = source
         self._generations = itertools.count(1)
         self._apply_lock: asyncio.Lock | None = None
         self.status: dict = {"config_dir": config_dir, "generation": "", "applied_at": 0.0,
@@ -80,6 +87,9 @@ class XdsServer:
 
     async def start(self) -> None:
         self._apply_lock = asyncio.Lock()
+        if getattr(self.source, "needs_sync", False):   # the API server: every kind listed first
+            self.source.start()
+            await self.source.synced()
         await self.apply()          # a bad initial config: serve nothing until a good one lands
         self._grpc = self._grpc_server()
         add_to_server(self.hub, self._grpc)
@@ -121,7 +131,8 @@ class XdsServer:
                 rotation_loop(self.identity, self.hub, rotation_period(self.identity.ttl)))
         log.info("ADS (%s) on %s:%d, admin on %s:%d, watching %s (%s)", self.grpc_frontend, self.address, self.port,
                  self.address, self.admin_port, self.config_dir,
-                 "inotify" if self.source.inotify is not None else "polling")
+                 "inotify" if self.source.inotify is not None else
+                 "polling" if isinstance(self.source, DirectorySource) else "informers")
 
     async def stop(self, grace: float = 0.5) -> None:
         if self._rotation is not None:

@@ -261,8 +261,18 @@ class Informer:
                 obj.setdefault("kind", self.kind.kind)
                 old = self.store.get(key)
                 if old is None or (old.get("metadata") or {}).get("resourceVersion") != meta.get("resourceVersion"):
-                    self.store[key] = _slim(obj)
-                    self.changed()
+                    self.store[key] = obj = _slim(obj)
+                    # A config kind's status (what the status writer wrote) is no input to the
+                    # translation: kept in the store, but no change set for it.
+                    if old is None or not self.kind.group or self.kind.group == "discovery.k8s.io" \
+                            or _content(old) != _content(obj):
+                        self.changed()
+
+
+def _content(obj: dict) -> tuple:
+    """An object less its status and the versions that a status write changes."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
+    return meta, {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
 def _versions(store: dict) -> dict:
@@ -372,8 +382,14 @@ class KubeLoader:
         self.parsed = 0
         for obj in self.source.objects():
             meta = obj.get("metadata") or {}
+            # A config kind's generation moves with its spec alone (a status write leaves it); the
+            # core kinds' resourceVersion moves with everything, a Pod's podIP included.
+            # (labels and annotations move neither: they are part of the key).
+            version = (meta.get("generation"), json.dumps([meta.get("labels"), meta.get("annotations")], sort_keys=True)) \
+                if "." in str(obj.get("apiVersion")).split("/")[0] \
+                and not str(obj.get("apiVersion")).startswith("discovery.k8s.io/") else None
             key = (obj.get("apiVersion"), obj.get("kind"), meta.get("namespace"), meta.get("name"),
-                   meta.get("resourceVersion"))
+                   meta.get("uid"), version if version is not None else meta.get("resourceVersion"))
             res = self._resources.get(key)
             if res is None:
                 res, errs = resource_of(obj)

@@ -82,6 +82,7 @@ class XdsServer:
         self._apply_lock: asyncio.Lock | None = None
         self.status: dict = {"config_dir": config_dir, "generation": "", "applied_at": 0.0,
                              "resources": 0, "warnings": [], "rejected": None, "held": None}
+        self.changed: asyncio.Event = asyncio.Event()   # set after each change set taken or rejected
         self._grpc: grpc.aio.Server | GrpcLane | None = None
         self._admin = None
 
@@ -191,6 +192,7 @@ class XdsServer:
                                rejected=None, held=None)
             log.info("applied %s: %d resources, %d node shapes", generation, len(config), len(snapshots))
             self.hub.notify_all()
+            self.changed.set()
             return True
 
     def _build(self, config, generation: str, nodes, subscriptions) -> dict:
@@ -223,6 +225,7 @@ class XdsServer:
     def _reject(self, diagnostics: list[Diagnostic]) -> None:
         self.telemetry.metrics.config_rejected.add(1)
         self.status["rejected"] = {"at": time.time(), "errors": [diagnostic_dict(d) for d in diagnostics]}
+        self.changed.set()
         kept = self.status["generation"] or "nothing (no good config yet)"
         log.error("change set in %s rejected whole; still serving %s:\n%s", self.config_dir, kept,
                   "\n".join(f"  {d}" for d in diagnostics))

@@ -50,6 +50,24 @@ def register(subparsers) -> None:
     source.add_argument("--in-cluster", action="store_true",
                         help="read the config from the Kubernetes API server of the Pod this runs in (its service account)")
     serve.add_argument("--kube-context", default=None, help="the kubeconfig context (default: its current one)")
+    serve.add_argument("--namespace", default=None,
+                       help="with the API server: the control plane's own namespace (its status Lease; default "
+                            "$POD_NAMESPACE, else the service account's, else mcp-mesh)")
+    serve.add_argument("--no-status", action="store_true",
+                       help="with the API server: write no status (Gateway API conditions, validationMessages)")
+    serve.add_argument("--webhook-port", type=int, default=0,
+                       help="with the API server and --ca-dir: serve the validating admission webhook over TLS on "
+                            "this port (istiod: 15017; default 0, off)")
+    serve.add_argument("--webhook-host", action="append", default=None,
+                       help="a DNS name for the webhook's certificate (repeatable; default mcp-mesh-xds.NAMESPACE.svc)")
+    serve.add_argument("--secure-port", type=int, default=0,
+                       help="with the API server and --ca-dir: ADS over TLS on this port for proxies that send a "
+                            "ServiceAccount token (checked by TokenReview; istiod: 15012; default 0, off)")
+    serve.add_argument("--secure-address", default="0.0.0.0", help="where --secure-port and --webhook-port listen")
+    serve.add_argument("--token-audience", default="mcp-mesh",
+                       help="the audience proxies' ServiceAccount tokens must be bound to (default mcp-mesh)")
+    serve.add_argument("--webhook-configuration", default="mcp-mesh-validator",
+                       help="the ValidatingWebhookConfiguration whose caBundle this keeps equal to the mesh CA's root")
     serve.add_argument("--port", type=int, default=18000, help="ADS gRPC port")
     serve.add_argument("--admin-port", type=int, default=18001, help="admin HTTP port")
     serve.add_argument("--address", default="127.0.0.1",
@@ -151,12 +169,30 @@ def _serve(args) -> int:
         server = XdsServer(args.config_dir or "", port=args.port, admin_port=args.admin_port, address=args.address,
                            debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
                            grpc_frontend=args.grpc_frontend, source=source)
-        await serve(server)
+        if source is None:
+            await serve(server)
+            return
+        from mcp26.xds.kube_control import KubeControl, pod_namespace
+        control = KubeControl(server, source.api, args.namespace or pod_namespace(), status=not args.no_status,
+                              webhook_port=args.webhook_port, webhook_hosts=tuple(args.webhook_host or ()),
+                              webhook_configuration=args.webhook_configuration,
+                              webhook_address=args.secure_address, secure_port=args.secure_port,
+                              secure_address=args.secure_address, token_audience=args.token_audience)
+        await server.start()
+        try:
+            await control.start()
+            await server.wait()
+        finally:
+            await control.stop()
+            await server.stop()
     try:
         asyncio.run(main())
     except OSError as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:
+        print(f"mcpctl xds serve: {e}", file=sys.stderr)
+        return 2
     except Exception as e:            # a kubeconfig or in-cluster configuration that does not load
         if type(e).__module__.startswith("kubernetes_asyncio"):
             print(f"mcpctl xds serve: Kubernetes configuration: {e}", file=sys.stderr)

@@ -84,6 +84,8 @@ class XdsServer:
                              "resources": 0, "warnings": [], "rejected": None, "held": None}
         self.changed: asyncio.Event = asyncio.Event()   # set after each change set taken or rejected
         self._grpc: grpc.aio.Server | GrpcLane | None = None
+        self._grpc_secure: grpc.aio.Server | None = None
+        self.secure_port = 0
         self._admin = None
 
     async def start(self) -> None:
@@ -120,6 +122,22 @@ class XdsServer:
             EXCLUSIVE_PORT,         # a second control plane on this port is an error, not half the proxies
         ])
 
+    async def start_secure(self, address: str, port: int, authenticate, cert_chain: bytes, key: bytes) -> int:
+        """ADS over TLS beside the plaintext loopback port (istiod's 15012): the same hub, each
+        stream checked by `authenticate` (kube_auth.StreamAuthenticator) before anything is sent."""
+        server = self._grpc_secure = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000)),
+            ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_STREAM_HOLD_S),
+            EXCLUSIVE_PORT])
+        add_to_server(self.hub, server, authenticate)
+        creds = grpc.ssl_server_credentials([(key, cert_chain)])
+        self.secure_port = server.add_secure_port(f"{address}:{port}", creds)
+        await server.start()
+        log.info("ADS over TLS (ServiceAccount tokens) on %s:%d", address, self.secure_port)
+        return self.secure_port
+
     async def _admin_and_watch(self) -> None:
         from mcp26.xds.admin import start_admin
         self._admin = await start_admin(self, self.address, self.admin_port)
@@ -143,6 +161,8 @@ class XdsServer:
         await self.source.stop()
         if self._admin is not None:
             await self._admin.cleanup()
+        if self._grpc_secure is not None:
+            await self._grpc_secure.stop(grace)
         if self._grpc is not None:
             await self._grpc.stop(grace)
 

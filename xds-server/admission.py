@@ -32,6 +32,7 @@ PATH = "/validate"
 MAX_BODY = 3 << 20          # the API server's own request limit is 3 MiB
 WEBHOOK_CONFIGURATION = "mcp-mesh-validator"
 REVIEW_TIMEOUT_S = 8.0
+MISSING_RETRY_S = 2.0
 
 
 def message(d: Diagnostic) -> str:
@@ -141,23 +142,24 @@ async def keep_ca_bundle(api, ca_pem: bytes, name: str = WEBHOOK_CONFIGURATION, 
     bundle = base64.b64encode(ca_pem).decode()
     path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
     while True:
+        found = True
         try:
-            await ensure_ca_bundle(api, path, bundle)
+            found = await ensure_ca_bundle(api, path, bundle) is not None
         except asyncio.CancelledError:
             raise
         except Exception as e:
             log.warning("caBundle of %s: %s", name, e)
-        await asyncio.sleep(period)
+        await asyncio.sleep(period if found else MISSING_RETRY_S)    # not applied yet: look again soon
 
 
-async def ensure_ca_bundle(api, path: str, bundle: str) -> bool:
-    """One round: True when a patch was sent."""
+async def ensure_ca_bundle(api, path: str, bundle: str) -> bool | None:
+    """One round: True when a patch was sent, False when it was right, None when there is no such configuration."""
     from mcp26.xds.kube_source import ApiError
     try:
         current = await api.request("GET", path)
     except ApiError as e:
         if e.status == 404:
-            return False          # not installed (yet)
+            return None           # not installed (yet)
         raise
     hooks = current.get("webhooks") or []
     if all((h.get("clientConfig") or {}).get("caBundle") == bundle for h in hooks):
@@ -173,12 +175,12 @@ def rules() -> list[dict]:
     """What the webhook configuration sends here: CREATE and UPDATE of every config kind the
     control plane reads and validates (the core kinds are Kubernetes' own to admit)."""
     from mcp26.xds.kube_source import KINDS
-    by_group: dict[tuple, list[str]] = {}
+    by_group: dict[str, list[str]] = {}
     for k in KINDS:
         if k.group and k.group != "discovery.k8s.io":
-            by_group.setdefault((k.group, k.version), []).append(k.plural)
+            by_group.setdefault(k.group, []).append(k.plural)
     return [{"apiGroups": [g], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
-             "resources": sorted(plurals), "scope": "*"} for (g, v), plurals in sorted(by_group.items())]
+             "resources": sorted(plurals), "scope": "*"} for g, plurals in sorted(by_group.items())]
 
 
 def webhook_configuration(client_config: dict, name: str = WEBHOOK_CONFIGURATION) -> dict:

@@ -107,6 +107,13 @@ def register(subparsers) -> None:
         p.add_argument("--ca-dir", default="",
                        help="the control plane's --ca-dir: write this node's bootstrap token (IDENTITY_TOKEN), "
                             "without which it is issued no workload certificate")
+        p.add_argument("--xds-ca-file", default="",
+                       help="reach ADS over TLS (the control plane's --secure-port), checking it against this root CA")
+        p.add_argument("--xds-server-name", default="",
+                       help="the name the control plane's certificate must carry (SNI too), e.g. mcp-mesh-xds.mcp-mesh.svc")
+        p.add_argument("--token-file", default="",
+                       help="a ServiceAccount token (projected, audience mcp-mesh) sent on the ADS stream; read once, "
+                            "when the bootstrap is written")
         if name == "run":
             p.add_argument("--log-level", default="warning", help="Envoy's log level (default warning)")
             p.add_argument("--bootstrap-path", help="where to write the bootstrap (default: a temp file)")
@@ -242,10 +249,20 @@ def _bootstrap_text(args) -> str:
                                         args.service_account or "default")
         except CAError as e:
             raise ValueError(str(e)) from None
+    bearer = ""
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                bearer = f.read().strip()
+        except OSError as e:
+            raise ValueError(f"--token-file {args.token_file}: {e.strerror}") from None
+        if not bearer or any(c.isspace() for c in bearer):
+            raise ValueError(f"--token-file {args.token_file}: not a token")
     return bootstrap_yaml(node_id=args.node_id, cluster=args.cluster, xds_address=args.xds_address,
                           admin_port=args.admin_port, delta=args.delta, labels=_labels(args.label),
                           namespace=args.namespace, service_account=args.service_account,
-                          identity_token=token)
+                          identity_token=token, ca_file=args.xds_ca_file, server_name=args.xds_server_name,
+                          token=bearer)
 
 
 def _bootstrap(args) -> int:

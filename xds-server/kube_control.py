@@ -80,3 +80,33 @@ class KubeControl:
             await self.election.release()
         if self.webhook is not None:
             await self.webhook.stop()
+
+
+def cluster_rules() -> list[dict]:
+    """The ClusterRole the control plane needs, exactly (deploy/kubernetes/control-plane.yaml holds
+    it; tests/xds/e2e/test_kube_manifests.py runs the control plane under it): list and watch each
+    kind the source reads, patch the status it writes, create TokenReviews, and get and patch its
+    own webhook configuration's caBundle."""
+    from mcp26.xds.admission import WEBHOOK_CONFIGURATION
+    from mcp26.xds.kube_source import KINDS
+    from mcp26.xds.kube_status import STATUS_KINDS
+    watched: dict[str, list[str]] = {}
+    status: dict[str, list[str]] = {}
+    for k in KINDS:
+        watched.setdefault(k.group, []).append(k.plural)
+        if (k.group, k.kind) in STATUS_KINDS:
+            status.setdefault(k.group, []).append(f"{k.plural}/status")
+    rules = [{"apiGroups": [g], "resources": sorted(p), "verbs": ["list", "watch"]} for g, p in sorted(watched.items())]
+    rules += [{"apiGroups": [g], "resources": sorted(p), "verbs": ["patch"]} for g, p in sorted(status.items())]
+    rules += [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+              {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+               "resourceNames": [WEBHOOK_CONFIGURATION], "verbs": ["get", "patch"]}]
+    return rules
+
+
+def namespace_rules() -> list[dict]:
+    """The Role in its own namespace: the status Lease (create cannot name a resource)."""
+    from mcp26.xds.kube_status import LEASE_NAME
+    return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
+             "verbs": ["get", "update"]}]

@@ -122,6 +122,7 @@ class KubeApi:
     def __init__(self, client):
         self.client = client
         self.requests = 0                  # sent, for the scale benchmark's requests per second
+        self.refused: dict[int, int] = {}  # non-2xx answers by status (403: RBAC too narrow)
 
     async def _send(self, method: str, path: str, query=None, body=None, content_type: str = "application/json",
                     timeout=None):
@@ -138,6 +139,8 @@ class KubeApi:
             text = await resp.text()
         finally:
             resp.release()
+        if not 200 <= resp.status < 300:
+            self.refused[resp.status] = self.refused.get(resp.status, 0) + 1
         if resp.status == 410:
             raise Gone(text)
         if not 200 <= resp.status < 300:
@@ -149,6 +152,8 @@ class KubeApi:
         resp = await self._send("GET", path, {**query, "watch": "true"},
                                 timeout=(10, WATCH_TIMEOUT_S + 30))
         try:
+            if resp.status != 200:
+                self.refused[resp.status] = self.refused.get(resp.status, 0) + 1
             if resp.status == 410:
                 raise Gone(await resp.text())
             if resp.status != 200:

@@ -37,6 +37,16 @@ LEASE_S, RENEW_S, RETRY_S = 15, 5.0, 2.0
 ISTIO_GROUPS = ("networking.istio.io", "security.istio.io", "extensions.istio.io", "telemetry.istio.io")
 _NOTE = re.compile(r"^(Accepted|ResolvedRefs|Programmed)=False \((\w+)\): (.*)$")
 LEVELS = {"error": "ERROR", "warning": "WARNING", "info": "INFO"}
+# (group, kind) whose status this writes: what the ClusterRole lets it patch (kube_control.py).
+STATUS_KINDS = {(GATEWAY_GROUP, "Gateway"), (GATEWAY_GROUP, "HTTPRoute"), (GATEWAY_GROUP, "GRPCRoute"),
+                ("inference.networking.k8s.io", "InferencePool"),
+                *((g, k) for g, k in (("networking.istio.io", "VirtualService"), ("networking.istio.io", "DestinationRule"),
+                                      ("networking.istio.io", "Gateway"), ("networking.istio.io", "ServiceEntry"),
+                                      ("networking.istio.io", "WorkloadEntry"), ("networking.istio.io", "Sidecar"),
+                                      ("security.istio.io", "AuthorizationPolicy"),
+                                      ("security.istio.io", "PeerAuthentication"),
+                                      ("security.istio.io", "RequestAuthentication"),
+                                      ("extensions.istio.io", "WasmPlugin")))}
 
 
 def now_rfc3339(micro: bool = False) -> str:

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 from benchmarks.bench_xds import cpu_s, rss_mb
-from benchmarks.bench_xds_scale import ISTIOD, Fleet, percentile
+from benchmarks.bench_xds_scale import ISTIOD, Fleet, churn_latencies, percentile
 from benchmarks.xds_config import GATEWAY
 from harness.kube_cluster import KubeCluster, binaries, stand_in_crds
 from mcp26.demo.stack.control_plane import ControlPlane
@@ -179,17 +179,7 @@ def run_source(source: str, kube: KubeCluster, services: int, clients: int, seco
         finally:
             records = fleet.stop() if fleet is not None else {}
             cp.close()
-    lat, missing = [], 0
-    for rec in records.values():
-        times = sorted(rec["eds"])
-        j = 0
-        for a in changed_at:
-            while j < len(times) and times[j] < a:
-                j += 1
-            if j == len(times):
-                missing += 1
-                continue
-            lat.append(times[j] - a)
+    lat, _, missing = churn_latencies(records, changed_at)
     out["churn"] = {"changes": len(changed_at), "per_change": max(1, services // 100), "samples": len(lat),
                     "missing": missing,
                     "p50_ms": 1e3 * statistics.median(lat) if lat else None,

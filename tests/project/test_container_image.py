@@ -20,7 +20,7 @@ import pytest
 from harness.paths import ROOT
 from mcp26.demo.stack.ports import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]   # a first build: debootstrap and image, minutes
 
 BASE = "localhost/mcp-debian:bookworm"
 IMAGE = "localhost/mcp-mesh:test"

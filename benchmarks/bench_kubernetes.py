@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -121,7 +122,7 @@ def reads(kube: KubeCluster) -> float:
     total = 0.0
     for line in kube.call("GET", "/metrics")[1].splitlines():
         if line.startswith("apiserver_request_total{") and any(f'verb="{v}"' in line for v in ("LIST", "WATCH", "GET")):
-            if 'resource=""' in line:            # /metrics, /readyz: not the control plane's
+            if re.search(r'[{,]resource=""', line):      # /metrics, /readyz: not the control plane's
                 continue
             total += float(line.rsplit(" ", 1)[1])
     return total

@@ -8,7 +8,7 @@ reflector). Every `resync` seconds each kind is listed afresh and compared with 
 resync that finds nothing changed changes nothing (no change set, no push).
 
 A kind whose CRD is not installed (404 on the list) is empty, and is looked for again every
-`resync`, as istiod does for optional CRDs. Any change is applied once the objects have been
+30 s, as istiod starts an informer when an optional CRD appears. Any change is applied once the objects have been
 still for `debounce` seconds (at most `max_debounce`), like the directory's change sets.
 
 The objects become `Resource`s through mesh.parse.resource_from_document, the directory's own
@@ -92,6 +92,7 @@ KINDS = (
 )
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+MISSING_KIND_RETRY_S = 30.0   # a kind whose CRD is not installed is looked for again this often
 WATCH_TIMEOUT_S = 300          # the server ends a watch after this; resumed from the last version
 STRIPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 
@@ -200,8 +201,9 @@ class Informer:
                 if self.need_list or time.monotonic() >= next_resync:
                     await self._list()
                     self.need_list, next_resync = False, time.monotonic() + self.resync
-                    if not self.served:
-                        await asyncio.sleep(self.resync)
+                    if not self.served:            # its CRD may be installed any time: look again soon
+                        await asyncio.sleep(min(self.resync, MISSING_KIND_RETRY_S))
+                        self.need_list = True
                         continue
                 await self._watch(next_resync)
                 backoff = BACKOFF_MIN_S

@@ -192,3 +192,36 @@ def test_a_bad_object_is_rejected_whole_and_the_last_good_config_kept(shop):
             await server.stop()
             await source.api.client.close()
     asyncio.run(run())
+
+
+def test_a_kind_whose_crd_comes_later_is_found(shop, monkeypatch):
+    from mcp26.xds import kube_source
+    from mcp26.xds.kube_source import Informer, Kind
+    monkeypatch.setattr(kube_source, "MISSING_KIND_RETRY_S", 0.3)
+    widget = Kind("example.mcp-mesh.io", "v1", "widgets", "Widget")
+
+    async def run():
+        api = KubeApi(await api_client(shop.kubeconfig))
+        informer = Informer(api, widget, lambda: None, resync=300)
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 10)
+            assert not informer.served and informer.store == {}
+            await asyncio.to_thread(shop.crds, [{
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "widgets.example.mcp-mesh.io"},
+                "spec": {"group": "example.mcp-mesh.io", "scope": "Namespaced",
+                         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                         "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                             "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}])
+            await asyncio.to_thread(shop.ok, "POST", "/apis/example.mcp-mesh.io/v1/namespaces/shop/widgets",
+                                    {"apiVersion": "example.mcp-mesh.io/v1", "kind": "Widget", "metadata": {"name": "w"}})
+            deadline = time.monotonic() + 15
+            while ("shop", "w") not in informer.store:
+                assert time.monotonic() < deadline, "the new kind was never listed"
+                await asyncio.sleep(0.1)
+            assert informer.served
+        finally:
+            task.cancel()
+            await api.client.close()
+    asyncio.run(run())

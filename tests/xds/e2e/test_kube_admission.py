@@ -4,9 +4,16 @@ $MCP_KUBE_APISERVER is unset): `kubectl apply` of a bad VirtualService is refuse
 mesh CA, and the control plane fills the configuration's caBundle itself."""
 import asyncio
 import base64
+import json
+import socket
+import ssl
+import time
+import urllib.request
 
 import pytest
+import yaml
 
+from mcp26.demo.stack.control_plane import ControlPlane
 from mcp26.demo.stack.ports import free_port
 from mcp26.xds.admission import (PATH, AdmissionServer, ensure_ca_bundle, server_certificate,
                                  webhook_configuration)
@@ -59,3 +66,43 @@ def test_kubectl_apply_of_a_bad_virtualservice_is_refused_with_our_message(kube,
             await api.client.close()
             kube.call("DELETE", path)
     asyncio.run(run())
+
+
+def test_mcpctl_xds_serve_on_the_api_server_runs_status_webhook_and_secure_port(kube, tmp_path):
+    """The command line an operator's Deployment runs (deploy/kubernetes/control-plane.yaml), here."""
+    kube.namespace("mcp-mesh")
+    webhook, secure = free_port(), free_port()
+    cp = ControlPlane(None, kubeconfig=kube.kubeconfig, test_hooks=False, extra_args=[
+        "--ca-dir", str(tmp_path / "ca"), "--namespace", "mcp-mesh", "--webhook-port", str(webhook),
+        "--secure-port", str(secure), "--secure-address", "127.0.0.1"])
+    try:
+        cp.start(timeout=60)
+        ca = MeshCA.load_or_create(str(tmp_path / "ca"))
+        ctx = ssl.create_default_context(cadata=ca.root_pem().decode())
+        ctx.check_hostname = False            # the certificate names mcp-mesh-xds.mcp-mesh.svc and 127.0.0.1
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                   "request": {"uid": "1", "operation": "CREATE",
+                                               "object": yaml.safe_load(BAD)}}).encode()
+                req = urllib.request.Request(f"https://127.0.0.1:{webhook}{PATH}", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+                    answer = json.loads(r.read())
+                break
+            except OSError:
+                assert time.monotonic() < deadline, cp.log_tail()
+                time.sleep(0.2)
+        assert answer["response"]["allowed"] is False
+        with socket.create_connection(("127.0.0.1", secure), timeout=5) as s:
+            with ctx.wrap_socket(s) as tls:
+                assert tls.version()                  # the authenticated ADS port speaks TLS
+        while True:
+            status, lease = kube.call("GET", "/apis/coordination.k8s.io/v1/namespaces/mcp-mesh/leases/mcp-mesh-status-leader")
+            if status == 200 and lease["spec"].get("holderIdentity"):
+                break
+            assert time.monotonic() < deadline + 15, (status, lease)
+            time.sleep(0.2)
+    finally:
+        cp.close()

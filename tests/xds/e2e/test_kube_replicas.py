@@ -84,6 +84,9 @@ def test_two_replicas_serve_the_same_and_a_kill_moves_proxies_without_a_failed_r
                             sort_keys=True)) for e in c.get(key) or [])     # (a Struct's map has no order)
             return out
         assert dynamic(dumps[0]) == dynamic(dumps[1]) and dynamic(dumps[0])["dynamic_active_clusters"]
+        for e in envoys:        # they hold the gateway's port too (SO_REUSEPORT): only the next one may
+            e.stop()
+        envoys.clear()
         # One Envoy listing both; it is on one of them.
         admin = free_port()
         both = Envoy(envoy_bootstrap(node_id=NODE, xds_address=f"{cps[0].address},{cps[1].address}",
@@ -109,7 +112,9 @@ def test_two_replicas_serve_the_same_and_a_kill_moves_proxies_without_a_failed_r
             try:
                 client.wait_for(lambda u: u == "v3", timeout=30)
             except TimeoutError as e:       # say what the survivor had then
-                raise AssertionError(f"{e}; survivor: {other.configz()}\n{other.log_tail()[-2000:]}") from None
+                raise AssertionError(f"{e}; survivor: {other.configz()}; its view of the node: {other.node_sync(NODE)}; "
+                                     f"Envoy: {both.stats('control_plane')}\n{other.log_tail()[-2000:]}\n"
+                                     f"{both.log_tail()}") from None
             time.sleep(0.3)
         finally:
             load.stop()

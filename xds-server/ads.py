@@ -161,10 +161,12 @@ class StreamRunner:
     """Runs one stream's protocol: a reader task queues requests, pushes are queued
     by the hub, and this coroutine handles both in order, yielding wire bytes."""
 
-    def __init__(self, hub: AdsHub, stream: Stream, peer: str):
+    def __init__(self, hub: AdsHub, stream: Stream, peer: str, authenticate=None, metadata=()):
         self.hub = hub
         self.stream = stream
         self.peer = peer
+        # kube_auth.StreamAuthenticator on the authenticated port: (node, metadata) -> node, or Refused
+        self.authenticate, self.metadata = authenticate, metadata
         self.queue: asyncio.Queue[Push | Request | End] = asyncio.Queue()
 
     async def run(self, request_iterator):
@@ -189,6 +191,8 @@ class StreamRunner:
                             hello = stream.hello(req)
                         except (DecodeError, ValueError) as e:     # not a request, or no node.id first
                             raise BadRequest(f"{stream.request_type.DESCRIPTOR.name}: {e}") from None
+                        if hello and self.authenticate is not None:
+                            stream.node = await self.authenticate(stream.node, self.metadata)
                         if hello:
                             log.info("%s stream from %s (%s, %s)", protocol, stream.node.id,
                                      stream.node.kind, self.peer)
@@ -247,8 +251,9 @@ async def _write_all(responses, context, budget: WriteBudget) -> None:
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     """Writes serialized responses (bytes); `add_to_server` registers it with a pass-through serializer."""
 
-    def __init__(self, hub: AdsHub):
+    def __init__(self, hub: AdsHub, authenticate=None):
         self.hub = hub
+        self.authenticate = authenticate
 
     async def StreamAggregatedResources(self, request_iterator, context):
         await self._serve(SotwStream(self.hub.shared), request_iterator, context)
@@ -257,12 +262,17 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         await self._serve(DeltaStream(self.hub.shared), request_iterator, context)
 
     async def _serve(self, stream: Stream, request_iterator, context) -> None:
-        runner = StreamRunner(self.hub, stream, context.peer())
+        metadata = context.invocation_metadata() if self.authenticate is not None else ()
+        runner = StreamRunner(self.hub, stream, context.peer(), self.authenticate, metadata)
         try:
             await _write_all(runner.run(request_iterator), context, self.hub.writes)
         except BadRequest as e:      # the client's fault: a status and a line, not a traceback
             log.warning("%s stream from %s refused: %s", stream.protocol, runner.peer, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:
+            if type(e).__name__ != "Refused":       # kube_auth.Refused, not imported here: no kube without it
+                raise
+            await context.abort(getattr(grpc.StatusCode, e.code), str(e))
 
 
 class Wire:
@@ -286,10 +296,11 @@ def _join(wire) -> bytes:
     return wire.body + wire.tail if isinstance(wire, Wire) else wire
 
 
-def add_to_server(hub: AdsHub, server) -> None:
-    """Register ADS on a grpc.aio server; the method names are Envoy's, the wire is protobuf."""
+def add_to_server(hub: AdsHub, server, authenticate=None) -> None:
+    """Register ADS on a grpc.aio server; the method names are Envoy's, the wire is protobuf.
+    `authenticate`: each stream's node checked first (kube_auth.StreamAuthenticator)."""
     hub.shared.wire = Wire
-    servicer = AdsServicer(hub)
+    servicer = AdsServicer(hub, authenticate)
     handlers = {
         "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
             servicer.StreamAggregatedResources,

@@ -25,6 +25,8 @@ from pathlib import Path
 from mcp26.mesh.diagnostics import Diagnostic
 from mcp26.mesh.parse import resource_from_document
 from mcp26.mesh.resources import MeshConfig
+from mcp26.mesh import validation
+from mcp26.xds.kube_source import KINDS, ApiError
 
 log = logging.getLogger("mcp26.xds.admission")
 
@@ -57,7 +59,6 @@ def review(body: bytes) -> dict:
     errors: list[Diagnostic] = []
     res = resource_from_document(obj, "", 0, {}, errors)
     if res is not None and not errors:
-        from mcp26.mesh import validation
         validation._load_validators()
         if not (validation.GROUP_VALIDATORS.get((res.group, res.kind)) or validation.VALIDATORS.get(res.kind)):
             return out            # not a kind mesh validates
@@ -154,7 +155,6 @@ async def keep_ca_bundle(api, ca_pem: bytes, name: str = WEBHOOK_CONFIGURATION, 
 
 async def ensure_ca_bundle(api, path: str, bundle: str) -> bool | None:
     """One round: True when a patch was sent, False when it was right, None when there is no such configuration."""
-    from mcp26.xds.kube_source import ApiError
     try:
         current = await api.request("GET", path)
     except ApiError as e:
@@ -174,7 +174,6 @@ async def ensure_ca_bundle(api, path: str, bundle: str) -> bool | None:
 def rules() -> list[dict]:
     """What the webhook configuration sends here: CREATE and UPDATE of every config kind the
     control plane reads and validates (the core kinds are Kubernetes' own to admit)."""
-    from mcp26.xds.kube_source import KINDS
     by_group: dict[str, list[str]] = {}
     for k in KINDS:
         if k.group and k.group != "discovery.k8s.io":

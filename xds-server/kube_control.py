@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from mcp26.xds.admission import WEBHOOK_CONFIGURATION, AdmissionServer, keep_ca_bundle, server_certificate
+from mcp26.xds.kube_auth import DEFAULT_AUDIENCE, StreamAuthenticator, TokenReviewer
+from mcp26.xds.kube_source import KINDS
+from mcp26.xds.kube_status import LEASE_NAME, STATUS_KINDS, LeaderElection, StatusWriter
 
 log = logging.getLogger("mcp26.xds.kube")
 
@@ -42,7 +46,6 @@ class KubeControl:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.status:
-            from mcp26.xds.kube_status import LeaderElection, StatusWriter
             self.election = LeaderElection(self.api, self.namespace)
             self.writer = StatusWriter(self.api, self.server.source, self.election)
             self._tasks += [loop.create_task(self.election.run(), name="status lease"),
@@ -51,7 +54,6 @@ class KubeControl:
             ca = self.server.identity.ca
             if ca is None:
                 raise ValueError("the admission webhook needs the mesh CA (--ca-dir): its certificate comes from it")
-            from mcp26.xds.admission import AdmissionServer, keep_ca_bundle, server_certificate
             hosts = [*self.webhook_hosts, *([self.webhook_address] if self.webhook_address not in ("0.0.0.0", "::") else [])]
             cert, key = server_certificate(ca, hosts, self.state_dir or None)
             self.webhook = AdmissionServer(cert, key, self.webhook_address, self.webhook_port)
@@ -64,7 +66,6 @@ class KubeControl:
             ca = self.server.identity.ca
             if ca is None:
                 raise ValueError("ADS over TLS needs the mesh CA (--ca-dir): its certificate comes from it")
-            from mcp26.xds.kube_auth import DEFAULT_AUDIENCE, StreamAuthenticator, TokenReviewer
             self.authenticator = StreamAuthenticator(TokenReviewer(self.api, self.token_audience or DEFAULT_AUDIENCE), ca)
             hosts = [*self.webhook_hosts,
                      *([self.secure_address] if self.secure_address not in ("0.0.0.0", "::") else ["127.0.0.1"])]
@@ -87,9 +88,6 @@ def cluster_rules() -> list[dict]:
     it; tests/xds/e2e/test_kube_manifests.py runs the control plane under it): list and watch each
     kind the source reads, patch the status it writes, create TokenReviews, and get and patch its
     own webhook configuration's caBundle."""
-    from mcp26.xds.admission import WEBHOOK_CONFIGURATION
-    from mcp26.xds.kube_source import KINDS
-    from mcp26.xds.kube_status import STATUS_KINDS
     watched: dict[str, list[str]] = {}
     status: dict[str, list[str]] = {}
     for k in KINDS:
@@ -106,7 +104,6 @@ def cluster_rules() -> list[dict]:
 
 def namespace_rules() -> list[dict]:
     """The Role in its own namespace: the status Lease (create cannot name a resource)."""
-    from mcp26.xds.kube_status import LEASE_NAME
     return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
              "verbs": ["get", "update"]}]

@@ -35,6 +35,9 @@ from typing import Awaitable, Callable
 from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 from mcp26.mesh.parse import resource_from_document
 from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import ValidationCache
+from mcp26.mesh.analyze import AnalysisCache
+from mcp26.mesh.change_set import check_config
 
 log = logging.getLogger("mcp26.xds.kube")
 
@@ -377,13 +380,10 @@ class KubeLoader:
         self.source = source
         self._resources: dict[tuple, Resource] = {}
         self.parsed = 0
-        from mcp26.mesh.validation import ValidationCache
-        from mcp26.mesh.analyze import AnalysisCache
         self.validation = ValidationCache()
         self.analysis = AnalysisCache()
 
     def __call__(self, _where: str = "") -> MeshConfig:
-        from mcp26.mesh.change_set import check_config
         kept: dict[tuple, Resource] = {}
         resources, errors = [], []
         self.parsed = 0

@@ -28,6 +28,7 @@ import re
 import socket
 
 from mcp26.mesh.gateway_api import CONTROLLER_CLASSES, GROUP as GATEWAY_GROUP, ROUTE_KINDS
+from mcp26.xds.kube_source import ApiError, KINDS
 
 log = logging.getLogger("mcp26.xds.status")
 
@@ -84,7 +85,6 @@ class LeaderElection:
             await asyncio.sleep(RENEW_S if self.leading else RETRY_S)
 
     async def try_acquire_or_renew(self) -> bool:
-        from mcp26.xds.kube_source import ApiError
         try:
             lease = await self.api.request("GET", self.path)
         except ApiError as e:
@@ -319,7 +319,6 @@ class StatusWriter:
             return made
 
     async def _patch(self, obj: dict, status: dict) -> bool:
-        from mcp26.xds.kube_source import ApiError, KINDS
         kind = next((k for k in KINDS if k.api_version == obj["apiVersion"] and k.kind == obj["kind"]), None)
         if kind is None:
             return False

@@ -660,7 +660,8 @@ def test_raw_405_415_and_server_side_deadline(lt):
              + raw.headers(5, request_headers("/t.S/Slow", ("grpc-timeout", "300m"), ("tag", "raw-deadline")))
              + frame(DATA, END_STREAM, 5, grpc_message(b"30")))
     t0 = time.monotonic()
-    frames = raw.read_until(lambda fs: {f.stream for f in fs if f.kind == HEADERS and f.flags & END_STREAM} >= {1, 3, 5})
+    frames = raw.read_until(lambda fs: {f.stream for f in fs if f.kind in (HEADERS, DATA) and f.flags & END_STREAM}
+                            >= {1, 3, 5})
     status = {f.stream: dict(raw.decoder.decode(f.payload)) for f in frames if f.kind == HEADERS}
     assert status[1][":status"] == "405" and status[3][":status"] == "415"
     assert status[5].get("grpc-status") == "4", status[5]          # DEADLINE_EXCEEDED, from the server itself

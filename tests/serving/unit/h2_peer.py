@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from hpack import Decoder, Encoder
+from hpack import Decoder, Encoder, NeverIndexedHeaderTuple
 
 from mcp26.serving.h2 import limits as h2_limits
 from mcp26.serving.h2.connection import H2Connection
@@ -53,7 +53,8 @@ class Peer:
         return frames
 
     def block(self, fields: list) -> bytes:
-        return self.encoder.encode(fields)
+        """Fields never indexed: the tests add table entries of their own by hand."""
+        return self.encoder.encode([NeverIndexedHeaderTuple(k, v) for k, v in fields])
 
     def headers(self, sid: int, fields: list, end_stream: bool = False) -> bytes:
         return frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0), sid, self.block(fields))

@@ -376,7 +376,6 @@ class Call:
         self.lane.calls.discard(task)
         if not self.ran:            # cancelled before its first step
             self.lane.starting -= 1
-        self.task = None            # its exception's traceback holds this call's frames
         if self.finished:
             self.context = None     # Call -> Context -> Call, let go of without the cyclic collector
 

@@ -16,9 +16,9 @@ What it keeps:
   is STREAM_CLOSED for the stream, and what was in flight when we reset a stream is dropped;
 - windows both ways: what we send waits for the client's (§6.9), queued per stream as views
   of the caller's bytes; what the client sends is counted against ours, and past them is
-  FLOW_CONTROL_ERROR. The connection's window comes back by itself once half is used; a
-  stream's, when the caller says so (credit), so that a handler that does not read holds
-  back its client;
+  FLOW_CONTROL_ERROR for the connection (a client that ignores windows is not one to keep).
+  The connection's window comes back by itself once half is used; a stream's, when the
+  caller says so (credit), so that a handler that does not read holds back its client;
 - requests checked as §8.1–8.3 say (fields.py), the HPACK table (hpack_decoder.py), and the
   limits of limits.py, each counted in limits.hits where it is hit.
 
@@ -229,9 +229,9 @@ class H2Connection:
         if st.remote_closed:
             return self._stream_error(st, STREAM_CLOSED, "DATA after the stream's END_STREAM")
         st.recv_window -= length
-        if st.recv_window < 0:
+        if st.recv_window < 0:      # a client that ignores windows: the connection, not just the stream (§6.9.1)
             hits["flow_control"] += 1
-            return self._stream_error(st, FLOW_CONTROL_ERROR, "DATA past the stream's window")
+            raise ProtocolError(FLOW_CONTROL_ERROR, f"DATA past stream {sid}'s window")
         end = flags & END_STREAM
         if not payload and not end:
             self._control()                         # an empty DATA frame moves nothing

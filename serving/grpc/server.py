@@ -27,9 +27,9 @@ max_receive is RESOURCE_EXHAUSTED before it is kept whole.
 What a client can make it hold: a writer (context.write, or each message of a handler
 written as an async generator or an iterator) waits until its message has left; a
 streaming call holds at most STREAM_BUFFER of unread requests before its stream's window
-stops coming back; and the request messages still arriving whole on one connection hold at
-most PARTIAL_BUDGET before every stream but the first to go past it stops getting its
-window back (so a client that ignores windows is told FLOW_CONTROL_ERROR). The HTTP/2
+stops coming back (what comes after stays bytes, bounded by the window); and one connection's
+calls hold at most CONNECTION_BUFFER unread before every stream but the first to go past it
+stops getting its window back (a client that ignores windows is told FLOW_CONTROL_ERROR). The HTTP/2
 limits themselves are serving/h2/limits.py's.
 """
 from __future__ import annotations
@@ -61,9 +61,15 @@ _END = object()         # the request stream's end, in a streaming call's queue
 # Bytes of request messages a streaming call may hold unread before its stream's window
 # stops coming back (the client then waits, as grpcio's flow control makes it).
 STREAM_BUFFER = 1 << 20
-# Bytes of request messages not yet whole, on one connection, before the windows of its other
-# streams stop coming back (one stream at a time may go on past it: a message up to max_receive).
-PARTIAL_BUDGET = 16 << 20
+# What one queued request message costs beyond its wire bytes (the deserialized message, the
+# queue's tuple; measured: 616 bytes for a 2-byte reflection request), counted against
+# STREAM_BUFFER: 1 MB of 7-byte messages was 150,000 of them (4.5 MB of reflection requests
+# sent to a zero-window stream held 93 MB of message objects).
+MESSAGE_OVERHEAD = 640
+# Bytes of request messages one connection's calls hold unread (not yet whole, or queued for
+# their handlers) before the windows of its streams stop coming back; one stream at a time may
+# go on past it (a message up to max_receive), so that one large message still arrives.
+CONNECTION_BUFFER = 16 << 20
 # A body for the answers to what is not a gRPC call (a browser, curl, a conformance tester's GET /)
 NOT_GRPC = b"This is a gRPC server: it answers POST with content-type application/grpc.\n"
 NOT_GRPC_BODY = 64 << 10       # of such a request's body read before it is answered anyway
@@ -224,7 +230,7 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, answers."""
 
     __slots__ = ("conn", "stream", "lane", "handler", "path", "metadata", "deadline", "timer", "encoding",
-                 "buf", "need", "partial", "requests", "queue", "queued", "uncredited", "task", "context",
+                 "buf", "need", "holds", "ended", "requests", "queue", "queued", "uncredited", "task", "context",
                  "headers_sent", "cancelled", "finished", "deadline_hit", "ran")
 
     def __init__(self, lane: "GrpcLane", conn: H2Protocol, stream, handler, path: str, metadata, deadline,
@@ -234,7 +240,8 @@ class Call:
         self.timer = None
         self.buf = bytearray()              # a message not yet whole
         self.need = 0                       # bytes it takes (prefix included) before it is
-        self.partial = 0                    # len(buf) as the connection's _Inflow counts it
+        self.holds = 0                      # len(buf) + queued, as the connection's _Inflow counts it
+        self.ended = False                  # the request ended while its bytes wait for the handler
         self.requests: list = []            # unary request: its one message
         self.queue: asyncio.Queue | None = asyncio.Queue() if handler.request_streaming else None
         self.queued = 0                     # wire bytes of the messages in `queue`
@@ -252,18 +259,24 @@ class Call:
         if self.finished:
             return
         self._read(data)
-        if len(self.buf) != self.partial and not self.finished:
-            self._partial(len(self.buf))
+        if not self.finished:
+            self._holding()
+
+    def _full(self) -> bool:
+        """A streaming call's handler is STREAM_BUFFER behind: what comes stays bytes for now."""
+        return self.queue is not None and self.queued >= STREAM_BUFFER
 
     def _read(self, data: bytes) -> None:
         if self.buf:            # a message arriving in pieces: appended until whole (never re-copied)
             self.buf += data
-            if len(self.buf) < self.need:
+            if len(self.buf) < self.need or self._full():
                 return
             data, self.buf = bytes(self.buf), bytearray()
         limit = self.lane.max_receive
         i, n = 0, len(data)
         while n - i >= 5:
+            if self._full():
+                break           # the rest is parsed as the handler reads (taken): bounded by the window
             size = _LEN.unpack_from(data, i + 1)[0]
             if size > limit:
                 return self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -288,8 +301,8 @@ class Call:
             except Exception as e:     # noqa: BLE001 - a message that does not parse is the client's
                 return self.fail(grpc.StatusCode.INTERNAL, f"Failed to parse request: {type(e).__name__}")
             if self.queue is not None:
-                self.queue.put_nowait((request, 5 + size))
-                self.queued += 5 + size
+                self.queue.put_nowait((request, 5 + size + MESSAGE_OVERHEAD))
+                self.queued += 5 + size + MESSAGE_OVERHEAD
             else:
                 self.requests.append(request)
                 if len(self.requests) > 1:
@@ -301,8 +314,9 @@ class Call:
     def end(self) -> None:
         if self.finished:
             return
-        if self.partial:
-            self._partial(0)
+        if self.queue is not None and self.buf and len(self.buf) >= self.need:
+            self.ended = True           # whole messages wait as bytes: once the handler has read them
+            return
         if self.buf:
             return self.fail(grpc.StatusCode.INTERNAL, "the request stream ended inside a message")
         if self.queue is not None:
@@ -315,18 +329,18 @@ class Call:
     def credit_now(self, length: int) -> bool:
         """May this stream's window come back now? Not while a streaming call holds
         STREAM_BUFFER of messages its handler has not read (taken() gives it back), nor while
-        the connection's calls hold PARTIAL_BUDGET of messages not yet whole and another
-        call is the one let past it (_Inflow)."""
+        the connection's calls hold CONNECTION_BUFFER and another call is the one let past it
+        (_Inflow)."""
         if self._may_credit():
             return True
         self.uncredited += length
         return False
 
     def _may_credit(self) -> bool:
-        if self.queue is not None and self.queued >= STREAM_BUFFER:
+        if self._full():
             return False
         inflow = self.conn.user
-        if inflow.partial <= PARTIAL_BUDGET:
+        if inflow.holding <= CONNECTION_BUFFER:
             return True
         if inflow.owner is None:
             inflow.owner = self
@@ -341,18 +355,32 @@ class Call:
             self.conn.credit(self.stream, self.uncredited)
             self.uncredited = 0
 
-    def _partial(self, size: int) -> None:
-        inflow = self.conn.user
-        inflow.partial += size - self.partial
-        self.partial = size
-        if not size:
-            inflow.settle(self)
+    def _holding(self) -> None:
+        """What this call holds unread (bytes, queued messages) into the connection's count."""
+        size = len(self.buf) + self.queued
+        if size != self.holds:
+            inflow = self.conn.user
+            inflow.holding += size - self.holds
+            shrank = size < self.holds
+            self.holds = size
+            if shrank:
+                inflow.settle(self)
 
     def taken(self, size: int) -> None:
         """The handler read a message of `size` wire bytes."""
         self.queued -= size
-        if self.uncredited and self.queued < STREAM_BUFFER:
-            self.give_back()
+        if self.buf and self.queued <= STREAM_BUFFER >> 1 and len(self.buf) >= self.need:
+            # bytes left while the queue was full, once it is half empty (not per message taken:
+            # the rest of a window's bytes would be copied again each time)
+            data, self.buf = bytes(self.buf), bytearray()
+            self._read(data)
+        if self.ended and len(self.buf) < self.need:
+            self.ended = False
+            self.end()
+        if not self.finished:
+            self._holding()
+            if self.uncredited:
+                self.give_back()
 
     def reset(self) -> None:
         """The client cancelled (RST_STREAM) or the connection went."""
@@ -524,9 +552,11 @@ class Call:
         # what ties a finished call to its stream and connection goes now (Stream.user, the
         # bytes it held), so that a closed connection's calls are freed by reference counting
         self.stream.user = None
-        if self.partial:
-            self._partial(0)
-        self.conn.user.held.discard(self)
+        self.buf, self.queued = bytearray(), 0
+        self._holding()
+        inflow = self.conn.user
+        inflow.held.discard(self)
+        inflow.settle(self)
         if self.task is None:
             self.context = None
 
@@ -553,22 +583,31 @@ class _Unsupported(Exception):
 
 
 class _Inflow:
-    """What one connection's calls hold of request messages not yet whole (PARTIAL_BUDGET)."""
-    __slots__ = ("partial", "owner", "held")
+    """What one connection's calls hold of request messages unread (CONNECTION_BUFFER)."""
+    __slots__ = ("holding", "owner", "held")
 
     def __init__(self):
-        self.partial = 0            # bytes, all calls together
+        self.holding = 0            # bytes, all calls together
         self.owner: Call | None = None      # the one call let go on past the budget
         self.held: set[Call] = set()        # calls whose window waits for the budget
 
     def settle(self, call: Call) -> None:
-        """`call` holds no partial message now: the owner's place is free, held windows come back."""
-        if self.owner is call:
+        """`call` holds less now (or is over): the owner's place is free once it holds nothing;
+        held windows come back once the connection is under its budget, else the call holding
+        the most is the next let past it (the others would wait for windows that never come)."""
+        if self.owner is call and (not call.holds or call.finished):
             self.owner = None
-        if self.held and self.partial <= PARTIAL_BUDGET:
+        if not self.held:
+            return
+        if self.holding <= CONNECTION_BUFFER:
             held, self.held = self.held, set()
             for c in held:
                 c.give_back()
+        elif self.owner is None:
+            nearest = max(self.held, key=lambda c: c.holds)
+            self.held.discard(nearest)
+            self.owner = nearest
+            nearest.give_back()
 
 
 class GrpcLane:

@@ -15,7 +15,7 @@ import pytest
 from h2_peer import grpc_message, request
 from hpack import Decoder, Encoder, NeverIndexedHeaderTuple
 
-from mcp26.serving.grpc.server import PARTIAL_BUDGET, Call, GrpcLane
+from mcp26.serving.grpc.server import CONNECTION_BUFFER, MESSAGE_OVERHEAD, STREAM_BUFFER, Call, GrpcLane
 from mcp26.serving.h2.frames import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
                                      GOAWAY, HEADERS, PING, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame,
                                      split)
@@ -124,6 +124,7 @@ class Client:
 class Seen:
     def __init__(self):
         self.started, self.cancelled, self.finished, self.written = set(), set(), set(), 0
+        self.go = asyncio.Event()
 
 
 def lane_with(seen: Seen, **options) -> GrpcLane:
@@ -160,6 +161,13 @@ def lane_with(seen: Seen, **options) -> GrpcLane:
         async for r in it:
             yield r[::-1]
 
+    async def noread(it, ctx):              # reads nothing until its request is "go"
+        await seen.go.wait()
+        n = 0
+        async for _ in it:
+            n += 1
+        return str(n).encode()
+
     lane = GrpcLane(64 * MB, 64 * MB, **options)
     lane.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", {
         "Echo": grpc.unary_unary_rpc_method_handler(echo),
@@ -168,6 +176,7 @@ def lane_with(seen: Seen, **options) -> GrpcLane:
         "FloodGen": grpc.unary_stream_rpc_method_handler(flood_gen),
         "FloodIter": grpc.unary_stream_rpc_method_handler(flood_iter),
         "B": grpc.stream_stream_rpc_method_handler(bidi),
+        "NoRead": grpc.stream_unary_rpc_method_handler(noread),
     }),))
     return lane
 
@@ -337,7 +346,7 @@ def test_oversized_metadata_fails_only_that_call():
 
 def test_half_sent_messages_on_one_connection_are_bounded():
     """16 streams each sending the first half of a 24 MB message, windows ignored: the window
-    comes back for one stream past PARTIAL_BUDGET, not the others, so a client sending past
+    comes back for one stream past CONNECTION_BUFFER, not the others, so a client sending past
     them is told FLOW_CONTROL_ERROR and what the server holds stays near the budget (it held
     all 385 MB)."""
     async def main():
@@ -352,8 +361,8 @@ def test_half_sent_messages_on_one_connection_are_bounded():
             if c.t.closed:
                 break
         await c.settle()
-        held = c.conn.user.partial
-        assert held <= PARTIAL_BUDGET + 24 * MB + 16 * MB, f"{held / MB:.0f} MB held"
+        held = c.conn.user.holding
+        assert held <= CONNECTION_BUFFER + 24 * MB + 16 * MB, f"{held / MB:.0f} MB held"
         codes = {U32.unpack(f[3])[0] for f in c.of(RST_STREAM)} | {U32.unpack(f[3][4:8])[0] for f in c.of(GOAWAY)}
         assert FLOW_CONTROL_ERROR in codes
     run(main())
@@ -389,3 +398,73 @@ def test_a_closed_connections_calls_are_freed_without_the_cyclic_collector():
         assert conn() is None, "the connection is kept alive by a reference cycle"
     finally:
         gc.enable()
+
+
+def test_large_requests_past_the_connection_buffer_all_arrive():
+    """20 x 2 MB requests at once from a client that keeps to its windows: past CONNECTION_BUFFER
+    one call at a time gets its window back, and each one that completes hands the place on
+    (all of them waited for windows that never came)."""
+    async def main():
+        c = Client(lane_with(Seen()), settings=struct.pack(">HI", 4, 1 << 30))     # the answers: no wait
+        c.send(frame(WINDOW_UPDATE, 0, 0, U32.pack(1 << 30)))
+        bodies = {1 + 2 * i: grpc_message(bytes([i]) * (2 * MB)) for i in range(20)}
+        sent = dict.fromkeys(bodies, 0)
+        windows = dict.fromkeys(bodies, 65535)          # the stream's, before our SETTINGS is read
+        conn_window = 65535
+        c.send(b"".join(c.headers(sid, request("/t.S/Echo")) for sid in bodies))
+        for _ in range(3000):
+            for f in await c.settle(1):
+                if f[0] == SETTINGS and not f[1] & ACK:
+                    for k, v in (struct.unpack_from(">HI", f[3], o) for o in range(0, len(f[3]), 6)):
+                        if k == 4:
+                            windows = {sid: w + v - 65535 for sid, w in windows.items()}
+                elif f[0] == WINDOW_UPDATE:
+                    inc = U32.unpack(f[3])[0]
+                    if f[2] == 0:
+                        conn_window += inc
+                    elif f[2] in windows:
+                        windows[f[2]] += inc
+            out = []
+            for sid, body in bodies.items():
+                n = min(16384, windows[sid], conn_window, len(body) - sent[sid])
+                if n > 0:
+                    end = END_STREAM if sent[sid] + n == len(body) else 0
+                    out.append(frame(DATA, end, sid, body[sent[sid]:sent[sid] + n]))
+                    sent[sid] += n
+                    windows[sid] -= n
+                    conn_window -= n
+            if out:
+                c.send(b"".join(out))
+            if all(c.status(sid).get("grpc-status") for sid in bodies):
+                break
+        assert not c.of(GOAWAY) and not c.of(RST_STREAM)
+        assert all(c.body(sid) == body for sid, body in bodies.items()), \
+            f"{sum(sent.values()) / MB:.0f} MB of {40} sent"
+    run(main())
+
+
+def test_tiny_messages_a_handler_does_not_read_stay_bytes_past_the_stream_buffer():
+    """A window's worth (1 MiB) of 7-byte messages to a handler that reads none: parsed and queued
+    only up to STREAM_BUFFER (each counted with MESSAGE_OVERHEAD), the rest kept as bytes (150,000
+    message objects were 93 MB). Once the handler reads, every message arrives, in order."""
+    async def main():
+        seen = Seen()
+        c = Client(lane_with(seen))
+        c.send(c.headers(1, request("/t.S/NoRead")))
+        one = grpc_message(b"hello")
+        frames = [frame(DATA, 0, 1, one * (16380 // len(one))) for _ in range((1 << 20) // 16380)]
+        c.send(b"".join(frames))
+        await c.settle()
+        (st,) = c.conn.streams.values()
+        call = st.user
+        assert call.queue.qsize() <= STREAM_BUFFER // MESSAGE_OVERHEAD + 1, call.queue.qsize()
+        assert len(call.buf) > 900_000 and not c.of(GOAWAY)
+        total = sum(len(f) - 9 for f in frames) // len(one)
+        c.send(frame(DATA, END_STREAM, 1, b""))
+        seen.go.set()
+        for _ in range(50):
+            await c.settle()
+            if "grpc-status" in c.status(1):
+                break
+        assert c.body(1) == grpc_message(str(total).encode()) and c.status(1)["grpc-status"] == "0"
+    run(main())

@@ -61,8 +61,10 @@ PUSH_SPANS_PER_S = 200       # xds.push spans recorded at most (a burst of as ma
 # taking requests from gRPC, whose flow control then holds the client back: a client that
 # sends while its stream's writer is blocked (a zero window) cannot grow the server (200 MB of
 # DiscoveryRequests on one such stream were 387 MB here). A fleet's EDS subscriptions of 3,000
-# names are 0.15 MB each.
+# names are 0.15 MB each. Each request counts REQUEST_OVERHEAD more than its bytes (the queued
+# Request and its bytes object: ~120 bytes measured), so small ones are bounded by number too.
 REQUEST_QUEUE_BYTES = 4 << 20
+REQUEST_OVERHEAD = 128
 
 
 class RateLimit:
@@ -192,7 +194,7 @@ class StreamRunner:
                         trigger = "config"
                         responses = stream.push(await self.hub.snapshot(stream.node))
                     case Request(wire):
-                        self.request_bytes -= len(wire)
+                        self.request_bytes -= len(wire) + REQUEST_OVERHEAD
                         if self.request_bytes < REQUEST_QUEUE_BYTES:
                             self.room.set()
                         try:
@@ -231,7 +233,7 @@ class StreamRunner:
                 while self.request_bytes >= REQUEST_QUEUE_BYTES:
                     self.room.clear()
                     await self.room.wait()
-                self.request_bytes += len(wire)
+                self.request_bytes += len(wire) + REQUEST_OVERHEAD
                 self.queue.put_nowait(Request(wire))
             self.queue.put_nowait(END)
         except asyncio.CancelledError:

@@ -69,10 +69,17 @@ hits: collections.Counter = collections.Counter()
 METRIC = "mcp_h2_limit_hits"     # counter by limit: what an HTTP/2 peer was refused or closed for
 
 
+_exported: list = []        # registries METRIC is in (a second export to one is a no-op)
+
+
 def export_metrics(registry) -> None:
     """METRIC (`mcp_h2_limit_hits_total{limit=...}`) in a prometheus_client `registry`: the
     process-wide counts (every gRPC port this process serves on the project's HTTP/2 stack)."""
     from prometheus_client.core import CounterMetricFamily
+
+    if any(r is registry for r in _exported):
+        return
+    _exported.append(registry)
 
     class _Hits:
         def collect(self):

@@ -1,11 +1,12 @@
 """The server side of one HTTP/2 connection (RFC 9113), sans-IO: bytes in, events out,
 bytes to send pulled by the caller, the clock passed in.
 
-In python-hyper/h2's shape (receive_data → events, data_to_send), not that package:
-h2's connection costs ~250 µs of CPU per gRPC call here (its state machine is a table
-of Python transitions per frame, every header goes through its validators and
-HeaderTuple objects); this one ~20 µs, and the gRPC lane's whole call ~110 µs
-(inference-backend/README.md "gRPC lane"). protocol.py runs it on asyncio.
+In python-hyper/h2's shape (receive_data → events, data_to_send), not that package: for
+a unary gRPC call h2's connection costs ~20x this one's CPU (benchmarks/bench_h2_core.py:
+~190 µs against ~9 µs here; its state machine is a table of Python transitions per frame,
+and every header goes through its validators and HeaderTuple objects), when the gRPC lane's
+whole call is ~110 µs (inference-backend/README.md "gRPC lane"). protocol.py runs it on
+asyncio.
 
 What it keeps:
 - each stream's state as RFC 9113 §5.1 has it: idle (above the last stream opened),

@@ -262,10 +262,11 @@ def attack(pattern: str, host: str, port: int, target: str, seconds: float) -> d
 
 
 def churn_with_open_calls(host: str, port: int, target: str, seconds: float) -> dict:
-    """Connections, one after another, each opening up to 200 calls with 60 KB of a message sent
-    (within the server's windows), then closing: what a closed connection's calls held must go."""
+    """Connections, one every half second, each opening up to 200 calls with 16 KB of a message
+    sent (within the server's windows), then closing: what a closed connection's calls held must
+    go (it stayed until the cyclic collector ran: 212 MB)."""
     block = request_block(TARGETS[target]["unary"])
-    part = b"\x00" + U32.pack(1 << 20) + b"x" * (60000 - 5)
+    part = b"\x00" + U32.pack(1 << 20) + b"x" * (16000 - 5)
     deadline = time.monotonic() + seconds
     conns = sent = 0
     while time.monotonic() < deadline:
@@ -285,6 +286,7 @@ def churn_with_open_calls(host: str, port: int, target: str, seconds: float) -> 
         time.sleep(0.1)
         w.close()
         conns += 1
+        time.sleep(0.4)
     return {"pattern": "churn_with_open_calls", "sent_mb": round(sent / 1e6, 1), "connections": conns,
             "first_error": None, "closed_after_s": None, "resets": 0}
 

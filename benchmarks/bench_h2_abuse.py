@@ -109,8 +109,18 @@ class Legit:
         finally:
             call.cancel()
 
-    def warm(self) -> None:
-        self.call()
+    def warm(self, within_s: float = 30.0) -> bool:
+        """One call answered, trying for up to `within_s` (a server still busy with the last
+        attack may take that long); False if none was."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                self.call()
+                return True
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.5)
 
     def _run(self) -> None:
         while not self.stop_flag.is_set():
@@ -139,7 +149,11 @@ BASELINE = "(legit alone)"
 def run_row(pattern: str, port_name: str, port: int, pid: int, seconds: float) -> dict:
     """One pattern (or BASELINE: no attacker) for `seconds`, the legitimate client beside it."""
     legit = Legit(port_name, port)
-    legit.warm()
+    if not legit.warm():
+        legit.channel.close()
+        return {"pattern": pattern, "port": port_name, "cpu_s": 0.0, "rss_growth_mb": 0.0, "rss_after_mb": 0.0,
+                "first_error": None, "legit_pct": 0.0, "legit_calls": 0, "sent_mb": None, "closed_after_s": None,
+                "note": "the server answered no call for 30 s before the row (still busy with the last one)"}
     time.sleep(0.3)
     rss0 = rss_mb(pid)["VmRSS"]
     cpu0 = cpu_s(pid)
@@ -182,6 +196,8 @@ def verdict(row: dict) -> str:
         fails.append("error")
     if row["legit_pct"] < 99.0:
         fails.append("legit")
+    if row.get("note"):
+        fails.append("unresponsive")
     return "ok" if not fails else "FAIL " + ",".join(fails)
 
 
@@ -220,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 port, pid = servers.ports[port_name]
                 if spec_binary:
                     specs.append({"port": port_name, "frontend": frontend, **h2spec(spec_binary, port)})
+                    print(json.dumps(specs[-1]), file=sys.stderr, flush=True)
                 base = run_row(BASELINE, port_name, port, pid, args.seconds)
                 for pattern in [BASELINE, *patterns]:
                     row = {"frontend": frontend, **(base if pattern == BASELINE else
@@ -231,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.connects:
                     connects.append({"port": port_name, "frontend": frontend, "count": args.connects,
                                      "seconds": round(sequential_connects("127.0.0.1", port, args.connects), 2)})
+                    print(json.dumps(connects[-1]), file=sys.stderr, flush=True)
         finally:
             servers.close()
     load = os.getloadavg()
@@ -241,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         first = r["first_error"]
         err = f"{first[0]} {first[1]} @{first[2]:.2f}s" if first else "-"
         print(f"{r['pattern']:22} {r['port']:6} {r['frontend']:8} {r['cpu_s']:6.2f} {r['attack_cpu_s']:6.2f} "
-              f"{r['rss_growth_mb']:8.1f} {err:>34} {r['legit_pct']:8.1f}  {r['verdict']}")
+              f"{r['rss_growth_mb']:8.1f} {err:>34} {r['legit_pct']:8.1f}  {r['verdict']}"
+              + (f" ({r['note']})" if r.get("note") else ""))
     if connects:
         print("\nsequential connects")
         for c in connects:

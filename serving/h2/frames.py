@@ -2,9 +2,9 @@
 
 One codec for both ends: the server's connection (connection.py) and mcp-bench's
 client (inference-backend/bench/h2_grpc.py). Frames are (type, flags, stream,
-payload) tuples: a class per frame type (as python-hyper/hyperframe has) costs
-~1.5 µs a frame to build here, a tuple ~0.1 µs, and the server reads two or
-three frames per gRPC call.
+payload) tuples, not python-hyper/hyperframe's objects: parsing a gRPC call's
+HEADERS and DATA frames took hyperframe 4.4 µs a frame here, split() 0.7 µs
+(load average ~6), and the server reads two or three frames per call.
 """
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ MESSAGE_OVERHEAD = 640
 # Bytes of request messages one connection's calls hold unread (not yet whole, or queued for
 # their handlers) before the windows of its streams stop coming back; one stream at a time may
 # go on past it (a message up to max_receive), so that one large message still arrives.
-CONNECTION_BUFFER = 16 << 20
+CONNECTION_BUFFER = 4 << 20
 # A body for the answers to what is not a gRPC call (a browser, curl, a conformance tester's GET /)
 NOT_GRPC = b"This is a gRPC server: it answers POST with content-type application/grpc.\n"
 NOT_GRPC_BODY = 64 << 10       # of such a request's body read before it is answered anyway

@@ -38,7 +38,7 @@ LISTEN_BACKLOG = 4096           # the kernel caps it at net.core.somaxconn (4,09
 @dataclass(frozen=True)
 class Limits:
     max_concurrent_streams: int = 1024
-    stream_window: int = 1 << 20            # SETTINGS_INITIAL_WINDOW_SIZE we advertise
+    stream_window: int = 256 << 10          # SETTINGS_INITIAL_WINDOW_SIZE we advertise (given back as read)
     connection_window: int = 16 << 20       # and the connection's receive window
     max_header_list: int = 16 << 10         # decoded bytes (RFC 7541 sizes) before the request is refused
     max_header_fields: int = 1000           # fields in one block: past it decoding stops, GOAWAY

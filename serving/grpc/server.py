@@ -552,11 +552,13 @@ class Call:
         # what ties a finished call to its stream and connection goes now (Stream.user, the
         # bytes it held), so that a closed connection's calls are freed by reference counting
         self.stream.user = None
-        self.buf, self.queued = bytearray(), 0
-        self._holding()
+        if self.holds:
+            self.buf, self.queued = bytearray(), 0
+            self._holding()
         inflow = self.conn.user
-        inflow.held.discard(self)
-        inflow.settle(self)
+        if inflow.held or inflow.owner is self:
+            inflow.held.discard(self)
+            inflow.settle(self)
         if self.task is None:
             self.context = None
 

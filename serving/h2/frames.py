@@ -69,16 +69,19 @@ def split(buf, max_size: int) -> tuple[list, int]:
     bytes they took; ProtocolError(FRAME_SIZE_ERROR) at a frame longer than `max_size` (its
     header alone is enough to know)."""
     out = []
+    append, head_at, u32_at = out.append, _HEAD.unpack_from, U32.unpack_from
+    copy = type(buf) is not bytes           # a bytearray's slices are views to copy; bytes' are bytes
     i, n = 0, len(buf)
     while n - i >= 9:
-        head = _HEAD.unpack_from(buf, i)[0]
+        head = head_at(buf, i)[0]
         length = head >> 8
         if length > max_size:
             raise ProtocolError(FRAME_SIZE_ERROR, f"frame of {length} bytes over {max_size}")
         end = i + 9 + length
         if end > n:
             break
-        out.append((head & 0xFF, buf[i + 4], U32.unpack_from(buf, i + 5)[0] & 0x7FFFFFFF, bytes(buf[i + 9:end])))
+        payload = buf[i + 9:end]
+        append((head & 0xFF, buf[i + 4], u32_at(buf, i + 5)[0] & 0x7FFFFFFF, bytes(payload) if copy else payload))
         i = end
     return out, i
 

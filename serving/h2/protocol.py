@@ -103,7 +103,8 @@ class H2Protocol(asyncio.Protocol):
                 self.transport.pause_reading()
         if core.block is not None and self.timer is None:
             self.timer = self.loop.call_later(core.next_deadline() - time.monotonic(), self._tick)
-        self._schedule()
+        if core.out or core.ready:      # else nothing to write yet: a unary call's answer comes later
+            self._schedule()
 
     def _tick(self) -> None:
         self.timer = None

@@ -19,9 +19,9 @@ import hashlib
 import os
 import tempfile
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-import numpy as np
 
 CACHE = os.path.join(tempfile.gettempdir(), f"mcp26-reshape-{os.getuid()}")
 SUFFIX = "__mcp_reshape"

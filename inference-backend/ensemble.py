@@ -133,7 +133,7 @@ class EnsembleModel:
                                    ((-1,) if batched else ()) + tuple(int(d) for d in t.dims)) for t in tensors}
 
     def _step_models(self):
-        return [(s, self.server.models[s.model]) for s in self.steps]
+        return [(s, self.server.models[s.model].at(s.version)) for s in self.steps]
 
     def _check(self) -> None:
         """The DAG is whole: each step's model is served and every input mapped; every tensor
@@ -147,9 +147,11 @@ class EnsembleModel:
                 raise e.fail(f"{where}.model_name", f"{s.model!r} is not in the repository")
             if s.model == self.name:
                 raise e.fail(f"{where}.model_name", "an ensemble cannot run itself")
-            if s.version and s.version != served.model.version:
-                raise e.fail(f"{where}.model_version", f"{s.version}, but {s.model!r} serves version "
-                             f"{served.model.version}")
+            try:
+                served = served.at(s.version)
+            except NotFound:
+                raise e.fail(f"{where}.model_version", f"{s.version}, but {s.model!r} serves version(s) "
+                             f"{', '.join(served.versions())}") from None
             for name in s.inputs:
                 if name not in served.model.inputs:
                     raise e.fail(f"{where}.input_map", f"{name!r} is not an input of {s.model!r} "
@@ -185,9 +187,16 @@ class EnsembleModel:
                 raise e.fail("output", f"{name!r} is produced by no step")
 
     # -- what the front ends call ------------------------------------------------------
-    def check_version(self, version: str) -> None:
+    def versions(self) -> list[str]:
+        return [self.model.version]
+
+    def at(self, version: str) -> "EnsembleModel":
         if version and version != self.model.version:
             raise NotFound(f"model {self.name!r} has no version {version!r}; serving version {self.model.version}")
+        return self
+
+    def check_version(self, version: str) -> None:
+        self.at(version)
 
     def arrival(self):
         return contextlib.nullcontext()
@@ -245,11 +254,12 @@ class EnsembleModel:
             for tensor in s.inputs.values():
                 if tensor in events:
                     await events[tensor].wait()
-            served = self.server.models[s.model]
+            newest = self.server.models[s.model]
             feeds = {name: tensors[tensor] for name, tensor in s.inputs.items()}
             try:
-                if not served.loaded:
+                if not newest.loaded:
                     raise InvalidArgument(f"model {s.model!r} is unloaded")
+                served = newest.at(s.version)
                 step_pending = served.prepare(feeds, list(s.outputs), params)
                 result = await served.infer(step_pending, qos_class, priority)
             except InferenceError as e:

@@ -96,7 +96,7 @@ def model_metadata(served) -> tuple[pb.ModelMetadataResponse, tuple]:
     # The protocol's message has no field for it: the provider rides in metadata.
     trailers = (("x-mcp-execution-provider", m.provider), ("x-mcp-model-load-seconds", f"{m.load_seconds:.4f}"))
     return pb.ModelMetadataResponse(
-        name=m.name, versions=[m.version], platform=getattr(m, "platform", "onnxruntime_onnx"),
+        name=m.name, versions=served.versions(), platform=getattr(m, "platform", "onnxruntime_onnx"),
         inputs=[pb.ModelMetadataResponse.TensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape))
                 for s in m.inputs.values()],
         outputs=[pb.ModelMetadataResponse.TensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape))

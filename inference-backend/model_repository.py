@@ -11,9 +11,9 @@ What is served and how:
   against the config's input / output (name, data_type, dims; with max_batch_size > 0 the
   dims leave the batch dimension out);
 - platform `ensemble`: ensemble.py's DAG over the repository's other models;
-- version_policy: latest { num_versions } (default 1), all, specific { versions }; the
-  newest selected version is served, the others are listed (index) as UNAVAILABLE with
-  that reason: one session per model name here;
+- version_policy: latest { num_versions } (default 1), all, specific { versions }: every
+  selected version is served (`/v2/models/NAME/versions/V/...`), each its own session and
+  batcher; a request that names no version gets the newest;
 - max_batch_size, dynamic_batching (preferred_batch_size, max_queue_delay_microseconds,
   priority_levels, default_priority_level, default_queue_policy, priority_queue_policy):
   the model's batcher settings; without dynamic_batching a request runs as it comes
@@ -70,7 +70,7 @@ class ModelEntry:
     skipped: list[str] = field(default_factory=list)     # present, not selected
     device: str | None = None          # devices.py's list, None: the server's --device
     instances: int = 1
-    served_path: str = ""              # the file loaded: model_path, or its rewrite with reshapes
+    served_paths: dict[str, str] = field(default_factory=dict)   # version -> the file loaded (reshape.py)
 
     @property
     def is_ensemble(self) -> bool:
@@ -82,7 +82,15 @@ class ModelEntry:
 
     @property
     def model_path(self) -> str:
-        return os.path.join(self.directory, self.version, self.config.default_model_filename or "model.onnx")
+        return self.path_of(self.version)
+
+    def path_of(self, version: str) -> str:
+        return os.path.join(self.directory, version, self.config.default_model_filename or "model.onnx")
+
+    @property
+    def served_path(self) -> str:
+        """The newest version's file as loaded: model_path, or its rewrite with the reshapes."""
+        return self.served_paths.get(self.version, self.model_path)
 
     def parameter(self, key: str) -> str | None:
         p = self.config.parameters.get(key)
@@ -230,17 +238,19 @@ def read_model(root: str, name: str, default_device: str = "auto") -> ModelEntry
 
 
 def _reshaped(entry: ModelEntry) -> None:
-    """entry.served_path: the model file, or its rewrite with the config's reshapes (reshape.py)."""
-    entry.served_path = entry.model_path
+    """entry.served_paths: each version's model file, or its rewrite with the config's
+    reshapes (reshape.py)."""
+    entry.served_paths = {v: entry.path_of(v) for v in entry.versions}
     if not any(t.HasField("reshape") for t in (*entry.config.input, *entry.config.output)):
         return
-    if model_format.is_container(entry.model_path):
-        raise entry.fail("reshape", f"{entry.model_path} is a .mcp26bin; reshape applies to ONNX files "
-                         f"(pack the model with its reshapes, or serve the .onnx)")
-    try:
-        entry.served_path = reshape.served_path(entry.model_path, entry.config)
-    except reshape.ReshapeError as e:
-        raise entry.fail(e.field, str(e)) from None
+    for v, path in entry.served_paths.items():
+        if model_format.is_container(path):
+            raise entry.fail("reshape", f"{path} is a .mcp26bin; reshape applies to ONNX files "
+                             f"(pack the model with its reshapes, or serve the .onnx)")
+        try:
+            entry.served_paths[v] = reshape.served_path(path, entry.config)
+        except reshape.ReshapeError as e:
+            raise entry.fail(e.field, str(e)) from None
 
 
 def scan(root: str, default_device: str = "auto") -> dict[str, ModelEntry]:
@@ -361,7 +371,8 @@ class Repository:
         """Triton's poll mode, one pass: what changed in the directory since the models were
         loaded is applied, each change on its own (a bad model is logged and keeps serving as
         it was). New model: loaded. A new version (its policy's newest): swapped in under the
-        queue (ServedModel.reload: no request dropped). A changed dynamic_batching: the batcher's
+        queue (ServedModel.reload: no request dropped); the other selected versions served or
+        stopped to match (ModelServer.serve_versions). A changed dynamic_batching: the batcher's
         settings. A changed ensemble: rebuilt. A model whose directory is gone: unloaded.
         Device or instance changes need a restart (logged). The changes, as lines for the log."""
         out = []
@@ -394,11 +405,15 @@ class Repository:
                                                                1, warmup=False))     # before anything is swapped
                     served.reload(entry.served_path, entry.version)
                     out.append(f"{name}: version {old.version} -> {entry.version}")
+                if entry.versions != old.versions:
+                    out += models.serve_versions(served, entry, self.intra_op_threads, self.fast_path)
                 settings = batcher_settings(entry, self.base)
                 if settings != served.batcher.settings:
-                    served.reconfigure(settings)
+                    for one in served.family.values():
+                        one.reconfigure(settings)
                     out.append(f"{name}: batching from config.pbtxt applied")
-                served.entry = entry
+                for one in served.family.values():
+                    one.entry = entry
             except Exception as e:       # noqa: BLE001 - one model's problem must not stop the others' changes
                 out.append(f"{name}: not applied, serving as before: {getattr(e, 'message', None) or e}")
         for name, served in models.models.items():

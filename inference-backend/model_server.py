@@ -165,6 +165,9 @@ class ServedModel:
             telemetry.add_profiler(name, self.profiler)
         self.loaded = True                          # False after a repository unload (repository.py)
         self.entry = None                           # its model_repository.ModelEntry, if from a repository
+        # every version served under this name, this one included, shared by them all: a
+        # repository model serves each version its version_policy selects (ModelServer.serve_versions)
+        self.family: dict[str, ServedModel] = {model.version: self}
         # split under load (batch_formation.py): as many one-thread instances as the session has threads
         self.split_width = split_width(model) if split_under_load else 0
         self.batcher = DynamicBatcher(name, self._executor_for(model), settings, observer=self,
@@ -262,9 +265,22 @@ class ServedModel:
         self.telemetry.rejections.add(1, {"model": self.name, "priority_level": str(level), "reason": reason})
 
     # -- requests -----------------------------------------------------------------------
+    def versions(self) -> list[str]:
+        """The versions served under this name, oldest first (Triton's metadata lists them all)."""
+        return sorted({m.model.version for m in self.family.values()}, key=lambda v: (len(v), v))
+
+    def at(self, version: str) -> "ServedModel":
+        """The served model of `version` ("": this one, the newest where a name has several)."""
+        if not version or version == self.model.version:
+            return self
+        served = next((m for m in self.family.values() if m.model.version == version), None)
+        if served is None:     # (by each one's model: a reload changes a version in place)
+            raise NotFound(f"model {self.name!r} has no version {version!r}; serving version(s) "
+                           f"{', '.join(self.versions())}")
+        return served
+
     def check_version(self, version: str) -> None:
-        if version and version != self.model.version:
-            raise NotFound(f"model {self.name!r} has no version {version!r}; serving version {self.model.version}")
+        self.at(version)
 
     def prepare(self, inputs: dict[str, np.ndarray], outputs: list[str], params: dict) -> Pending:
         """Decoded tensors + parameters -> a request ready to queue (all checks done here,
@@ -450,10 +466,17 @@ class ModelServer:
         # named by --default-model, else the only one served.
         self.default_model: str | None = None
 
-    def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
-            intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
-            profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-            instances: int = 1, split_under_load: bool = False, partition: str | None = None) -> ServedModel:
+    def add(self, name: str, path: str, settings: BatcherSettings, *args, **kwargs) -> ServedModel:
+        """Load and serve a model under `name` (build's arguments)."""
+        served = self.build(name, path, settings, *args, **kwargs)
+        self.models[name] = served
+        return served
+
+    def build(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
+              intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
+              profile: bool = False, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
+              instances: int = 1, split_under_load: bool = False, partition: str | None = None) -> ServedModel:
+        """A loaded model with its batcher running, not yet served under its name."""
         if intra_op_threads is None:
             # The instances and the reserved lane (batch_formation.py) may run at once on
             # this session: each gets its share of the cores, so together they do
@@ -471,10 +494,8 @@ class ModelServer:
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
-        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
-                             instances=instances, split_under_load=split_under_load, profile=profile)
-        self.models[name] = served
-        return served
+        return ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
+                           instances=instances, split_under_load=split_under_load, profile=profile)
 
     def default_name(self) -> str:
         """The model the short form (`/infer`, `/v2/infer`) stands for."""
@@ -502,8 +523,10 @@ class ModelServer:
                               partition=entry.parameter("partition"))
             try:
                 model_repository.check_against_model(entry, served.model)
+                served.entry = entry
+                self.serve_versions(served, entry, intra_op_threads, fast_path)
             except ValueError:
-                served.batcher.stop()
+                served.batcher.stop()       # (serve_versions stops the versions it started)
                 if old is None:
                     del self.models[entry.name]
                 else:
@@ -513,6 +536,45 @@ class ModelServer:
         self.models[entry.name] = served
         return served
 
+    def serve_versions(self, served: ServedModel, entry, intra_op_threads: int | None = None,
+                       fast_path: bool = True) -> list[str]:
+        """Beside `served` (the newest version), every other version entry's version_policy
+        selects, as Triton serves them: each its own session and batcher on the config's
+        device and instances, one statistics record; versions no longer selected are stopped.
+        A version that fails to load or to match the config raises, and what was already
+        served stays. The changes, as lines for the log."""
+        wanted = entry.versions[:-1]
+        family = {v: m for v, m in served.family.items() if m is not served and v in wanted}
+        added, out = [], []
+        settings = served.batcher.settings          # the config's batching, as the newest has it
+        try:
+            for v in wanted:
+                if v in family:
+                    continue
+                one = self.build(entry.name, entry.served_paths[v], settings, entry.device, intra_op_threads,
+                                 version=v, fast_path=fast_path, instances=entry.instances,
+                                 partition=entry.parameter("partition"))
+                added.append(one)
+                model_repository.check_against_model(entry, one.model)
+                one.entry, one.stats = entry, served.stats
+                served.stats.add_version(v)
+                family[v] = one
+                out.append(f"{entry.name}: version {v} served")
+        except Exception:
+            for one in added:
+                one.batcher.stop()
+            raise
+        for v, m in served.family.items():
+            if m is not served and v not in family:
+                m.batcher.stop()
+                out.append(f"{entry.name}: version {v} no longer served")
+        family[served.model.version] = served
+        served.family.clear()           # one dict shared by the versions: change it in place
+        served.family.update(family)
+        for m in family.values():
+            m.family, m.entry = served.family, entry
+        return out
+
     def get(self, name: str, version: str = "") -> ServedModel:
         name = name or self.default_name()
         served = self.models.get(name)
@@ -520,12 +582,12 @@ class ModelServer:
             raise Unavailable(f"server is not ready (loading models); model {name!r} not served yet")
         if served is None:
             raise NotFound(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}")
-        served.check_version(version)
+        one = served.at(version)
         if not self.ready:
             raise Unavailable(f"model {name!r} is not ready")
         if not served.loaded:
             raise Unavailable(f"model {name!r} is unloaded (POST /v2/repository/models/{name}/load serves it again)")
-        return served
+        return one
 
     def lookup(self, name: str, version: str = "") -> ServedModel:
         """A known model, loaded or not (its configuration and statistics outlive an unload)."""
@@ -533,8 +595,7 @@ class ModelServer:
         served = self.models.get(name)
         if served is None:
             raise NotFound(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}")
-        served.check_version(version)
-        return served
+        return served.at(version)
 
     @property
     def reports_ready(self) -> bool:
@@ -549,6 +610,7 @@ class ModelServer:
     def stop(self) -> None:
         self.ready = False
         for m in self.models.values():
-            m.batcher.stop()
+            for one in [m, *(o for o in getattr(m, "family", {}).values() if o is not m)]:
+                one.batcher.stop()
             if getattr(m, "profiler", None) is not None:      # (an ensemble has none)
                 m.profiler.stop()

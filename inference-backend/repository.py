@@ -32,14 +32,11 @@ def index(server, ready_only: bool = False) -> list[dict]:
         ready = served.loaded and server.ready
         if ready_only and not ready:
             continue
-        entry = {"name": name, "version": served.model.version, "state": "READY" if ready else "UNAVAILABLE"}
-        if not ready:
-            entry["reason"] = "unloaded" if not served.loaded else "loading"
-        out.append(entry)
-        if not ready_only and served.entry is not None:    # versions its policy selected but not served
-            out += [{"name": name, "version": v, "state": "UNAVAILABLE",
-                     "reason": "one version per model is served here: the newest its version_policy selects"}
-                    for v in served.entry.versions[:-1]]
+        for version in served.versions():
+            entry = {"name": name, "version": version, "state": "READY" if ready else "UNAVAILABLE"}
+            if not ready:
+                entry["reason"] = "unloaded" if not served.loaded else "loading"
+            out.append(entry)
     repo = getattr(server, "repository", None)
     if repo is not None and not ready_only:   # in the directory, not loaded (explicit mode)
         out += [{"name": n, "version": "", "state": "UNAVAILABLE", "reason": "not loaded"}

@@ -220,6 +220,7 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
             return error_response(e)
         m = served.model
         doc = m.metadata()
+        doc["versions"] = served.versions()
         doc.update({"execution_provider": m.provider, "device": m.device,
                     "load_seconds": round(m.load_seconds, 4), "warmup_seconds": round(m.warmup_seconds, 4)})
         return web.json_response(doc)

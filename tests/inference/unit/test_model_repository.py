@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mcp26.mesh.batching_policy import preset
-from mcp26.inference import model_repository as mr, triton_config
+from mcp26.inference import model_repository as mr, repository, triton_config
 from mcp26.inference.errors import InferenceError
 from mcp26.inference.model_server import ModelServer
 from mcp26.inference.telemetry import Telemetry
@@ -147,6 +147,40 @@ def test_a_reshape_the_model_cannot_take_serves_nothing_and_names_the_model(tmp_
     assert server.models == {}
 
 
+def test_every_version_the_policy_selects_is_served_and_poll_follows_the_directory(tmp_path):
+    """Triton serves each selected version: latest { num_versions: 2 } over versions 1-3 serves
+    2 and 3 (each its own graph here: Mul, Sub), a request naming none gets the newest; a new
+    version directory moves the pair to 3 and 4 and stops 2."""
+    root = tmp_path / "repo"
+    for v, op in ((1, "Add"), (2, "Mul"), (3, "Sub")):
+        add_model(str(root / "m" / str(v) / "model.onnx"), op)
+    (root / "m" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+                                             'version_policy { latest { num_versions: 2 } }\n')
+    server = _served(str(root))
+    try:
+        a = np.full((1, 16), 3.0, dtype=np.float32)
+        b = np.full((1, 16), 2.0, dtype=np.float32)
+
+        def run(version: str) -> float:
+            return float(_infer(server.get("m", version), {"input0": a, "input1": b})["output0"][0, 0])
+        assert (run("2"), run("3"), run("")) == (6.0, 1.0, 1.0)
+        with pytest.raises(InferenceError, match=r"no version '1'; serving version\(s\) 2, 3"):
+            server.get("m", "1")
+        assert server.get("m").versions() == ["2", "3"] and server.get("m", "2").versions() == ["2", "3"]
+        assert [(e["version"], e["state"]) for e in repository.index(server)] == [("2", "READY"), ("3", "READY")]
+        assert [d["version"] for d in server.lookup("m").stats.docs()] == ["2", "3"]
+        assert [d["execution_count"] for d in server.lookup("m").stats.docs()] == [1, 2]   # 2 ran once, 3 twice
+
+        add_model(str(root / "m" / "4" / "model.onnx"), "Add")
+        changes = server.repository.poll(server)
+        assert "m: version 3 -> 4" in changes and "m: version 2 no longer served" in changes, changes
+        assert (run("3"), run("4")) == (1.0, 5.0) and server.get("m").versions() == ["3", "4"]
+        with pytest.raises(InferenceError, match="no version '2'"):
+            server.get("m", "2")
+    finally:
+        server.stop()
+
+
 def _served(root: str) -> ModelServer:
     server = ModelServer(Telemetry.get(None))
     server.repository = mr.Repository(root, "cpu", preset("balanced"), intra_op_threads=1)
@@ -266,7 +300,7 @@ ENSEMBLE_BAD = {
                   "field output: 'OUT' is produced by no step"),
     "version": ('{ model_name: "m" model_version: 9 input_map { key: "input0" value: "IN" } '
                 'input_map { key: "input1" value: "IN" } output_map { key: "output0" value: "OUT" } }',
-                "step[0].model_version: 9, but 'm' serves version 1"),
+                "step[0].model_version: 9, but 'm' serves version(s) 1"),
 }
 
 

@@ -18,7 +18,7 @@ What is served and how:
   priority_levels, default_priority_level, default_queue_policy, priority_queue_policy):
   the model's batcher settings; without dynamic_batching a request runs as it comes
   (no queue delay), as with Triton's default scheduler;
-- instance_group: one group; count -> instances; kind KIND_CPU -> `cpu`, KIND_GPU with
+- instance_group: count -> instances (several groups on one device: their counts summed); kind KIND_CPU -> `cpu`, KIND_GPU with
   `gpus: [N]` -> `gpu:N`, KIND_AUTO -> the server's --device, KIND_MODEL -> the model's
   `parameters { key: "device" }` (our NPU / DSP kinds: a devices.py list such as
   `npu:0,cpu`); the `device` parameter may refine any kind;
@@ -26,7 +26,7 @@ What is served and how:
   `devices=cpu,cpu`), for one graph split across devices.
 - input / output `reshape`: reshape.py's Reshape nodes at the graph's edges (ONNX files).
 What is refused, with the file and field named: other platforms and backends,
-more than one instance group, a group over several GPUs, sequence_batching.
+groups on different devices, a group over several GPUs, sequence_batching.
 """
 from __future__ import annotations
 
@@ -166,26 +166,24 @@ def _versions(entry: ModelEntry) -> None:
     entry.skipped = [v for v in present if v not in chosen]
 
 
-def _placement(entry: ModelEntry, default_device: str) -> None:
-    c = entry.config
+def _group_device(entry: ModelEntry, i: int, group, default_device: str) -> tuple[str, int]:
+    """(device, instances) of instance_group[i] (None: no group, Triton's one KIND_AUTO instance)."""
     param = entry.parameter("device")
-    if len(c.instance_group) > 1:
-        raise entry.fail("instance_group", f"{len(c.instance_group)} groups; this server runs one per model")
-    group = c.instance_group[0] if c.instance_group else None
+    where = f"instance_group[{i}]"
     kind = mc.ModelInstanceGroup.Kind.Name(group.kind) if group else "KIND_AUTO"
     count = group.count if group and group.count else 1
     if not 1 <= count <= MAX_INSTANCES:
-        raise entry.fail("instance_group[0].count", f"must be 1..{MAX_INSTANCES}, got {count}")
+        raise entry.fail(f"{where}.count", f"must be 1..{MAX_INSTANCES}, got {count}")
     gpus = list(group.gpus) if group else []
     if kind == "KIND_CPU":
         device = param or "cpu"
     elif kind == "KIND_GPU":
         if len(gpus) > 1:
-            raise entry.fail("instance_group[0].gpus", f"{gpus}: one GPU per model here")
+            raise entry.fail(f"{where}.gpus", f"{gpus}: one GPU per model here")
         device = param or f"gpu:{gpus[0] if gpus else 0}"
     elif kind == "KIND_MODEL":
         if not param:
-            raise entry.fail("instance_group[0].kind", "KIND_MODEL needs parameters { key: \"device\" } "
+            raise entry.fail(f"{where}.kind", "KIND_MODEL needs parameters { key: \"device\" } "
                              "naming its devices (npu:0, dsp:0, ...)")
         device = param
     else:
@@ -194,7 +192,24 @@ def _placement(entry: ModelEntry, default_device: str) -> None:
         devices.parse(device, flag=f"{entry.config_path}: device")
     except devices.DeviceError as e:
         raise RepositoryError(f"model {entry.name!r}: {e}") from None
-    entry.device, entry.instances = device, count
+    return device, count
+
+
+def _placement(entry: ModelEntry, default_device: str) -> None:
+    """entry.device and entry.instances. Several groups on one device are their counts summed
+    (Triton runs each group's instances on one queue); groups on different devices would need
+    a session per device under one batcher, which this server does not do."""
+    groups = list(entry.config.instance_group) or [None]
+    placed = [_group_device(entry, i, g, default_device) for i, g in enumerate(groups)]
+    devices_used = sorted({d for d, _ in placed})
+    if len(devices_used) > 1:
+        raise entry.fail("instance_group", f"groups on {', '.join(devices_used)}: this server runs a model's "
+                         f"instances on one device (list them in one group's device parameter, e.g. "
+                         f"parameters {{ key: \"device\" value {{ string_value: \"npu:0,gpu:0\" }} }})")
+    total = sum(n for _, n in placed)
+    if total > MAX_INSTANCES:
+        raise entry.fail("instance_group", f"{total} instances in all; at most {MAX_INSTANCES}")
+    entry.device, entry.instances = placed[0][0], total
 
 
 def _check_refused(entry: ModelEntry) -> None:

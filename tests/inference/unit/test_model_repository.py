@@ -59,6 +59,14 @@ def test_instance_groups_batching_and_a_specific_version_policy(tmp_path):
     assert (p1.timeout_action, p1.default_timeout_us, p1.allow_timeout_override) == ("DELAY", 5000, True)
 
 
+def test_two_cpu_groups_are_their_counts_on_one_queue(tmp_path):
+    root = repo_with(tmp_path, "m", "minimal_onnx.pbtxt")
+    with open(os.path.join(root, "m", "config.pbtxt"), "a") as fh:
+        fh.write("instance_group [ { count: 1 kind: KIND_CPU }, { count: 2 kind: KIND_CPU } ]\n")
+    e = mr.scan(root)["m"]
+    assert (e.device, e.instances) == ("cpu", 3)
+
+
 def test_a_cpu_group_a_default_filename_and_the_latest_two_versions(tmp_path):
     root = repo_with(tmp_path, "densenet", "cpu_latest.pbtxt", versions=(1, 2, 7), filename="net.onnx")
     os.makedirs(os.path.join(root, "densenet", "notaversion"))
@@ -230,8 +238,12 @@ BAD = {
              "field input[0].dims"),
     "version": ('platform: "onnxruntime_onnx"\nversion_policy { specific { versions: [ 4 ] } }\n',
                 "field version_policy.specific.versions: version(s) 4 not in"),
-    "two groups": ('platform: "onnxruntime_onnx"\ninstance_group [ { kind: KIND_CPU }, { kind: KIND_CPU } ]\n',
-                   "field instance_group: 2 groups"),
+    "two devices": ('platform: "onnxruntime_onnx"\ninstance_group [ { kind: KIND_CPU }, { kind: KIND_GPU } ]\n',
+                    "field instance_group: groups on cpu, gpu:0: this server runs a model's instances on one device"),
+    "count": ('platform: "onnxruntime_onnx"\ninstance_group [ { count: 40 kind: KIND_CPU }, { count: 40 kind: KIND_CPU } ]\n',
+              "field instance_group: 80 instances in all; at most 64"),
+    "second group's count": ('platform: "onnxruntime_onnx"\ninstance_group [ { kind: KIND_CPU }, { count: -2 } ]\n',
+                             "field instance_group[1].count: must be 1..64, got -2"),
     "model kind": ('platform: "onnxruntime_onnx"\ninstance_group [ { kind: KIND_MODEL } ]\n',
                    "KIND_MODEL needs parameters"),
     "device": ('platform: "onnxruntime_onnx"\nparameters { key: "device" value { string_value: "tpu:0" } }\n',

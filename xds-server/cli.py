@@ -12,6 +12,8 @@ import tempfile
 import urllib.error
 import urllib.request
 
+from mcp26.mesh import cli_context
+from mcp26.mesh.cli_output import add_output_flag, render
 from mcp26.serving.grpc import frontends
 from mcp26.serving.executables import executable
 
@@ -96,8 +98,8 @@ def register(subparsers) -> None:
         p.set_defaults(func=func)
 
     ps = subparsers.add_parser("proxy-status", help="per proxy and type: SYNCED, STALE, NACKED")
-    ps.add_argument("--admin-address", default="127.0.0.1:18001", help="the control plane's admin HOST:PORT (default 127.0.0.1:18001)")
-    ps.add_argument("--json", action="store_true", help="print /debug/syncz as JSON instead of the table")
+    cli_context.add_control_plane_flag(ps, legacy=("--admin-address",))
+    add_output_flag(ps, ("table",), legacy_json=True, what="json and yaml print /debug/syncz")
     ps.set_defaults(func=_proxy_status)
 
 
@@ -258,12 +260,13 @@ def session_key_environ(path: str, name: str | None = None) -> dict[str, str]:
 
 def _proxy_status(args) -> int:
     from mcp26.xds.sync import format_proxy_status
+    base, source = cli_context.resolve(args)
     try:
-        with urllib.request.urlopen(f"http://{args.admin_address}/debug/syncz", timeout=5) as r:
+        with urllib.request.urlopen(f"{base}/debug/syncz", timeout=5) as r:
             syncz = json.loads(r.read())
     except (urllib.error.URLError, OSError) as e:
-        print(f"mcpctl proxy-status: cannot reach the control plane admin at {args.admin_address}: {e}",
+        print(f"mcpctl proxy-status: cannot reach the control plane admin at {base} ({source}): {e}",
               file=sys.stderr)
         return 1
-    print(json.dumps(syncz, indent=1) if args.json else format_proxy_status(syncz))
+    print(render(syncz, args.output).rstrip("\n") if args.output != "table" else format_proxy_status(syncz))
     return 0

@@ -11,6 +11,8 @@ import time
 import urllib.error
 import urllib.request
 
+from mcp26.mesh.cli_output import add_output_flag, render
+
 
 def _pairs(values, flag: str) -> dict:
     out = {}
@@ -49,7 +51,7 @@ def register(subparsers) -> None:
     r.set_defaults(func=_run)
     s = sub.add_parser("status", help="the loop's last decisions, their inputs, expiry and call cost")
     s.add_argument("--admin", required=True, help="the loop's admin address, HOST:PORT")
-    s.add_argument("--json", action="store_true", help="the raw JSON")
+    add_output_flag(s, ("text",), legacy_json=True, what="json and yaml print the loop's /status")
     s.set_defaults(func=_status)
 
 
@@ -101,8 +103,8 @@ def _status(args) -> int:
     except (urllib.error.URLError, OSError, ValueError) as e:
         print(f"mcpctl scheduler status: {args.admin}: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(doc, indent=1))
+    if args.output != "text":
+        sys.stdout.write(render(doc, args.output))
         return 0
     print(f"policy {doc['policy']}  period {doc['period_ms']:.0f} ms  budget {doc['budget_ms']:.0f} ms  "
           f"cycles {doc['cycles']}  failures {doc['failures']}")

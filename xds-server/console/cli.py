@@ -5,6 +5,8 @@ import asyncio
 import sys
 import urllib.parse
 
+from mcp26.mesh import cli_context
+
 
 def _url(value: str) -> str:
     u = urllib.parse.urlsplit(value)
@@ -17,7 +19,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("console", help="web console: proxies, routes, endpoints, latency, ModelInfer over gRPC-Web")
     p.add_argument("--host", default="127.0.0.1", help="address the console listens on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=15100, help="console HTTP port (default 15100)")
-    p.add_argument("--xds-admin", default="http://127.0.0.1:18001", help="control plane admin URL (/debug/syncz)")
+    cli_context.add_control_plane_flag(p, legacy=("--xds-admin",))
     p.add_argument("--backend", default="", help="inference backend HTTP URL (its /metrics feeds the latency plot)")
     p.add_argument("--grpc-web", default="http://127.0.0.1:8080", help="the Envoy listener the page sends gRPC-Web to")
     p.add_argument("--envoy-admin", default="", help="a gateway Envoy's admin URL, for the health it observes")
@@ -36,9 +38,9 @@ def _run(args) -> int:
     from mcp26.xds.console.server import ConsoleOptions, run
     try:
         urls = {k: _url(v) if v else "" for k, v in
-                (("xds_admin", args.xds_admin), ("backend", args.backend),
+                (("xds_admin", cli_context.url(args)), ("backend", args.backend),
                  ("grpc_web", args.grpc_web), ("envoy_admin", args.envoy_admin))}
-    except ValueError as e:
+    except ValueError as e:        # cli_context.ContextError included
         print(f"mcpctl console: {e}", file=sys.stderr)
         return 2
     if args.latency_window <= 0 or args.scrape_interval <= 0:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
+from mcp26.mesh import cli_context
+
 PROXY_CONFIG_KINDS = ("listeners", "routes", "clusters", "endpoints", "secret")
 
 
@@ -35,8 +37,7 @@ def register(subparsers) -> None:
     pc.add_argument("kind", choices=PROXY_CONFIG_KINDS, metavar="KIND",
                     help=f"what to show: {', '.join(PROXY_CONFIG_KINDS)}")
     pc.add_argument("node", metavar="NODE", help="the proxy's node id, as `mcpctl proxy-status` lists it")
-    pc.add_argument("--admin-address", default="127.0.0.1:18001",
-                    help="the control plane's admin HOST:PORT (default 127.0.0.1:18001)")
+    cli_context.add_control_plane_flag(pc, legacy=("--admin-address",))
     pc.add_argument("--envoy-admin", metavar="ADDR",
                     help="also read the proxy's own /config_dump at this Envoy admin HOST:PORT and flag differences")
     pc.add_argument("-o", "--output", choices=("short", "json", "yaml"), default="short",
@@ -69,7 +70,7 @@ def _route_explain(args) -> int:
 def _proxy_config(args) -> int:
     from mcp26.xds.explain.proxy_config import ProxyConfigError, run
     try:
-        sys.stdout.write(run(args.kind, args.node, args.admin_address, args.envoy_admin, args.output))
+        sys.stdout.write(run(args.kind, args.node, cli_context.url(args), args.envoy_admin, args.output))
     except ProxyConfigError as e:
         print(f"mcpctl proxy-config: {e}", file=sys.stderr)
         return e.code

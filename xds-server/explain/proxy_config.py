@@ -61,8 +61,9 @@ def _get_json(url: str, what: str) -> dict:
         raise ProxyConfigError(f"cannot reach {what} at {url}: {e}") from None
 
 
-def control_plane_view(admin_address: str, node: str) -> dict:
-    dump = _get_json(f"http://{admin_address}/debug/config_dump?node={urllib.parse.quote(node)}",
+def control_plane_view(admin_url: str, node: str) -> dict:
+    """What the control plane at `admin_url` (http://HOST:PORT, mesh.cli_context) sent `node`."""
+    dump = _get_json(f"{admin_url}/debug/config_dump?node={urllib.parse.quote(node)}",
                      "the control plane admin")
     return {short: {name: r.get("resource", {}) for name, r in by_name.items()}
             for short, by_name in (dump.get("resources") or {}).items()}
@@ -310,9 +311,9 @@ def render(kind: str, resources: dict, output: str = "short", sync: dict | None 
     return _table(header + ["ENVOY"], rows)
 
 
-def run(kind: str, node: str, admin_address: str, envoy_admin: str | None = None, output: str = "short") -> str:
+def run(kind: str, node: str, admin_url: str, envoy_admin: str | None = None, output: str = "short") -> str:
     short = KINDS[kind]
-    mine = control_plane_view(admin_address, node).get(short, {})
+    mine = control_plane_view(admin_url, node).get(short, {})
     sync = None
     if envoy_admin:
         sync = compare(mine, envoy_view(envoy_admin).get(short, {}))

@@ -8,7 +8,8 @@
 /debug/config_dump?node=ID    the node's snapshot as Envoy JSON
 /debug/tracez[?name=xds.push] recent OpenTelemetry spans
 /debug/certs                  the mesh CA's root and each node's certificate (no keys)
-/metrics                      Prometheus text (OpenTelemetry metrics)
+/version                      the control plane's version and its proxies' (Envoy) versions
+/metrics                      Prometheus text: mesh's xds_* series and istiod's pilot_* names
                               (every view: session keys and Wasm env values redacted)
 /scheduler, POST|DELETE /scheduler/class-remap, GET|POST|DELETE /scheduler/endpoint-weight
                               the decision loop's remaps and endpoint weights (scheduler_actions.py)
@@ -17,6 +18,7 @@ POST /debug/inject            test hook only (serve --test-hooks): raw resources
 from __future__ import annotations
 
 import json
+from importlib.metadata import PackageNotFoundError, version as dist_version
 
 from aiohttp import web
 from google.protobuf import json_format
@@ -33,6 +35,13 @@ def _json(data, status: int = 200, secrets=()) -> web.Response:
     # snapshots, and can be quoted back in a NACK or a diagnostic.
     text = redact_text(json.dumps(redact(data), indent=1, sort_keys=True), secrets)
     return web.Response(text=text, status=status, content_type="application/json")
+
+
+def _version() -> str:
+    try:
+        return dist_version("mcp26-mesh")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def make_app(server) -> web.Application:
@@ -72,6 +81,12 @@ def make_app(server) -> web.Application:
         return web.Response(body=server.telemetry.prometheus_text(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    async def version(request):
+        # `mcpctl version`: as istioctl version's control plane and data plane lines.
+        proxies = server.telemetry.metrics.proxy_versions()
+        return _json({"version": _version(), "proxies": [{"version": v, "count": n}
+                                                         for v, n in sorted(proxies.items())]})
+
     async def inject(request):
         if not server.test_hooks:
             return _json({"error": "test hooks are off (serve --test-hooks)"}, 403)
@@ -91,7 +106,7 @@ def make_app(server) -> web.Application:
     app.add_routes([web.get("/healthz", healthz), web.get("/debug/syncz", syncz),
                     web.get("/debug/configz", configz), web.get("/debug/config_dump", config_dump),
                     web.get("/debug/tracez", tracez), web.get("/metrics", metrics),
-                    web.get("/debug/certs", certs),
+                    web.get("/debug/certs", certs), web.get("/version", version),
                     web.post("/debug/inject", inject)])
     app.add_routes(scheduler_routes(server))
     return app

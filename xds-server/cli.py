@@ -97,7 +97,11 @@ def register(subparsers) -> None:
             p.add_argument("envoy_args", nargs=argparse.REMAINDER, help="passed to envoy after --")
         p.set_defaults(func=func)
 
-    ps = subparsers.add_parser("proxy-status", help="per proxy and type: SYNCED, STALE, NACKED")
+    ps = subparsers.add_parser("proxy-status", help="per proxy and type: SYNCED, STALE, NACKED; a rejected change set",
+                               description="Each connected proxy's sync state per xDS type, as istioctl proxy-status, "
+                                           "then each NACK and a change set the control plane rejected whole (it "
+                                           "keeps serving the last good one). Exit 0: all well; 1: the control plane "
+                                           "is unreachable; 3: a change set was rejected or a proxy NACKed.")
     cli_context.add_control_plane_flag(ps, legacy=("--admin-address",))
     add_output_flag(ps, ("table",), legacy_json=True, what="json and yaml print /debug/syncz")
     ps.set_defaults(func=_proxy_status)
@@ -260,13 +264,26 @@ def session_key_environ(path: str, name: str | None = None) -> dict[str, str]:
 
 def _proxy_status(args) -> int:
     from mcp26.xds.sync import format_proxy_status
+    from mcp26.xds.sync import bad_news
     base, source = cli_context.resolve(args)
     try:
-        with urllib.request.urlopen(f"{base}/debug/syncz", timeout=5) as r:
-            syncz = json.loads(r.read())
-    except (urllib.error.URLError, OSError) as e:
-        print(f"mcpctl proxy-status: cannot reach the control plane admin at {base} ({source}): {e}",
-              file=sys.stderr)
+        syncz = _get_json(f"{base}/debug/syncz")
+        configz = _get_json(f"{base}/debug/configz")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"mcpctl proxy-status: cannot reach the control plane admin at {base} ({source}): "
+              f"{getattr(e, 'reason', None) or e}", file=sys.stderr)
         return 1
-    print(render(syncz, args.output).rstrip("\n") if args.output != "table" else format_proxy_status(syncz))
-    return 0
+    if args.output == "table":
+        print(format_proxy_status(syncz, configz))
+    else:
+        sys.stdout.write(render({"proxies": syncz, "config": {k: configz.get(k) for k in (
+            "config_dir", "generation", "applied_at", "resources", "rejected", "held")}}, args.output))
+    return EXIT_BAD_NEWS if bad_news(syncz, configz) else 0
+
+
+EXIT_BAD_NEWS = 3      # proxy-status: a change set was rejected whole, or a proxy NACKed
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())

@@ -64,6 +64,10 @@ def register(subparsers) -> None:
     _identity_flags(serve)
     serve.add_argument("--test-hooks", action="store_true", help="enable POST /debug/inject (tests only)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
+    serve.add_argument("--write-context", action="store_true",
+                       help="once serving, write the mcpctl context file ($MCPCTL_CONTEXT or "
+                            "~/.config/mcpctl/context.yaml) naming this admin address, so that proxy-status, "
+                            "proxy-config, console and version find it without --control-plane")
     serve.set_defaults(func=_serve)
 
     envoy = subparsers.add_parser("envoy", help="run Envoy attached to the control plane")
@@ -108,7 +112,7 @@ def register(subparsers) -> None:
 
 
 def _serve(args) -> int:
-    from mcp26.xds.server import XdsServer, serve
+    from mcp26.xds.server import XdsServer
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not is_loopback(args.address) and not args.allow_remote:
         print(f"mcpctl xds serve: refusing --address {args.address}: ADS and the admin port have no "
@@ -133,11 +137,26 @@ def _serve(args) -> int:
                        debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
                        grpc_frontend=args.grpc_frontend, options=options)
     try:
-        asyncio.run(serve(server))
-    except OSError as e:
+        asyncio.run(_serve_writing_context(server, args.write_context))
+    except (OSError, cli_context.ContextError) as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _serve_writing_context(server, write: bool) -> None:
+    from mcp26.xds.server import serve
+    if not write:
+        return await serve(server)
+    await server.start()
+    try:
+        host = server.address if ":" not in server.address else f"[{server.address}]"
+        path = cli_context.write_context(f"{host}:{server.admin_port}", "mcpctl xds serve",
+                                         {"configDir": os.path.abspath(server.config_dir)})
+        logging.getLogger("xds").info("wrote the mcpctl context %s", path)
+        await server.wait()
+    finally:
+        await server.stop()
 
 
 def translate_options(args, environ=os.environ):

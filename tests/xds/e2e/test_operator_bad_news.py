@@ -137,3 +137,16 @@ def test_a_nack_is_counted_by_type_and_node(mesh):
     finally:
         cp.inject([])
         cp.wait_synced(NODE, types=("RDS",))
+
+
+def test_xds_serve_writes_the_context_that_proxy_status_reads(tmp_path, monkeypatch):
+    context = tmp_path / "context.yaml"
+    monkeypatch.setenv("MCPCTL_CONTEXT", str(context))
+    monkeypatch.delenv("MCPCTL_CONTROL_PLANE", raising=False)
+    (tmp_path / "config").mkdir()
+    with ControlPlane(str(tmp_path / "config"), extra_args=["--write-context"]) as cp:
+        doc = yaml.safe_load(context.read_text())
+        assert doc["controlPlane"] == f"http://127.0.0.1:{cp.admin_port}" and doc["writtenBy"] == "mcpctl xds serve"
+        out = mcpctl("proxy-status")                       # no flag, no variable: the context file
+        assert out.returncode == 0 and out.stdout.startswith("NAME"), out
+        assert mcpctl("version", "-o", "json").returncode == 0

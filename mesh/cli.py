@@ -84,7 +84,10 @@ class _Parser(_CommandParser):
         commands = {}
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                commands = {a.dest: a.help or "" for a in action._choices_actions}
+                # an aliased command's metavar is "proxy-status (ps)": its aliases go after its help
+                commands = {a.dest: (a.help or "") + (f" (alias {a.metavar.split(' (', 1)[1]}"
+                                                      if " (" in (a.metavar or "") else "")
+                            for a in action._choices_actions}
         width = max((len(n) for n in commands), default=0) + 2
         lines = [self.format_usage().rstrip(), "", self.description or "", ""]
         for title, names in GROUPS + (("Other", tuple(sorted(set(commands) - {n for _, g in GROUPS for n in g}))),):

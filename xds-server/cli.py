@@ -101,7 +101,8 @@ def register(subparsers) -> None:
             p.add_argument("envoy_args", nargs=argparse.REMAINDER, help="passed to envoy after --")
         p.set_defaults(func=func)
 
-    ps = subparsers.add_parser("proxy-status", help="per proxy and type: SYNCED, STALE, NACKED; a rejected change set",
+    ps = subparsers.add_parser("proxy-status", aliases=["ps"],
+                               help="per proxy and type: SYNCED, STALE, NACKED; a rejected change set",
                                description="Each connected proxy's sync state per xDS type, as istioctl proxy-status, "
                                            "then each NACK and a change set the control plane rejected whole (it "
                                            "keeps serving the last good one). Exit 0: all well; 1: the control plane "

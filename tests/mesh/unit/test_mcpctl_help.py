@@ -22,6 +22,8 @@ def _missing(parser, path):
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {a.dest: a.help for a in action._choices_actions}
+            helps.update({n: helps[a] for a, p in action.choices.items() if a in helps     # aliases
+                          for n, q in action.choices.items() if q is p})
             for name, sub in action.choices.items():
                 if not helps.get(name):
                     yield f"{path} {name}"
@@ -82,6 +84,7 @@ def test_top_level_help_is_grouped_and_one_screen():
         assert f"{title}:" in text
     for name in ("route", "proxy-config", "proxy-status", "validate", "xds", "version", "completion"):
         assert f"\n  {name} " in text
+    assert "(alias pc)" in text and "(alias ps)" in text
 
 
 def test_no_arguments_prints_help_and_exits_0(capsys):

@@ -96,7 +96,7 @@ def routes(resources: dict, node: str = "") -> list[dict]:
                 out.append({"node": node, "listener": listener, "routeConfig": rc_name,
                             "virtualHost": g(vh, "name", default=""), "domains": g(vh, "domains", default=[]),
                             "match": _match_text(g(r, "match", default={}) or {}),
-                            "clusters": _route_clusters(r)})
+                            "clusters": _route_clusters(r), "source": route_source(r)})
 
     for lname, entry in sorted((resources.get("LDS") or {}).items()):
         for hcm in _hcms(entry.get("resource", entry)):
@@ -106,6 +106,38 @@ def routes(resources: dict, node: str = "") -> list[dict]:
             elif g(hcm, "route_config"):
                 rows(lname, "(inline)", g(hcm, "route_config"))
     return out
+
+
+def route_source(route: dict) -> str:
+    """The Istio resource a route came from, as istiod's metadata names it
+    (filter_metadata.istio.config: /apis/networking.istio.io/v1/namespaces/NS/virtual-service/NAME)."""
+    path = str(g(route, "metadata", "filter_metadata", default={}).get("istio", {}).get("config") or "")
+    parts = path.strip("/").split("/")
+    if len(parts) >= 4 and parts[-4] == "namespaces":
+        kind = "".join(w.capitalize() for w in parts[-2].split("-"))
+        return f"{kind} {parts[-3]}/{parts[-1]}"
+    return ""
+
+
+def config_status(configz: dict | None) -> dict | None:
+    """The served generation and the last change set rejected whole (/debug/configz)."""
+    if configz is None:
+        return None
+    rejected = configz.get("rejected") or None
+    if rejected:
+        rejected = {"at": rejected.get("at"), "count": rejected.get("count", 1),
+                    "errors": [e.get("text") or e.get("message", "") for e in rejected.get("errors") or []]}
+    return {"configDir": configz.get("config_dir"), "generation": configz.get("generation"),
+            "appliedAt": configz.get("applied_at"), "resources": configz.get("resources"), "rejected": rejected}
+
+
+def inference(load: dict | None) -> list[dict] | None:
+    """Per served model, the load the Endpoint Picker reads (the model server's /v1/load)."""
+    if load is None:
+        return None
+    return [{"model": m.get("model", ""), "waiting": m.get("waiting", 0), "running": m.get("running", 0),
+             "kvCacheUtilization": m.get("kv_cache_utilization"), "prefixCacheHitRate": m.get("prefix_cache_hit_rate"),
+             "tokensPerSecond": m.get("tokens_per_second")} for m in load.get("models") or []]
 
 
 def clusters(resources: dict, observed: dict[str, dict[str, str]] | None = None) -> list[dict]:

@@ -3,7 +3,10 @@
 GET /                 the page (static/index.html)
 GET /console.js       the esbuild bundle (web/dist/, built by `make web`)
 GET /api/config       what the page needs to start: the gRPC-Web URL, QoS priorities
-GET /api/mesh         proxies (ACK/NACK), routes, clusters and endpoints with health
+GET /api/mesh         proxies (ACK/NACK), routes, clusters and endpoints with health; the served generation and
+                      the last change set rejected whole (/debug/configz); each model's load
+                      (the backend's /v1/load); whether the control plane answers (when it
+                      does not: the last answer, with the time it stopped)
 GET /api/latency      p50/p99 per QoS class over the last window, as a time series
 
 The page calls the backend itself (gRPC-Web through Envoy); this server only
@@ -15,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -54,6 +58,11 @@ class Console:
         self.o = options
         self.latency = LatencyWindow(window_s=options.window_s)
         self.latency_error: str | None = None
+        # The control plane as last seen: when it stops answering, the page keeps the last
+        # good view (marked with its time) under an "unreachable since" banner.
+        self.last_mesh: dict | None = None
+        self.last_ok = 0.0
+        self.unreachable_since = 0.0
         self._session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task | None = None
 
@@ -91,7 +100,19 @@ class Console:
                       "levels": {str(c.priority_level): c.header_value for c in QosClass}})
 
     async def mesh(self, request):
+        now = time.time()
         syncz, syncz_err = await self._get(self.o.xds_admin, "/debug/syncz")
+        if syncz_err is not None and self.o.xds_admin:
+            self.unreachable_since = self.unreachable_since or now
+            stale = dict(self.last_mesh or {"proxies": [], "routes": [], "clusters": [], "config": None,
+                                            "inference": None})
+            stale["sources"] = {**stale.get("sources", {}),
+                                "control plane": {"url": self.o.xds_admin, "error": syncz_err}}
+            stale["controlPlane"] = {"reachable": False, "unreachableSince": self.unreachable_since,
+                                     "lastOk": self.last_ok or None, "error": syncz_err}
+            stale["updatedAt"] = self.last_ok or None
+            return _json(stale)
+        configz, _ = await self._get(self.o.xds_admin, "/debug/configz")
         observed, envoy_err = {}, None
         if self.o.envoy_admin:
             dump, envoy_err = await self._get(self.o.envoy_admin, "/clusters?format=json")
@@ -110,9 +131,17 @@ class Console:
                 if c["name"] not in seen:   # the same cluster is pushed to many proxies
                     seen.add(c["name"])
                     clusters.append(c)
-        return _json({"sources": {"control plane": {"url": self.o.xds_admin, "error": syncz_err},
-                                  "envoy admin": {"url": self.o.envoy_admin, "error": envoy_err}},
-                      "proxies": proxies, "routes": routes, "clusters": clusters})
+        inference, inference_err = await self._get(self.o.backend, "/v1/load")
+        doc = {"sources": {"control plane": {"url": self.o.xds_admin, "error": syncz_err},
+                           "envoy admin": {"url": self.o.envoy_admin, "error": envoy_err},
+                           "model server": {"url": self.o.backend, "error": inference_err}},
+               "proxies": proxies, "routes": routes, "clusters": clusters,
+               "config": mesh_state.config_status(configz if isinstance(configz, dict) else None),
+               "inference": mesh_state.inference(inference if isinstance(inference, dict) else None),
+               "controlPlane": {"reachable": True, "unreachableSince": None, "lastOk": now, "error": None},
+               "updatedAt": now}
+        self.last_mesh, self.last_ok, self.unreachable_since = doc, now, 0.0
+        return _json(doc)
 
     async def latency_api(self, request):
         note = (f"from {self.o.backend}/metrics ({self.latency.metric}), {self.o.window_s:g} s window"

@@ -9,9 +9,16 @@ type Config = {
 };
 // One row per proxy and xDS type, as /debug/syncz reports it: SYNCED, STALE, NACKED, NOT SENT.
 type Proxy = { id: string; error?: string; types: { type: string; status: string; acked: string; sent: string; resources: number; error: string }[] };
-type Route = { listener: string; routeConfig: string; virtualHost: string; domains: string[]; match: string; clusters: string[] };
+type Route = { listener: string; routeConfig: string; virtualHost: string; domains: string[]; match: string; clusters: string[]; source?: string };
 type Cluster = { name: string; endpoints: { address: string; health: string; weight?: number }[] };
-type Mesh = { sources: Record<string, { url: string; error: string | null }>; proxies: Proxy[]; routes: Route[]; clusters: Cluster[] };
+// The served generation and the last change set the control plane rejected whole.
+type ConfigStatus = { configDir: string; generation: string; appliedAt: number; resources: number;
+  rejected: { at: number; count: number; errors: string[] } | null };
+type ModelLoad = { model: string; waiting: number; running: number; kvCacheUtilization: number | null;
+  prefixCacheHitRate: number | null; tokensPerSecond: number | null };
+type ControlPlane = { reachable: boolean; unreachableSince: number | null; lastOk: number | null; error: string | null };
+type Mesh = { sources: Record<string, { url: string; error: string | null }>; proxies: Proxy[]; routes: Route[]; clusters: Cluster[];
+  config: ConfigStatus | null; inference: ModelLoad[] | null; controlPlane: ControlPlane; updatedAt: number | null };
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
 
@@ -35,9 +42,53 @@ function table(head: string[], rows: (string | HTMLElement)[][], empty: string):
   return t;
 }
 
+const clock = (t: number | null | undefined) => (t ? new Date(t * 1000).toLocaleTimeString([], { hour12: false }) : "never");
+const pct = (v: number | null | undefined) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(1)} %`);
+const MAX_ROWS = 500;   // a table shows this many matching rows; the filter narrows 1,000 services down
+
+// Bad news first: a change set rejected whole (the proxies are all SYNCED with the last good one),
+// and a control plane that stopped answering (what is shown is as of its last answer).
+function renderBanner(m: Mesh): void {
+  const b = $("banner");
+  const parts: HTMLElement[] = [];
+  if (!m.controlPlane.reachable) {
+    parts.push(el("div", `Control plane unreachable since ${clock(m.controlPlane.unreachableSince)} — showing what it ` +
+      `said at ${clock(m.controlPlane.lastOk)}. ${m.controlPlane.error ?? ""}`, "banner-line"));
+  }
+  const rej = m.config?.rejected;
+  if (rej) {
+    parts.push(el("div", `Config rejected at ${clock(rej.at)}: the change set in ${m.config?.configDir} has ` +
+      `${rej.errors.length} error(s)${rej.count > 1 ? ` (${rej.count} change sets in a row)` : ""}; every proxy keeps ` +
+      `${m.config?.generation || "nothing"}.`, "banner-line"));
+    const list = el("ul");
+    rej.errors.slice(0, 10).forEach((e) => list.appendChild(el("li", e)));
+    if (rej.errors.length > 10) list.appendChild(el("li", `… and ${rej.errors.length - 10} more (mcpctl validate)`));
+    parts.push(list);
+  }
+  b.replaceChildren(...parts);
+  b.dataset.state = !m.controlPlane.reachable ? "unreachable" : rej ? "rejected" : "ok";
+}
+
+function filtered<T>(rows: T[], text: (r: T) => string): { rows: T[]; note: string } {
+  const q = (($("filter") as HTMLInputElement).value || "").trim().toLowerCase();
+  const hit = q ? rows.filter((r) => text(r).toLowerCase().includes(q)) : rows;
+  const shown = hit.slice(0, MAX_ROWS);
+  return { rows: shown, note: `${hit.length} of ${rows.length}${hit.length > shown.length ? `, first ${shown.length} shown` : ""}` };
+}
+
+let lastMesh: Mesh | null = null;
+
 function renderMesh(m: Mesh): void {
+  lastMesh = m;
+  renderBanner(m);
   $("sources").textContent = Object.entries(m.sources)
     .map(([k, s]) => `${k}: ${s.url || "(not set)"}${s.error ? ` — ${s.error}` : ""}`).join("   ");
+  const stamp = `updated ${clock(m.updatedAt)}${m.controlPlane.reachable ? "" : " (control plane unreachable)"}`;
+  document.querySelectorAll<HTMLElement>(".updated").forEach((s) => { s.textContent = stamp; });
+  const cfg = m.config;
+  $("config").textContent = cfg ? `serving ${cfg.generation || "nothing yet"} (${cfg.resources} resources, applied ` +
+    `${clock(cfg.appliedAt)}) from ${cfg.configDir}` : "";
+  renderInference(m.inference);
   const state = (t: Proxy["types"][number]) =>
     t.status === "NACKED" ? el("span", `NACK: ${t.error}`, "nack")
       : t.status === "SYNCED" ? el("span", `ACK (${t.resources})`, "ack")
@@ -45,12 +96,29 @@ function renderMesh(m: Mesh): void {
   // The proxy's id once, on its first row: ids are long, types are few.
   const proxyRows = m.proxies.flatMap((p) => p.types.map((t, i) => [i ? "" : p.id, t.type, t.acked || "—", state(t)]));
   $("proxies").replaceChildren(table(["proxy", "type", "acked version", "state"], proxyRows, "no proxy connected"));
-  $("routes").replaceChildren(table(["listener / route config", "virtual host", "match", "→ clusters"],
-    m.routes.map((r) => [`${r.listener} / ${r.routeConfig}`, `${r.virtualHost} (${r.domains.join(", ")})`, r.match, r.clusters.join(", ")]), "no routes"));
+  renderTables(m);
+}
+
+function renderTables(m: Mesh): void {
+  const routes = filtered(m.routes, (r) => `${r.listener} ${r.routeConfig} ${r.virtualHost} ${r.domains.join(" ")} ${r.match} ${r.clusters.join(" ")} ${r.source ?? ""}`);
+  $("routes").replaceChildren(table(["listener / route config", "virtual host", "match", "→ clusters", "from"],
+    routes.rows.map((r) => [`${r.listener} / ${r.routeConfig}`, `${r.virtualHost} (${r.domains.join(", ")})`, r.match,
+      r.clusters.join(", "), r.source || "—"]), "no routes"));
+  $("routes-count").textContent = routes.note;
+  const clusters = filtered(m.clusters, (c) => `${c.name} ${c.endpoints.map((e) => e.address).join(" ")}`);
   $("endpoints").replaceChildren(table(["cluster", "endpoint", "health"],
-    m.clusters.flatMap((c) => c.endpoints.length
+    clusters.rows.flatMap((c) => c.endpoints.length
       ? c.endpoints.map((e) => [c.name, e.address, el("span", e.health, e.health === "HEALTHY" ? "healthy" : "unhealthy")])
       : [[c.name, "—", el("span", "no endpoints", "unhealthy")]]), "no clusters"));
+  $("endpoints-count").textContent = clusters.note;
+}
+
+function renderInference(models: ModelLoad[] | null): void {
+  $("inference").replaceChildren(models === null
+    ? el("div", "no model server configured (mcpctl console --backend URL)", "muted")
+    : table(["model", "waiting", "running", "KV cache", "prefix hits", "tokens/s"],
+      models.map((x) => [x.model, String(x.waiting), String(x.running), pct(x.kvCacheUtilization),
+        pct(x.prefixCacheHitRate), x.tokensPerSecond === null ? "—" : x.tokensPerSecond.toFixed(1)]), "no model served"));
 }
 
 async function getJSON<T>(path: string): Promise<T> {
@@ -111,6 +179,9 @@ async function main(): Promise<void> {
   cfg.priorities.forEach((p) => sel.appendChild(Object.assign(document.createElement("option"), { value: p, textContent: p })));
   $("infer-form").addEventListener("submit", (ev) => void onInfer(cfg, ev));
   $("metadata-button").addEventListener("click", () => void onMetadata());
+  $("filter").addEventListener("input", () => { if (lastMesh) renderTables(lastMesh); });
+  // the form takes the model's input name, datatype and shape from its metadata
+  if (cfg.model) void onMetadata();
 
   const poll = async () => {
     try { renderMesh(await getJSON<Mesh>("/api/mesh")); } catch (e) { $("sources").textContent = describeError(e); }

@@ -3,10 +3,10 @@ point (pyproject.toml) as a part's commands are: explain sits above the control 
 so mcp26.xds.cli does not import it."""
 from __future__ import annotations
 
-import json
 import sys
 
 from mcp26.mesh import cli_context
+from mcp26.mesh.cli_output import add_output_flag, render
 
 PROXY_CONFIG_KINDS = ("listeners", "routes", "clusters", "endpoints", "secret", "ecds", "all", "bootstrap")
 SINGULAR = ("listener", "route", "cluster", "endpoint", "secrets", "extension", "extensions")
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     who.add_argument("--gateway", metavar="NS/NAME",
                      help="explain for the gateway Envoy of this Gateway (default: the only Gateway in DIR)")
     who.add_argument("--sidecar", metavar="NS", help="explain for a sidecar in namespace NS instead")
-    ex.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format (default text)")
+    add_output_flag(ex, ("text",), what="json and yaml: the trace as data")
     ex.set_defaults(func=_route_explain)
 
     pc = subparsers.add_parser("proxy-config", aliases=["pc"],
@@ -70,7 +70,10 @@ def _route_explain(args) -> int:
     except ExplainError as e:
         print(f"mcpctl route explain: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1) if args.output == "json" else format_text(result))
+    if args.output == "text":
+        print(format_text(result))
+    else:
+        sys.stdout.write(render(result, args.output))
     return 0
 
 

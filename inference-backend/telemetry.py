@@ -39,6 +39,7 @@ from prometheus_client.utils import floatToGoString
 from mcp26.serving import gc_pauses
 from mcp26.serving.prometheus_names import exact_counter
 from mcp26.inference.profiler import IDLE, METRICS, derive
+from mcp26.serving.h2 import limits as h2_limits
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                      0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -417,6 +418,8 @@ class Telemetry:
             "mcp_inference_batch_size", "Rows per model run formed by the dynamic batcher", ("model",),
             BATCH_BUCKETS)
         # Each cyclic-GC pause, by generation: a full collection stops the loop (serving/gc_pauses.py).
+        # What HTTP/2 clients of the gRPC port were refused or closed for (serving/h2/limits.py).
+        h2_limits.export_metrics(REGISTRY)
         self.gc_pauses = gc_pauses.export_metrics(REGISTRY, "Objects moved out of the cyclic collector's sight "
                                                   "once the server was ready (gc.freeze)")
         self.requests = _Instrument(prometheus_client.Counter(

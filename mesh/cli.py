@@ -166,11 +166,13 @@ def _version(args) -> int:
             out["dataPlane"] = remote.get("proxies", [])
         except (urllib.error.URLError, OSError, ValueError) as e:
             out["controlPlane"] = {"address": base, "error": f"unreachable ({source}): {_reason(e)}"}
-            rc = 1
+            # As istioctl: no control plane at the default address is not an error (a client-only
+            # machine, the image's default command); one the user named and cannot reach is.
+            rc = 0 if source == "default" else 1
     if args.output != "text":
         sys.stdout.write(render(out, args.output))
         return rc
-    print(f"client version: {out['client']['version']}")
+    print(f"mcpctl {out['client']['version']} (python {sys.version.split()[0]})")
     cp = out.get("controlPlane")
     if cp:
         print(f"control plane version: {cp.get('version') or cp['error']}  ({cp['address']})")

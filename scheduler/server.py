@@ -22,6 +22,7 @@ from mcp26.mesh import endpoint_picker as epp
 from mcp26.serving import gc_pauses
 from mcp26.serving.grpc.frontends import LANE
 from mcp26.serving.grpc.server import EXCLUSIVE_PORT, GrpcLane, start_server
+from mcp26.serving.h2 import limits as h2_limits
 from mcp26.scheduler.ext_proc import EndpointPicker
 from mcp26.scheduler.metrics import MetricsPoller
 from mcp26.scheduler.pool_source import PoolSource, PoolView
@@ -139,6 +140,9 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     app = web.Application()
     app.router.add_get("/stats", lambda _: web.json_response(state.stats()))
     app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+    # The upstream picker's names, and what HTTP/2 clients of the ext_proc port were refused or
+    # closed for (serving/h2/limits.py), in one registry.
+    h2_limits.export_metrics(state.metrics.registry)
     app.router.add_get("/metrics", lambda _: web.Response(
         body=state.metrics.text(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}))
     runner = web.AppRunner(app, access_log=None)

@@ -65,15 +65,17 @@ class XdsServer:
                  debounce: float = 0.1, poll: float = 0.05, test_hooks: bool = False,
                  telemetry: Telemetry | None = None,
                  settle: float = DEFAULT_SETTLE, identity=None, grpc_frontend: str = LANE,
-                 options: TranslateOptions | None = None):
+                 options: TranslateOptions | None = None, source=None):
         if grpc_frontend not in GRPC_FRONTENDS:
             raise ValueError(f"grpc_frontend must be one of {', '.join(GRPC_FRONTENDS)}, not {grpc_frontend!r}")
         self.grpc_frontend = grpc_frontend
-        self.config_dir = config_dir
+        # The config source: the watched directory (the default), or `source`, e.g. a
+        # kube_source.KubeSource, which brings its own loader and is described in its place.
+        self.config_dir = config_dir if source is None else source.describe()
         self.settle = settle            # settle.py: how long a security weakening waits for its file
         self._recheck: asyncio.TimerHandle | None = None
         self.port, self.admin_port, self.address = port, admin_port, address
-        self.load = load or default_load()
+        self.load = load or (source.loader if source is not None else default_load())
         # The process default unless given one: the translator and cache report there.
         self.telemetry = telemetry or default_telemetry()
         # The server owns its Translator (and so its translation cache); a
@@ -93,16 +95,26 @@ class XdsServer:
         self.identity = self.hub.identity = identity or IdentityService(None)   # no CA: issues nothing
         self._rotation: asyncio.Task | None = None
         self.test_hooks = test_hooks
-        self.source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)
+        if source is None:
+            source = DirectorySource(config_dir, self.apply, poll=poll, debounce=debounce)
+        else:
+            source.on_change = self.apply
+        self.source = source
         self._generations = itertools.count(1)
         self._apply_lock: asyncio.Lock | None = None
         self.status: dict = {"config_dir": config_dir, "generation": "", "applied_at": 0.0,
                              "resources": 0, "warnings": [], "rejected": None, "held": None}
+        self.changed: asyncio.Event = asyncio.Event()   # set after each change set taken or rejected
         self._grpc: grpc.aio.Server | GrpcLane | None = None
+        self._grpc_secure: grpc.aio.Server | None = None
+        self.secure_port = 0
         self._admin = None
 
     async def start(self) -> None:
         self._apply_lock = asyncio.Lock()
+        if getattr(self.source, "needs_sync", False):   # the API server: every kind listed first
+            self.source.start()
+            await self.source.synced()
         await self.apply()          # a bad initial config: serve nothing until a good one lands
         self._grpc = self._grpc_server()
         add_to_server(self.hub, self._grpc)
@@ -132,6 +144,22 @@ class XdsServer:
             EXCLUSIVE_PORT,         # a second control plane on this port is an error, not half the proxies
         ])
 
+    async def start_secure(self, address: str, port: int, authenticate, cert_chain: bytes, key: bytes) -> int:
+        """ADS over TLS beside the plaintext loopback port (istiod's 15012): the same hub, each
+        stream checked by `authenticate` (kube_auth.StreamAuthenticator) before anything is sent."""
+        server = self._grpc_secure = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000)),
+            ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_STREAM_HOLD_S),
+            EXCLUSIVE_PORT])
+        add_to_server(self.hub, server, authenticate)
+        creds = grpc.ssl_server_credentials([(key, cert_chain)])
+        self.secure_port = server.add_secure_port(f"{address}:{port}", creds)
+        await server.start()
+        log.info("ADS over TLS (ServiceAccount tokens) on %s:%d", address, self.secure_port)
+        return self.secure_port
+
     async def _admin_and_watch(self) -> None:
         self._admin = await start_admin(self, self.address, self.admin_port)
         if self._admin.addresses:                      # --admin-port 0: the port it got
@@ -142,7 +170,8 @@ class XdsServer:
                 rotation_loop(self.identity, self.hub, rotation_period(self.identity.ttl)))
         log.info("ADS (%s) on %s:%d, admin on %s:%d, watching %s (%s)", self.grpc_frontend, self.address, self.port,
                  self.address, self.admin_port, self.config_dir,
-                 "inotify" if self.source.inotify is not None else "polling")
+                 "inotify" if self.source.inotify is not None else
+                 "polling" if isinstance(self.source, DirectorySource) else "informers")
 
     async def stop(self, grace: float = 0.5) -> None:
         if self._rotation is not None:
@@ -152,6 +181,8 @@ class XdsServer:
         await self.source.stop()
         if self._admin is not None:
             await self._admin.cleanup()
+        if self._grpc_secure is not None:
+            await self._grpc_secure.stop(grace)
         if self._grpc is not None:
             await self._grpc.stop(grace)
 
@@ -204,6 +235,7 @@ class XdsServer:
                                rejected=None, held=None)
             log.info("applied %s: %d resources, %d node shapes", generation, len(config), len(snapshots))
             self.hub.notify_all()
+            self.changed.set()
             return True
 
     async def republish_overlay(self) -> str:
@@ -276,6 +308,7 @@ class XdsServer:
         in_a_row = (self.status["rejected"] or {}).get("count", 0) + 1    # since the last applied change set
         self.status["rejected"] = {"at": time.time(), "count": in_a_row,
                                    "errors": [diagnostic_dict(d) for d in diagnostics]}
+        self.changed.set()
         kept = self.status["generation"] or "nothing (no good config yet)"
         log.error("change set in %s rejected whole; still serving %s:\n%s", self.config_dir, kept,
                   "\n".join(f"  {d}" for d in diagnostics))

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from mcp26.serving import gc_pauses
 from mcp26.serving.prometheus_names import exact_counter
+from mcp26.serving.h2 import limits as h2_limits
 
 SERVICE = Resource.create({"service.name": "mcp-mesh-xds"})
 
@@ -207,6 +208,7 @@ class Telemetry:
         """The process's cyclic-GC pauses by generation and the objects frozen after each apply
         (server.py), as the model server exports them (serving/gc_pauses.py). Process-wide, so only
         the default telemetry watches."""
+        h2_limits.export_metrics(self.registry)    # HTTP/2 clients of ADS refused or closed (serving/h2/limits.py)
         self.gc_pauses = gc_pauses.export_metrics(self.registry, "Objects moved out of the cyclic collector's "
                                                   "sight (gc.freeze after each applied config)")
 

@@ -86,6 +86,15 @@ def test_version_reports_the_client_and_an_unreachable_control_plane(env, capsys
     assert capsys.readouterr().out.strip() == cli.client_version()
 
 
+def test_version_alone_prints_the_client_and_succeeds_without_a_control_plane(env, monkeypatch, capsys):
+    # The image's default command: nothing named, nothing (here: a dead port) at the default address.
+    monkeypatch.setattr(cli_context, "DEFAULT", "http://127.0.0.1:1")
+    assert cli.main(["version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"mcpctl {cli.client_version()} (python {sys.version.split()[0]})", lines
+    assert "unreachable (default)" in lines[1], lines
+
+
 @pytest.mark.parametrize("shell, marker", [("bash", "complete "), ("zsh", "compdef"), ("fish", "complete --command mcpctl")])
 def test_completion_scripts(shell, marker, capsys):
     assert cli.main(["completion", shell]) == 0

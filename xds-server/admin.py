@@ -27,6 +27,7 @@ from mcp26.serving.json_body import parse_json_body
 from mcp26.xds.resource_overrides import parse_overrides
 from mcp26.xds.scheduler_actions import routes as scheduler_routes   # the decision loop's API
 from mcp26.xds.sync import short_name
+from mcp26.xds.translate.routes import rule_locations
 
 from mcp26.xds.redact import known_secrets, redact, redact_text
 
@@ -71,6 +72,8 @@ def make_app(server) -> web.Application:
             out["resources"][short_name(type_url)] = {
                 name: {"version": r.version, "resource": json_format.MessageToDict(r.message)}
                 for name, r in by_name.items()}
+        # where each route's rule is written (file:line), as `mcpctl route explain` finds it
+        out["rule_sources"] = rule_locations(server.cache.config, out["resources"].get("RDS") or {})
         return _json(out, secrets=known_secrets(server.cache.config))
 
     async def tracez(request):

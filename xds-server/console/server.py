@@ -7,6 +7,9 @@ GET /api/mesh         proxies (ACK/NACK), routes, clusters and endpoints with he
                       the last change set rejected whole (/debug/configz); each model's load
                       (the backend's /v1/load); whether the control plane answers (when it
                       does not: the last answer, with the time it stopped)
+                      the Endpoint Picker's picks and refusals (its /stats) and the decision
+                      loop's last decisions with their inputs (its /status), read whether or
+                      not the control plane answers
 GET /api/latency      p50/p99 per QoS class over the last window, as a time series
 
 The page calls the backend itself (gRPC-Web through Envoy); this server only
@@ -42,6 +45,8 @@ class ConsoleOptions:
     backend: str = ""                 # the backend's HTTP base (its /metrics)
     grpc_web: str = "http://127.0.0.1:8080"
     envoy_admin: str = ""             # a gateway Envoy's admin, for observed endpoint health
+    picker: str = ""                  # the Endpoint Picker's admin (its /stats)
+    decision_loop: str = ""           # the decision loop's admin (its /status)
     model: str = ""
     latency_metric: str | None = DEFAULT_METRIC
     scrape_s: float = 1.0
@@ -99,8 +104,23 @@ class Console:
                       "classes": list(QOS_CLASS_NAMES), "pollMs": int(self.o.scrape_s * 1000),
                       "levels": {str(c.priority_level): c.header_value for c in QosClass}})
 
+    async def _scheduling(self) -> tuple[dict, dict]:
+        """(the picker's and the decision loop's panels, their sources); they do not depend on the
+        control plane, so they stay current when it is down."""
+        (stats, picker_err), (status, loop_err) = await asyncio.gather(
+            self._get(self.o.picker, "/stats"), self._get(self.o.decision_loop, "/status"))
+        def panel(base, err, doc, shape):
+            if not base:
+                return None
+            return {"error": f"unreachable: {err}"} if err else shape(doc)
+        return ({"picker": panel(self.o.picker, picker_err, stats, mesh_state.picker),
+                 "decisionLoop": panel(self.o.decision_loop, loop_err, status, mesh_state.decision_loop)},
+                {"endpoint picker": {"url": self.o.picker, "error": picker_err if self.o.picker else None},
+                 "decision loop": {"url": self.o.decision_loop, "error": loop_err if self.o.decision_loop else None}})
+
     async def mesh(self, request):
         now = time.time()
+        scheduling, scheduling_sources = await self._scheduling()
         syncz, syncz_err = await self._get(self.o.xds_admin, "/debug/syncz")
         if syncz_err is not None and self.o.xds_admin:
             self.unreachable_since = self.unreachable_since or now
@@ -111,6 +131,8 @@ class Console:
             stale["controlPlane"] = {"reachable": False, "unreachableSince": self.unreachable_since,
                                      "lastOk": self.last_ok or None, "error": syncz_err}
             stale["updatedAt"] = self.last_ok or None
+            stale.update(scheduling, schedulingUpdatedAt=now)
+            stale["sources"].update(scheduling_sources)
             return _json(stale)
         configz, _ = await self._get(self.o.xds_admin, "/debug/configz")
         observed, envoy_err = {}, None
@@ -126,7 +148,7 @@ class Console:
                 p["error"] = err
                 continue
             res = dump.get("resources", {})
-            routes += mesh_state.routes(res, node=p["id"])
+            routes += mesh_state.routes(res, node=p["id"], locations=dump.get("rule_sources"))
             for c in mesh_state.clusters(res, observed):
                 if c["name"] not in seen:   # the same cluster is pushed to many proxies
                     seen.add(c["name"])
@@ -134,12 +156,13 @@ class Console:
         inference, inference_err = await self._get(self.o.backend, "/v1/load")
         doc = {"sources": {"control plane": {"url": self.o.xds_admin, "error": syncz_err},
                            "envoy admin": {"url": self.o.envoy_admin, "error": envoy_err},
-                           "model server": {"url": self.o.backend, "error": inference_err}},
+                           "model server": {"url": self.o.backend, "error": inference_err},
+                           **scheduling_sources},
                "proxies": proxies, "routes": routes, "clusters": clusters,
                "config": mesh_state.config_status(configz if isinstance(configz, dict) else None),
                "inference": mesh_state.inference(inference if isinstance(inference, dict) else None),
                "controlPlane": {"reachable": True, "unreachableSince": None, "lastOk": now, "error": None},
-               "updatedAt": now}
+               "updatedAt": now, **scheduling, "schedulingUpdatedAt": now}
         self.last_mesh, self.last_ok, self.unreachable_since = doc, now, 0.0
         return _json(doc)
 

@@ -1,7 +1,8 @@
 """The console in headless Chromium shows bad news where operators look: a change set
 rejected whole (red banner with file:line, though every proxy is SYNCED), then a control
 plane that stopped answering (banner with since-when, the last data kept, every panel's
-time); the routes filter narrows the tables; a model server's load per model.
+time); the routes filter narrows the tables; each route names its VirtualService
+and the rule's file:line; a model server's load per model.
 Screenshots are kept under artifacts/console/."""
 import os
 import time
@@ -47,6 +48,17 @@ def test_rejected_change_set_then_unreachable_control_plane(tmp_path):
                     page.fill("#filter", "reviews")
                     page.wait_text("#routes-count", "of")
                     assert "reviews" in page.text("#routes")
+                    # each route names its VirtualService and the rule's file:line: that line opens the rule
+                    froms = page.eval(expression="Array.from(document.querySelectorAll('#routes tr'))"
+                                                 ".slice(1).map((r) => r.cells[4].textContent)")
+                    assert froms and all(f.startswith("VirtualService default/reviews (") for f in froms), froms
+                    with open(os.path.join(d, "virtualservice.yaml")) as f:
+                        lines = f.read().splitlines()
+                    for text in froms:
+                        path, line = text[text.index("(") + 1:-1].rsplit(":", 1)
+                        assert path == os.path.join(d, "virtualservice.yaml"), text
+                        assert lines[int(line) - 1].lstrip().startswith("- "), (text, lines[int(line) - 1])
+                    assert len(set(froms)) == 2, froms        # two http rules, two places
                     page.fill("#filter", "no-such-route-anywhere")
                     assert page.wait_text("#routes-count", "0 of").startswith("0 of")
                     page.fill("#filter", "")

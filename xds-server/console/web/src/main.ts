@@ -9,7 +9,7 @@ type Config = {
 };
 // One row per proxy and xDS type, as /debug/syncz reports it: SYNCED, STALE, NACKED, NOT SENT.
 type Proxy = { id: string; error?: string; types: { type: string; status: string; acked: string; sent: string; resources: number; error: string }[] };
-type Route = { listener: string; routeConfig: string; virtualHost: string; domains: string[]; match: string; clusters: string[]; source?: string };
+type Route = { listener: string; routeConfig: string; virtualHost: string; domains: string[]; match: string; clusters: string[]; source?: string; at?: string };
 type Cluster = { name: string; endpoints: { address: string; health: string; weight?: number }[] };
 // The served generation and the last change set the control plane rejected whole.
 type ConfigStatus = { configDir: string; generation: string; appliedAt: number; resources: number;
@@ -17,8 +17,19 @@ type ConfigStatus = { configDir: string; generation: string; appliedAt: number; 
 type ModelLoad = { model: string; waiting: number; running: number; kvCacheUtilization: number | null;
   prefixCacheHitRate: number | null; tokensPerSecond: number | null };
 type ControlPlane = { reachable: boolean; unreachableSince: number | null; lastOk: number | null; error: string | null };
+type PickerEndpoint = { endpoint: string; ready: boolean; waiting: number | null; running: number | null;
+  kvCacheUtilization: number | null; inFlight: number; picked: number; ageMs: number | null };
+type Picker = { pool: string | null; decisions: number; refused: Record<string, number>; prefixHitRate: number | null;
+  meanDecisionUs: number | null; configError: string | null; endpoints: PickerEndpoint[]; error?: string };
+type LoopInput = { endpoint: string; kvCacheUtilization: number | null; queue: string; running: number | null;
+  prefixHitRate: number | null; memoryFraction: number | null;
+  memorySource: string | null; ageMs: number | null };
+type DecisionLoop = { policy: string | null; cycles: number; failures: Record<string, number>; latestCycle: number | null;
+  latestAt: number | null; inputs: LoopInput[]; inForce: string[]; decisions: { cycle: number; at: number; did: string }[];
+  error?: string };
 type Mesh = { sources: Record<string, { url: string; error: string | null }>; proxies: Proxy[]; routes: Route[]; clusters: Cluster[];
-  config: ConfigStatus | null; inference: ModelLoad[] | null; controlPlane: ControlPlane; updatedAt: number | null };
+  config: ConfigStatus | null; inference: ModelLoad[] | null; controlPlane: ControlPlane; updatedAt: number | null;
+  picker: Picker | null; decisionLoop: DecisionLoop | null; schedulingUpdatedAt: number | null };
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
 
@@ -82,13 +93,17 @@ function renderMesh(m: Mesh): void {
   lastMesh = m;
   renderBanner(m);
   $("sources").textContent = Object.entries(m.sources)
-    .map(([k, s]) => `${k}: ${s.url || "(not set)"}${s.error ? ` — ${s.error}` : ""}`).join("   ");
+    .map(([k, s]) => `${k}: ${s.url || "(not set)"}${s.url && s.error ? ` — ${s.error}` : ""}`).join("   ");
   const stamp = `updated ${clock(m.updatedAt)}${m.controlPlane.reachable ? "" : " (control plane unreachable)"}`;
   document.querySelectorAll<HTMLElement>(".updated").forEach((s) => { s.textContent = stamp; });
   const cfg = m.config;
   $("config").textContent = cfg ? `serving ${cfg.generation || "nothing yet"} (${cfg.resources} resources, applied ` +
     `${clock(cfg.appliedAt)}) from ${cfg.configDir}` : "";
   renderInference(m.inference);
+  renderPicker(m.picker);
+  renderLoop(m.decisionLoop);
+  const sched = `updated ${clock(m.schedulingUpdatedAt)}`;
+  document.querySelectorAll<HTMLElement>(".updated-scheduling").forEach((s) => { s.textContent = sched; });
   const state = (t: Proxy["types"][number]) =>
     t.status === "NACKED" ? el("span", `NACK: ${t.error}`, "nack")
       : t.status === "SYNCED" ? el("span", `ACK (${t.resources})`, "ack")
@@ -100,10 +115,10 @@ function renderMesh(m: Mesh): void {
 }
 
 function renderTables(m: Mesh): void {
-  const routes = filtered(m.routes, (r) => `${r.listener} ${r.routeConfig} ${r.virtualHost} ${r.domains.join(" ")} ${r.match} ${r.clusters.join(" ")} ${r.source ?? ""}`);
+  const routes = filtered(m.routes, (r) => `${r.listener} ${r.routeConfig} ${r.virtualHost} ${r.domains.join(" ")} ${r.match} ${r.clusters.join(" ")} ${r.source ?? ""} ${r.at ?? ""}`);
   $("routes").replaceChildren(table(["listener / route config", "virtual host", "match", "→ clusters", "from"],
     routes.rows.map((r) => [`${r.listener} / ${r.routeConfig}`, `${r.virtualHost} (${r.domains.join(", ")})`, r.match,
-      r.clusters.join(", "), r.source || "—"]), "no routes"));
+      r.clusters.join(", "), r.source ? `${r.source}${r.at ? ` (${r.at})` : ""}` : "—"]), "no routes"));
   $("routes-count").textContent = routes.note;
   const clusters = filtered(m.clusters, (c) => `${c.name} ${c.endpoints.map((e) => e.address).join(" ")}`);
   $("endpoints").replaceChildren(table(["cluster", "endpoint", "health"],
@@ -119,6 +134,52 @@ function renderInference(models: ModelLoad[] | null): void {
     : table(["model", "waiting", "running", "KV cache", "prefix hits", "tokens/s"],
       models.map((x) => [x.model, String(x.waiting), String(x.running), pct(x.kvCacheUtilization),
         pct(x.prefixCacheHitRate), x.tokensPerSecond === null ? "—" : x.tokensPerSecond.toFixed(1)]), "no model served"));
+}
+
+// The Endpoint Picker: where it sent requests and what it refused (429: shed, 503: nothing ready).
+function renderPicker(p: Picker | null | undefined): void {
+  if (!p) {
+    $("picker").replaceChildren(el("div", "no Endpoint Picker configured (mcpctl console --picker URL)", "muted"));
+    return;
+  }
+  if (p.error) {
+    $("picker").replaceChildren(el("div", `Endpoint Picker ${p.error}`, "unhealthy"));
+    return;
+  }
+  const refused = Object.entries(p.refused).map(([code, n]) => `${n} × HTTP ${code}`).join(", ") || "none";
+  const summary = el("div", `pool ${p.pool ?? "—"}: ${p.decisions} decisions (mean ${p.meanDecisionUs ?? "—"} µs), ` +
+    `refused ${refused}, prefix hits ${pct(p.prefixHitRate)}`, "summary");
+  summary.id = "picker-summary";
+  const parts: HTMLElement[] = [summary];
+  if (p.configError) parts.push(el("div", `pool config: ${p.configError}`, "unhealthy"));
+  parts.push(table(["endpoint", "ready", "picked", "in flight", "waiting", "running", "KV cache", "load age"],
+    p.endpoints.map((e) => [e.endpoint, e.ready ? el("span", "ready", "healthy") : el("span", "not ready", "unhealthy"),
+      String(e.picked), String(e.inFlight), String(e.waiting ?? "—"), String(e.running ?? "—"), pct(e.kvCacheUtilization),
+      e.ageMs === null ? "—" : `${e.ageMs} ms`]), "no endpoints in the pool"));
+  $("picker").replaceChildren(...parts);
+}
+
+// The decision loop: what it decided lately (newest first) and the inputs of its latest cycle.
+function renderLoop(d: DecisionLoop | null | undefined): void {
+  if (!d) {
+    $("loop").replaceChildren(el("div", "no decision loop configured (mcpctl console --decision-loop URL)", "muted"));
+    return;
+  }
+  if (d.error) {
+    $("loop").replaceChildren(el("div", `decision loop ${d.error}`, "unhealthy"));
+    return;
+  }
+  const failures = Object.entries(d.failures).map(([k, n]) => `${k} ${n}`).join(", ") || "none";
+  const parts: HTMLElement[] = [el("div", `policy ${d.policy ?? "—"}, ${d.cycles} cycles, failures ${failures}; ` +
+    `in force: ${d.inForce.join("; ") || "nothing"}`, "summary")];
+  parts.push(table(["cycle", "at", "decided"], d.decisions.map((x) => [String(x.cycle), clock(x.at), x.did]),
+    "no decision yet"));
+  parts.push(el("div", `inputs of cycle ${d.latestCycle ?? "—"} (${clock(d.latestAt)})`, "muted"));
+  parts.push(table(["replica", "waiting by class", "running", "KV cache", "prefix hits", "memory", "read age"],
+    d.inputs.map((r) => [r.endpoint, r.queue, String(r.running ?? "—"), pct(r.kvCacheUtilization), pct(r.prefixHitRate),
+      `${pct(r.memoryFraction)}${r.memorySource ? ` (${r.memorySource})` : ""}`, r.ageMs === null ? "—" : `${Math.round(r.ageMs)} ms`]),
+    "no replica read"));
+  $("loop").replaceChildren(...parts);
 }
 
 async function getJSON<T>(path: string): Promise<T> {

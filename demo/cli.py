@@ -25,12 +25,17 @@ def _urls(demo: Demo) -> list[tuple[str, str]]:
 
 def inspect_commands(demo: Demo) -> list[str]:
     """The commands that inspect the running demo, as an operator types them."""
-    return ["mcpctl proxy-status",
-            "mcpctl proxy-config routes " + GATEWAY_NODE,
-            "mcpctl proxy-config clusters " + GATEWAY_NODE + f" --envoy-admin 127.0.0.1:{demo.envoy_admin_port}",
-            "mcpctl version",
-            f"mcpctl analyze {demo.config_dir}",
-            f"curl -s http://127.0.0.1:{demo.admin_port}/metrics | grep -E '^(pilot_|xds_config)'"]
+    commands = ["mcpctl proxy-status",
+                "mcpctl proxy-config routes " + GATEWAY_NODE,
+                "mcpctl proxy-config clusters " + GATEWAY_NODE + f" --envoy-admin 127.0.0.1:{demo.envoy_admin_port}",
+                "mcpctl version",
+                f"mcpctl analyze {demo.config_dir}",
+                f"curl -s http://127.0.0.1:{demo.admin_port}/metrics | grep -E '^(pilot_|xds_config)'"]
+    picker = demo.urls.get("endpoint picker stats")     # the inference-gateway step's picker
+    if picker:
+        commands += [f"mcpctl console --port 15101 --picker {picker.removesuffix('/stats')}",
+                     f"curl -s {picker.removesuffix('/stats')}/metrics | grep -E '^inference_'"]
+    return commands
 
 
 def _serve(demo: Demo, stop: threading.Event) -> None:

@@ -112,10 +112,12 @@ def test_serve_prints_commands_mcpctl_accepts_and_writes_the_context(a_demo, tmp
     monkeypatch.setenv("MCPCTL_CONTEXT", str(tmp_path / "context.yaml"))
     stop = threading.Event()
     stop.set()
+    a_demo.urls["endpoint picker stats"] = "http://127.0.0.1:19999/stats"     # as the inference-gateway step sets it
     demo_cli._serve(a_demo, stop)
     out = capsys.readouterr().out
     parser = build_parser()
     commands = [c for c in demo_cli.inspect_commands(a_demo) if c.startswith("mcpctl ")]
+    assert "mcpctl console --port 15101 --picker http://127.0.0.1:19999" in commands
     for command in commands:
         assert command in out
         args = parser.parse_args(shlex.split(command)[1:])          # SystemExit on a command mcpctl refuses

@@ -101,6 +101,7 @@ class Console:
     async def config(self, request):
         return _json({"grpcWebUrl": self.o.grpc_web, "model": self.o.model,
                       "priorities": list(LLM_PRIORITY_CLASSES), "priorityHeader": H.LLM_PRIORITY,
+                      "priorityClasses": {p: c.header_value for p, c in LLM_PRIORITY_CLASSES.items()},
                       "classes": list(QOS_CLASS_NAMES), "pollMs": int(self.o.scrape_s * 1000),
                       "levels": {str(c.priority_level): c.header_value for c in QosClass}})
 

@@ -5,6 +5,7 @@ import { drawLatency, type Series } from "./plot";
 
 type Config = {
   grpcWebUrl: string; model: string; priorities: string[]; priorityHeader: string; pollMs: number;
+  priorityClasses: Record<string, string>;   // X-LLM-Priority value -> the mesh's QoS class
   classes: string[]; levels: Record<string, string>;   // QoS classes; priority level -> class
 };
 // One row per proxy and xDS type, as /debug/syncz reports it: SYNCED, STALE, NACKED, NOT SENT.
@@ -237,7 +238,9 @@ async function main(): Promise<void> {
   ($("grpc-web-url") as HTMLInputElement).value = cfg.grpcWebUrl;
   ($("model") as HTMLInputElement).value = cfg.model;
   const sel = $("priority") as HTMLSelectElement;
-  cfg.priorities.forEach((p) => sel.appendChild(Object.assign(document.createElement("option"), { value: p, textContent: p })));
+  // Named as the mesh's classes; the value is what the header carries.
+  cfg.priorities.forEach((p) => sel.appendChild(Object.assign(document.createElement("option"),
+    { value: p, textContent: `${cfg.priorityClasses[p] ?? p} (${p})` })));
   $("infer-form").addEventListener("submit", (ev) => void onInfer(cfg, ev));
   $("metadata-button").addEventListener("click", () => void onMetadata());
   $("filter").addEventListener("input", () => { if (lastMesh) renderTables(lastMesh); });

@@ -9,8 +9,10 @@ import signal
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
+from mcp26.mesh import cli_context
 from mcp26.mesh.cli_output import add_output_flag, render
 
 
@@ -30,7 +32,7 @@ def register(subparsers) -> None:
     r = sub.add_parser("run", help="run the decision loop over an InferencePool")
     r.add_argument("--config-dir", required=True, help="the watched directory (InferencePool, WorkloadEntries)")
     r.add_argument("--pool", required=True, help="the InferencePool, NAMESPACE/NAME")
-    r.add_argument("--control-plane-admin", required=True, help="xds-server's admin address, HOST:PORT (loopback)")
+    cli_context.add_control_plane_flag(r, legacy=("--control-plane-admin",))    # where remaps and weights go
     r.add_argument("--period-ms", type=float, default=200.0, help="the loop's period (default 200)")
     r.add_argument("--budget-ms", type=float, default=None, help="a policy call's time budget (default period/4)")
     r.add_argument("--policy", default=None, help="FILE.py|FILE.wasm: a Wasm policy plugin (hot-swapped on change); "
@@ -74,10 +76,15 @@ def _run(args) -> int:
         except (OSError, ValueError) as e:      # no such pin, not a flow ring, no privilege
             print(f"mcpctl scheduler run: --flow-ring {args.flow_ring}: {e}", file=sys.stderr)
             return 1
+    try:
+        control_plane = urllib.parse.urlsplit(cli_context.url(args)).netloc    # the applier's HOST:PORT
+    except cli_context.ContextError as e:
+        print(f"mcpctl scheduler run: {e}", file=sys.stderr)
+        return 2
     from mcp26.scheduler.loop.service import run
 
     async def main():
-        task = asyncio.create_task(run(args.config_dir, args.pool, args.control_plane_admin, args.period_ms,
+        task = asyncio.create_task(run(args.config_dir, args.pool, control_plane, args.period_ms,
                                        args.policy, args.admin_port, remap_hold_s=args.remap_hold_s,
                                        budget_ms=args.budget_ms, replica_admin=admin, replica_pids=pids,
                                        flows_fn=flows_fn, flow_marks=args.flow_marks))

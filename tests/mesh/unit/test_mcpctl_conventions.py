@@ -53,8 +53,17 @@ def test_control_plane_flag_before_or_after_the_command():
     after = parser.parse_args(["proxy-status", "--control-plane", "h:2"])
     legacy = parser.parse_args(["proxy-status", "--admin-address", "h:3"])
     console = parser.parse_args(["console", "--xds-admin", "http://h:4"])
-    assert [before.control_plane, after.control_plane, legacy.control_plane, console.control_plane] == \
-        ["h:1", "h:2", "h:3", "http://h:4"]
+    loop = parser.parse_args(["scheduler", "run", "--config-dir", ".", "--pool", "a/b", "--control-plane-admin", "h:5"])
+    assert [before.control_plane, after.control_plane, legacy.control_plane, console.control_plane,
+            loop.control_plane] == ["h:1", "h:2", "h:3", "http://h:4", "h:5"]
+
+
+def test_every_command_that_talks_to_the_control_plane_takes_control_plane():
+    parser = cli.build_parser()
+    for argv in (["proxy-status"], ["proxy-config", "clusters", "n"], ["console"], ["version"],
+                 ["scheduler", "run", "--config-dir", ".", "--pool", "a/b"]):
+        args = parser.parse_args([*argv, "--control-plane", "http://h:9"])
+        assert cli_context.resolve(args, {})[0] == "http://h:9", argv
 
 
 def test_a_broken_context_file_is_named(env):

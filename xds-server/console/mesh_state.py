@@ -170,6 +170,15 @@ def clusters(resources: dict, observed: dict[str, dict[str, str]] | None = None)
     return out
 
 
+def observed_in(cluster: dict, observed: dict[str, dict[str, str]]) -> dict:
+    """A clusters() row with each endpoint's health as the gateway Envoy observes it, where it does."""
+    seen = observed.get(cluster["name"])
+    if not seen:
+        return cluster
+    return {**cluster, "endpoints": [{**e, "health": seen.get(e["address"]) or e["health"]}
+                                     for e in cluster["endpoints"]]}
+
+
 def observed_health(envoy_clusters: dict) -> dict[str, dict[str, str]]:
     """Envoy admin /clusters?format=json -> {cluster: {host:port: HEALTHY|UNHEALTHY (why)}}."""
     out: dict[str, dict[str, str]] = {}

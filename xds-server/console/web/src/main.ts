@@ -256,8 +256,9 @@ async function main(): Promise<void> {
     } catch (e) { $("latency-note").textContent = describeError(e); }
     document.body.dataset.polled = String(Number(document.body.dataset.polled || 0) + 1);
   };
-  await poll();
-  setInterval(poll, cfg.pollMs);
+  // The next poll starts pollMs after this one ended: a slow answer (a large mesh) never piles up requests.
+  const loop = async (): Promise<void> => { await poll(); setTimeout(() => void loop(), cfg.pollMs); };
+  await loop();
 }
 
 main().catch((e) => { document.body.prepend(el("div", `console failed to start: ${describeError(e)}`, "warn")); });

@@ -56,7 +56,7 @@ def test_rejected_change_set_then_unreachable_control_plane(tmp_path):
                         lines = f.read().splitlines()
                     for text in froms:
                         path, line = text[text.index("(") + 1:-1].rsplit(":", 1)
-                        assert path == os.path.join(d, "virtualservice.yaml"), text
+                        assert path == "virtualservice.yaml", text          # relative to the watched directory
                         assert lines[int(line) - 1].lstrip().startswith("- "), (text, lines[int(line) - 1])
                     assert len(set(froms)) == 2, froms        # two http rules, two places
                     page.fill("#filter", "no-such-route-anywhere")
@@ -76,6 +76,10 @@ def test_rejected_change_set_then_unreachable_control_plane(tmp_path):
                     assert "showing what it said at" in banner
                     assert NODE in page.text("#proxies")
                     assert "control plane unreachable" in page.text("#routes-section .updated")
+                    # every panel that shows data says when it was last updated
+                    for panel in ("#proxies-section .updated", "#inference-section .updated",
+                                  "#latency-section .updated-latency", "#endpoints-section .updated"):
+                        assert page.text(panel).startswith("updated "), panel
                     page.screenshot(os.path.join(ARTIFACTS, "unreachable.png"))
             finally:
                 console.stop()

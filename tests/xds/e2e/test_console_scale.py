@@ -46,7 +46,7 @@ def test_a_thousand_services_are_drawn_and_filtered(tmp_path):
                     froms = page.eval(expression="Array.from(document.querySelectorAll('#routes tr'))"
                                                  ".slice(1).map((r) => r.cells[4].textContent)")
                     assert len(froms) == ROUTES and all(
-                        f.startswith("VirtualService default/svc-987 (") and "svc-0987.yaml:" in f for f in froms), froms
+                        f.startswith("VirtualService default/svc-987 (svc-0987.yaml:") for f in froms), froms
                     endpoints = page.wait_text("#endpoints-count", "of")
                     assert endpoints.startswith("3 of "), endpoints    # svc-987's clusters: all, v1, v2
                 # While the proxy's versions hold, a poll reuses its rows: no 18 MB dump each time.

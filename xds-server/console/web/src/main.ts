@@ -115,11 +115,17 @@ function renderMesh(m: Mesh): void {
   renderTables(m);
 }
 
+// file:line relative to the watched directory, which the proxies panel names once
+const inConfigDir = (m: Mesh, at: string) => {
+  const dir = m.config?.configDir?.replace(/\/+$/, "");
+  return dir && at.startsWith(`${dir}/`) ? at.slice(dir.length + 1) : at;
+};
+
 function renderTables(m: Mesh): void {
   const routes = filtered(m.routes, (r) => `${r.listener} ${r.routeConfig} ${r.virtualHost} ${r.domains.join(" ")} ${r.match} ${r.clusters.join(" ")} ${r.source ?? ""} ${r.at ?? ""}`);
   $("routes").replaceChildren(table(["listener / route config", "virtual host", "match", "→ clusters", "from"],
     routes.rows.map((r) => [`${r.listener} / ${r.routeConfig}`, `${r.virtualHost} (${r.domains.join(", ")})`, r.match,
-      r.clusters.join(", "), r.source ? `${r.source}${r.at ? ` (${r.at})` : ""}` : "—"]), "no routes"));
+      r.clusters.join(", "), r.source ? `${r.source}${r.at ? ` (${inConfigDir(m, r.at)})` : ""}` : "—"]), "no routes"));
   $("routes-count").textContent = routes.note;
   const clusters = filtered(m.clusters, (c) => `${c.name} ${c.endpoints.map((e) => e.address).join(" ")}`);
   $("endpoints").replaceChildren(table(["cluster", "endpoint", "health"],
@@ -253,6 +259,7 @@ async function main(): Promise<void> {
       const lat = await getJSON<{ series: Series; note: string }>("/api/latency");
       drawLatency($("latency-plot") as HTMLCanvasElement, lat.series, cfg.classes);
       $("latency-note").textContent = lat.note;
+      document.querySelector<HTMLElement>(".updated-latency")!.textContent = `updated ${clock(Date.now() / 1000)}`;
     } catch (e) { $("latency-note").textContent = describeError(e); }
     document.body.dataset.polled = String(Number(document.body.dataset.polled || 0) + 1);
   };

@@ -138,8 +138,10 @@ def _status(args) -> int:
               f"expires in {w['expires_in_s']:.1f} s")
     latest = doc.get("latest") or {}
     for rep in (latest.get("inputs") or {}).get("replicas", []):
+        queue = ", ".join(f"{k} {n}" for k, n in sorted((rep.get("queue_depth") or {}).items()) if n) or "0"
         print(f"  replica {rep['endpoint']}: memory {rep['memory_fraction']:.1%} ({rep['memory_source']}), "
-              f"kv {rep['kv_utilisation']:.1%}, queue {rep['queue_depth']}, age {rep['age_ms']:.0f} ms")
+              f"kv {rep['kv_utilisation']:.1%}, waiting {queue}, running {rep.get('running', 0)}, "
+              f"age {rep['age_ms']:.0f} ms")
     print("decisions (newest last):")
     for d in doc["decisions"][-8:]:
         when = time.strftime("%H:%M:%S", time.localtime(d["at"]))

@@ -6,6 +6,8 @@ When the picker stops, its panel says so and where it could not be read. Screens
 artifacts/console/."""
 import os
 import re
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -81,6 +83,11 @@ def test_picks_refusals_and_decisions_in_the_console():
                 inputs = {r[0]: r for r in _rows(page, "#loop") if len(r) == 7 and r[0] != "replica"}
                 assert sorted(inputs) == sorted(stack.endpoints), inputs
                 assert all(r[1] == "0" and r[2] == "0" and r[3].endswith("%") for r in inputs.values()), inputs   # idle
+                # the same inputs in `mcpctl scheduler status`: waiting by class and running, per replica
+                text = subprocess.run([sys.executable, "-m", "mcp26.mesh.cli", "scheduler", "status", "--admin",
+                                       loop.admin], capture_output=True, text=True, timeout=30).stdout
+                for endpoint in stack.endpoints:
+                    assert re.search(rf"replica {re.escape(endpoint)}: .* waiting 0, running 0, age", text), text
                 decided = [r for r in _rows(page, "#loop") if len(r) == 3 and r[0] != "cycle"]
                 assert decided and all(re.fullmatch(r"\d+", r[0]) and re.fullmatch(r"\d\d:\d\d:\d\d", r[1]) and r[2]
                                        for r in decided), decided

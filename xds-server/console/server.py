@@ -52,7 +52,7 @@ class ConsoleOptions:
     scrape_s: float = 1.0
     window_s: float = 10.0
     timeout_s: float = 2.0
-    # A proxy's config dump: 18.7 MB, 3.4-3.9 s to answer at 1,000 services x 10 routes (load ~5, 2 cores)
+    # A proxy's config dump takes seconds at 1,000 services (docs/benchmarks/xds.md, "The console")
     dump_timeout_s: float = 60.0
 
 

@@ -60,6 +60,7 @@ def _serve(demo: Demo, stop: threading.Event) -> None:
             if p.name not in reported:
                 reported.add(p.name)
                 print(f"  {p.name} exited {p.proc.returncode}:\n{p.log_tail()}", flush=True)
+    cli_context.remove_context()          # it named this demo's control plane, which now stops
     print("stopping...", flush=True)
 
 

@@ -6,7 +6,8 @@ In order, the first that is set wins:
 2. `$MCPCTL_CONTROL_PLANE`;
 3. the context file, `$MCPCTL_CONTEXT` or `$XDG_CONFIG_HOME/mcpctl/context.yaml`
    (`~/.config/mcpctl/context.yaml`), which `mcpctl xds serve --write-context` and
-   `mcpctl demo --serve` write;
+   `mcpctl demo --serve` write (and remove at a clean stop: a killed one leaves it, and
+   commands then name the file in their "unreachable" error);
 4. http://127.0.0.1:18001, the control plane's default admin port.
 
 The value is the control plane's *admin* endpoint (/debug/syncz, /metrics, the
@@ -101,6 +102,19 @@ def write_context(control_plane: str, written_by: str, extra: dict | None = None
         yaml.safe_dump(data, f, sort_keys=False)
     os.replace(tmp, path)
     return path
+
+
+def remove_context(environ=os.environ) -> bool:
+    """Remove the context file if this process wrote it (its pid), as a server that wrote it
+    stops: a context naming a stopped control plane would send every later command there."""
+    path = context_path(environ)
+    try:
+        if read_context(path).get("pid") != os.getpid():
+            return False
+        os.remove(path)
+        return True
+    except (OSError, ContextError):
+        return False
 
 
 def resolve(args: argparse.Namespace | None = None, environ=os.environ) -> tuple[str, str]:

@@ -91,7 +91,7 @@ def register(subparsers) -> None:
     serve.add_argument("--write-context", action="store_true",
                        help="once serving, write the mcpctl context file ($MCPCTL_CONTEXT or "
                             "~/.config/mcpctl/context.yaml) naming this admin address, so that proxy-status, "
-                            "proxy-config, console and version find it without --control-plane")
+                            "proxy-config, console and version find it without --control-plane; removed at a clean stop (Ctrl-C)")
     serve.set_defaults(func=_serve)
 
     envoy = subparsers.add_parser("envoy", help="run Envoy attached to the control plane")
@@ -194,6 +194,8 @@ def _serve(args) -> int:
                 _write_context(server, args)
             await server.wait()
         finally:
+            if args.write_context:
+                cli_context.remove_context()
             if control is not None:
                 await control.stop()
             await server.stop()

@@ -125,3 +125,15 @@ def test_completion_completes_commands_and_flags(tmp_path):
     assert {"proxy-status", "proxy-config"} <= set(complete("mcpctl prox"))
     assert "--control-plane" in complete("mcpctl proxy-status --con")
     assert set(complete("mcpctl completion ")) >= {"bash", "zsh", "fish"}
+
+
+def test_a_context_is_removed_only_by_the_process_that_wrote_it(env):
+    path = cli_context.write_context("127.0.0.1:5", "a test", environ=env)
+    with open(path) as f:
+        other = {**yaml.safe_load(f), "pid": os.getpid() + 1}        # as another server wrote it
+    with open(path, "w") as f:
+        yaml.safe_dump(other, f)
+    assert cli_context.remove_context(env) is False and os.path.exists(path)
+    cli_context.write_context("127.0.0.1:5", "a test", environ=env)
+    assert cli_context.remove_context(env) is True and not os.path.exists(path)
+    assert cli_context.resolve(None, env) == (cli_context.DEFAULT, "default")

@@ -15,12 +15,11 @@ import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mcp26.demo.stack.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
-from harness.endpoint_picker import PickerProcess, pool_yaml
+from harness.endpoint_picker import PickerProcess, headers_request, pool_yaml
 from mcp26.demo.stack.ports import free_port, port_free_on_all
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.mesh import endpoint_picker as epp
@@ -81,20 +80,8 @@ def _idle(ups):
         u.metrics = dict(IDLE)
 
 
-def _headers_request(headers: dict, end_of_stream: bool, subset=None) -> pb.ProcessingRequest:
-    req = pb.ProcessingRequest()
-    for k, v in headers.items():
-        req.request_headers.headers.headers.add(key=k, raw_value=v.encode())
-    req.request_headers.end_of_stream = end_of_stream
-    if subset is not None:
-        s = struct_pb2.Struct()
-        s.update({epp.SUBSET_KEY: list(subset)})
-        req.metadata_context.filter_metadata[epp.SUBSET_NAMESPACE].CopyFrom(s)
-    return req
-
-
 def _converse(picker, headers: dict, body: bytes | None = None, subset=None) -> list[pb.ProcessingResponse]:
-    msgs = [_headers_request({":method": "POST" if body else "GET", ":path": "/v1/completions", **headers},
+    msgs = [headers_request({":method": "POST" if body else "GET", ":path": "/v1/completions", **headers},
                              body is None, subset)]
     if body is not None:
         msgs.append(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))

@@ -13,15 +13,13 @@ import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from google.protobuf import struct_pb2
 
 from harness import browser as browser_support
 from harness.browser import Browser
-from harness.endpoint_picker import PickerProcess
+from harness.endpoint_picker import PickerProcess, headers_request
 from harness.grpcweb_mesh import Console
 from harness.loop_stack import WASM, LoopStack
 from harness.paths import ROOT
-from mcp26.mesh import endpoint_picker as epp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(browser_support.missing() is not None,
                                                   reason=browser_support.missing() or "")]
@@ -30,15 +28,8 @@ ARTIFACTS = os.path.join(ROOT, "artifacts", "console")
 
 def _ask(stub, subset=None) -> pb.ProcessingResponse:
     """One header-only request through the picker's ext_proc, as Envoy sends it."""
-    req = pb.ProcessingRequest()
-    for k, v in {":method": "GET", ":path": "/v1/models", ":authority": "models.mesh.local"}.items():
-        req.request_headers.headers.headers.add(key=k, raw_value=v.encode())
-    req.request_headers.end_of_stream = True
-    if subset is not None:
-        s = struct_pb2.Struct()
-        s.update({epp.SUBSET_KEY: list(subset)})
-        req.metadata_context.filter_metadata[epp.SUBSET_NAMESPACE].CopyFrom(s)
-    (resp,) = list(stub.Process(iter([req]), timeout=5))
+    headers = {":method": "GET", ":path": "/v1/models", ":authority": "models.mesh.local"}
+    (resp,) = list(stub.Process(iter([headers_request(headers, True, subset)]), timeout=5))
     return resp
 
 

@@ -2,6 +2,7 @@
 `mcpctl proxy-status` (and its exit code) and in /metrics, under mesh's names and
 istiod's; `mcpctl version` reads the control plane and its proxies' Envoy version."""
 import json
+import signal
 import re
 import subprocess
 import time
@@ -150,3 +151,6 @@ def test_xds_serve_writes_the_context_that_proxy_status_reads(tmp_path, monkeypa
         out = mcpctl("proxy-status")                       # no flag, no variable: the context file
         assert out.returncode == 0 and out.stdout.startswith("NAME"), out
         assert mcpctl("version", "-o", "json").returncode == 0
+        cp.proc.send_signal(signal.SIGINT)                 # Ctrl-C: a clean stop removes the context it wrote
+        cp.proc.wait(30)
+        assert not context.exists()

@@ -6,7 +6,7 @@ PIP := .venv/bin/pip
 DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2 libclang-rt-14-dev-wasm32 python3-venv libb64-0d
 PYTEST_ARGS ?=
 
-.PHONY: install debs venv kernel-headers wasm test demo bench clean proto web perf-analyzer wheel
+.PHONY: install debs venv kernel-headers wasm test demo demo-lite bench clean proto web perf-analyzer wheel
 
 install: debs kernel-headers venv wasm web perf-analyzer
 
@@ -88,6 +88,14 @@ test: install
 
 demo: install
 	.venv/bin/mcpctl demo
+
+# The demo without root, kernel headers or Chromium (no Debian packages, no eBPF, no
+# browser): the venv from PyPI alone; the console bundle when npm is there, the Wasm
+# filter when its toolchain is (the header-contract step says it skipped otherwise).
+demo-lite: venv
+	@if command -v npm >/dev/null; then $(MAKE) -s web; else echo "demo-lite: no npm: the console page has no bundle"; fi
+	@if command -v clang >/dev/null && [ -f wasm-filters/Makefile ]; then $(MAKE) -s -C wasm-filters || true; fi
+	.venv/bin/mcpctl demo $(DEMO_ARGS)
 
 bench: install
 	$(PY) -m benchmarks $(BENCH)

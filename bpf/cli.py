@@ -5,11 +5,11 @@ and `detach` act on what an earlier `attach` left.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 from mcp26.bpf.policy import PolicyError, build_policy
+from mcp26.mesh.cli_output import add_output_flag, render
 
 
 def register(subparsers) -> None:
@@ -29,12 +29,12 @@ def register(subparsers) -> None:
                    help="time requests (first byte in -> first response byte out) on service ports")
     a.add_argument("--sample-port", action="append", default=[], type=str, metavar="PORT",
                    help="sample only these service ports (implies --sample)")
-    a.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_output_flag(a, ("text",), legacy_json=True, what="the attached state")
     a.set_defaults(func=_attach)
 
     s = sub.add_parser("status", help="what is attached, its maps and the flows it classified")
     s.add_argument("--interface", "-i", help="only this interface (default: every interface with a program attached)")
-    s.add_argument("--json", action="store_true", help="print the status as JSON")
+    add_output_flag(s, ("text",), legacy_json=True, what="what is attached")
     s.set_defaults(func=_status)
 
     d = sub.add_parser("detach", help="remove our filters, pinned maps and the qdisc attach added")
@@ -46,7 +46,7 @@ def register(subparsers) -> None:
     lat.add_argument("--seconds", type=float, default=5.0, help="how long to read (default 5)")
     lat.add_argument("--prometheus-port", type=int, default=0,
                      help="also serve the OpenTelemetry metrics for Prometheus on 127.0.0.1:PORT")
-    lat.add_argument("--json", action="store_true", help="print the latency summary as JSON")
+    add_output_flag(lat, ("table",), legacy_json=True, what="the latency summary")
     lat.add_argument("--flow-ring", metavar="PATH", help="also write each sample (flow, rtt, request bytes) into "
                      "the shared-memory flow ring file at PATH (mesh/flow_ring.py; created if missing) for the "
                      "decision loop (`mcpctl scheduler run --flow-ring PATH`). Not needed where the sampler "
@@ -80,8 +80,8 @@ def _attach(args) -> int:
     policy = build_policy(ports=args.dscp_port, cidrs=args.dscp_cidr, marks=args.dscp_mark,
                           alpn=args.alpn, sample=args.sample, sample_ports=args.sample_port)
     state = attach.attach(args.interface, policy)
-    if args.json:
-        print(json.dumps(state, indent=2))
+    if args.output != "text":
+        sys.stdout.write(render(state, args.output))
     else:
         print(f"attached to {args.interface}: " + _describe(state))
         if state["sample"] and state.get("flow_ring"):
@@ -96,8 +96,8 @@ def _status(args) -> int:
     from mcp26.bpf.program import check_privilege
     check_privilege()
     states = attach.status(args.interface)
-    if args.json:
-        print(json.dumps(states, indent=2))
+    if args.output != "text":
+        sys.stdout.write(render(states, args.output))
         return 0
     if not states:
         print(f"nothing attached{' to ' + args.interface if args.interface else ''}")
@@ -159,8 +159,8 @@ def _latency(args) -> int:
         writer.close()
         ring.close()
     summary = stats.summary()
-    if args.json:
-        print(json.dumps({str(p): v for p, v in summary.items()}, indent=2))
+    if args.output != "table":
+        sys.stdout.write(render({str(p): v for p, v in summary.items()}, args.output))
     else:
         print(f"{'port':>6} {'samples':>8} {'p50 us':>10} {'p99 us':>10}")
         for port, v in summary.items():

@@ -11,7 +11,8 @@ from __future__ import annotations
 import signal
 import threading
 
-from mcp26.demo.framework import MANIFESTS, Check, Demo
+from mcp26.demo.framework import GATEWAY_NODE, MANIFESTS, Check, Demo
+from mcp26.mesh import cli_context
 from mcp26.demo.steps import discover
 
 
@@ -22,18 +23,44 @@ def _urls(demo: Demo) -> list[tuple[str, str]]:
             ("Envoy admin", f"http://127.0.0.1:{demo.envoy_admin_port}/")]
 
 
+def inspect_commands(demo: Demo) -> list[str]:
+    """The commands that inspect the running demo, as an operator types them."""
+    commands = ["mcpctl proxy-status",
+                "mcpctl proxy-config routes " + GATEWAY_NODE,
+                "mcpctl proxy-config clusters " + GATEWAY_NODE + f" --envoy-admin 127.0.0.1:{demo.envoy_admin_port}",
+                "mcpctl version",
+                f"mcpctl analyze {demo.config_dir}",
+                f"curl -s http://127.0.0.1:{demo.admin_port}/metrics | grep -E '^(pilot_|xds_config)'"]
+    picker = demo.urls.get("endpoint picker stats")     # the inference-gateway step's picker
+    if picker:
+        commands += [f"mcpctl console --port 15101 --picker {picker.removesuffix('/stats')}",
+                     f"curl -s {picker.removesuffix('/stats')}/metrics | grep -E '^inference_'"]
+    return commands
+
+
 def _serve(demo: Demo, stop: threading.Event) -> None:
-    """--serve: keep every part running, print where to reach them, until Ctrl-C or SIGTERM."""
+    """--serve: keep every part running, print where to reach them and how to inspect them
+    (the context file names this control plane), until Ctrl-C or SIGTERM."""
     print("\nserving (Ctrl-C or SIGTERM stops every process):")
     for name, url in _urls(demo):
         print(f"  {name:<22} {url}")
-    print(f"  work dir {demo.workdir} (logs, watched config: {demo.config_dir})", flush=True)
+    print(f"  work dir {demo.workdir} (logs, watched config: {demo.config_dir})")
+    try:
+        path = cli_context.write_context(f"127.0.0.1:{demo.admin_port}", "mcpctl demo --serve",
+                                         {"configDir": str(demo.config_dir)})
+        print(f"\ninspect it (the context file {path} names this control plane):")
+    except (OSError, cli_context.ContextError) as e:
+        print(f"\ninspect it (no context file: {e}; add --control-plane 127.0.0.1:{demo.admin_port}):")
+    for command in inspect_commands(demo):
+        print(f"  {command}")
+    print(flush=True)
     reported: set[str] = set()
     while not stop.wait(1.0):
         for p in demo.exited():
             if p.name not in reported:
                 reported.add(p.name)
                 print(f"  {p.name} exited {p.proc.returncode}:\n{p.log_tail()}", flush=True)
+    cli_context.remove_context()          # it named this demo's control plane, which now stops
     print("stopping...", flush=True)
 
 

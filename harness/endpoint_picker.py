@@ -5,7 +5,8 @@ ready line, its `/stats`, and a wait on them.
     picker.wait(lambda s: all(e["ready"] for e in s["endpoints"].values()))
     picker.stop()
 
-`pool_yaml` / `write_pool`: the pool such a picker serves.
+`pool_yaml` / `write_pool`: the pool such a picker serves; `headers_request`: what Envoy's
+ext_proc filter sends it first.
 """
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ import tempfile
 import time
 import urllib.request
 
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import struct_pb2
+
 from mcp26.demo.stack.processes import stop_process
+from mcp26.mesh import endpoint_picker as epp
 
 
 class PickerProcess:
@@ -54,6 +59,20 @@ class PickerProcess:
     def stop(self) -> None:
         stop_process(self.proc)
         self._stderr.close()
+
+
+def headers_request(headers: dict, end_of_stream: bool, subset=None) -> pb.ProcessingRequest:
+    """The request_headers message Envoy's ext_proc filter sends the picker; `subset`: the
+    endpoints Envoy's metadata offers (the GIE subset hint)."""
+    req = pb.ProcessingRequest()
+    for k, v in headers.items():
+        req.request_headers.headers.headers.add(key=k, raw_value=v.encode())
+    req.request_headers.end_of_stream = end_of_stream
+    if subset is not None:
+        s = struct_pb2.Struct()
+        s.update({epp.SUBSET_KEY: list(subset)})
+        req.metadata_context.filter_metadata[epp.SUBSET_NAMESPACE].CopyFrom(s)
+    return req
 
 
 def pool_yaml(port: int, hosts, picker_port: int = 9002) -> str:

@@ -103,7 +103,7 @@ class LoopProcess:
     def __init__(self, pool_dir: str, cp_admin: str, *extra: str, period_ms: int = 200):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mcp26.mesh.cli", "scheduler", "run", "--config-dir", pool_dir,
-             "--pool", "inference/decoders", "--control-plane-admin", cp_admin, "--period-ms", str(period_ms),
+             "--pool", "inference/decoders", "--control-plane", cp_admin, "--period-ms", str(period_ms),
              "--log-level", "WARNING", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "MCP_POLICY_CACHE": POLICY_CACHE})

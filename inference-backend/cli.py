@@ -19,6 +19,7 @@ import sys
 import time
 
 from mcp26.serving.grpc import frontends
+from mcp26.mesh.cli_output import add_output_flag, render
 from mcp26.mesh.batching_policy import DEFAULT_PRESET, PRESETS
 from mcp26.serving.executables import executable
 
@@ -126,7 +127,7 @@ def register(subparsers) -> None:
     d = subparsers.add_parser("devices", help="list the devices and execution providers ONNX Runtime offers here",
                               description="List ONNX Runtime's (execution provider, device) pairs, named as "
                                           "`mcpctl serve --device` names them (cpu:0, gpu:1, npu:0).")
-    d.add_argument("-o", "--output", default="table", choices=("table", "json"), help="table (default) or json")
+    add_output_flag(d, ("table",))
     d.set_defaults(func=run_devices)
 
 
@@ -134,9 +135,9 @@ def run_devices(args) -> int:
     import onnxruntime as ort
     from mcp26.inference import devices
     found = devices.devices()
-    if args.output == "json":
-        print(json.dumps({"onnxruntime": ort.__version__, "plugins": devices.register_plugins(),
-                          "devices": [d.describe() for d in found]}, indent=2))
+    if args.output != "table":
+        sys.stdout.write(render({"onnxruntime": ort.__version__, "plugins": devices.register_plugins(),
+                                 "devices": [d.describe() for d in found]}, args.output))
     else:
         print(devices.table(found))
     return 0

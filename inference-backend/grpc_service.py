@@ -183,7 +183,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _count(self, request: pb.ModelInferRequest, code: grpc.StatusCode) -> None:
         """Refusals and failures are counted like answers (mcp_inference_requests_total{code})."""
-        self.server.telemetry.requests.add(1, {"model": request.model_name, "protocol": "grpc", "code": code.name})
+        self.server.telemetry.count_request(request.model_name, "grpc", code.name)
 
     async def ModelInfer(self, request, context):
         try:

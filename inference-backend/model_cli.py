@@ -6,10 +6,10 @@
 """
 from __future__ import annotations
 
-import json
 import sys
 
 from mcp26.inference import model_format
+from mcp26.mesh.cli_output import add_output_flag, render
 
 
 def register(subparsers) -> None:
@@ -26,9 +26,9 @@ def register(subparsers) -> None:
                          "instead of the basic, provider-independent ones")
     pk.set_defaults(func=pack)
     ins = sub.add_parser("inspect", help="print a .mcp26bin file's table of contents")
-    ins.add_argument("file", help="the .mcp26bin file")
+    ins.add_argument("file", metavar="FILE", help="the .mcp26bin file")
     ins.add_argument("--verify", action="store_true", help="hash every chunk (exit 1 on a mismatch)")
-    ins.add_argument("--output", choices=("table", "json"), default="table", help="table (default) or json")
+    add_output_flag(ins, ("table",), what="its table of contents")
     ins.set_defaults(func=inspect)
 
 
@@ -69,9 +69,9 @@ def inspect(args) -> int:
         return 2
     info = model_format.describe(container)
     problems = model_format.verify(container) if args.verify else []
-    if args.output == "json":
-        print(json.dumps({**info, "verified": (not problems) if args.verify else None, "problems": problems},
-                         indent=2))
+    if args.output != "table":
+        sys.stdout.write(render({**info, "verified": (not problems) if args.verify else None,
+                                 "problems": problems}, args.output))
     else:
         opt = info["optimization"]
         print(f"{info['file']}  format {info['version']}  {_size(info['size'])}  identity {info['identity'][:16]}")

@@ -181,6 +181,7 @@ class ServedModel:
         self._reload_lock = threading.Lock()
         self.settles = 0                    # mapped .mcp26bin sessions replaced by full ones (_settle)
         self._maybe_settle(model)
+        telemetry.served_models.add(name)
         telemetry.add_gauge_source("queue_depth", self._queue_gauge)
         telemetry.add_load_source(lambda: [(snapshot(self), self)])
         if self.decoder:

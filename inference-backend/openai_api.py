@@ -148,6 +148,7 @@ class OpenAIApi:
 
     async def _handle(self, request, chat: bool):
         model_label = "?"
+        t0 = time.monotonic()
         try:
             doc = await _read_json(request)
             served = self._resolve(doc.get("model"))
@@ -157,10 +158,11 @@ class OpenAIApi:
             sampling, stream, usage_in_stream = _sampling(doc, chat, len(prompt))
             gen = Generation(served, prompt, sampling, qos, None, served.generation_load)
             answer = _Answer(doc["model"], chat, gen, bool(doc.get("return_token_ids")))
+            deltas = self._timed(gen.stream(), served.name, t0)
             if stream:
-                response = await self._stream(request, served, answer, usage_in_stream)
+                response = await self._stream(request, served, answer, usage_in_stream, deltas)
             else:
-                async for _ in gen.stream():
+                async for _ in deltas:
                     pass
                 response = web.json_response(answer.whole(), headers={H.ORCA_LOAD_REPORT: served.load.header_value()})
             self._count(model_label, "OK")
@@ -178,7 +180,19 @@ class OpenAIApi:
             self._count(model_label, "INTERNAL")
             return self._error(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
-    async def _stream(self, request, served, answer: "_Answer", usage_in_stream: bool):
+    async def _timed(self, deltas, model: str, t0: float):
+        """The generation's deltas, timed into vLLM's histograms: the first token's wait, each
+        gap between tokens, and (once it ends) the whole request."""
+        t = self.server.telemetry
+        last = None
+        async for delta in deltas:
+            now = time.monotonic()
+            (t.ttft.series(model) if last is None else t.tpot.series(model)).observe(now - (t0 if last is None else last))
+            last = now
+            yield delta
+        t.e2e.series(model).observe(time.monotonic() - t0)
+
+    async def _stream(self, request, served, answer: "_Answer", usage_in_stream: bool, deltas):
         """Server-sent events. The response starts with the first text (so an error before
         it, e.g. a full queue, is still an HTTP status), then one chunk per delta."""
         response = None
@@ -191,7 +205,7 @@ class OpenAIApi:
             if answer.chat:
                 await _event(response, answer.chunk({"role": "assistant", "content": ""}))
         try:
-            async for delta in answer.gen.stream():
+            async for delta in deltas:
                 if response is None:
                     await start()
                 await _event(response, answer.chunk(delta))
@@ -215,7 +229,7 @@ class OpenAIApi:
         return web.json_response(e.body(), status=e.status)
 
     def _count(self, model: str, code: str) -> None:
-        self.server.telemetry.requests.add(1, {"model": model, "protocol": "openai", "code": code})
+        self.server.telemetry.count_request(model, "openai", code)
 
 
 class _Answer:

@@ -117,10 +117,10 @@ class InferCore:
         if isinstance(e, InferenceError):
             if served is not None:
                 served.stats.on_failure(served.model.version, time.monotonic_ns() - t0)
-            self.server.telemetry.requests.add(1, {"model": name, "protocol": "http", "code": e.code.name})
+            self.server.telemetry.count_request(name, "http", e.code.name)
             return error_answer(e.http_status, e.message)
         log.error("REST infer failed", exc_info=e)
-        self.server.telemetry.requests.add(1, {"model": name, "protocol": "http", "code": "INTERNAL"})
+        self.server.telemetry.count_request(name, "http", "INTERNAL")
         return error_answer(500, f"internal error: {type(e).__name__}: {e}")
 
     def _prepare(self, served, decoded: Body, qos: str | None) -> tuple[Pending, int | None]:

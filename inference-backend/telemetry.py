@@ -1,11 +1,20 @@
-"""OpenTelemetry metrics (exported as Prometheus text at /metrics) and spans.
+"""The model server's /metrics (prometheus_client) and spans (OpenTelemetry).
 
-Metrics: request latency and queue wait histograms per model and priority
-level, batch size histogram, queue depth per level, requests by status,
-rejections by reason, tokens/s and KV-cache hit rate of decoder models,
+One metrics library: prometheus_client, for every series. OpenTelemetry's metrics SDK
+cost 25-30 us a call on the request path (_Instrument) and its Prometheus reader put
+otel_scope_* labels on its series only; OpenTelemetry stays for spans.
+
+Metrics, each labelled `model` (the served model's name; vLLM's series keep vLLM's
+`model_name`): request latency and queue wait histograms per model and priority level,
+batch size histogram, queue depth per level, requests by status (a model name not
+served is counted as model="_unknown": the name comes from the client), rejections by
+reason, tokens/s, tokens so far (a counter) and KV-cache hit rate of decoder models,
 each cyclic-GC pause by generation and the objects frozen at start.
-Next to them, the GIE model-server protocol's metrics under vLLM's names
-(GieCollector below; the values come from load_state.snapshot).
+Beside them, the names existing dashboards read:
+- Triton's per-model counters, nv_inference_* (TritonCollector, from the Triton
+  statistics every model keeps: statistics.py);
+- for generative models only, the GIE model-server protocol's metrics and vLLM's
+  latency histograms under vLLM's names (GieCollector, OpenAIHistograms).
 Spans (when `--trace-file` is given): one `infer` span per request with
 `queue_wait`, `batch_assembly` and `compute` children, their times taken
 from the batcher's own clock.
@@ -18,10 +27,7 @@ import threading
 import time
 from typing import Callable
 
-from opentelemetry import metrics, trace
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -31,12 +37,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from mcp26.serving import gc_pauses
+from mcp26.serving.prometheus_names import exact_counter
 from mcp26.inference.profiler import IDLE, METRICS, derive
 from mcp26.serving.h2 import limits as h2_limits
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                      0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
+UNKNOWN_MODEL = "_unknown"     # requests_total's model for a name no model is served under
+# vLLM's buckets (vllm/engine/metrics.py): time to first token, each gap between output
+# tokens, and the whole request.
+VLLM_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+VLLM_TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+VLLM_E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 # Monotonic (the batcher's clock) -> epoch nanoseconds (OpenTelemetry's).
 _EPOCH_OFFSET_NS = time.time_ns() - time.monotonic_ns()
@@ -69,7 +82,8 @@ class JsonLinesSpanExporter(SpanExporter):
 
 class GieCollector:
     """The Gateway API Inference Extension's model-server metrics, named as vLLM names
-    them (the reference Endpoint Picker scrapes these), labelled `model_name`:
+    them (the reference Endpoint Picker scrapes these), labelled `model_name`, for
+    generative models only (a vLLM dashboard has nothing to read of a classifier):
 
     vllm:num_requests_waiting      gauge  TotalQueuedRequests
     vllm:num_requests_running      gauge  TotalRunningRequests
@@ -82,9 +96,9 @@ class GieCollector:
     vllm:avg_generation_throughput_toks_per_s gauge  tokens generated per second (10 s window)
     vllm:prompt_tokens_total, vllm:generation_tokens_total  counters (OpenAI API generations)
 
-    and the same gauges under this project's names: mcp_inference_waiting_requests,
-    mcp_inference_running_requests, mcp_inference_kv_cache_utilization,
-    mcp_inference_prefix_cache_hit_rate.
+    and the same gauges, for every model, under this project's names and its label `model`:
+    mcp_inference_waiting_requests, mcp_inference_running_requests,
+    mcp_inference_kv_cache_utilization, mcp_inference_prefix_cache_hit_rate.
     """
 
     def __init__(self):
@@ -100,11 +114,12 @@ class GieCollector:
             ("vllm:kv_cache_usage_perc", "KV-cache utilisation: share of the budget live sequences hold (0-1)"),
             ("vllm:gpu_cache_usage_perc", "KV-cache utilisation (vLLM V0 name of vllm:kv_cache_usage_perc)"),
             ("vllm:gpu_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / looked up"),
-            ("vllm:avg_generation_throughput_toks_per_s", "Generated tokens per second (10 s window)"),
+            ("vllm:avg_generation_throughput_toks_per_s", "Generated tokens per second (10 s window)"))}
+        fams.update({n: GaugeMetricFamily(n, d, labels=["model"]) for n, d in (
             ("mcp_inference_waiting_requests", "Requests waiting for their first run"),
             ("mcp_inference_running_requests", "Requests running"),
             ("mcp_inference_kv_cache_utilization", "Share of the KV-cache budget live sequences hold (0-1)"),
-            ("mcp_inference_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / looked up"))}
+            ("mcp_inference_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / looked up"))})
         counters = {n: CounterMetricFamily(n, d, labels=["model_name"]) for n, d in (
             ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
             ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache"),
@@ -115,16 +130,18 @@ class GieCollector:
         for source in self.sources:
             for snap, served in source():
                 name = [snap["model"]]
+                fams["mcp_inference_waiting_requests"].add_metric(name, snap["waiting"])
+                fams["mcp_inference_running_requests"].add_metric(name, snap["running"])
+                fams["mcp_inference_kv_cache_utilization"].add_metric(name, snap["kv_cache_utilization"])
+                fams["mcp_inference_prefix_cache_hit_rate"].add_metric(name, snap["prefix_cache_hit_rate"])
+                if not getattr(served, "decoder", False):
+                    continue            # vllm:* describe generative models only
                 fams["vllm:num_requests_waiting"].add_metric(name, snap["waiting"])
                 fams["vllm:num_requests_running"].add_metric(name, snap["running"])
                 fams["vllm:kv_cache_usage_perc"].add_metric(name, snap["kv_cache_utilization"])
                 fams["vllm:gpu_cache_usage_perc"].add_metric(name, snap["kv_cache_utilization"])
                 fams["vllm:gpu_prefix_cache_hit_rate"].add_metric(name, snap["prefix_cache_hit_rate"])
                 fams["vllm:avg_generation_throughput_toks_per_s"].add_metric(name, snap["tokens_per_second"])
-                fams["mcp_inference_waiting_requests"].add_metric(name, snap["waiting"])
-                fams["mcp_inference_running_requests"].add_metric(name, snap["running"])
-                fams["mcp_inference_kv_cache_utilization"].add_metric(name, snap["kv_cache_utilization"])
-                fams["mcp_inference_prefix_cache_hit_rate"].add_metric(name, snap["prefix_cache_hit_rate"])
                 if "kv_block_tokens" in snap:
                     counters["vllm:prefix_cache_queries"].add_metric(name, snap["prefix_cache_queries"])
                     counters["vllm:prefix_cache_hits"].add_metric(name, snap["prefix_cache_hits"])
@@ -145,9 +162,9 @@ REGISTRY.register(_GIE)
 
 
 class ProfilerCollector:
-    """`--enable-profiler`'s 17 metrics (profiler.METRICS) as gauges `mcp_profiler_<key>{model_name}`,
+    """`--enable-profiler`'s 17 metrics (profiler.METRICS) as gauges `mcp_profiler_<key>{model}`,
     each over the window since the previous scrape; a metric the machine cannot give is left out
-    of its gauge and listed in `mcp_profiler_unavailable{model_name,metric,reason}` instead of 0."""
+    of its gauge and listed in `mcp_profiler_unavailable{model,metric,reason}` instead of 0."""
 
     def __init__(self):
         self.sources: list[tuple[str, object]] = []      # (model name, profiler.Profiler)
@@ -157,14 +174,14 @@ class ProfilerCollector:
         return []
 
     def collect(self):
-        gauges = {k: GaugeMetricFamily(f"mcp_profiler_{k}", f"{meaning} ({unit}; {src})", labels=["model_name"])
+        gauges = {k: GaugeMetricFamily(f"mcp_profiler_{k}", f"{meaning} ({unit}; {src})", labels=["model"])
                   for k, unit, src, meaning in METRICS if k != "kernel_ms_by_op_type"}
         by_op = GaugeMetricFamily("mcp_profiler_kernel_ms_by_op_type", "kernel time per batch by operator type "
-                                  "(ms; ONNX Runtime profile, twin)", labels=["model_name", "op_type"])
+                                  "(ms; ONNX Runtime profile, twin)", labels=["model", "op_type"])
         fusion = GaugeMetricFamily("mcp_profiler_fused_nodes_by_type", "fused nodes ONNX Runtime runs, by type; "
-                                   "in_effect: on this session's provider", labels=["model_name", "op_type", "in_effect"])
+                                   "in_effect: on this session's provider", labels=["model", "op_type", "in_effect"])
         missing = GaugeMetricFamily("mcp_profiler_unavailable", "a profiler metric this machine does not give, "
-                                    "and why (1)", labels=["model_name", "metric", "reason"])
+                                    "and why (1)", labels=["model", "metric", "reason"])
         for name, prof in self.sources:
             doc = prof.doc()
             values = derive(self._last.get(id(prof)), doc)
@@ -187,6 +204,94 @@ class ProfilerCollector:
 
 _PROFILERS = ProfilerCollector()
 REGISTRY.register(_PROFILERS)
+
+
+class TritonCollector:
+    """Triton's per-model counters (triton-inference-server/core src/metrics.cc), labels
+    `model` and `version`, read from each model's Triton statistics (statistics.py, what
+    ModelStatistics answers) when /metrics is scraped, so both always agree:
+
+    nv_inference_request_success / _failure   requests answered / refused or failed
+    nv_inference_count, nv_inference_exec_count  inferences (rows) / model runs
+    nv_inference_request_duration_us, nv_inference_queue_duration_us,
+    nv_inference_compute_input_duration_us, nv_inference_compute_infer_duration_us,
+    nv_inference_compute_output_duration_us   cumulative microseconds
+
+    Written under Triton's exact names, without `_total` (serving.prometheus_names)."""
+
+    FAMILIES = (
+        ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+         lambda d: d["inference_stats"]["success"]["count"]),
+        ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+         lambda d: d["inference_stats"]["fail"]["count"]),
+        ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+         lambda d: d["inference_count"]),
+        ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+         lambda d: d["execution_count"]),
+        ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds "
+         "(includes cached requests)", lambda d: d["inference_stats"]["success"]["ns"] // 1000),
+        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds "
+         "(includes cached requests)", lambda d: d["inference_stats"]["queue"]["ns"] // 1000),
+        ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds "
+         "(does not include cached requests)", lambda d: d["inference_stats"]["compute_input"]["ns"] // 1000),
+        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds "
+         "(does not include cached requests)", lambda d: d["inference_stats"]["compute_infer"]["ns"] // 1000),
+        ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in "
+         "microseconds (does not include cached requests)",
+         lambda d: d["inference_stats"]["compute_output"]["ns"] // 1000),
+    )
+
+    def __init__(self):
+        self.sources: list[Callable[[], list[tuple[dict, object]]]] = []   # the GIE sources: (snapshot, served)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        docs = [d for source in self.sources for _snap, served in source() for d in served.stats.docs()]
+        for name, documentation, value in self.FAMILIES:
+            yield exact_counter(name, documentation,
+                                [({"model": d["name"], "version": d["version"]}, value(d)) for d in docs])
+
+
+class _SourceGauges:
+    """Gauges (and counters) whose values the model server gives on each scrape:
+    add_gauge_source(name, source), source() -> [(value, labels)]."""
+
+    GAUGES = (("mcp_inference_queue_depth", "queue_depth", "Requests waiting, by model and priority level"),
+              ("mcp_inference_tokens_per_second", "tokens_per_second", "Decoder tokens generated per second "
+               "(10 s window)"),
+              ("mcp_inference_kv_cache_hit_rate", "kv_cache_hit_rate", "Continuing sequences whose KV cache was "
+               "still held"),
+              ("mcp_inference_kv_cache_bytes", "kv_cache_bytes", "Bytes of KV cache held"))
+    COUNTERS = (("mcp_inference_tokens", "tokens", "Decoder tokens so far, by kind (generated, processed, "
+                 "recomputed)"),)
+
+    def __init__(self):
+        self.sources: dict[str, list[Callable[[], list[tuple[float, dict]]]]] = {}
+
+    def describe(self):
+        return []
+
+    def _family(self, cls, name: str, key: str, documentation: str):
+        rows = [(value, attrs) for source in self.sources.get(key, []) for value, attrs in source()]
+        labels = sorted({k for _v, attrs in rows for k in attrs})
+        family = cls(name, documentation, labels=labels)
+        for value, attrs in rows:
+            family.add_metric([str(attrs.get(k, "")) for k in labels], value)
+        return family
+
+    def collect(self):
+        for name, key, documentation in self.GAUGES:
+            yield self._family(GaugeMetricFamily, name, key, documentation)
+        for name, key, documentation in self.COUNTERS:
+            yield self._family(CounterMetricFamily, name, key, documentation)
+
+
+_TRITON = TritonCollector()
+REGISTRY.register(_TRITON)
+_GAUGES = _SourceGauges()
+REGISTRY.register(_GAUGES)
 
 
 class _Instrument:
@@ -283,6 +388,10 @@ def _histogram(name: str, description: str, labels: tuple[str, ...], buckets) ->
     return _Instrument(_Histogram(name, description, labels, buckets), labels)
 
 
+def _counter(name: str, description: str, labels: tuple[str, ...]) -> _Instrument:
+    return _Instrument(prometheus_client.Counter(name, description, labels), labels)
+
+
 class Telemetry:
     _instance: "Telemetry | None" = None
 
@@ -295,20 +404,6 @@ class Telemetry:
 
     def __init__(self, trace_file: str | None = None):
         resource = Resource.create({"service.name": "mcp-inference-backend"})
-        self._reader = PrometheusMetricReader()
-        views = [
-            View(instrument_name="mcp_inference_request_duration_seconds",
-                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S)),
-            View(instrument_name="mcp_inference_queue_duration_seconds",
-                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S)),
-            View(instrument_name="mcp_inference_compute_duration_seconds",
-                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S)),
-            View(instrument_name="mcp_inference_batch_size",
-                 aggregation=ExplicitBucketHistogramAggregation(BATCH_BUCKETS)),
-        ]
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], views=views)
-        meter = self.meter_provider.get_meter("mcp26.inference")
-        # The per-request ones: prometheus_client (see _Instrument); the rest stay OpenTelemetry's.
         prometheus_client.disable_created_metrics()     # no *_created series beside each counter
         self.request_duration = _histogram(
             "mcp_inference_request_duration_seconds",
@@ -330,24 +425,21 @@ class Telemetry:
         self.requests = _Instrument(prometheus_client.Counter(
             "mcp_inference_requests", "Inference requests by model, protocol and status code",
             ("model", "protocol", "code")), ("model", "protocol", "code"))
-        self.rejections = meter.create_counter(
-            "mcp_inference_rejections", description="Requests refused by a queue policy, by level and reason")
-        self.qos_ignored = meter.create_counter(
-            "mcp_inference_qos_ignored", description="Requests whose QoS class header or priority parameter was "
-            "not honoured (session key set, not signed), by model and reason")
-        self.reloads = meter.create_counter(
-            "mcp_inference_reloads", description="Hot reconfigurations applied (model version or QoS policy)")
-        meter.create_observable_gauge("mcp_inference_queue_depth", callbacks=[self._observe("queue_depth")],
-                                      description="Requests waiting, by model and priority level")
-        meter.create_observable_gauge("mcp_inference_tokens_per_second", callbacks=[self._observe("tokens_per_second")],
-                                      description="Decoder tokens generated per second (10 s window)")
-        meter.create_observable_gauge("mcp_inference_kv_cache_hit_rate", callbacks=[self._observe("kv_cache_hit_rate")],
-                                      description="Continuing sequences whose KV cache was still held")
-        meter.create_observable_gauge("mcp_inference_kv_cache_bytes", callbacks=[self._observe("kv_cache_bytes")],
-                                      description="Bytes of KV cache held")
-        meter.create_observable_gauge("mcp_inference_tokens", callbacks=[self._observe("tokens")],
-                                      description="Decoder tokens so far, by kind (generated, processed, recomputed)")
-        self._sources: dict[str, list[Callable[[], list[tuple[float, dict]]]]] = {}
+        self.served_models: set[str] = set()            # names requests_total may carry (count_request)
+        self.rejections = _counter("mcp_inference_rejections", "Requests refused by a queue policy, by level "
+                                   "and reason", ("model", "priority_level", "reason"))
+        self.qos_ignored = _counter("mcp_inference_qos_ignored", "Requests whose QoS class header or priority "
+                                    "parameter was not honoured (session key set, not signed), by model and reason",
+                                    ("model", "reason"))
+        self.reloads = _counter("mcp_inference_reloads", "Hot reconfigurations applied (model version or QoS "
+                                "policy)", ("model", "kind"))
+        # vLLM's latency histograms, for generations through the OpenAI API (openai_api.py).
+        self.ttft = _histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                               ("model_name",), VLLM_TTFT_BUCKETS_S)
+        self.tpot = _histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in "
+                               "seconds.", ("model_name",), VLLM_TPOT_BUCKETS_S)
+        self.e2e = _histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in "
+                              "seconds.", ("model_name",), VLLM_E2E_BUCKETS_S)
         self.tracing = bool(trace_file)
         if trace_file:
             provider = TracerProvider(resource=resource)
@@ -359,24 +451,22 @@ class Telemetry:
             self.tracer_provider = None
             self.tracer = trace.NoOpTracer()
 
-    def _observe(self, name: str):
-        def callback(_options):
-            out = []
-            for source in self._sources.get(name, []):
-                for value, attrs in source():
-                    out.append(metrics.Observation(value, attrs))
-            return out
-        return callback
+    def count_request(self, model: str, protocol: str, code: str) -> None:
+        """One answer in mcp_inference_requests_total. The model name comes from the client
+        (the URL, the gRPC request): a name no model is served under is counted as
+        model="_unknown", so that a client cannot grow the scrape one series a name."""
+        self.requests.series(model if model in self.served_models else UNKNOWN_MODEL, protocol, code).inc(1)
 
     def add_load_source(self, source: Callable[[], list[tuple[dict, object]]]) -> None:
-        """(load_state.snapshot(served), served) pairs for the GIE metrics, read on each scrape."""
+        """(load_state.snapshot(served), served) pairs for the GIE and Triton metrics, read on each scrape."""
         _GIE.sources.append(source)
+        _TRITON.sources.append(source)
 
     def add_profiler(self, model: str, profiler) -> None:
         _PROFILERS.sources.append((model, profiler))
 
     def add_gauge_source(self, name: str, source: Callable[[], list[tuple[float, dict]]]) -> None:
-        self._sources.setdefault(name, []).append(source)
+        _GAUGES.sources.setdefault(name, []).append(source)
 
     def prometheus_text(self) -> bytes:
         return generate_latest(REGISTRY)

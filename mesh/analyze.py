@@ -15,6 +15,8 @@ workloadSelector picks). There is no Kubernetes Service registry here.
 """
 from __future__ import annotations
 
+import difflib
+
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -143,6 +145,14 @@ class Index:
             return exact[:1]
         covering = [(p, dr) for p, dr in self.wildcard_rules if hosts.host_matches(p, host)]
         return [max(covering, key=lambda c: len(c[0]))[1]] if covering else []
+
+    def similar_host(self, host: str, namespace: str | None = None) -> str:
+        """' (did you mean "X"?)' for the registry's closest host (a typo, another namespace)."""
+        known = [h for h, s in self.services.items() if not h.startswith("*") and s.visible_from(namespace)]
+        short = {h.split(".")[0]: h for h in known}
+        close = difflib.get_close_matches(host, known, n=1, cutoff=0.8) or [
+            short[m] for m in difflib.get_close_matches(host.split(".")[0], list(short), n=1, cutoff=0.75)]
+        return f' (did you mean "{close[0]}"?)' if close and close[0] != host else ""
 
     def service_for(self, host: str, namespace: str | None = None) -> Service | None:
         """The registry's service for `host`, as seen from `namespace` (None: from
@@ -350,7 +360,8 @@ def destination_hosts(index: Index, vs: Resource) -> Iterator[Diagnostic]:
     for path, d in _destinations(vs):
         host = hosts.resolve_short_name(str(d.get("host", "")), vs.namespace)
         if index.service_for(host, vs.namespace) is None:
-            yield vs.diagnostic(f"{path}.host", f'Referenced host not found: "{d.get("host")}"',
+            yield vs.diagnostic(f"{path}.host", f'Referenced host not found: "{d.get("host")}"'
+                                + index.similar_host(host, vs.namespace),
                                 code=REFERENCED_RESOURCE_NOT_FOUND, severity="warning")
 
 

@@ -9,6 +9,10 @@ istioctl does; the control plane's config directory rejects them instead
 `-o log|json|yaml` print istioctl analyze's `--output` formats (and exit as
 istioctl does) so that CI scripts written for istioctl work unchanged; `-o text`
 (the default) is mesh's `file:line: severity: Kind/ns/name: field: message`.
+Every finding goes to standard output, in every format (summaries and files that
+do not parse go to standard error, as istioctl's). `analyze --output-threshold`
+and `--failure-threshold` (Info, Warning, Error) are istioctl's: which findings
+are printed, and from which level the exit code is non-zero.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from mcp26.mesh.validation.schema import SchemaErrors, check
 EXIT_DATA_ERROR = 65            # a file did not parse
 EXIT_ANALYZER_FOUND_ISSUES = 79  # an error-level message
 ISTIOCTL_FORMATS = ("log", "json", "yaml")
+LEVELS = ("Info", "Warning", "Error")          # istioctl's threshold values, lowest first
+_RANK = {"info": 0, "warning": 1, "error": 2}
 DOCS = "https://istio.io/latest/docs/reference/config/analysis"
 
 
@@ -50,7 +56,13 @@ def register(subparsers) -> None:
                                "log: as istioctl analyze prints it"))
         p.add_argument("--strict", action="store_true",
                        help="reject kinds mesh does not model, as the control plane does")
-        p.set_defaults(func=_run, analyze=(name == "analyze"))
+        if name == "analyze":
+            p.add_argument("--failure-threshold", choices=LEVELS, default="Error", type=str.capitalize,
+                           help="the level from which findings make the exit code non-zero (istioctl's; "
+                                "default Error; exit 79 with -o log, 1 with -o text)")
+            p.add_argument("--output-threshold", choices=LEVELS, default="Info", type=str.capitalize,
+                           help="the level from which findings are printed (istioctl's; default Info)")
+        p.set_defaults(func=_run, analyze=(name == "analyze"), failure_threshold="Error", output_threshold="Info")
 
 
 def run(paths: list[str], analyze: bool, strict: bool = False) -> tuple[list[Diagnostic], int]:
@@ -131,8 +143,15 @@ def istioctl_log_line(m: dict) -> str:
     return f"{m['level']} [{m['code']}] ({where}) {m['message']}"
 
 
+def _at_least(severity: str, level: str) -> bool:
+    return _RANK.get(severity.lower(), 0) >= _RANK[level.lower()]
+
+
 def _print_istioctl(args: argparse.Namespace, diags: list[Diagnostic]) -> int:
     messages, unparsed = [], []
+    failing = any(_at_least(d.severity, args.failure_threshold) for d in diags if istioctl_message(d))
+    diags = [d for d in diags if _at_least(d.severity, args.output_threshold) or (not d.resource
+                                                                                  and d.severity == "error")]
     for d in diags:
         m = istioctl_message(d)
         if m is not None:
@@ -153,7 +172,7 @@ def _print_istioctl(args: argparse.Namespace, diags: list[Diagnostic]) -> int:
                   + ", ".join(args.paths) + ".", file=sys.stderr)
     if args.output != "log":
         return 0   # istioctl decides its exit code from the log format only
-    if any(m["level"] == "Error" for m in messages):
+    if failing:    # from every finding, printed or not (istioctl keeps the two thresholds apart)
         return EXIT_ANALYZER_FOUND_ISSUES
     return EXIT_DATA_ERROR if unparsed else 0
 
@@ -164,17 +183,19 @@ def _run(args: argparse.Namespace) -> int:
         return _print_istioctl(args, diags)
     errors = sum(d.severity == "error" for d in diags)
     warnings = sum(d.severity == "warning" for d in diags)
+    failing = any(_at_least(d.severity, args.failure_threshold) for d in diags)
+    diags = [d for d in diags if _at_least(d.severity, args.output_threshold)]
     if args.output in ("json", "yaml"):   # validate: mesh's summary document
         doc = {"resources": checked, "errors": errors, "warnings": warnings,
                "diagnostics": [asdict(d) for d in diags]}
         if args.output == "yaml":
             sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
-            return 1 if errors else 0
+            return 1 if failing else 0
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for d in diags:
-            print(d, file=sys.stderr if d.severity == "error" else sys.stdout)
+            print(d)
         verb = "analyzed" if args.analyze else "validated"
         if errors:
             print(f"Error: {errors} error(s), {warnings} warning(s) in {checked} resource(s) {verb}", file=sys.stderr)
@@ -183,4 +204,4 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(f"\u2714 No validation issues found when {'analyzing' if args.analyze else 'validating'} "
                   f"{checked} resource(s).")
-    return 1 if errors else 0
+    return 1 if failing else 0

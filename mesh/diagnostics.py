@@ -16,7 +16,8 @@ class Diagnostic:
     severity: str = "error"  # error | warning | info
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.file else "<input>"
+        # no line (a file that is missing, unreadable): the file alone, not FILE:0
+        where = (f"{self.file}:{self.line}" if self.line else self.file) if self.file else "<input>"
         parts = [where]
         if self.code:
             parts.append(f"{self.severity} {self.code}")

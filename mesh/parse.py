@@ -261,6 +261,21 @@ def _to_python(node: yaml.Node, path: str, lines: dict, budget: _Budget, depth: 
     return value
 
 
+def yaml_error_message(problem: str, text: str, mark) -> str:
+    """A YAML syntax error as an editor shows it: the column, the line with a caret under the
+    spot (a tab drawn as '→'), and what a tab there means."""
+    if mark is None:
+        return f"malformed YAML: {problem}"
+    lines = text.splitlines()
+    source = lines[mark.line] if 0 <= mark.line < len(lines) else ""
+    hint = ""
+    if "\t" in source[:mark.column + 1]:
+        hint = " (a tab: YAML indents with spaces only)"
+    shown = source.replace("\t", "→")[:200]
+    caret = " " * min(mark.column, len(shown)) + "^"
+    return f"malformed YAML at column {mark.column + 1}: {problem}{hint}\n    {shown}\n    {caret}"
+
+
 def parse_documents(text: str, file: str = "<input>") -> list[Resource]:
     """Parse one multi-document YAML text into resources (no semantic checks)."""
     # Composing holds every node of the text at once, and the cyclic GC would
@@ -295,7 +310,7 @@ def _parse_documents(text: str, file: str) -> list[Resource]:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark else 0
         problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError([Diagnostic(f"malformed YAML: {problem}", file=file, line=line)]) from None
+        raise ConfigError([Diagnostic(yaml_error_message(problem, text, mark), file=file, line=line)]) from None
     out, errors = [], []
     budget = _Budget()      # one per file: aliases cannot cross documents, the work adds up
     for node in nodes:

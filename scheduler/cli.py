@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     s.add_argument("--pool", required=True, help="the InferencePool to serve, NAMESPACE/NAME")
     s.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--grpc-port", type=int, default=9002, help="ext_proc and gRPC health port (default 9002; 0: any)")
-    s.add_argument("--admin-port", type=int, default=0, help="HTTP port of /stats and /healthz (default: any free)")
+    s.add_argument("--admin-port", type=int, default=0, help="HTTP port of /stats, /metrics and /healthz (default: any free)")
     s.add_argument("--metrics-interval-ms", type=float, default=50.0,
                    help="how often each model server's /metrics is scraped (default 50)")
     s.add_argument("--flow-marks", metavar="PATH",

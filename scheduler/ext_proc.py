@@ -318,7 +318,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             return _refuse(Refusal(503, "no pool configuration loaded")), None
         request, model = build_request(headers, body, view.objectives, subset)
         result = self.state.scheduler.pick(request, [e.key for e in view.endpoints], self.state.loads())
-        self.state.record(result, time.perf_counter() - started)
+        self.state.record(result, time.perf_counter() - started, model=model)
         if isinstance(result, Refusal):
             return _refuse(result), None
         return self._commit(result, model, headers, phase)

@@ -3,7 +3,8 @@ the ext_proc gRPC server (with the gRPC health services the protocol names),
 the metrics poller, the pool refresh and a small admin HTTP endpoint
 (`/stats`: picks per endpoint, refusals, decision time, prefix-hit rate,
 the streamed answers seen to their end: SSE events, completion tokens, and
-the garbage collector's pauses)."""
+the garbage collector's pauses; `/metrics`: the upstream picker's Prometheus
+names, scheduler/prometheus.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,6 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, generate_latest
 
 from mcp26.mesh import endpoint_picker as epp
 from mcp26.serving import gc_pauses
@@ -27,6 +27,7 @@ from mcp26.scheduler.ext_proc import EndpointPicker
 from mcp26.scheduler.metrics import MetricsPoller
 from mcp26.scheduler.pool_source import PoolSource, PoolView
 from mcp26.scheduler.picker import Pick, Refusal, Scheduler
+from mcp26.scheduler.prometheus import PickerMetrics
 from mcp26.scheduler.loop.marks import FlowMarks
 
 log = logging.getLogger("scheduler")
@@ -51,6 +52,7 @@ class PickerState:
         self.session_key: bytes | None = None  # re-signs an upgraded flow's class (--session-key-file)
         self.upgrades_refused = 0              # upgrades not applied: the request's signature failed
         self.gc: gc_pauses.PauseTally | None = None   # the process's GC pauses (serve() sets it)
+        self.metrics = PickerMetrics().attach(self)   # /metrics, in the upstream picker's names
 
     def view(self) -> PoolView | None:
         return self.source.view
@@ -62,8 +64,11 @@ class PickerState:
         if self.source.refresh() and self.source.view is not None:
             self.poller.set_endpoints(e.key for e in self.source.view.endpoints)
 
-    def record(self, result: Pick | Refusal, seconds: float, by_headers: bool = False) -> None:
-        """`by_headers`: a live session's request picked without its body (one message)."""
+    def record(self, result: Pick | Refusal, seconds: float, by_headers: bool = False,
+               model: str | None = None) -> None:
+        """`by_headers`: a live session's request picked without its body (one message);
+        `model`: the model its body named."""
+        self.metrics.decided(model, result.status if isinstance(result, Refusal) else None, seconds)
         self.decisions += 1
         self.header_picks += by_headers
         self.decision_s += seconds
@@ -135,11 +140,11 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     app = web.Application()
     app.router.add_get("/stats", lambda _: web.json_response(state.stats()))
     app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
-    # What HTTP/2 clients of the ext_proc port were refused or closed for (serving/h2/limits.py).
-    registry = CollectorRegistry()
-    h2_limits.export_metrics(registry)
-    app.router.add_get("/metrics", lambda _: web.Response(body=generate_latest(registry),
-                                                         content_type="text/plain", charset="utf-8"))
+    # The upstream picker's names, and what HTTP/2 clients of the ext_proc port were refused or
+    # closed for (serving/h2/limits.py), in one registry.
+    h2_limits.export_metrics(state.metrics.registry)
+    app.router.add_get("/metrics", lambda _: web.Response(
+        body=state.metrics.text(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, address, admin_port)

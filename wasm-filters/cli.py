@@ -1,7 +1,7 @@
 """`mcpctl wasm ...`: build, inspect and try the header-contract filter.
 
     mcpctl wasm build                   # make -C wasm-filters
-    mcpctl wasm inspect [MODULE]        # size, sha256, ABI, imports/exports
+    mcpctl wasm inspect [MODULE] [-o json|yaml]   # size, sha256, ABI, imports/exports
     mcpctl wasm config FILE.yaml        # the JSON the control plane pushes for each WasmPlugin
     mcpctl wasm run FILE.yaml -H end-user:admin -c sub=jane   # one request through the module (host emulator)
 """
@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+from mcp26.mesh.cli_output import add_output_flag, render
 from mcp26.wasm import HEADER_CONTRACT_WASM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,6 +38,11 @@ def _inspect(args) -> int:
         return 1
     exports = sorted(e.name for e in mod.exports)
     abi = [e for e in exports if e.startswith("proxy_abi_version_")]
+    if args.output != "text":
+        sys.stdout.write(render({"module": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                                 "abi": abi, "imports": [f"{i.module}.{i.name}" for i in mod.imports],
+                                 "exports": exports}, args.output))
+        return 0 if abi else 1
     print(f"module   {path}\nsize     {len(data)} bytes\nsha256   {hashlib.sha256(data).hexdigest()}")
     print(f"abi      {', '.join(abi) or 'none (not a Proxy-Wasm module)'}")
     print("imports  " + ", ".join(f"{i.module}.{i.name}" for i in mod.imports))
@@ -114,6 +120,7 @@ def register(subparsers) -> None:
     b.set_defaults(func=_build)
     i = sub.add_parser("inspect", help="size, sha256, ABI version, imports and exports of a module")
     i.add_argument("module", nargs="?", default=HEADER_CONTRACT_WASM, help="the .wasm module (default: the built header-contract filter)")
+    add_output_flag(i, ("text",), what="the module's size, sha256, ABI, imports and exports")
     i.set_defaults(func=_inspect)
     c = sub.add_parser("config", help="the filter JSON generated for each WasmPlugin of a YAML file")
     c.add_argument("file", help="a WasmPlugin YAML or the filter's JSON configuration")

@@ -8,7 +8,8 @@
 /debug/config_dump?node=ID    the node's snapshot as Envoy JSON
 /debug/tracez[?name=xds.push] recent OpenTelemetry spans
 /debug/certs                  the mesh CA's root and each node's certificate (no keys)
-/metrics                      Prometheus text (OpenTelemetry metrics)
+/version                      the control plane's version and its proxies' (Envoy) versions
+/metrics                      Prometheus text: mesh's xds_* series and istiod's pilot_* names
                               (every view: session keys and Wasm env values redacted)
 /scheduler, POST|DELETE /scheduler/class-remap, GET|POST|DELETE /scheduler/endpoint-weight
                               the decision loop's remaps and endpoint weights (scheduler_actions.py)
@@ -17,6 +18,7 @@ POST /debug/inject            test hook only (serve --test-hooks): raw resources
 from __future__ import annotations
 
 import json
+from importlib.metadata import PackageNotFoundError, version as dist_version
 
 from aiohttp import web
 from google.protobuf import json_format
@@ -25,6 +27,7 @@ from mcp26.serving.json_body import parse_json_body
 from mcp26.xds.resource_overrides import parse_overrides
 from mcp26.xds.scheduler_actions import routes as scheduler_routes   # the decision loop's API
 from mcp26.xds.sync import short_name
+from mcp26.xds.translate.routes import rule_locations
 
 from mcp26.xds.redact import known_secrets, redact, redact_text
 
@@ -33,6 +36,13 @@ def _json(data, status: int = 200, secrets=()) -> web.Response:
     # snapshots, and can be quoted back in a NACK or a diagnostic.
     text = redact_text(json.dumps(redact(data), indent=1, sort_keys=True), secrets)
     return web.Response(text=text, status=status, content_type="application/json")
+
+
+def _version() -> str:
+    try:
+        return dist_version("mcp26-mesh")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def make_app(server) -> web.Application:
@@ -62,6 +72,8 @@ def make_app(server) -> web.Application:
             out["resources"][short_name(type_url)] = {
                 name: {"version": r.version, "resource": json_format.MessageToDict(r.message)}
                 for name, r in by_name.items()}
+        # where each route's rule is written (file:line), as `mcpctl route explain` finds it
+        out["rule_sources"] = rule_locations(server.cache.config, out["resources"].get("RDS") or {})
         return _json(out, secrets=known_secrets(server.cache.config))
 
     async def tracez(request):
@@ -71,6 +83,12 @@ def make_app(server) -> web.Application:
     async def metrics(request):
         return web.Response(body=server.telemetry.prometheus_text(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def version(request):
+        # `mcpctl version`: as istioctl version's control plane and data plane lines.
+        proxies = server.telemetry.metrics.proxy_versions()
+        return _json({"version": _version(), "proxies": [{"version": v, "count": n}
+                                                         for v, n in sorted(proxies.items())]})
 
     async def inject(request):
         if not server.test_hooks:
@@ -91,7 +109,7 @@ def make_app(server) -> web.Application:
     app.add_routes([web.get("/healthz", healthz), web.get("/debug/syncz", syncz),
                     web.get("/debug/configz", configz), web.get("/debug/config_dump", config_dump),
                     web.get("/debug/tracez", tracez), web.get("/metrics", metrics),
-                    web.get("/debug/certs", certs),
+                    web.get("/debug/certs", certs), web.get("/version", version),
                     web.post("/debug/inject", inject)])
     app.add_routes(scheduler_routes(server))
     return app

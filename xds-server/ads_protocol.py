@@ -153,14 +153,14 @@ class Stream:
             raise ValueError("the first request of a stream must carry node.id")
         self.node = ProxyNode.from_proto(req.node)
         self.sync_id = self.shared.tracker.connect(self.node.id, self.node.cluster, self.protocol)
-        self.shared.metrics.connected.add(1, {"protocol": self.protocol})
+        self.shared.metrics.connected(self.protocol, self.node.agent_version, 1)
         return True
 
     def close(self) -> None:
         """The stream ended: its node is no longer connected (a newer stream of it may be)."""
         if self.node is not None:
             self.shared.tracker.disconnect(self.node.id, self.sync_id)
-            self.shared.metrics.connected.add(-1, {"protocol": self.protocol})
+            self.shared.metrics.connected(self.protocol, self.node.agent_version, -1)
 
     def on_request(self, req, snap: PreparedSnapshot | None) -> list[bytes]:
         """The responses a request (after `hello`) calls for; `snap` None: no config yet."""
@@ -176,6 +176,8 @@ class Stream:
             if resp is not None:
                 out.append(resp)
                 out.extend(self._warm_endpoints(type_url, snap))
+        if out:
+            self.shared.metrics.pushed_change()
         return out
 
     def _respond(self, type_url: str, snap: PreparedSnapshot, force: bool) -> bytes | None:
@@ -210,7 +212,7 @@ class Stream:
         return self.shared.wire(wire, NONCE_FIELD(nonce=nonce).SerializeToString()), nonce
 
     def _nacked(self, type_url: str) -> None:
-        self.shared.metrics.nacks.add(1, {"type": short_name(type_url), "protocol": self.protocol})
+        self.shared.metrics.nacked(short_name(type_url), self.protocol, self.node.id if self.node else "")
 
     def _count(self, type_url: str, wire: bytes, n: int) -> None:
         self.shared.metrics.count_push(short_name(type_url), self.protocol, n, len(wire))

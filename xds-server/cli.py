@@ -12,6 +12,8 @@ import tempfile
 import urllib.error
 import urllib.request
 
+from mcp26.mesh import cli_context
+from mcp26.mesh.cli_output import add_output_flag, render
 from mcp26.serving.grpc import frontends
 from mcp26.serving.executables import executable
 
@@ -86,6 +88,10 @@ def register(subparsers) -> None:
     _identity_flags(serve)
     serve.add_argument("--test-hooks", action="store_true", help="enable POST /debug/inject (tests only)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
+    serve.add_argument("--write-context", action="store_true",
+                       help="once serving, write the mcpctl context file ($MCPCTL_CONTEXT or "
+                            "~/.config/mcpctl/context.yaml) naming this admin address, so that proxy-status, "
+                            "proxy-config, console and version find it without --control-plane; removed at a clean stop (Ctrl-C)")
     serve.set_defaults(func=_serve)
 
     envoy = subparsers.add_parser("envoy", help="run Envoy attached to the control plane")
@@ -126,14 +132,19 @@ def register(subparsers) -> None:
             p.add_argument("envoy_args", nargs=argparse.REMAINDER, help="passed to envoy after --")
         p.set_defaults(func=func)
 
-    ps = subparsers.add_parser("proxy-status", help="per proxy and type: SYNCED, STALE, NACKED")
-    ps.add_argument("--admin-address", default="127.0.0.1:18001", help="the control plane's admin HOST:PORT (default 127.0.0.1:18001)")
-    ps.add_argument("--json", action="store_true", help="print /debug/syncz as JSON instead of the table")
+    ps = subparsers.add_parser("proxy-status", aliases=["ps"],
+                               help="per proxy and type: SYNCED, STALE, NACKED; a rejected change set",
+                               description="Each connected proxy's sync state per xDS type, as istioctl proxy-status, "
+                                           "then each NACK and a change set the control plane rejected whole (it "
+                                           "keeps serving the last good one). Exit 0: all well; 1: the control plane "
+                                           "is unreachable; 3: a change set was rejected or a proxy NACKed.")
+    cli_context.add_control_plane_flag(ps, legacy=("--admin-address",))
+    add_output_flag(ps, ("table",), legacy_json=True, what="json and yaml print /debug/syncz")
     ps.set_defaults(func=_proxy_status)
 
 
 def _serve(args) -> int:
-    from mcp26.xds.server import XdsServer, serve
+    from mcp26.xds.server import XdsServer
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not is_loopback(args.address) and not args.allow_remote:
         print(f"mcpctl xds serve: refusing --address {args.address}: ADS and the admin port have no "
@@ -167,25 +178,30 @@ def _serve(args) -> int:
         server = XdsServer(args.config_dir or "", port=args.port, admin_port=args.admin_port, address=args.address,
                            debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
                            grpc_frontend=args.grpc_frontend, options=options, source=source)
-        if source is None:
-            await serve(server)
-            return
-        from mcp26.xds.kube_control import KubeControl, pod_namespace
-        control = KubeControl(server, source.api, args.namespace or pod_namespace(), status=not args.no_status,
-                              webhook_port=args.webhook_port, webhook_hosts=tuple(args.webhook_host or ()),
-                              webhook_configuration=args.webhook_configuration,
-                              webhook_address=args.secure_address, secure_port=args.secure_port,
-                              secure_address=args.secure_address, token_audience=args.token_audience)
+        control = None
+        if source is not None:
+            from mcp26.xds.kube_control import KubeControl, pod_namespace
+            control = KubeControl(server, source.api, args.namespace or pod_namespace(), status=not args.no_status,
+                                  webhook_port=args.webhook_port, webhook_hosts=tuple(args.webhook_host or ()),
+                                  webhook_configuration=args.webhook_configuration,
+                                  webhook_address=args.secure_address, secure_port=args.secure_port,
+                                  secure_address=args.secure_address, token_audience=args.token_audience)
         await server.start()
         try:
-            await control.start()
+            if control is not None:
+                await control.start()
+            if args.write_context:
+                _write_context(server, args)
             await server.wait()
         finally:
-            await control.stop()
+            if args.write_context:
+                cli_context.remove_context()
+            if control is not None:
+                await control.stop()
             await server.stop()
     try:
         asyncio.run(main())
-    except OSError as e:
+    except (OSError, cli_context.ContextError) as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 1
     except ValueError as e:
@@ -197,6 +213,15 @@ def _serve(args) -> int:
             return 2
         raise
     return 0
+
+
+def _write_context(server, args) -> None:
+    """The context file naming this control plane's admin port, for proxy-status, console, version."""
+    host = server.address if ":" not in server.address else f"[{server.address}]"
+    source = ({"configDir": os.path.abspath(args.config_dir)} if args.config_dir is not None
+              else {"kubeconfig": args.kubeconfig or "in-cluster"})
+    path = cli_context.write_context(f"{host}:{server.admin_port}", "mcpctl xds serve", source)
+    logging.getLogger("xds").info("wrote the mcpctl context %s", path)
 
 
 def translate_options(args, environ=os.environ):
@@ -333,12 +358,26 @@ def session_key_environ(path: str, name: str | None = None) -> dict[str, str]:
 
 def _proxy_status(args) -> int:
     from mcp26.xds.sync import format_proxy_status
+    from mcp26.xds.sync import bad_news
+    base, source = cli_context.resolve(args)
     try:
-        with urllib.request.urlopen(f"http://{args.admin_address}/debug/syncz", timeout=5) as r:
-            syncz = json.loads(r.read())
-    except (urllib.error.URLError, OSError) as e:
-        print(f"mcpctl proxy-status: cannot reach the control plane admin at {args.admin_address}: {e}",
-              file=sys.stderr)
+        syncz = _get_json(f"{base}/debug/syncz")
+        configz = _get_json(f"{base}/debug/configz")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"mcpctl proxy-status: cannot reach the control plane admin at {base} ({source}): "
+              f"{getattr(e, 'reason', None) or e}", file=sys.stderr)
         return 1
-    print(json.dumps(syncz, indent=1) if args.json else format_proxy_status(syncz))
-    return 0
+    if args.output == "table":
+        print(format_proxy_status(syncz, configz))
+    else:
+        sys.stdout.write(render({"proxies": syncz, "config": {k: configz.get(k) for k in (
+            "config_dir", "generation", "applied_at", "resources", "rejected", "held")}}, args.output))
+    return EXIT_BAD_NEWS if bad_news(syncz, configz) else 0
+
+
+EXIT_BAD_NEWS = 3      # proxy-status: a change set was rejected whole, or a proxy NACKed
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())

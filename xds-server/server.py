@@ -220,7 +220,7 @@ class XdsServer:
                                              file=self.config_dir)])
                     return False
                 span.set_attribute("xds.node_shapes", len(snapshots))
-            m.translate_seconds.record(time.perf_counter() - started)
+            translated = time.perf_counter() - started
             self.cache.install(config, generation, snapshots, translate)
             self.overlay = overlay
             self.identity.config = config          # credentialName secrets follow the config
@@ -229,7 +229,7 @@ class XdsServer:
             # the next load, or mid-push) walks them all, for seconds on this box.
             # Applies leave no cyclic garbage (measured), so nothing frozen leaks.
             gc.freeze()
-            m.config_applied.add(1)
+            m.applied(translated)
             self.status.update(generation=generation, applied_at=time.time(), resources=len(config),
                                warnings=[diagnostic_dict(d) for d in getattr(config, "warnings", [])],
                                rejected=None, held=None)
@@ -304,8 +304,10 @@ class XdsServer:
         self._rechecking = asyncio.get_running_loop().create_task(self.apply())   # kept: tasks are weakly held
 
     def _reject(self, diagnostics: list[Diagnostic]) -> None:
-        self.telemetry.metrics.config_rejected.add(1)
-        self.status["rejected"] = {"at": time.time(), "errors": [diagnostic_dict(d) for d in diagnostics]}
+        self.telemetry.metrics.rejected(len(diagnostics))
+        in_a_row = (self.status["rejected"] or {}).get("count", 0) + 1    # since the last applied change set
+        self.status["rejected"] = {"at": time.time(), "count": in_a_row,
+                                   "errors": [diagnostic_dict(d) for d in diagnostics]}
         self.changed.set()
         kept = self.status["generation"] or "nothing (no good config yet)"
         log.error("change set in %s rejected whole; still serving %s:\n%s", self.config_dir, kept,

@@ -107,8 +107,10 @@ class SyncTracker:
                 for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
 
 
-def format_proxy_status(syncz: list[dict]) -> str:
-    """The syncz table as `istioctl proxy-status` prints it."""
+def format_proxy_status(syncz: list[dict], configz: dict | None = None) -> str:
+    """The syncz table as `istioctl proxy-status` prints it, then the bad news: each NACK,
+    and a change set rejected whole (from /debug/configz) that no proxy's row can show,
+    since every proxy is SYNCED with the last good config."""
     cols = ["CDS", "EDS", "LDS", "RDS", "ECDS"]
     rows = [["NAME", "CLUSTER", "PROTOCOL", *cols]]
     errors = []
@@ -124,4 +126,30 @@ def format_proxy_status(syncz: list[dict]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     if errors:
         lines += ["", "NACKs:"] + [f"  {e}" for e in errors]
+    lines += format_rejection(configz)
     return "\n".join(lines)
+
+
+def format_rejection(configz: dict | None, shown: int = 3) -> list[str]:
+    """Lines saying that the config directory's latest change set was rejected whole."""
+    rejected = (configz or {}).get("rejected")
+    if not rejected:
+        return []
+    errors = rejected.get("errors") or []
+    kept = configz.get("generation") or "nothing (no good config yet)"
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rejected.get("at") or 0))
+    count = rejected.get("count", 1)
+    lines = ["", f"CONFIG REJECTED at {when}: the change set in {configz.get('config_dir', '?')} was rejected whole "
+                 f"({len(errors)} error{'s' * (len(errors) != 1)}"
+                 + (f"; {count} change sets rejected in a row" if count > 1 else "")
+                 + f"); every proxy keeps {kept}"]
+    lines += [f"  {e.get('text') or e.get('message')}" for e in errors[:shown]]
+    if len(errors) > shown:
+        lines.append(f"  ... and {len(errors) - shown} more: mcpctl validate {configz.get('config_dir', 'DIR')}")
+    return lines
+
+
+def bad_news(syncz: list[dict], configz: dict | None) -> bool:
+    """A rejected change set, or a proxy that NACKed what it was sent."""
+    return bool((configz or {}).get("rejected")) or any(
+        s.get("status") == "NACKED" for n in syncz for s in n["types"].values())

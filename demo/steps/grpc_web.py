@@ -79,7 +79,7 @@ def run(demo: Demo) -> list[Check]:
     wait_port(gateway_port, timeout=30)
 
     demo.start("console", [demo.mcpctl, "console", "--port", str(console_port),
-                           "--xds-admin", f"http://127.0.0.1:{demo.admin_port}",
+                           "--control-plane", f"127.0.0.1:{demo.admin_port}",
                            "--backend", f"http://127.0.0.1:{http_port}",
                            "--grpc-web", f"http://127.0.0.1:{gateway_port}",
                            "--envoy-admin", f"http://127.0.0.1:{demo.envoy_admin_port}", "--model", MODEL])

@@ -193,11 +193,14 @@ def _compile(schema: Any) -> Callable[[Any, str, SchemaErrors], None]:
             if not isinstance(v, dict):
                 out.add(path, f"must be a mapping, got {type(v).__name__}", wrong_type=True)
                 return
+            explained = set()    # required fields an unknown one stands for: no "X is required" too
             for k, x in v.items():
                 fn = fields.get(k)
                 child = f"{path}.{k}" if path else k
                 if fn is None:
-                    out.add(child, f"unknown field {k!r}" + _did_you_mean(str(k), names))
+                    hint, meant = _unknown_field_hint(str(k), names, v)
+                    explained.add(meant)
+                    out.add(child, f"unknown field {k!r}{hint}")
                 elif x is not None:
                     fn(x, child, out)
             for group in oneof:
@@ -205,10 +208,31 @@ def _compile(schema: Any) -> Callable[[Any, str, SchemaErrors], None]:
                 if len(present) > 1:
                     out.add(f"{path}.{present[1]}", f"only one of {', '.join(group)} may be set (found {', '.join(present)})")
             for k in required:
-                if v.get(k) in (None, "", [], {}):
+                if v.get(k) in (None, "", [], {}) and k not in explained:
                     out.add(f"{path}.{k}", f"{k} is required")
         return check_obj
     raise TypeError(f"bad schema node {schema!r}")  # pragma: no cover - a schema bug
+
+
+def _unknown_field_hint(name: str, fields: dict, given: dict) -> tuple[str, str | None]:
+    """(the hint for an unknown field, the field it stands for). A misspelling first ("did you
+    mean 'subset'?"); else a field one level too shallow: `host` beside `weight` in a route,
+    where it belongs under `destination` ("indent it under 'destination'")."""
+    hint = _did_you_mean(name, fields)
+    if hint:
+        return hint, hint.split("'")[1]
+    parents = [f for f, sub in fields.items() if name in _object_fields(sub)]
+    if parents:
+        parent = parents[0]
+        where = "indent it under" if parent not in given else "move it into"
+        return f" ({where} {parent!r}: it is a field of {parent}, not of this object)", parent
+    return "", None
+
+
+def _object_fields(schema) -> dict:
+    if isinstance(schema, Obj):
+        return schema.fields
+    return schema if isinstance(schema, dict) else {}
 
 
 def _did_you_mean(name: str, fields: dict) -> str:

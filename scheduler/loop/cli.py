@@ -9,7 +9,11 @@ import signal
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+
+from mcp26.mesh import cli_context
+from mcp26.mesh.cli_output import add_output_flag, render
 
 
 def _pairs(values, flag: str) -> dict:
@@ -28,7 +32,7 @@ def register(subparsers) -> None:
     r = sub.add_parser("run", help="run the decision loop over an InferencePool")
     r.add_argument("--config-dir", required=True, help="the watched directory (InferencePool, WorkloadEntries)")
     r.add_argument("--pool", required=True, help="the InferencePool, NAMESPACE/NAME")
-    r.add_argument("--control-plane-admin", required=True, help="xds-server's admin address, HOST:PORT (loopback)")
+    cli_context.add_control_plane_flag(r, legacy=("--control-plane-admin",))    # where remaps and weights go
     r.add_argument("--period-ms", type=float, default=200.0, help="the loop's period (default 200)")
     r.add_argument("--budget-ms", type=float, default=None, help="a policy call's time budget (default period/4)")
     r.add_argument("--policy", default=None, help="FILE.py|FILE.wasm: a Wasm policy plugin (hot-swapped on change); "
@@ -49,7 +53,7 @@ def register(subparsers) -> None:
     r.set_defaults(func=_run)
     s = sub.add_parser("status", help="the loop's last decisions, their inputs, expiry and call cost")
     s.add_argument("--admin", required=True, help="the loop's admin address, HOST:PORT")
-    s.add_argument("--json", action="store_true", help="the raw JSON")
+    add_output_flag(s, ("text",), legacy_json=True, what="json and yaml print the loop's /status")
     s.set_defaults(func=_status)
 
 
@@ -72,10 +76,15 @@ def _run(args) -> int:
         except (OSError, ValueError) as e:      # no such pin, not a flow ring, no privilege
             print(f"mcpctl scheduler run: --flow-ring {args.flow_ring}: {e}", file=sys.stderr)
             return 1
+    try:
+        control_plane = urllib.parse.urlsplit(cli_context.url(args)).netloc    # the applier's HOST:PORT
+    except cli_context.ContextError as e:
+        print(f"mcpctl scheduler run: {e}", file=sys.stderr)
+        return 2
     from mcp26.scheduler.loop.service import run
 
     async def main():
-        task = asyncio.create_task(run(args.config_dir, args.pool, args.control_plane_admin, args.period_ms,
+        task = asyncio.create_task(run(args.config_dir, args.pool, control_plane, args.period_ms,
                                        args.policy, args.admin_port, remap_hold_s=args.remap_hold_s,
                                        budget_ms=args.budget_ms, replica_admin=admin, replica_pids=pids,
                                        flows_fn=flows_fn, flow_marks=args.flow_marks))
@@ -101,8 +110,8 @@ def _status(args) -> int:
     except (urllib.error.URLError, OSError, ValueError) as e:
         print(f"mcpctl scheduler status: {args.admin}: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(doc, indent=1))
+    if args.output != "text":
+        sys.stdout.write(render(doc, args.output))
         return 0
     print(f"policy {doc['policy']}  period {doc['period_ms']:.0f} ms  budget {doc['budget_ms']:.0f} ms  "
           f"cycles {doc['cycles']}  failures {doc['failures']}")
@@ -129,8 +138,10 @@ def _status(args) -> int:
               f"expires in {w['expires_in_s']:.1f} s")
     latest = doc.get("latest") or {}
     for rep in (latest.get("inputs") or {}).get("replicas", []):
+        queue = ", ".join(f"{k} {n}" for k, n in sorted((rep.get("queue_depth") or {}).items()) if n) or "0"
         print(f"  replica {rep['endpoint']}: memory {rep['memory_fraction']:.1%} ({rep['memory_source']}), "
-              f"kv {rep['kv_utilisation']:.1%}, queue {rep['queue_depth']}, age {rep['age_ms']:.0f} ms")
+              f"kv {rep['kv_utilisation']:.1%}, waiting {queue}, running {rep.get('running', 0)}, "
+              f"age {rep['age_ms']:.0f} ms")
     print("decisions (newest last):")
     for d in doc["decisions"][-8:]:
         when = time.strftime("%H:%M:%S", time.localtime(d["at"]))

@@ -5,22 +5,30 @@ import asyncio
 import sys
 import urllib.parse
 
+from mcp26.mesh import cli_context
+
 
 def _url(value: str) -> str:
-    u = urllib.parse.urlsplit(value)
+    """HOST:PORT or http(s)://HOST:PORT, as --control-plane takes them."""
+    url = value if "://" in value else f"http://{value}"
+    u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.netloc:
-        raise ValueError(f"{value!r} is not an http(s)://host:port URL")
-    return value.rstrip("/")
+        raise ValueError(f"{value!r} is not HOST:PORT or an http(s)://HOST:PORT URL")
+    return url.rstrip("/")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("console", help="web console: proxies, routes, endpoints, latency, ModelInfer over gRPC-Web")
     p.add_argument("--host", default="127.0.0.1", help="address the console listens on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=15100, help="console HTTP port (default 15100)")
-    p.add_argument("--xds-admin", default="http://127.0.0.1:18001", help="control plane admin URL (/debug/syncz)")
+    cli_context.add_control_plane_flag(p, legacy=("--xds-admin",))
     p.add_argument("--backend", default="", help="inference backend HTTP URL (its /metrics feeds the latency plot)")
     p.add_argument("--grpc-web", default="http://127.0.0.1:8080", help="the Envoy listener the page sends gRPC-Web to")
     p.add_argument("--envoy-admin", default="", help="a gateway Envoy's admin URL, for the health it observes")
+    p.add_argument("--picker", default="", metavar="URL",
+                   help="the Endpoint Picker's admin URL (mcpctl epp serve; its /stats: picks and refusals)")
+    p.add_argument("--decision-loop", default="", metavar="URL",
+                   help="the decision loop's admin URL (mcpctl scheduler run; its /status: the last decisions)")
     p.add_argument("--model", default="", help="model name pre-filled in the ModelInfer form")
     p.add_argument("--latency-metric", default=None,
                    help="histogram in the backend's /metrics, labelled by qos_class or priority_level "
@@ -36,9 +44,10 @@ def _run(args) -> int:
     from mcp26.xds.console.server import ConsoleOptions, run
     try:
         urls = {k: _url(v) if v else "" for k, v in
-                (("xds_admin", args.xds_admin), ("backend", args.backend),
-                 ("grpc_web", args.grpc_web), ("envoy_admin", args.envoy_admin))}
-    except ValueError as e:
+                (("xds_admin", cli_context.url(args)), ("backend", args.backend),
+                 ("grpc_web", args.grpc_web), ("envoy_admin", args.envoy_admin),
+                 ("picker", args.picker), ("decision_loop", args.decision_loop))}
+    except ValueError as e:        # cli_context.ContextError included
         print(f"mcpctl console: {e}", file=sys.stderr)
         return 2
     if args.latency_window <= 0 or args.scrape_interval <= 0:

@@ -85,8 +85,9 @@ def _hcms(listener: dict):
         yield api
 
 
-def routes(resources: dict, node: str = "") -> list[dict]:
-    """One row per route: which listener serves it, virtual host, match, target clusters."""
+def routes(resources: dict, node: str = "", locations: dict[str, str] | None = None) -> list[dict]:
+    """One row per route: which listener serves it, virtual host, match, target clusters, the
+    Istio resource it came from and (`locations`, config_dump's rule_sources) the rule's file:line."""
     by_name = {name: r.get("resource", r) for name, r in (resources.get("RDS") or {}).items()}
     out = []
 
@@ -96,7 +97,8 @@ def routes(resources: dict, node: str = "") -> list[dict]:
                 out.append({"node": node, "listener": listener, "routeConfig": rc_name,
                             "virtualHost": g(vh, "name", default=""), "domains": g(vh, "domains", default=[]),
                             "match": _match_text(g(r, "match", default={}) or {}),
-                            "clusters": _route_clusters(r)})
+                            "clusters": _route_clusters(r), "source": route_source(r),
+                            "at": (locations or {}).get(_rule_key(r), "")})
 
     for lname, entry in sorted((resources.get("LDS") or {}).items()):
         for hcm in _hcms(entry.get("resource", entry)):
@@ -106,6 +108,43 @@ def routes(resources: dict, node: str = "") -> list[dict]:
             elif g(hcm, "route_config"):
                 rows(lname, "(inline)", g(hcm, "route_config"))
     return out
+
+
+def _rule_key(route: dict) -> str:
+    meta = g(route, "metadata", "filter_metadata", default={}).get("mcp-mesh") or {}
+    return f"{meta.get('resource')} {meta.get('rule')}"
+
+
+def route_source(route: dict) -> str:
+    """The Istio resource a route came from, as istiod's metadata names it
+    (filter_metadata.istio.config: /apis/networking.istio.io/v1/namespaces/NS/virtual-service/NAME)."""
+    path = str(g(route, "metadata", "filter_metadata", default={}).get("istio", {}).get("config") or "")
+    parts = path.strip("/").split("/")
+    if len(parts) >= 4 and parts[-4] == "namespaces":
+        kind = "".join(w.capitalize() for w in parts[-2].split("-"))
+        return f"{kind} {parts[-3]}/{parts[-1]}"
+    return ""
+
+
+def config_status(configz: dict | None) -> dict | None:
+    """The served generation and the last change set rejected whole (/debug/configz)."""
+    if configz is None:
+        return None
+    rejected = configz.get("rejected") or None
+    if rejected:
+        rejected = {"at": rejected.get("at"), "count": rejected.get("count", 1),
+                    "errors": [e.get("text") or e.get("message", "") for e in rejected.get("errors") or []]}
+    return {"configDir": configz.get("config_dir"), "generation": configz.get("generation"),
+            "appliedAt": configz.get("applied_at"), "resources": configz.get("resources"), "rejected": rejected}
+
+
+def inference(load: dict | None) -> list[dict] | None:
+    """Per served model, the load the Endpoint Picker reads (the model server's /v1/load)."""
+    if load is None:
+        return None
+    return [{"model": m.get("model", ""), "waiting": m.get("waiting", 0), "running": m.get("running", 0),
+             "kvCacheUtilization": m.get("kv_cache_utilization"), "prefixCacheHitRate": m.get("prefix_cache_hit_rate"),
+             "tokensPerSecond": m.get("tokens_per_second")} for m in load.get("models") or []]
 
 
 def clusters(resources: dict, observed: dict[str, dict[str, str]] | None = None) -> list[dict]:
@@ -131,6 +170,15 @@ def clusters(resources: dict, observed: dict[str, dict[str, str]] | None = None)
     return out
 
 
+def observed_in(cluster: dict, observed: dict[str, dict[str, str]]) -> dict:
+    """A clusters() row with each endpoint's health as the gateway Envoy observes it, where it does."""
+    seen = observed.get(cluster["name"])
+    if not seen:
+        return cluster
+    return {**cluster, "endpoints": [{**e, "health": seen.get(e["address"]) or e["health"]}
+                                     for e in cluster["endpoints"]]}
+
+
 def observed_health(envoy_clusters: dict) -> dict[str, dict[str, str]]:
     """Envoy admin /clusters?format=json -> {cluster: {host:port: HEALTHY|UNHEALTHY (why)}}."""
     out: dict[str, dict[str, str]] = {}
@@ -144,3 +192,59 @@ def observed_health(envoy_clusters: dict) -> dict[str, dict[str, str]]:
             hosts[f"{sa.get('address')}:{sa.get('port_value')}"] = (
                 f"UNHEALTHY ({', '.join(failed)})" if failed else eds)
     return out
+
+
+def picker(stats: dict | None) -> dict | None:
+    """The Endpoint Picker's /stats as the page's panel: each endpoint's load as the picker
+    last read it and how often it was picked; the requests it refused, by HTTP status."""
+    if not isinstance(stats, dict):
+        return None
+    endpoints = [{"endpoint": k, "ready": bool(v.get("ready")), "waiting": v.get("waiting"),
+                  "running": v.get("running"), "kvCacheUtilization": v.get("kv_utilisation"),
+                  "inFlight": v.get("in_flight", 0), "picked": v.get("picked", 0), "ageMs": v.get("age_ms")}
+                 for k, v in sorted((stats.get("endpoints") or {}).items())]
+    return {"pool": stats.get("pool"), "decisions": stats.get("decisions", 0),
+            "refused": dict(sorted((stats.get("refused") or {}).items())),
+            "prefixHitRate": stats.get("prefix_hit_rate"), "meanDecisionUs": stats.get("mean_decision_us"),
+            "configError": stats.get("config_error"), "endpoints": endpoints}
+
+
+def _action(a: dict) -> str:
+    """One action as `mcpctl scheduler status` prints it."""
+    return (f"{a.get('kind')} {a.get('subject')}{' -> ' + str(a['value']) if a.get('value') else ''}"
+            f"{' (' + a['reason'] + ')' if a.get('reason') else ''}{' error: ' + a['error'] if a.get('error') else ''}")
+
+
+def _queue(depth) -> str:
+    """A replica's waiting requests by QoS class ({"standard": 2, "batch": 1}) as one cell."""
+    if not isinstance(depth, dict):
+        return "—" if depth is None else str(depth)
+    return ", ".join(f"{k} {v}" for k, v in sorted(depth.items()) if v) or "0"
+
+
+def decision_loop(status: dict | None, last: int = 8) -> dict | None:
+    """The decision loop's /status as the page's panel: its policy and cycle count, the last
+    `last` decisions kept (newest first) with what each did, and the inputs of the latest cycle."""
+    if not isinstance(status, dict):
+        return None
+    decisions = [{"cycle": d.get("cycle"), "at": d.get("at"),
+                  "did": (f"FAILED {d['failure'].get('reason')}: {d['failure'].get('detail')}" if d.get("failure")
+                          else "; ".join(_action(a) for a in d.get("actions", [])) or "no action"),
+                  "replicas": len((d.get("inputs") or {}).get("replicas", []))}
+                 for d in reversed((status.get("decisions") or [])[-last:])]
+    latest = status.get("latest") or {}
+    replicas = [{"endpoint": r.get("endpoint"), "kvCacheUtilization": r.get("kv_utilisation"),
+                 "queue": _queue(r.get("queue_depth")), "running": r.get("running"),
+                 "prefixHitRate": r.get("kv_hit_rate"), "memoryFraction": r.get("memory_fraction"),
+                 "memorySource": r.get("memory_source"), "ageMs": r.get("age_ms")}
+                for r in (latest.get("inputs") or {}).get("replicas", [])]
+    force = status.get("in_force") or {}
+    in_force = ([f"class {r.get('from')} -> {r.get('to')} for {r.get('expires_in_s', 0):.1f} s"
+                 for r in force.get("class_remaps", [])]
+                + [f"flow {f.get('flow')} -> {f.get('class')} for {f.get('expires_in_s', 0):.1f} s"
+                   for f in force.get("flows", [])]
+                + [f"endpoint {w.get('endpoint')} weight {w.get('weight')} in {w.get('cluster')}"
+                   for w in force.get("endpoint_weights", [])])
+    return {"policy": status.get("policy"), "cycles": status.get("cycles", 0),
+            "failures": status.get("failures") or {}, "latestCycle": latest.get("cycle"),
+            "latestAt": latest.get("at"), "inputs": replicas, "inForce": in_force, "decisions": decisions}

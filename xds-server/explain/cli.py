@@ -3,10 +3,13 @@ point (pyproject.toml) as a part's commands are: explain sits above the control 
 so mcp26.xds.cli does not import it."""
 from __future__ import annotations
 
-import json
 import sys
 
-PROXY_CONFIG_KINDS = ("listeners", "routes", "clusters", "endpoints", "secret")
+from mcp26.mesh import cli_context
+from mcp26.mesh.cli_output import add_output_flag, render
+
+PROXY_CONFIG_KINDS = ("listeners", "routes", "clusters", "endpoints", "secret", "ecds", "all", "bootstrap")
+SINGULAR = ("listener", "route", "cluster", "endpoint", "secrets", "extension", "extensions")
 
 
 def register(subparsers) -> None:
@@ -28,19 +31,24 @@ def register(subparsers) -> None:
     who.add_argument("--gateway", metavar="NS/NAME",
                      help="explain for the gateway Envoy of this Gateway (default: the only Gateway in DIR)")
     who.add_argument("--sidecar", metavar="NS", help="explain for a sidecar in namespace NS instead")
-    ex.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format (default text)")
+    add_output_flag(ex, ("text",), what="json and yaml: the trace as data")
     ex.set_defaults(func=_route_explain)
 
-    pc = subparsers.add_parser("proxy-config", help="a proxy's listeners, routes, clusters ... in istioctl's shapes")
-    pc.add_argument("kind", choices=PROXY_CONFIG_KINDS, metavar="KIND",
-                    help=f"what to show: {', '.join(PROXY_CONFIG_KINDS)}")
+    pc = subparsers.add_parser("proxy-config", aliases=["pc"],
+                               help="a proxy's listeners, routes, clusters ... in istioctl's shapes")
+    pc.add_argument("kind", choices=PROXY_CONFIG_KINDS + SINGULAR, metavar="KIND",
+                    help=f"what to show: {', '.join(PROXY_CONFIG_KINDS)} (all: each kind in turn; bootstrap: "
+                         f"Envoy's own, with --envoy-admin; the singular names work too)")
     pc.add_argument("node", metavar="NODE", help="the proxy's node id, as `mcpctl proxy-status` lists it")
-    pc.add_argument("--admin-address", default="127.0.0.1:18001",
-                    help="the control plane's admin HOST:PORT (default 127.0.0.1:18001)")
+    cli_context.add_control_plane_flag(pc, legacy=("--admin-address",))
     pc.add_argument("--envoy-admin", metavar="ADDR",
                     help="also read the proxy's own /config_dump at this Envoy admin HOST:PORT and flag differences")
     pc.add_argument("-o", "--output", choices=("short", "json", "yaml"), default="short",
                     help="short: istioctl's table (default); json, yaml: the resources")
+    pc.add_argument("--fqdn", help="clusters, endpoints: only this service (FQDN, or its first labels)")
+    pc.add_argument("--port", type=int, help="clusters, endpoints, listeners: only this port")
+    pc.add_argument("--subset", help="clusters, endpoints: only this subset")
+    pc.add_argument("--direction", choices=("inbound", "outbound"), help="clusters, endpoints: only this direction")
     pc.set_defaults(func=_proxy_config)
 
 
@@ -62,14 +70,18 @@ def _route_explain(args) -> int:
     except ExplainError as e:
         print(f"mcpctl route explain: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1) if args.output == "json" else format_text(result))
+    if args.output == "text":
+        print(format_text(result))
+    else:
+        sys.stdout.write(render(result, args.output))
     return 0
 
 
 def _proxy_config(args) -> int:
     from mcp26.xds.explain.proxy_config import ProxyConfigError, run
     try:
-        sys.stdout.write(run(args.kind, args.node, args.admin_address, args.envoy_admin, args.output))
+        sys.stdout.write(run(args.kind, args.node, cli_context.url(args), args.envoy_admin, args.output,
+                             fqdn=args.fqdn, port=args.port, subset=args.subset, direction=args.direction))
     except ProxyConfigError as e:
         print(f"mcpctl proxy-config: {e}", file=sys.stderr)
         return e.code

@@ -18,7 +18,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-KINDS = {"listeners": "LDS", "routes": "RDS", "clusters": "CDS", "endpoints": "EDS", "secret": "SDS"}
+KINDS = {"listeners": "LDS", "routes": "RDS", "clusters": "CDS", "endpoints": "EDS", "secret": "SDS",
+         "ecds": "ECDS"}
+# istioctl's spellings: the singular kinds as the plural (proxy-config cluster NODE).
+KIND_ALIASES = {"listener": "listeners", "route": "routes", "cluster": "clusters", "endpoint": "endpoints",
+                "secrets": "secret", "extension": "ecds", "extensions": "ecds"}
+ALL = "all"            # every kind above, one table each
+BOOTSTRAP = "bootstrap"  # the proxy's own bootstrap: only Envoy has it (--envoy-admin)
 REDACTED = "<redacted>"
 _SECRET_FIELD = re.compile(r"(session_?key|private_?key|password|secret_?key|hmac_?key|signing_?key|^key$)", re.I)
 
@@ -61,8 +67,9 @@ def _get_json(url: str, what: str) -> dict:
         raise ProxyConfigError(f"cannot reach {what} at {url}: {e}") from None
 
 
-def control_plane_view(admin_address: str, node: str) -> dict:
-    dump = _get_json(f"http://{admin_address}/debug/config_dump?node={urllib.parse.quote(node)}",
+def control_plane_view(admin_url: str, node: str) -> dict:
+    """What the control plane at `admin_url` (http://HOST:PORT, mesh.cli_context) sent `node`."""
+    dump = _get_json(f"{admin_url}/debug/config_dump?node={urllib.parse.quote(node)}",
                      "the control plane admin")
     return {short: {name: r.get("resource", {}) for name, r in by_name.items()}
             for short, by_name in (dump.get("resources") or {}).items()}
@@ -285,6 +292,35 @@ SHORT = {
 }
 
 
+def _ecds_rows(configs: dict) -> list[list[str]]:
+    return [[name, str(_g(c, "typedConfig", "typed_config", default={}).get("@type", "-")).rsplit(".", 1)[-1]]
+            for name, c in sorted(configs.items())]
+
+
+SHORT["ecds"] = (["NAME", "TYPE"], _ecds_rows)
+
+
+def cluster_key(name: str) -> tuple[str, str, str, str]:
+    """(direction, port, subset, fqdn) of an Istio cluster name outbound|80|v1|reviews.ns.svc.cluster.local."""
+    parts = name.split("|")
+    return tuple(parts) if len(parts) == 4 else ("", "", "", name)
+
+
+def select(kind: str, resources: dict, fqdn: str | None = None, port: int | None = None,
+           subset: str | None = None, direction: str | None = None) -> dict:
+    """istioctl proxy-config's filters: clusters and endpoints by --fqdn, --port, --subset and
+    --direction (parts of the Istio cluster name); listeners by --port."""
+    if kind in ("clusters", "endpoints"):
+        def keep(name):
+            d, p, s, f = cluster_key(name)
+            return ((fqdn is None or f == fqdn or f.startswith(fqdn + ".")) and (port is None or p == str(port))
+                    and (subset is None or s == subset) and (direction is None or d == direction))
+        return {n: r for n, r in resources.items() if keep(n)}
+    if kind == "listeners" and port is not None:
+        return {n: r for n, r in resources.items() if any(row[1] == str(port) for row in _listener_rows({n: r}))}
+    return resources
+
+
 def render(kind: str, resources: dict, output: str = "short", sync: dict | None = None) -> str:
     """One kind's resources as istioctl prints them; `sync` (name -> state) adds a column."""
     if kind == "secret":
@@ -310,13 +346,48 @@ def render(kind: str, resources: dict, output: str = "short", sync: dict | None 
     return _table(header + ["ENVOY"], rows)
 
 
-def run(kind: str, node: str, admin_address: str, envoy_admin: str | None = None, output: str = "short") -> str:
+def bootstrap(envoy_admin: str | None, output: str) -> str:
+    """The proxy's bootstrap from Envoy's own /config_dump (the control plane never sent it)."""
+    if not envoy_admin:
+        raise ProxyConfigError("bootstrap: only Envoy holds its bootstrap; give its admin address with "
+                               "--envoy-admin HOST:PORT", code=2)
+    dump = _get_json(f"http://{envoy_admin}/config_dump", "the Envoy admin")
+    found = [c.get("bootstrap") for c in dump.get("configs") or []
+             if str(c.get("@type", "")).endswith("BootstrapConfigDump")] or [None]
+    doc = redact(found[0] or {})
+    if output == "yaml":
+        import yaml
+        return yaml.safe_dump(doc, sort_keys=False)
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def run(kind: str, node: str, admin_url: str, envoy_admin: str | None = None, output: str = "short",
+        **filters) -> str:
+    kind = KIND_ALIASES.get(kind, kind)
+    if kind == BOOTSTRAP:
+        return bootstrap(envoy_admin, output)
+    if kind == ALL:
+        view = control_plane_view(admin_url, node)
+        envoy = envoy_view(envoy_admin) if envoy_admin else None
+        if output in ("json", "yaml"):
+            doc = {k: [redact(r) for _n, r in sorted(select(k, view.get(short, {}), **filters).items())]
+                   for k, short in KINDS.items()}
+            if output == "json":
+                return json.dumps(doc, indent=2) + "\n"
+            import yaml
+            return yaml.safe_dump(doc, sort_keys=False)
+        return "\n".join(_one(k, view, envoy, output, filters) for k in KINDS)
+    return _one(kind, control_plane_view(admin_url, node), envoy_view(envoy_admin) if envoy_admin else None,
+                output, filters, heading=False)
+
+
+def _one(kind: str, view: dict, envoy: dict | None, output: str, filters: dict, heading: bool = True) -> str:
     short = KINDS[kind]
-    mine = control_plane_view(admin_address, node).get(short, {})
+    mine = select(kind, view.get(short, {}), **filters)
     sync = None
-    if envoy_admin:
-        sync = compare(mine, envoy_view(envoy_admin).get(short, {}))
-    text = render(kind, mine, output, sync)
+    if envoy is not None:
+        sync = compare(mine, select(kind, envoy.get(short, {}), **filters))
+    text = (f"{kind.upper()}:\n" if heading else "") + render(kind, mine, output, sync)
     if sync is not None and output == "short":
         bad = sorted(n for n, s in sync.items() if s != "same")
         text += (f"\n{len(bad)} of {len(sync)} differ between the control plane and Envoy: {', '.join(bad)}\n"

@@ -23,6 +23,7 @@ class ProxyNode:
     labels: dict = field(default_factory=dict, hash=False, compare=False)
     service_account: str = field(default="default", compare=False)
     identity_token: str = field(default="", repr=False, compare=False)
+    agent_version: str = field(default="unknown", compare=False)   # Envoy's version (pilot_xds{version})
 
     @classmethod
     def from_proto(cls, node) -> "ProxyNode":
@@ -35,4 +36,12 @@ class ProxyNode:
         return cls(id=node.id, cluster=node.cluster, namespace=namespace, kind=kind,
                    labels=dict(meta.get("LABELS") or {}),
                    service_account=str(meta.get("SERVICE_ACCOUNT") or "default"),
-                   identity_token=str(meta.get("IDENTITY_TOKEN") or ""))
+                   identity_token=str(meta.get("IDENTITY_TOKEN") or ""), agent_version=_agent_version(node))
+
+
+def _agent_version(node) -> str:
+    """Envoy's build version (1.34.1), else the client's user_agent_version (a gRPC client's)."""
+    if node.HasField("user_agent_build_version") and node.user_agent_build_version.HasField("version"):
+        v = node.user_agent_build_version.version
+        return f"{v.major_number}.{v.minor_number}.{v.patch}"
+    return node.user_agent_version or "unknown"

@@ -82,6 +82,22 @@ def _source_metadata(root: Resource, source: Resource, path: str, matches: list,
     return out
 
 
+def rule_locations(config, rds: dict) -> dict[str, str]:
+    """The inverse of _source_metadata for the console: `RESOURCE RULE` -> the rule's file:line,
+    for each route of an RDS dump as JSON (the admin's /debug/config_dump)."""
+    by_ref = {r.ref: r for r in config}
+    out: dict[str, str] = {}
+    for entry in rds.values():
+        for vh in (entry.get("resource") or {}).get("virtualHosts") or []:
+            for route in vh.get("routes") or []:
+                meta = ((route.get("metadata") or {}).get("filterMetadata") or {}).get(SOURCE_METADATA) or {}
+                key = f"{meta.get('resource')} {meta.get('rule')}"
+                res = by_ref.get(str(meta.get("resource")))
+                if res is not None and key not in out:
+                    out[key] = f"{res.file}:{res.line_of(str(meta.get('rule') or ''))}"
+    return out
+
+
 # -- match ---------------------------------------------------------------
 def match_applies(ctx: RouteContext, vs: Resource, m: dict) -> bool:
     if m.get("port") and int(m["port"]) != ctx.port:

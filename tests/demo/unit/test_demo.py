@@ -101,3 +101,34 @@ def test_ports_a_step_asks_for_never_repeat_the_runs(a_demo):
     assert a_demo.gateway_port not in picked and len(picked) == 21
     base = a_demo.port_block(8)
     assert not set(range(base, base + 8)) & (picked | {a_demo.gateway_port})
+
+
+def test_serve_prints_commands_mcpctl_accepts_and_writes_the_context(a_demo, tmp_path, monkeypatch, capsys):
+    import shlex
+    import threading
+    import time
+
+    from mcp26.demo import cli as demo_cli
+    from mcp26.mesh.cli import build_parser
+    monkeypatch.setenv("MCPCTL_CONTEXT", str(tmp_path / "context.yaml"))
+    stop = threading.Event()
+    a_demo.urls["endpoint picker stats"] = "http://127.0.0.1:19999/stats"     # as the inference-gateway step sets it
+    serving = threading.Thread(target=demo_cli._serve, args=(a_demo, stop))
+    serving.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "context.yaml").exists():
+        assert time.monotonic() < deadline, "no context file written"
+        time.sleep(0.01)
+    context = yaml.safe_load((tmp_path / "context.yaml").read_text())
+    stop.set()
+    serving.join(10)
+    assert not (tmp_path / "context.yaml").exists()        # removed as the demo stops: it names nothing now
+    out = capsys.readouterr().out
+    parser = build_parser()
+    commands = [c for c in demo_cli.inspect_commands(a_demo) if c.startswith("mcpctl ")]
+    assert "mcpctl console --port 15101 --picker http://127.0.0.1:19999" in commands
+    for command in commands:
+        assert command in out
+        args = parser.parse_args(shlex.split(command)[1:])          # SystemExit on a command mcpctl refuses
+        assert args.func
+    assert context["controlPlane"] == f"http://127.0.0.1:{a_demo.admin_port}"

@@ -133,11 +133,11 @@ def test_prometheus_has_the_profiler_gauges_and_says_what_is_unavailable(relu):
     relu.metrics()                          # the window starts at this scrape
     assert bench("-c", "4", "-n", "300", "-u", f"http://{relu.http}/infer").returncode == 0
     lines = relu.metrics().splitlines()
-    assert any(line.startswith('mcp_profiler_batch_fill_ratio{model_name="relu"} ') for line in lines)
-    assert any(line.startswith('mcp_profiler_fused_nodes{model_name="relu"} ') for line in lines)
+    assert any(line.startswith('mcp_profiler_batch_fill_ratio{model="relu"} ') for line in lines)
+    assert any(line.startswith('mcp_profiler_fused_nodes{model="relu"} ') for line in lines)
     available, missing = hw_counters.probe()
     for metric, needs in NEEDS.items():
-        gauge = [line for line in lines if line.startswith(f'mcp_profiler_{metric}{{model_name="relu"}}')]
+        gauge = [line for line in lines if line.startswith(f'mcp_profiler_{metric}{{model="relu"}}')]
         said = [line for line in lines if line.startswith("mcp_profiler_unavailable{") and f'metric="{metric}"' in line]
         if all(n in available for n in needs):
             assert gauge and not said, metric

@@ -89,6 +89,25 @@ def test_text_stays_mesh_format_and_validate_json_its_summary(mcpctl, tmp_path):
     f = tmp_path / "vs.yaml"
     f.write_text(BROKEN)
     r = mcpctl("analyze", str(f))
-    assert r.returncode == 1 and f"{f}:9: error: VirtualService/bookinfo/reviews: spec.http[0].route[0].weight" in r.stderr
+    assert r.returncode == 1 and f"{f}:9: error: VirtualService/bookinfo/reviews: spec.http[0].route[0].weight" in r.stdout
     doc = yaml.safe_load(mcpctl("validate", "-o", "yaml", str(f)).stdout)
     assert (doc["errors"], doc["diagnostics"][0]["field"]) == (1, "spec.http[0].route[0].weight")
+
+
+def test_istioctl_thresholds_choose_what_is_printed_and_what_fails(mcpctl, tmp_path):
+    f = tmp_path / "vs.yaml"
+    f.write_text(BROKEN)                 # an IST0101 warning (host) and errors
+    errors_only = mcpctl("analyze", "-o", "log", "--output-threshold", "Error", str(f))
+    assert errors_only.returncode == 79
+    assert errors_only.stdout and all(line.startswith("Error [") for line in errors_only.stdout.splitlines())
+    # a warning fails once the failure threshold is Warning, in log and text alike
+    warn = tmp_path / "warn.yaml"
+    warn.write_text(BROKEN.replace("{host: reviews, subset: v9}", "{host: reviews}").replace("      weight: -1\n", ""))
+    assert mcpctl("analyze", "-o", "log", str(warn)).returncode == 0             # warnings only
+    assert mcpctl("analyze", "-o", "log", "--failure-threshold", "Warning", str(warn)).returncode == 79
+    assert mcpctl("analyze", "--failure-threshold", "warning", str(warn)).returncode == 1
+    quiet = mcpctl("analyze", "-o", "log", "--output-threshold", "Error", str(warn))
+    assert (quiet.returncode, quiet.stdout) == (0, "")
+    # text: every finding on stdout, warnings and errors both
+    text = mcpctl("analyze", str(f))
+    assert " warning IST0101" in text.stdout and ": error" in text.stdout

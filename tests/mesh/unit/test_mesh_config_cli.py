@@ -43,7 +43,7 @@ def test_bad_input_exits_non_zero_with_file_line_resource_field(mcpctl, tmp_path
     bad.write_text(GOOD_VS.replace("subset: v1}", "subset: v1}\n      weight: -3"))
     r = mcpctl("validate", str(bad))
     assert r.returncode == 1
-    assert lines(r.stderr, "weight") == [
+    assert lines(r.stdout, "weight") == [
         f"{bad}:9: error: VirtualService/bookinfo/reviews: spec.http[0].route[0].weight: weight -3 < 0"]
     assert "Error: 1 error(s), 0 warning(s) in 2 resource(s) validated" in r.stderr
 
@@ -54,7 +54,7 @@ def test_validate_checks_resources_alone_and_analyze_checks_references(mcpctl, t
     assert mcpctl("validate", str(f)).returncode == 0
     r = mcpctl("analyze", str(f))
     assert r.returncode == 1
-    assert lines(r.stderr, "IST0101") == [
+    assert lines(r.stdout, "error IST0101") == [
         f"{f}:8: error IST0101: VirtualService/bookinfo/reviews: spec.http[0].route[0].destination.subset: "
         'Referenced host+subset in destinationrule not found: "reviews+v2"']
 
@@ -74,7 +74,7 @@ def test_non_istio_kinds_are_skipped_with_a_note_unless_strict(mcpctl, tmp_path)
     assert r.returncode == 0
     assert lines(r.stdout, "info: CustomResourceDefinition/default/things.example.com: kind: skipping")
     strict = mcpctl("validate", "--strict", str(tmp_path))
-    assert strict.returncode == 1 and "unknown kind 'CustomResourceDefinition'" in strict.stderr
+    assert strict.returncode == 1 and "unknown kind 'CustomResourceDefinition'" in strict.stdout
 
 
 def test_malformed_file_is_reported_and_the_others_still_checked(mcpctl, tmp_path):
@@ -82,7 +82,7 @@ def test_malformed_file_is_reported_and_the_others_still_checked(mcpctl, tmp_pat
     (tmp_path / "b.yaml").write_text(GOOD_VS.replace("host: reviews, subset", "host: '*', subset"))
     r = mcpctl("validate", str(tmp_path))
     assert r.returncode == 1
-    assert lines(r.stderr, "malformed YAML") and lines(r.stderr, "invalid destination host *")
+    assert lines(r.stdout, "malformed YAML") and lines(r.stdout, "invalid destination host *")
 
 
 def test_json_output(mcpctl, tmp_path):
@@ -99,7 +99,7 @@ def test_json_output(mcpctl, tmp_path):
 
 def test_missing_path_is_an_error(mcpctl, tmp_path):
     r = mcpctl("validate", str(tmp_path / "nope.yaml"))
-    assert r.returncode == 1 and "no such file or directory" in r.stderr
+    assert r.returncode == 1 and "no such file or directory" in r.stdout
 
 
 def test_istio_kinds_mesh_does_not_model_warn_and_typos_fail(mcpctl, tmp_path):
@@ -111,11 +111,11 @@ def test_istio_kinds_mesh_does_not_model_warn_and_typos_fail(mcpctl, tmp_path):
     assert lines(r.stdout, "warning: Telemetry/prod/deny: kind: Telemetry is an Istio kind")
     (tmp_path / "typo.yaml").write_text(GOOD_VS.replace("kind: VirtualService", "kind: VirtualServce"))
     r = mcpctl("validate", str(tmp_path))
-    assert r.returncode == 1 and lines(r.stderr, "unknown kind 'VirtualServce'")
+    assert r.returncode == 1 and lines(r.stdout, "unknown kind 'VirtualServce'")
 
 
 def test_standard_input(mcpctl):
     r = mcpctl("validate", "-", stdin=GOOD_VS.replace("subset: v1}", "subset: v1}\n      weight: -3"))
     assert r.returncode == 1
-    assert lines(r.stderr, "<stdin>:9: error: VirtualService/bookinfo/reviews: spec.http[0].route[0].weight")
+    assert lines(r.stdout, "<stdin>:9: error: VirtualService/bookinfo/reviews: spec.http[0].route[0].weight")
     assert mcpctl("analyze", "-", stdin=GOOD_VS).returncode == 0

@@ -15,12 +15,11 @@ import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mcp26.demo.stack.envoy import Envoy
 from harness.inference_gateway import gateway_bootstrap
-from harness.endpoint_picker import PickerProcess, pool_yaml
+from harness.endpoint_picker import PickerProcess, headers_request, pool_yaml
 from mcp26.demo.stack.ports import free_port, port_free_on_all
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.mesh import endpoint_picker as epp
@@ -81,20 +80,8 @@ def _idle(ups):
         u.metrics = dict(IDLE)
 
 
-def _headers_request(headers: dict, end_of_stream: bool, subset=None) -> pb.ProcessingRequest:
-    req = pb.ProcessingRequest()
-    for k, v in headers.items():
-        req.request_headers.headers.headers.add(key=k, raw_value=v.encode())
-    req.request_headers.end_of_stream = end_of_stream
-    if subset is not None:
-        s = struct_pb2.Struct()
-        s.update({epp.SUBSET_KEY: list(subset)})
-        req.metadata_context.filter_metadata[epp.SUBSET_NAMESPACE].CopyFrom(s)
-    return req
-
-
 def _converse(picker, headers: dict, body: bytes | None = None, subset=None) -> list[pb.ProcessingResponse]:
-    msgs = [_headers_request({":method": "POST" if body else "GET", ":path": "/v1/completions", **headers},
+    msgs = [headers_request({":method": "POST" if body else "GET", ":path": "/v1/completions", **headers},
                              body is None, subset)]
     if body is not None:
         msgs.append(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
@@ -175,6 +162,42 @@ def test_a_saturated_pool_sheds_the_sheddable_objective_with_429_and_serves_the_
     finally:
         _idle(ups)
         picker.wait_loads(lambda eps: all(e["waiting"] == 0 for e in eps.values()))
+
+
+def _scrape(picker) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{picker.admin}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _sample(text: str, line_start: str) -> float | None:
+    found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)]
+    return found[0] if found else None
+
+
+def test_metrics_in_the_upstream_pickers_names(pool):
+    """/metrics as kubernetes-sigs/gateway-api-inference-extension pkg/epp/metrics names it."""
+    picker, ups, port = pool
+    before = _scrape(picker)
+    picked0 = _sample(before, 'inference_objective_request_total{model_name="tiny",target_model_name="tiny"}') or 0
+    _converse(picker, {}, json.dumps({"model": "tiny", "prompt": "hello"}).encode())
+    try:
+        for u in ups.values():
+            u.metrics = {**IDLE, "vllm:num_requests_waiting": 9, "vllm:kv_cache_usage_perc": 0.5}
+        picker.wait_loads(lambda eps: all(e["waiting"] == 9 for e in eps.values()))
+        _, shed = _converse(picker, {}, json.dumps({"model": "batch-jobs", "prompt": "x"}).encode())
+        assert shed.immediate_response.status.code == 429
+        text = _scrape(picker)
+    finally:
+        _idle(ups)
+        picker.wait_loads(lambda eps: all(e["waiting"] == 0 for e in eps.values()))
+    assert _sample(text, 'inference_pool_ready_pods{name="decoders"}') == 2
+    assert _sample(text, 'inference_pool_average_kv_cache_utilization{name="decoders"}') == 0.5
+    assert _sample(text, 'inference_pool_average_queue_size{name="decoders"}') == 9
+    assert _sample(text, f'inference_pool_per_pod_queue_size{{model_server_pod="{HOSTS[0]}:{port}",name="decoders"}}') == 9
+    assert _sample(text, 'inference_objective_request_total{model_name="tiny",target_model_name="tiny"}') == picked0 + 1
+    assert _sample(text, 'inference_objective_request_error_total{error_code="InferencePoolResourceExhausted",'
+                         'model_name="batch-jobs",target_model_name="batch-jobs"}') >= 1
+    assert _sample(text, "inference_extension_scheduler_e2e_duration_seconds_count") >= 2
 
 
 def test_the_least_loaded_replica_gets_the_request(pool):

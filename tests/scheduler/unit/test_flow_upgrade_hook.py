@@ -32,7 +32,7 @@ class FakeScheduler:
 def _state(marks):
     view = SimpleNamespace(objectives={}, endpoints=[SimpleNamespace(key="10.0.0.1:8000")])
     return SimpleNamespace(flow_marks=marks, scheduler=FakeScheduler(), view=lambda: view, loads=lambda: {},
-                           record=lambda *a: None)
+                           record=lambda *a, **k: None)
 
 
 def _request(source=None, xff=None):

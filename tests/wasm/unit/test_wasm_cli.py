@@ -34,6 +34,19 @@ def test_inspect_reports_the_abi_and_size(capsys):
     assert "proxy_abi_version_0_2_1" in out and f"{os.path.getsize(HEADER_CONTRACT_WASM)} bytes" in out
 
 
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_inspect_as_json_and_yaml_is_what_the_text_says(fmt, capsys):
+    import hashlib
+
+    import yaml
+    assert main(["wasm", "inspect", "-o", fmt]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)          # JSON is YAML too
+    with open(HEADER_CONTRACT_WASM, "rb") as f:
+        data = f.read()
+    assert doc["size"] == len(data) and doc["sha256"] == hashlib.sha256(data).hexdigest()
+    assert "proxy_abi_version_0_2_1" in doc["abi"] and "proxy_on_request_headers" in doc["exports"]
+
+
 def test_inspect_rejects_a_non_module(tmp_path, capsys):
     bad = tmp_path / "x.wasm"
     bad.write_bytes(b"not wasm")

@@ -87,6 +87,9 @@ def test_model_infer_in_the_browser_returns_what_direct_grpc_returns(page, mesh)
 
 @pytest.mark.skipif(not os.path.exists(WASM), reason=f"{WASM} not built (make wasm)")
 def test_priority_chosen_in_the_page_is_the_class_the_backend_queued(page, mesh):
+    # the choices are named as the mesh's classes, with the X-LLM-Priority value each sends
+    options = page.eval(expression="Array.from(document.querySelectorAll('#priority option')).map((o) => o.textContent)")
+    assert options[1:] == [f"{c.header_value} ({p})" for p, c in LLM_PRIORITY_CLASSES.items()], options
     page.select("#priority", "high")
     try:
         assert infer_in_page(page, MODEL) == "ok", page.text("#infer-error")

@@ -68,15 +68,24 @@ def test_kubectl_apply_of_a_bad_virtualservice_is_refused_with_our_message(kube,
     asyncio.run(run())
 
 
-def test_mcpctl_xds_serve_on_the_api_server_runs_status_webhook_and_secure_port(kube, tmp_path):
-    """The command line an operator's Deployment runs (deploy/kubernetes/control-plane.yaml), here."""
+def test_mcpctl_xds_serve_on_the_api_server_runs_status_webhook_and_secure_port(kube, tmp_path, monkeypatch):
+    """The command line an operator's Deployment runs (deploy/kubernetes/control-plane.yaml), here;
+    with --write-context, as from a workstation, the context file names its admin port."""
     kube.namespace("mcp-mesh")
     webhook, secure = free_port(), free_port()
+    monkeypatch.setenv("MCPCTL_CONTEXT", str(tmp_path / "context.yaml"))
     cp = ControlPlane(None, kubeconfig=kube.kubeconfig, test_hooks=False, extra_args=[
         "--ca-dir", str(tmp_path / "ca"), "--namespace", "mcp-mesh", "--webhook-port", str(webhook),
-        "--secure-port", str(secure), "--secure-address", "127.0.0.1"])
+        "--secure-port", str(secure), "--secure-address", "127.0.0.1", "--write-context"])
     try:
         cp.start(timeout=60)
+        deadline = time.monotonic() + 30        # written once the Kubernetes side has started too
+        while not (tmp_path / "context.yaml").exists():
+            assert time.monotonic() < deadline, cp.log_tail()
+            time.sleep(0.1)
+        context = yaml.safe_load((tmp_path / "context.yaml").read_text())
+        assert context["controlPlane"] == f"http://127.0.0.1:{cp.admin_port}", context
+        assert context["kubeconfig"] == kube.kubeconfig, context
         ca = MeshCA.load_or_create(str(tmp_path / "ca"))
         ctx = ssl.create_default_context(cadata=ca.root_pem().decode())
         ctx.check_hostname = False            # the certificate names mcp-mesh-xds.mcp-mesh.svc and 127.0.0.1

@@ -181,7 +181,7 @@ def test_a_bad_object_is_rejected_whole_and_the_last_good_config_kept(shop):
                 await asyncio.sleep(0.05)
             assert server.status["generation"] == good
             errors = [e["text"] for e in server.status["rejected"]["errors"]]
-            assert errors == ["kubernetes://VirtualService/shop/bad:0: error: VirtualService/shop/bad: "
+            assert errors == ["kubernetes://VirtualService/shop/bad: error: VirtualService/shop/bad: "
                               "spec.http[0].route[0].weight: weight -3 < 0"], errors
             shop.ok("DELETE", "/apis/networking.istio.io/v1/namespaces/shop/virtualservices/bad")
             deadline = time.monotonic() + 10

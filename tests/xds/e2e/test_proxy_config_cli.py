@@ -96,3 +96,29 @@ def test_unknown_node_is_one_line_and_nonzero(mcpctl, mesh):
     out = mcpctl("proxy-config", "clusters", "nobody", "--admin-address", f"127.0.0.1:{cp.admin_port}")
     assert out.returncode != 0
     assert len(out.stderr.strip().splitlines()) == 1 and "nobody" in out.stderr
+
+
+def test_istioctl_spellings_filters_all_and_bootstrap(mcpctl, mesh):
+    cp, envoy, up = mesh
+    cpa = f"127.0.0.1:{cp.admin_port}"
+    # `pc`, a singular kind, --control-plane; filters on the Istio cluster name's parts
+    out = mcpctl("pc", "cluster", GATEWAY_NODE, "--control-plane", cpa, "--fqdn", "reviews", "--port", "9080",
+                 "--subset", "v1", "--direction", "outbound")
+    assert out.returncode == 0, out.stderr
+    rows = [line.split()[:4] for line in out.stdout.splitlines()[1:]]
+    assert rows == [["reviews.default.svc.cluster.local", "9080", "v1", "outbound"]]
+    none = mcpctl("pc", "clusters", GATEWAY_NODE, "--control-plane", cpa, "--subset", "v9")
+    assert none.stdout.splitlines()[1:] == []
+    eps = mcpctl("pc", "endpoint", GATEWAY_NODE, "--control-plane", cpa, "--subset", "v1")
+    assert f"127.0.0.1:{up.port}" in eps.stdout
+    every = mcpctl("pc", "all", GATEWAY_NODE, "--control-plane", cpa)
+    assert every.returncode == 0
+    for heading in ("LISTENERS:", "ROUTES:", "CLUSTERS:", "ENDPOINTS:", "SECRET:", "ECDS:"):
+        assert heading in every.stdout
+    assert mcpctl("ps", "--control-plane", cpa).returncode == 0
+    # bootstrap: Envoy's own, so --envoy-admin is needed, and said so
+    missing = mcpctl("pc", "bootstrap", GATEWAY_NODE, "--control-plane", cpa)
+    assert missing.returncode == 2 and "--envoy-admin" in missing.stderr
+    import json
+    boot = json.loads(mcpctl("pc", "bootstrap", GATEWAY_NODE, "--envoy-admin", f"127.0.0.1:{envoy.admin_port}").stdout)
+    assert boot["node"]["id"] == GATEWAY_NODE

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import multiprocessing
 import re
 from typing import NamedTuple
@@ -57,12 +58,13 @@ def json_depth(text: bytes, limit: int = MAX_JSON_DEPTH) -> int:
     return top
 
 
-def parse_json(text: bytes) -> dict:
+def parse_json(text: bytes, memory: int | None = None) -> dict:
+    """`memory`: what the parser may allocate (the parser process's allowance), None: no cap."""
     # Fewer brackets than the limit cannot nest deeper than it: the scan is for the rest.
     if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
         raise InvalidArgument(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
-        doc = json_codec.loads(text)
+        doc = json.loads(text) if memory is not None and _may_exhaust(text, memory) else json_codec.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidArgument(f"request body is not JSON: {e}") from None
     except RecursionError:          # not reached after json_depth; kept so it can never be a 500
@@ -70,6 +72,14 @@ def parse_json(text: bytes) -> dict:
     if not isinstance(doc, dict):
         raise InvalidArgument("request body must be a JSON object")
     return doc
+
+
+def _may_exhaust(text: bytes, memory: int) -> bool:
+    """Whether `text`'s Python objects may not fit in `memory`. Where it cannot allocate, orjson
+    ends the process (SIGSEGV: a nested `[[1],...]` bomb under the parser's cap), json.loads
+    raises MemoryError, which becomes a 413 that says so; so a body near the cap is parsed by
+    json.loads (~7x slower), the rest by orjson. An array costs ~72 bytes, an element ~32."""
+    return text.count(b"[") * 72 + text.count(b",") * 32 > memory // 2
 
 
 def decode_inputs(doc: dict, binary: bytes, model: str, specs) -> dict[str, np.ndarray]:
@@ -137,8 +147,9 @@ class Body(NamedTuple):
     parameters: dict
 
 
-def decode_body(json_part: bytes, binary: bytes, model: str, specs, max_outputs: int) -> Body:
-    doc = parse_json(json_part)
+def decode_body(json_part: bytes, binary: bytes, model: str, specs, max_outputs: int,
+                memory: int | None = None) -> Body:
+    doc = parse_json(json_part, memory)
     arrays = decode_inputs(doc, binary, model, specs)
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
@@ -153,9 +164,12 @@ def decode_body(json_part: bytes, binary: bytes, model: str, specs, max_outputs:
     return Body(lite, arrays, names, binary_out, params)
 
 
+_allowance: int | None = None       # in the parser process: its address-space allowance
+
+
 def _parse_in_worker(json_part: bytes, binary: bytes, model: str, specs, max_outputs: int) -> Body:
     try:
-        return decode_body(json_part, binary, model, specs, max_outputs)
+        return decode_body(json_part, binary, model, specs, max_outputs, _allowance)
     except MemoryError:
         raise TooLarge(f"request body of {len(json_part)} bytes of JSON needs more memory to parse than "
                        f"the parser process may use; send large tensors binary "
@@ -172,6 +186,8 @@ def _start_parser(allowance: int) -> None:
     with open("/proc/self/status") as fh:
         vm = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + allowance, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    global _allowance
+    _allowance = allowance
 
 
 class BodyDecoder:

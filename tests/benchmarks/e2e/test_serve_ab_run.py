@@ -26,9 +26,11 @@ def test_serve_ab_measures_both_trees_and_cleans_up():
                         "--concurrency", "2", "--seconds", "0.5", "--rounds", "1"],
                        cwd=bench_peers.ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    row = re.search(r"^\s+2\s+(\d+)/s\s+(\d+)/s\s+([0-9.]+)x\s+([0-9.]+) / ([0-9.]+)\s+\d+ \| \d+$", p.stdout, re.M)
+    row = re.search(r"^\s+2\s+(\d+)/s\s+(\d+)/s\s+([0-9.]+)x\s+([0-9.]+) / ([0-9.]+)\s+(\d+) / (\d+)\s+"
+                    r"([0-9.]+)x\s+\d+ \| \d+$", p.stdout, re.M)
     assert row and int(row[1]) > 0 and int(row[2]) > 0, p.stdout
     assert float(row[4]) > 0 and float(row[5]) > 0, p.stdout        # p99 old / new, ms
+    assert int(row[6]) > 0 and int(row[7]) > 0 and float(row[8]) > 0, p.stdout     # server CPU µs a request
     left = _worktrees() - before
     assert not left, f"worktrees left behind: {left}"
 

@@ -327,8 +327,11 @@ def run_replicas(args) -> int:
         children.append(envoy)
         log.info("envoy: pid %d, listener %s:%d -> %d replicas (bootstrap %s)", envoy.pid, args.host,
                  args.envoy_port, args.replicas, path)
-        print(json.dumps({"event": "envoy", "port": args.envoy_port, "admin_port": args.envoy_admin_port,
-                          "replicas": layout}), flush=True)
+        # one write(2), as server.emit_event writes the replicas' lines on the same pipe
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (json.dumps({"event": "envoy", "port": args.envoy_port,
+                                                    "admin_port": args.envoy_admin_port,
+                                                    "replicas": layout}) + "\n").encode())
     stopping = False
 
     def stop(*_):

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -47,9 +48,18 @@ from mcp26.inference.telemetry import Telemetry
 from mcp26.inference.model_repository import Repository
 
 log = logging.getLogger("mcp26.inference")
+
 WATCH_INTERVAL_S = 0.25
 REPOSITORY_POLL_S = 1.0          # --model-control-mode poll: the directory is read this often
 GRPC_MAX_MESSAGE = 64 << 20
+
+
+def emit_event(doc: dict) -> None:
+    """One JSON line on stdout in one write(2): the replicas of `--replicas` share their
+    parent's stdout pipe, and a line written in two pieces (the text, then its newline) let
+    another replica's line in between (a pool's reader then saw two events on one line)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (json.dumps(doc) + "\n").encode())
 
 
 @dataclass
@@ -300,14 +310,14 @@ class Server:
                  f"http {worker.get('http_port')}" if worker else "",
                  f" (serving only {o.serve_class})" if o.serve_class else "", frozen)
         m = served.model if served is not None else None
-        print(json.dumps({"event": "ready", "model": served.name if served is not None else None,
+        emit_event({"event": "ready", "model": served.name if served is not None else None,
                           "models": sorted(self.models.models), "http_port": http_port, "grpc_port": grpc_port,
                           "admin_port": admin_port, "serve_class": o.serve_class,
                           "priority_worker": {"pid": self._priority.proc.pid, "http_port": worker["http_port"],
                                               "grpc_port": worker["grpc_port"]} if worker else None,
                           "workers": [os.getpid(), *(w.proc.pid for w in self._workers)] if self._workers else None,
                           "provider": m and m.provider, "load_seconds": m and round(m.load_seconds, 4),
-                          "warmup_seconds": m and round(m.warmup_seconds, 4)}), flush=True)
+                          "warmup_seconds": m and round(m.warmup_seconds, 4)})
 
     async def _serving(self) -> None:
         """Ready, on REST and gRPC health. The workers of --workers share the ports, and a probe

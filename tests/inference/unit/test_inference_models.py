@@ -36,7 +36,7 @@ def test_mlp_shapes_and_batching_pays():
     def per_item(batch):
         x = np.ones((batch, 64), np.float32)
         best = float("inf")
-        for _ in range(5):
+        for _ in range(15):      # the best of 15: other work on the cores slows some runs 10x
             t0 = time.perf_counter()
             m.run({"INPUT0": x})
             best = min(best, time.perf_counter() - t0)

@@ -3,10 +3,12 @@ definition both the loop (scheduler/loop/) and the policy plugins
 (scheduler/plugins/, Python compiled to Wasm components) use. Plain data, so
 it maps one to one onto the plugins' WIT records.
 
-The seed's decision table, in these terms (the built-in default policy):
+The seed's decision table, in these terms (the built-in default policy; its X-LLM-Priority
+names are mesh.qos's table: Critical, High, Medium, Low -> latency-critical, interactive,
+standard, batch):
   accelerator memory > 90 %            -> Action("remap-class", "standard" -> "batch", hold 60 s)
   flow RTT < 50 ms and payload > 1 MB  -> Action("upgrade-flow", flow -> "latency-critical", reserved threads 2)
-  X-LLM-Priority: high                 -> Action("class-weight", "latency-critical" x 3)
+  X-LLM-Priority: high                 -> Action("class-weight", "interactive" x 3)
 """
 from __future__ import annotations
 

@@ -6,11 +6,12 @@ from mcp26.mesh import qos as Q
 from mcp26.scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
 
 MEMORY_HIGH = 0.90               # accelerator memory (or what stands in for it) above this ...
-REMAP_FROM, REMAP_TO = Q.QosClass.STANDARD.header_value, Q.QosClass.BATCH.header_value
-REMAP_HOLD_S = 60.0              # ... remaps standard -> batch for this long
+# The seed's names through mesh.qos's table: Medium -> Low, upgrade to Critical, High x 3.
+REMAP_FROM, REMAP_TO = Q.DOWNGRADE_FROM.header_value, Q.DOWNGRADE_TO.header_value
+REMAP_HOLD_S = 60.0              # ... remaps Medium (standard) -> Low (batch) for this long
 FLOW_RTT_MS, FLOW_PAYLOAD_BYTES = 50.0, 1_000_000     # 1 MB, as the Wasm seed table (plugins/policies/seed_table.py)
-FLOW_CLASS, FLOW_RESERVED_THREADS = Q.QosClass.LATENCY_CRITICAL.header_value, 2
-HIGH_CLASS, HIGH_WEIGHT = Q.QosClass.LATENCY_CRITICAL.header_value, 3.0   # X-LLM-Priority: high -> its class
+FLOW_CLASS, FLOW_RESERVED_THREADS = Q.UPGRADE_TO.header_value, Q.RESERVED_THREADS
+HIGH_CLASS, HIGH_WEIGHT = Q.HIGH_WEIGHT_CLASS.header_value, float(Q.HIGH_WEIGHT_CLASS.weight)   # X-LLM-Priority: high
 
 
 class BuiltinPolicy:

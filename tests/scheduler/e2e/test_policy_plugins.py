@@ -17,6 +17,8 @@ import time
 import numpy as np
 import pytest
 
+from mcp26.mesh import qos as Q
+
 from mcp26.scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
 from mcp26.scheduler.plugins import latency_model
 from mcp26.scheduler.plugins.host import PolicyHost
@@ -65,12 +67,14 @@ def test_seed_table_gives_the_seeds_actions(seed_host):
     by_kind = {a.kind: a for a in d.actions}
     assert [a.kind for a in d.actions] == ["remap-class", "upgrade-flow", "class-weight"]
     remap = by_kind["remap-class"]
-    assert (remap.subject, remap.value, remap.hold_s) == ("standard", "batch", 60.0)
+    # the component hard-codes class names: they must be mesh.qos's table of the seed's names
+    assert (remap.subject, remap.value, remap.hold_s) == (Q.DOWNGRADE_FROM.header_value, Q.DOWNGRADE_TO.header_value, 60.0)
     assert "10.0.0.1:8000" in remap.reason and "10.0.0.2:8000" not in remap.reason and "nvml" in remap.reason
     up = by_kind["upgrade-flow"]
-    assert (up.subject, up.value, up.reserved_threads) == ("10.1.0.1:5000->10.0.0.1:8000", "latency-critical", 2)
+    assert (up.subject, up.value, up.reserved_threads) == ("10.1.0.1:5000->10.0.0.1:8000", Q.UPGRADE_TO.header_value,
+                                                           Q.RESERVED_THREADS)
     w = by_kind["class-weight"]
-    assert (w.subject, w.weight) == ("latency-critical", 3.0)
+    assert (w.subject, w.weight) == (Q.HIGH_WEIGHT_CLASS.header_value, float(Q.HIGH_WEIGHT_CLASS.weight))
 
     calm = seed_host.decide(Signals(now_s=101.0, replicas=(_replica("10.0.0.1:8000", 0.90, "kv-budget"),)))
     assert calm.ok and [a.kind for a in calm.actions] == ["class-weight"]        # 90 % is not > 90 %

@@ -86,7 +86,10 @@ def test_non_token_header_names_are_rejected_400(host, name):
 
 
 @pytest.mark.parametrize("priority, tier, protocol, want", [
-    ("high", None, "HTTP/1.1", "latency-critical"),      # the seed: high -> weight x3 class
+    ("critical", None, "HTTP/1.1", "latency-critical"),  # the seed's four names (mesh.qos's table)
+    ("high", None, "HTTP/1.1", "interactive"),           # the seed: high -> the weight x3 class
+    ("medium", None, "HTTP/1.1", "standard"),            # the class the memory rule downgrades
+    ("low", None, "HTTP/2", "batch"),
     ("HIGH ", None, "HTTP/1.1", "standard"),               # exact token, not trimmed: no match -> protocol/default
     ("high", "free", "HTTP/1.1", "standard"),             # a free tier caps what it may ask
     ("high", "pro", "HTTP/2", "interactive"),
@@ -109,7 +112,7 @@ def test_qos_class_from_priority_tier_and_protocol(host, priority, tier, protoco
     ("h2", None, None, "HTTP/1.1", "latency-critical"),       # the header, not request.protocol, decides
     ("http/1.1", None, None, "HTTP/2", "standard"),           # an ALPN without a class: the default, no fallback
     ("grpc-exp", "low", None, "HTTP/2", "batch"),             # X-LLM-Priority still comes first
-    ("grpc-exp", "high", None, "HTTP/2", "latency-critical"),
+    ("grpc-exp", "critical", None, "HTTP/2", "latency-critical"),
     ("h2", None, "free", "HTTP/2", "standard"),               # the tier still caps it
     ("grpc-exp", None, "enterprise", "HTTP/2", "interactive"),
     (None, None, None, "HTTP/2", "latency-critical"),         # no header (plaintext, h2c): request.protocol

@@ -366,7 +366,11 @@ class ServedModel:
             "batching": self.batcher.settings.describe(), "queue_depth": self.batcher.queue_depth(),
             "regrouped_batches": self.batcher.regroup_waits,
             "reserved_lane": {"batches": self.batcher.lane_batches,
-                              "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4)},
+                              "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4),
+                              "threads_held": self.batcher.reserved_threads()},
+            # the seed's QoS rules (batch_formation.py): slots given per level, freezes so far
+            "qos_share": {"slots_by_level": {str(k): v for k, v in sorted(self.batcher.formation.slots.items())},
+                          "freezes": self.batcher.formation.freezes},
             "load_report": self.load.sample(),
         }
         if self.decoder:
@@ -407,7 +411,7 @@ class ModelServer:
             # the event loop). On builtin:mlp batch-1 compute alone was about the
             # same at 1 thread as at 2 (it is bound by reading the weights).
             cores = max(1, os.cpu_count() or 1)
-            runners = instances + (1 if settings.reserved_lane_levels else 0)
+            runners = instances + (settings.reserved_lane_threads if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
         if partition:       # one graph in stages over devices (partition.py)
             from mcp26.inference.partition import PartitionedModel, Spec

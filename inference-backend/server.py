@@ -5,6 +5,7 @@ Reconfiguration arrives two ways, both taken whole or not at all:
   validator `mcpctl validate` uses) or a watched `--model` file;
 - the admin listener (`--admin-port`): POST /admin/reload {"model", "path"?,
   "version"?}, POST /admin/policy {"qosPolicy" | L7SchedulingPolicy spec},
+  POST /admin/class-weight {"class", "weight"} (the decision loop's class-weight action),
   GET /admin/status. It is a separate port so the mesh never routes to it.
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ from mcp26.mesh.validation import check
 from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 from mcp26.mesh.qos import QosClass
 from mcp26.mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
-from mcp26.mesh.batching_policy import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
+from mcp26.mesh.batching_policy import (BatcherSettings, KIND, preset, selector_matches, settings_from_spec,
+                                        with_class_weight)
 from mcp26.inference import connection_balance
 from mcp26.inference.errors import InferenceError, InvalidArgument
 from mcp26.inference.grpc_service import add_to_server
@@ -468,6 +470,21 @@ class Server:
             except ValueError as e:
                 return web.json_response({"error": str(e)}, status=400)
             return await self._forward("/admin/policy", doc, out)
+
+        @routes.post("/admin/class-weight")
+        async def class_weight(request):
+            """{"class", "weight"}: one class's batch-slot weight (the decision loop's class-weight)."""
+            try:
+                doc = await body(request)
+                weight = doc.get("weight")
+                if isinstance(weight, float) and weight.is_integer():
+                    weight = int(weight)
+                out = self.apply_settings(with_class_weight(self.settings, doc.get("class"), weight))
+            except InferenceError as e:
+                return web.json_response({"error": e.message}, status=e.http_status)
+            except ValueError as e:
+                return web.json_response({"error": str(e)}, status=400)
+            return await self._forward("/admin/class-weight", doc, out)
 
         @routes.get("/admin/status")
         async def status(_):

@@ -193,6 +193,11 @@ def test_crd_names_and_limits_are_mesh_schedulings():
     assert spec["maxQueueDelayMicroseconds"]["maximum"] == batching_policy.MAX_QUEUE_DELAY_US_LIMIT
     assert spec["priorityLevels"]["maximum"] == batching_policy.MAX_PRIORITY_LEVELS
     assert spec["reservedLaneLevels"]["maximum"] == batching_policy.MAX_PRIORITY_LEVELS
+    assert spec["reservedLaneThreads"]["maximum"] == batching_policy.MAX_LANE_THREADS
+    weights = spec["classWeights"]
+    assert weights["additionalProperties"]["maximum"] == batching_policy.MAX_CLASS_WEIGHT
+    assert weights["maxProperties"] == len(batching_policy.SHARED_CLASSES)
+    assert str(list(batching_policy.SHARED_CLASSES)) in weights["x-kubernetes-validations"][0]["rule"]
     queue = spec["queuePolicies"]["additionalProperties"]["properties"]
     assert set(queue) == batching_policy._QUEUE_FIELDS
     assert queue["timeoutAction"]["enum"] == list(batching_policy.TIMEOUT_ACTIONS)

@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from mcp26.mesh import batching_policy
+from mcp26.mesh import batching_policy, l7_routing
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.headers import L7_READ_ONLY_HEADERS
 from mcp26.mesh.change_set import load_texts
@@ -156,13 +156,60 @@ SPECS = [
     {"reservedLaneLevels": 17},
     {"reservedLaneLevels": -1},
     {"reservedLaneLevels": True},
+    # the seed's rules in the batcher
+    {"reservedLaneThreads": 2}, {"reservedLaneThreads": 0}, {"reservedLaneThreads": 17},
+    {"weightedShare": False}, {"weightedShare": "no"}, {"freezeLowPriority": False}, {"freezeLowPriority": 1},
+    {"classWeights": {"interactive": 3, "batch": 2}}, {"classWeights": {"interactive": 0}},
+    {"classWeights": {"interactive": 101}}, {"classWeights": {"latency-critical": 3}},
+    {"classWeights": {"gold": 3}}, {"classWeights": {"standard": 2.5}},
+    # the seed's routing fields
+    {"priority": 90, "matchHeaders": {"x-user-tier": "premium"}, "backendService": "llm-premium"},
+    {"priority": 0, "matchHeaders": {"X-Model": "a", "x-b": ""}, "backendService": "llm.inference.svc.cluster.local:8080"},
+    {"priority": 100, "matchHeaders": {"x-a": "1"}, "backendService": "llm", "maxBatchSize": 8},
+    {"priority": 101, "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
+    {"priority": -1, "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
+    {"priority": "50", "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
+    {"priority": 50.5, "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {"x a": "1"}, "backendService": "llm"},        # not a token
+    {"priority": 50, "matchHeaders": {"x(a)": "1"}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {":authority": "a"}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {"x-a": 1}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {"x-a": "v" * 1025}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {f"x-{i}": "1" for i in range(17)}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {"X-MCP-Qos-Class": "latency-critical"}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {"end-user": "jason"}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {"x-a": "1", "X-A": "2"}, "backendService": "llm"},
+    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "LLM"},
+    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:http"},
+    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:99999"},
+    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:0"},
+    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:65535"},
+    {"priority": 50, "matchHeaders": {"x-a": "1"}},
+    {"priority": 50},
+    {"matchHeaders": {"x-a": "1"}, "backendService": "llm"},
 ]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[str(s) for s in SPECS])
 def test_cluster_and_mesh_agree_on_l7schedulingpolicy(spec):
     _, problems = batching_policy.parse_spec(copy.deepcopy(spec))
-    assert cluster_accepts(spec) == (not problems), problems
+    _, routing = l7_routing.parse_routing(copy.deepcopy(spec))
+    assert cluster_accepts(spec) == (not problems and not routing), problems + routing
+
+
+def test_crd_routing_fields_are_mesh_l7_routings():
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    assert (spec["priority"]["minimum"], spec["priority"]["maximum"]) == (l7_routing.PRIORITY_MIN, l7_routing.PRIORITY_MAX)
+    assert spec["matchHeaders"]["maxProperties"] == l7_routing.MAX_MATCH_HEADERS
+    assert spec["matchHeaders"]["additionalProperties"]["maxLength"] == l7_routing.MAX_HEADER_VALUE
+    assert spec["backendService"]["pattern"] == l7_routing._BACKEND.pattern
+    assert spec["backendService"]["maxLength"] == l7_routing.MAX_BACKEND
+    listed = next(v["expression"] for v in SCHED_POLICY["spec"]["variables"] if v["name"] == "unmatchable")
+    assert cel(listed, {}) == [celtypes.StringType(h) for h in l7_routing.UNMATCHABLE]
+    # the priority bands the CRD describes are the mesh's
+    for low, cls in l7_routing.PRIORITY_BANDS:
+        assert f"{low}.." in spec["priority"]["description"] and cls.header_value in spec["priority"]["description"]
 
 
 def test_crd_schema_is_structural():
@@ -187,7 +234,8 @@ def test_crd_names_and_limits_are_mesh_schedulings():
     assert CRD["spec"]["group"] == group and CRD["spec"]["names"]["kind"] == batching_policy.KIND
     assert [v["name"] for v in CRD["spec"]["versions"]] == [version]
     spec = SCHEMA["properties"]["spec"]["properties"]
-    assert set(spec) == batching_policy._SPEC_FIELDS
+    assert set(spec) == batching_policy._SPEC_FIELDS | batching_policy.ROUTING_FIELDS
+    assert batching_policy.ROUTING_FIELDS == set(l7_routing.FIELDS)
     assert spec["qosPolicy"]["enum"] == list(batching_policy.PRESETS)
     assert spec["maxBatchSize"]["maximum"] == batching_policy.MAX_BATCH_SIZE_LIMIT
     assert spec["maxQueueDelayMicroseconds"]["maximum"] == batching_policy.MAX_QUEUE_DELAY_US_LIMIT

@@ -106,6 +106,25 @@ def test_qos_class_from_priority_tier_and_protocol(host, priority, tier, protoco
     assert r.get(H.QOS_CLASS) == want
 
 
+@pytest.mark.parametrize("route_class, priority, tier, want", [
+    ("latency-critical", None, None, "latency-critical"),   # an L7SchedulingPolicy route's class
+    ("interactive", "low", None, "interactive"),             # the operator's, over the client's X-LLM-Priority
+    ("batch", "critical", None, "batch"),
+    ("latency-critical", None, "free", "standard"),          # the caller's tier still caps it
+    ("platinum", "low", None, "batch"),                      # not a class: as if the route had none
+    (None, "low", None, "batch"),
+])
+def test_the_class_of_an_l7schedulingpolicy_route_is_asked_for_and_signed(host, route_class, priority, tier, want):
+    from mcp26.mesh.header_contract import ROUTE_CLASS_PROPERTY
+    props = {("request", "protocol"): b"HTTP/1.1"}
+    if route_class:
+        props[ROUTE_CLASS_PROPERTY] = route_class.encode()
+    hdrs = BASE + ([("x-llm-priority", priority)] if priority else [])
+    r = host.request(hdrs, properties=props, metadata={"sub": "u", **({"tier": tier} if tier else {})})
+    assert r.get(H.QOS_CLASS) == want
+    assert verify_session(r.headers, KEY).qos_class == want
+
+
 @pytest.mark.parametrize("alpn, priority, tier, protocol, want", [
     ("grpc-exp", None, None, "HTTP/2", "interactive"),        # the listener's ALPN, not the codec's HTTP/2
     ("h2", None, None, "HTTP/2", "latency-critical"),
@@ -242,8 +261,8 @@ def test_host_calls_follow_what_changes_not_how_many_headers_came(host):
         return host.host_calls - before
     few = calls([])
     assert calls([(f"x-plain-{i}", "v") for i in range(60)]) == few
-    # pairs, payload, protocol, identity, clock, 2 removes, 4 replaces (end-user, tenant, class, signature)
-    assert few == 11
+    # pairs, payload, route class, protocol, identity, clock, 2 removes, 4 replaces (end-user, tenant, class, signature)
+    assert few == 12
 
 
 @pytest.mark.parametrize("length, ok", [(128, True), (129, False), (5000, False)])

@@ -58,10 +58,16 @@ def _if_name(pin_name: str) -> str:
 
 
 def _ns_root() -> str:
+    """The pin root of this thread's network namespace: PIN_ROOT for the host's (PID 1's), else
+    netns-<inode> by the namespace's own inode. Ours is always readable (thread-self: the
+    namespace a thread that called setns is in); PID 1's is not on some hosts (hidepid,
+    another PID namespace: PermissionError), and then we cannot say we are the host's, so
+    the inode names the directory there too - never one directory for two namespaces."""
+    here = _netns_inode("thread-self")
     try:
-        here, init = _netns_inode("thread-self"), _netns_inode("1")
+        init = _netns_inode("1")
     except OSError:
-        here = init = 0
+        init = None
     return PIN_ROOT if here == init else os.path.join(PIN_ROOT, f"netns-{here}")
 
 

@@ -187,7 +187,7 @@ def _roll_back(ifname: str, path: str, previous: int | None, created_qdisc: bool
     try:                                         # put the previous programs back
         tc.replace_filter(ifname, "egress", os.path.join(path, EGRESS))
         with pinned_maps(ifname) as maps:
-            had_ingress = maps["config"][0].flags & (layout.CFG_SAMPLE | layout.CFG_ALPN)
+            had_ingress = maps["config"][0].flags & (layout.CFG_SAMPLE | layout.CFG_ALPN | layout.CFG_TFO)
         if had_ingress:
             tc.replace_filter(ifname, "ingress", os.path.join(path, INGRESS))
         else:
@@ -241,15 +241,16 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
                 for key, val in maps["flow_alpn"].items():
                     state = layout.ALPN_STATE_NAMES.get(val.state, str(val.state))
                     counts[state] = counts.get(state, 0) + 1
-                    # TLS flows are listed; the rest (not TLS) only counted.
+                    # TLS and TCP Fast Open flows are listed; the rest only counted.
                     if val.state != layout.ALPN_NOT_CLIENT_HELLO and len(flows) < max_flows:
                         flows.append({"flow": str(key), "alpn": val.proto.decode(errors="replace"),
                                       "state": state,
-                                      "dscp": val.dscp if val.state == layout.ALPN_CLASSED else None})
+                                      "dscp": val.dscp if val.state in (layout.ALPN_CLASSED, layout.FLOW_TFO) else None})
                 entry = {
                     "interface": name,
                     "pins": pin_dir(name),
                     "alpn": bool(cfg.flags & layout.CFG_ALPN),
+                    "tfo": cfg.tfo_dscp if cfg.flags & layout.CFG_TFO else None,
                     "sample": bool(cfg.flags & layout.CFG_SAMPLE),
                     "created_qdisc": bool(cfg.owner_flags & layout.OWNER_CREATED_QDISC),
                     "ports": {int(k.value): int(v.value) for k, v in maps["port_dscp"].items()},

@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     a.add_argument("--dscp-mark", action="append", default=[], metavar="MARK=DSCP",
                    help="mark packets of sockets with this SO_MARK (Envoy cluster socket option)")
     a.add_argument("--alpn", action="store_true", help="mark TLS flows by ClientHello ALPN (mesh.qos.ALPN_DSCP)")
+    a.add_argument("--tfo", action="store_true",
+                   help="mark connections that open with TCP Fast Open (data in the SYN) EF from that packet on "
+                        "(mesh.qos.TFO_CLASS)")
     a.add_argument("--sample", action="store_true",
                    help="time requests (first byte in -> first response byte out) on service ports")
     a.add_argument("--sample-port", action="append", default=[], type=str, metavar="PORT",
@@ -78,7 +81,7 @@ def _guard(fn):
 def _attach(args) -> int:
     from mcp26.bpf import attach
     policy = build_policy(ports=args.dscp_port, cidrs=args.dscp_cidr, marks=args.dscp_mark,
-                          alpn=args.alpn, sample=args.sample, sample_ports=args.sample_port)
+                          alpn=args.alpn, sample=args.sample, sample_ports=args.sample_port, tfo=args.tfo)
     state = attach.attach(args.interface, policy)
     if args.json:
         print(json.dumps(state, indent=2))
@@ -178,6 +181,8 @@ def _describe(st: dict) -> str:
         parts.append("cidrs " + ", ".join(f"{c}={d}" for c, d in st["cidrs"].items()))
     if st["marks"]:
         parts.append("marks " + ", ".join(f"{hex(m)}={d}" for m, d in sorted(st["marks"].items())))
+    if st.get("tfo") is not None:
+        parts.append(f"tfo={st['tfo']}")
     if st["alpn"]:
         parts.append("alpn " + ", ".join(f"{a}={d}" for a, d in st["alpn_dscp"].items()))
     if st["sample"]:

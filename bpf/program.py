@@ -130,10 +130,12 @@ class QosDatapath:
             m["sample_ports"][port] = 1
         cfg = layout.QosConfig()
         cfg.flags = ((layout.CFG_ALPN if policy.alpn else 0)
+                     | (layout.CFG_TFO if policy.tfo else 0)
                      | (layout.CFG_SAMPLE if policy.sample else 0)
                      | (layout.CFG_SAMPLE_LISTED_ONLY if policy.sample_ports else 0))
         cfg.ephemeral_lo, cfg.ephemeral_hi = ephemeral_range()
         cfg.owner_flags = owner_flags
+        cfg.tfo_dscp = policy.tfo_dscp
         m["config"][0] = cfg
 
     def close(self) -> None:

@@ -110,6 +110,10 @@ ALPN_CLASSES = {
 }
 ALPN_DSCP = {alpn: c.dscp for alpn, c in ALPN_CLASSES.items()}
 
+# A TCP connection that opens with Fast Open (its SYN carries data): the seed's kernel chapter
+# marks it EF from that first packet (bpf/c/qos_tc.c).
+TFO_CLASS = QosClass.LATENCY_CRITICAL
+
 
 # A DestinationRule (or its subset) annotated with this gets the class's DSCP
 # on its upstream connections via IP_TOS socket options (the no-eBPF path).

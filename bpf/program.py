@@ -29,8 +29,10 @@ MAP_TYPES = {
     "flow_alpn": (layout.FlowKey, layout.FlowAlpn),
     "sample_ports": (ct.c_uint16, ct.c_uint8),
     "latency_open": (layout.FlowKey, ct.c_uint64),
+    "latency_open_out": (layout.FlowKey, ct.c_uint64),
     "latency_events": (None, None),
     "flow_ring": (None, None),          # BPF_F_MMAPABLE: read through a mapping (bpf/flow_ring.py)
+    "flow_ring_bell": (None, None),     # the ring's doorbell: a BPF ring buffer the reader epolls
 }
 EGRESS, INGRESS = "qos_egress", "qos_ingress"
 

@@ -129,8 +129,10 @@ int qos_egress(struct __sk_buff *skb)
     int dscp = classify(skb, cfg, &p);
     if (dscp >= 0)
         set_dscp(skb, &p, dscp);
-    if (cfg->flags & CFG_SAMPLE)
+    if (cfg->flags & CFG_SAMPLE) {
         sample_response_out(cfg, &p);
+        sample_request_out(cfg, &p);
+    }
     return TC_ACT_OK;
 }
 
@@ -144,7 +146,9 @@ int qos_ingress(struct __sk_buff *skb)
         return TC_ACT_OK;
     if (cfg->flags & (CFG_ALPN | CFG_TFO))
         classify_incoming(skb, cfg, &p);
-    if (cfg->flags & CFG_SAMPLE)
+    if (cfg->flags & CFG_SAMPLE) {
         sample_request_in(cfg, &p);
+        sample_response_in(cfg, &p);
+    }
     return TC_ACT_OK;
 }

@@ -110,7 +110,7 @@ def test_a_full_kernel_ring_drops_the_newest_and_counts_them():
         prog_test_run(dp.prog_fds["qos_ingress"], P.tcp_frame("10.231.0.1", "10.231.0.2", 30000, 8090, b"q"))
         prog_test_run(dp.prog_fds["qos_egress"], P.tcp_frame("10.231.0.2", "10.231.0.1", 8090, 30000, b"r"))
         raw = reader.read_raw()
-        assert [(t[2], t[6]) for t in raw] == [(30000, R.SLOTS + 1)] and reader.drops == extra
+        assert [(t[2], t[7]) for t in raw] == [(30000, R.SLOTS + 1)] and reader.drops == extra
         reader.close()
         mapping.close()
     finally:

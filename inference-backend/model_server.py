@@ -141,6 +141,7 @@ class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
                  kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
                  instances: int = 1, split_under_load: bool = False):
+        self.after_batch = None         # ModelServer.after_batch, set as it adds the model
         self.name = name
         self.model = model
         self.telemetry = telemetry
@@ -208,6 +209,8 @@ class ServedModel:
     # -- batcher observer -------------------------------------------------------------
     def on_batch(self, batch: list[Pending], times, rows: int, version: str = "") -> None:
         start, assemble_us, compute_us = times
+        if self.after_batch is not None:
+            self.after_batch()          # the engine state page (resource_signals.py)
         self.stats.on_batch(version or self.model.version, rows, assemble_us * 1000, compute_us * 1000)
         t = self.telemetry
         t.batch_size.series(self.name).observe(rows)
@@ -395,6 +398,8 @@ class ModelServer:
         self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
         self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
+        self.after_batch = None            # called after every batch of every model (the engine state page)
+        self.flow_publisher = None         # resource_signals.FlowPublisher with --flow-ring
         self.repository = None             # model_repository.Repository with --model-repository
         # --workers: the loopback admin ports of the other worker processes serving the same
         # ports (set by the first worker once all are ready); statistics are summed over them.
@@ -424,6 +429,7 @@ class ModelServer:
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
         served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
                              instances=instances, split_under_load=split_under_load)
+        served.after_batch = self.after_batch
         self.models[name] = served
         return served
 

@@ -44,7 +44,7 @@ from mcp26.inference.priority_worker import PARENT_NICE, PriorityWorker, lower_o
 from mcp26.inference.protos import grpc_service_pb2 as pb
 from mcp26.inference.rest import InferCore, build_app
 from mcp26.inference.rest_httptools import FastLane
-from mcp26.inference import openai_api, triton_rpcs
+from mcp26.inference import openai_api, resource_signals, triton_rpcs
 from mcp26.inference.telemetry import Telemetry
 
 log = logging.getLogger("mcp26.inference")
@@ -94,6 +94,10 @@ class ServeOptions:
     inherited: dict | None = None            # a worker but the first: the shared sockets' and counts' fds
     rest_frontend: str = "fast"              # fast: infer on rest_fast's lane, the rest on aiohttp; aiohttp: all
     grpc_frontend: str = LANE                # fast: grpc_fast's HTTP/2 lane serves the gRPC port; grpcio: grpc.aio
+    # the decision loop's resource and flow signals (resource_signals.py)
+    numa_node: str = "auto"                  # auto | a node id | off
+    engine_state: str | None = None          # the engine state page's path
+    flow_ring: str | None = None             # a flow ring file: per-flow tokens/s and KV-cache hit rate
 
 
 GRPC_OPTIONS = [
@@ -169,6 +173,13 @@ class Server:
         load and warm the model, then report ready. Port 0: any free port, reported
         in the ready event."""
         o = self.opts
+        # before any thread of ours or ONNX Runtime's starts: they inherit the node's CPUs
+        self.numa = resource_signals.pin_to_numa_node(o.numa_node, o.device)
+        if o.engine_state:              # before the models: each one added publishes after its batches
+            self.engine_state = resource_signals.EngineStatePublisher(o.engine_state, self.models)
+            self.models.after_batch = self.engine_state.publish
+        if o.flow_ring:
+            self.models.flow_publisher = resource_signals.FlowPublisher(o.flow_ring)
         if o.priority_argv:
             # First, while this process has no gRPC threads to fork around, and before it
             # lowers its own priority (the worker must not inherit nice 19).
@@ -489,6 +500,7 @@ class Server:
         @routes.get("/admin/status")
         async def status(_):
             return web.json_response({"models": [m.status() for m in self.models.models.values()],
+                                      "numa": getattr(self, "numa", None),
                                       "reloads": [vars(r) for r in self.models.reloads],
                                       # per model: each policy change, when applied and when its first batch formed
                                       "policy_changes": {name: list(m.batcher.policy_changes)

@@ -15,8 +15,13 @@ HIGH_CLASS, HIGH_WEIGHT = Q.HIGH_WEIGHT_CLASS.header_value, float(Q.HIGH_WEIGHT_
 
 
 class BuiltinPolicy:
-    def __init__(self, hold_s: float = REMAP_HOLD_S):
+    """The seed's table; `burst_preset`: also re-batch a replica whose process wrote a burst (the
+    write-burst tracer's, bpf/c/write_burst.c) with that batcher preset - the seed's tracepoint
+    trigger, off unless asked for (`mcpctl scheduler run --rebatch-on-burst PRESET`)."""
+
+    def __init__(self, hold_s: float = REMAP_HOLD_S, burst_preset: str | None = None):
         self.hold_s = hold_s
+        self.burst_preset = burst_preset
 
     def decide(self, signals: Signals) -> list[Action]:
         out = []
@@ -29,6 +34,12 @@ class BuiltinPolicy:
             if f.rtt_ms < FLOW_RTT_MS and f.payload_bytes > FLOW_PAYLOAD_BYTES:
                 out.append(Action("upgrade-flow", f.flow, FLOW_CLASS, reserved_threads=FLOW_RESERVED_THREADS,
                                   reason=f"rtt {f.rtt_ms:.1f} ms < {FLOW_RTT_MS:.0f}, payload {f.payload_bytes} B > 1 MB"))
+        if self.burst_preset:
+            for b in signals.write_bursts:
+                if b.endpoint:
+                    out.append(Action("batcher-policy", b.endpoint, self.burst_preset,
+                                      reason=f"write burst: pid {b.pid} wrote {b.bytes} B in {b.writes} writes, "
+                                             f"{b.length_ms:.1f} ms"))
         out.append(Action("class-weight", HIGH_CLASS, weight=HIGH_WEIGHT, reason="X-LLM-Priority: high"))
         return out
 

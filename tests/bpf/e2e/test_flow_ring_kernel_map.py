@@ -79,8 +79,7 @@ def test_the_kernel_writes_the_flow_the_loop_reads_from_the_pinned_map():
         assert (ring["produced"], ring["pending"], ring["drops"]) == (1, 0, 0)
     finally:
         if source is not None:
-            source.reader.close()
-            source.ring.close()
+            source.close()
         with in_netns(pair.server_ns):
             attach.detach(pair.server_if)
         if server:

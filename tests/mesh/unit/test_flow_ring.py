@@ -51,10 +51,10 @@ def test_a_slow_reader_drops_new_records_and_counts_them():
 
 def test_a_file_backed_ring_is_shared_between_mappings_and_the_loop_ages_flows(tmp_path):
     path = str(tmp_path / "flows.ring")
-    a, b = R.MappedRing(path, create=True), R.MappedRing(path)
+    a = R.MappedRing(path, create=True)
     w = a.writer()
     now = [10_000_000_000]
-    src = FlowSource(b.reader(), keep_s=1.0, clock_ns=lambda: now[0])
+    src = FlowSource.at(path, keep_s=1.0, clock_ns=lambda: now[0])     # the loop's own mapping
     w.write("127.0.0.1", 41000, "127.0.0.1", 8080, rtt_us=800, payload_bytes=2 << 20, ts_ns=now[0] - 5_000_000)
     w.write("127.0.0.1", 41001, "127.0.0.1", 8080, rtt_us=90_000, payload_bytes=10, ts_ns=now[0])
     flows = {f.flow: f for f in src()}
@@ -62,7 +62,30 @@ def test_a_file_backed_ring_is_shared_between_mappings_and_the_loop_ages_flows(t
     assert (f.rtt_ms, f.payload_bytes, f.age_ms) == (0.8, 2 << 20, 5.0) and len(flows) == 2
     now[0] += 998_000_000                                             # older than keep_s: gone
     assert [f.flow for f in src()] == ["127.0.0.1:41001->127.0.0.1:8080"]
-    assert src.stats() == {"samples": 2, "drops": 0, "flows": 1, "source": "file"}
+    st = src.stats()
+    assert {k: st[k] for k in ("samples", "drops", "flows", "source")} == {"samples": 2, "drops": 0, "flows": 1,
+                                                                         "source": "file"}
+    assert st["rings"][0]["mlocked"] and st["rings"][0]["bell"] == "Doorbell"
+    src.close()
+
+
+def test_the_loop_merges_each_flows_kinds_and_hands_write_bursts_out_once(tmp_path):
+    kernel, server = str(tmp_path / "kernel.ring"), str(tmp_path / "server.ring")   # two producers' rings
+    now = [50_000_000_000]
+    src = FlowSource.at(kernel, server, clock_ns=lambda: now[0])
+    k, s = R.MappedRing(kernel).writer(), R.MappedRing(server).writer()
+    flow = ("10.0.0.1", 40000, "10.0.0.2", 8000)
+    k.write(*flow, rtt_us=1500, payload_bytes=2_000_000, ts_ns=now[0] - 3_000_000)
+    k.write(*flow, rtt_us=2500, payload_bytes=2_000_000, ts_ns=now[0] - 2_000_000, kind=R.KIND_INGRESS)
+    s.write_serving(*flow, tokens_per_second=640, kv_hit_rate=0.5, ts_ns=now[0] - 1_000_000)
+    k.write_burst(pid=77, writes=40, length_us=900, nbytes=1 << 20, ts_ns=now[0] - 4_000_000)
+    (f,) = src()
+    assert (f.flow, f.rtt_ms, f.ingress_rtt_ms, f.payload_bytes) == ("10.0.0.1:40000->10.0.0.2:8000", 1.5, 2.5, 2_000_000)
+    assert (f.tokens_per_second, f.kv_hit_rate, f.age_ms) == (640.0, 0.5, 1.0)
+    (b,) = src.take_bursts({77: "10.0.0.2:8000"})
+    assert (b.pid, b.endpoint, b.bytes, b.writes, b.length_ms, b.age_ms) == (77, "10.0.0.2:8000", 1 << 20, 40, 0.9, 4.0)
+    assert src.take_bursts() == ()
+    src.close()
 
 
 def _reserve(buf, n):

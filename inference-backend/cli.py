@@ -118,6 +118,10 @@ def register(subparsers) -> None:
     p.add_argument("--grpc-frontend", default=frontends.LANE, choices=frontends.GRPC_FRONTENDS,
                    help="fast (default): the gRPC port on an asyncio HTTP/2 lane serving the same services; "
                         "grpcio: grpcio's grpc.aio server (README: gRPC lane)")
+    p.add_argument("--cache-config", action="append", default=[], metavar="NAME,KEY=VALUE",
+                   help="the response cache, as Triton's flag: local,size=BYTES and/or redis,host=H,port=P"
+                        "[,cluster=true][,timeout_ms=50][,failures=2][,open_ms=1000][,ttl_s=N][,hmac_key_file=F]; "
+                        "--model uses it, a repository model where its config.pbtxt has response_cache {enable: true}")
     p.add_argument("--numa-node", default="auto", metavar="auto|N|off",
                    help="pin the process to one NUMA node's CPUs: auto (the node nearest the GPU, else the one "
                         "with the most CPUs), a node id, or off (default auto)")
@@ -250,6 +254,7 @@ def run(args) -> int:
             connection_balance=args.connection_balance, inherited=args.inherit_listeners,
             rest_frontend=args.rest_frontend, grpc_frontend=args.grpc_frontend,
             numa_node=args.numa_node, engine_state=args.engine_state, flow_ring=args.flow_ring,
+            cache_config=args.cache_config,
             worker_argv=_child_argv(args, skip=("workers",)) if args.workers > 1 and not args.worker_index else None)
         return serve(opts)
     except (ValueError, OSError) as e:
@@ -280,6 +285,8 @@ def _child_argv(args, skip: tuple = ()) -> list[str]:
         out += ["--label", label]
     for mapping in args.openai_model:
         out += ["--openai-model", mapping]
+    for item in args.cache_config:          # every process shares the Redis cache (each its own local one)
+        out += ["--cache-config", item]
     return out
 
 

@@ -32,6 +32,7 @@ from mcp26.inference.errors import InvalidArgument, NotFound, Unavailable
 from mcp26.inference.executors import BatchExecutor
 from mcp26.inference.load_report import LoadSampler
 from mcp26.inference.runtime import OnnxModel
+from mcp26.inference.response_cache import cache_key
 from mcp26.inference.statistics import ModelStatistics
 from mcp26.inference.telemetry import Telemetry
 
@@ -67,6 +68,28 @@ class ReloadRecord:
     seconds: float        # from the request to the swap
     detail: str
     at: float = field(default_factory=time.time)
+
+
+def _on_done(future, callback) -> None:
+    """`callback(future)` once done: a batcher Future's done callback, or now (a Settled one)."""
+    if future.done():
+        callback(future)
+    else:
+        future.add_done_callback(callback)
+
+
+def _copy_outcome(src, dst: concurrent.futures.Future) -> None:
+    if dst.done():
+        return
+    try:
+        if src.cancelled():
+            dst.cancel()
+        elif src.exception() is not None:
+            dst.set_exception(src.exception())
+        else:
+            dst.set_result(src.result())
+    except concurrent.futures.InvalidStateError:     # cancelled meanwhile
+        pass
 
 
 def when_done(future, callback) -> None:
@@ -142,6 +165,7 @@ class ServedModel:
                  kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
                  instances: int = 1, split_under_load: bool = False):
         self.after_batch = None         # ModelServer.after_batch, set as it adds the model
+        self.cache = None               # the server's ResponseCache where this model uses it
         self.name = name
         self.model = model
         self.telemetry = telemetry
@@ -286,6 +310,89 @@ class ServedModel:
 
     def submit(self, pending: Pending, qos_class: str | None, priority: int | None,
                run_now: bool = False) -> "concurrent.futures.Future | Settled":
+        """Queue `pending` (below), through the response cache where this model uses one."""
+        cache = self.cache
+        if cache is None or self.decoder or pending.key[:1] == ("sequence",):
+            return self._submit(pending, qos_class, priority, run_now)
+        return self._submit_cached(cache, pending, qos_class, priority, run_now)
+
+    # -- the response cache (response_cache.py) -------------------------------------------------
+    def _submit_cached(self, cache, pending: Pending, qos_class, priority, run_now: bool):
+        """The local LRU inline; Redis on the cache's pool (its answer or the miss comes back to
+        this loop); the model only on a miss, whose answer is then kept."""
+        t0 = time.monotonic_ns()
+        digest = cache_key(self.name, self.model.version, pending.inputs, pending.outputs)
+        outputs = cache.get_local(digest)
+        if outputs is not None:
+            return self._cache_hit(cache, pending, outputs, qos_class, priority, t0, "local_hits")
+        if cache.redis is not None:
+            leave = cache.remote_usable()
+            if leave is not None:
+                return self._remote_lookup(cache, digest, pending, qos_class, priority, t0, leave)
+            cache.count(self.name, fallbacks=1)    # the breaker is open: the local LRU was the answer
+        return self._cache_miss(cache, digest, pending, qos_class, priority, run_now, t0)
+
+    def _cache_hit(self, cache, pending, outputs, qos_class, priority, t0: int, tier: str):
+        try:
+            level = self.batcher.settings.level_for(qos_class, priority)
+        except ValueError:
+            level = self.batcher.settings.default_priority_level
+        version = self.model.version
+        f = concurrent.futures.Future()
+        f.set_result(Result(outputs, 0, 0, 0, pending.rows, 1, level, version, {"cache_hit": True}))
+        ns = time.monotonic_ns() - t0
+        cache.count(self.name, hits=1, hit_ns=ns, **{tier: 1})
+        self.stats.on_cache(version, True, ns)
+        return f
+
+    def _cache_miss(self, cache, digest, pending, qos_class, priority, run_now: bool, t0: int):
+        lookup_ns, version = time.monotonic_ns() - t0, self.model.version
+        inner = self._submit(pending, qos_class, priority, run_now)
+
+        def keep(f) -> None:
+            if f.cancelled() or f.exception() is not None:
+                return
+            t1 = time.monotonic_ns()
+            cache.store(digest, f.result().outputs, self.name)
+            ns = lookup_ns + time.monotonic_ns() - t1
+            cache.count(self.name, misses=1, miss_ns=ns)
+            self.stats.on_cache(version, False, ns)
+        _on_done(inner, keep)
+        return inner
+
+    def _remote_lookup(self, cache, digest, pending, qos_class, priority, t0: int, leave: str):
+        outer = concurrent.futures.Future()
+        loop = asyncio.get_running_loop()
+
+        def miss() -> None:
+            if outer.cancelled():
+                return
+            try:
+                inner = self._cache_miss(cache, digest, pending, qos_class, priority, False, t0)
+            except Exception as e:              # refused at admission: the request's own error
+                outer.set_exception(e)
+                return
+            outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+            _on_done(inner, lambda f: _copy_outcome(f, outer))
+
+        def lookup() -> None:
+            if outer.cancelled():
+                return
+            if leave == "closed" and not cache.breaker.still_closed():
+                cache.count(self.name, fallbacks=1)          # opened while this waited for the pool
+                outputs = None
+            else:
+                outputs = cache.get_remote(digest, self.name)
+            if outputs is not None:
+                hit = self._cache_hit(cache, pending, outputs, qos_class, priority, t0, "redis_hits")
+                _copy_outcome(hit, outer)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(miss)
+        cache.pool.submit(lookup)
+        return outer
+
+    def _submit(self, pending: Pending, qos_class: str | None, priority: int | None,
+                run_now: bool = False) -> "concurrent.futures.Future | Settled":
         """Queue `pending`; its future. With idle dispatch the batcher is flushed once per loop
         turn, after every request read in it. `run_now`: a lone request for an inline model on
         an idle instance, with nothing being decoded and no flush pending, runs before this
@@ -399,6 +506,7 @@ class ModelServer:
         self.reloads: list[ReloadRecord] = []
         self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
         self.after_batch = None            # called after every batch of every model (the engine state page)
+        self.response_cache = None         # response_cache.ResponseCache with --cache-config
         self.flow_publisher = None         # resource_signals.FlowPublisher with --flow-ring
         self.repository = None             # model_repository.Repository with --model-repository
         # --workers: the loopback admin ports of the other worker processes serving the same
@@ -430,6 +538,7 @@ class ModelServer:
         served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
                              instances=instances, split_under_load=split_under_load)
         served.after_batch = self.after_batch
+        served.cache = self.response_cache
         self.models[name] = served
         return served
 
@@ -458,6 +567,8 @@ class ModelServer:
                     self.models[entry.name] = old
                 raise
         served.entry = entry
+        # Triton's rule: a repository model uses the server's response cache if its config says so
+        served.cache = self.response_cache if entry.config.response_cache.enable else None
         self.models[entry.name] = served
         return served
 

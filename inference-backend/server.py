@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 
 import grpc
+import prometheus_client
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
@@ -45,6 +46,8 @@ from mcp26.inference.protos import grpc_service_pb2 as pb
 from mcp26.inference.rest import InferCore, build_app
 from mcp26.inference.rest_httptools import FastLane
 from mcp26.inference import openai_api, resource_signals, triton_rpcs
+from mcp26.inference.response_cache import ResponseCache, parse_cache_config
+from mcp26.inference.response_cache import register_metrics as register_response_cache_metrics
 from mcp26.inference.telemetry import Telemetry
 
 log = logging.getLogger("mcp26.inference")
@@ -95,6 +98,7 @@ class ServeOptions:
     rest_frontend: str = "fast"              # fast: infer on rest_fast's lane, the rest on aiohttp; aiohttp: all
     grpc_frontend: str = LANE                # fast: grpc_fast's HTTP/2 lane serves the gRPC port; grpcio: grpc.aio
     # the decision loop's resource and flow signals (resource_signals.py)
+    cache_config: list | None = None         # Triton's --cache-config items (response_cache.py)
     numa_node: str = "auto"                  # auto | a node id | off
     engine_state: str | None = None          # the engine state page's path
     flow_ring: str | None = None             # a flow ring file: per-flow tokens/s and KV-cache hit rate
@@ -180,6 +184,10 @@ class Server:
             self.models.after_batch = self.engine_state.publish
         if o.flow_ring:
             self.models.flow_publisher = resource_signals.FlowPublisher(o.flow_ring)
+        cache_config = parse_cache_config(o.cache_config or [])
+        if cache_config is not None:    # before the models: each one added takes it (a repository's: if enabled)
+            self.models.response_cache = ResponseCache(cache_config)
+            register_response_cache_metrics(self.models.response_cache, prometheus_client.REGISTRY)
         if o.priority_argv:
             # First, while this process has no gRPC threads to fork around, and before it
             # lowers its own priority (the worker must not inherit nice 19).
@@ -501,6 +509,8 @@ class Server:
         async def status(_):
             return web.json_response({"models": [m.status() for m in self.models.models.values()],
                                       "numa": getattr(self, "numa", None),
+                                      "response_cache": (self.models.response_cache.describe()
+                                                         if self.models.response_cache else None),
                                       "reloads": [vars(r) for r in self.models.reloads],
                                       # per model: each policy change, when applied and when its first batch formed
                                       "policy_changes": {name: list(m.batcher.policy_changes)
@@ -587,6 +597,8 @@ class Server:
         if self._admin_runner:
             await self._admin_runner.cleanup()
         await asyncio.to_thread(self.models.stop)
+        if self.models.response_cache is not None:
+            self.models.response_cache.close()
         if self._priority:
             await self._priority.stop()
         await asyncio.gather(*(w.stop() for w in self._workers))

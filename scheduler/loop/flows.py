@@ -54,10 +54,13 @@ class _Ring:
         self.bell = R.KernelBell(bell) if os.path.exists(bell) else None
 
     def close(self) -> None:
+        if self.ring is None:
+            return                              # closed already (the loop closes its source, so may a test)
         self.reader.close()
         self.ring.close()
         if self.bell is not None:
             self.bell.close()
+        self.ring = self.reader = self.bell = None
 
 
 class FlowSource:

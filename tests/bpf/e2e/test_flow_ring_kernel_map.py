@@ -63,7 +63,7 @@ def test_the_kernel_writes_the_flow_the_loop_reads_from_the_pinned_map():
             st = loop.status()
         finally:
             asyncio.run(loop.close())
-        sample = source.latest[f"{pair.V4[0]}:{client_port}->{pair.V4[1]}:{PORT}"]
+        sample = source.latest[f"{pair.V4[0]}:{client_port}->{pair.V4[1]}:{PORT}"][R.KIND_EGRESS]
         assert (sample.src, sample.dst) == (f"{pair.V4[0]}:{client_port}", f"{pair.V4[1]}:{PORT}")
         assert PAYLOAD <= sample.payload_bytes < PAYLOAD + 4096, sample     # the kernel counted the bytes
         assert 0 < sample.rtt_us < 50_000 and 0 < done_at - sample.ts_ns < 5e9, sample
@@ -72,7 +72,9 @@ def test_the_kernel_writes_the_flow_the_loop_reads_from_the_pinned_map():
         assert f["payload_bytes"] == sample.payload_bytes and f["rtt_ms"] == sample.rtt_us / 1e3
         up = [a for a in st["latest"]["actions"] if a["kind"] == "upgrade-flow"]
         assert [(a["subject"], a["value"]) for a in up] == [(sample.flow, "latency-critical")]
-        assert st["flow_ring"] == {"samples": 1, "drops": 0, "flows": 1, "source": "kernel"}
+        assert {k: st["flow_ring"][k] for k in ("samples", "drops", "flows", "source")} == \
+            {"samples": 1, "drops": 0, "flows": 1, "source": "kernel"}
+        assert st["flow_ring"]["rings"][0]["bell"] == "KernelBell"       # its bell beside it, opened
         # the loop advanced the kernel's consumer index: nothing pending, as status shows
         with in_netns(pair.server_ns):
             ring = attach.status(pair.server_if)[0]["flow_ring"]

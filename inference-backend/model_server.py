@@ -318,18 +318,19 @@ class ServedModel:
 
     # -- the response cache (response_cache.py) -------------------------------------------------
     def _submit_cached(self, cache, pending: Pending, qos_class, priority, run_now: bool):
-        """The local LRU inline; Redis on the cache's pool (its answer or the miss comes back to
-        this loop); the model only on a miss, whose answer is then kept."""
+        """With Redis: Redis on the cache's pool (its answer or the miss comes back to this loop),
+        the local LRU only while the breaker is open (the seed's fallback). Without: the local LRU,
+        inline. The model only on a miss, whose answer is then kept."""
         t0 = time.monotonic_ns()
         digest = cache_key(self.name, self.model.version, pending.inputs, pending.outputs)
-        outputs = cache.get_local(digest)
-        if outputs is not None:
-            return self._cache_hit(cache, pending, outputs, qos_class, priority, t0, "local_hits")
         if cache.redis is not None:
             leave = cache.remote_usable()
             if leave is not None:
                 return self._remote_lookup(cache, digest, pending, qos_class, priority, t0, leave)
-            cache.count(self.name, fallbacks=1)    # the breaker is open: the local LRU was the answer
+            cache.count(self.name, fallbacks=1)    # the breaker is open: the local LRU answers
+        outputs = cache.get_local(digest)
+        if outputs is not None:
+            return self._cache_hit(cache, pending, outputs, qos_class, priority, t0, "local_hits")
         return self._cache_miss(cache, digest, pending, qos_class, priority, run_now, t0)
 
     def _cache_hit(self, cache, pending, outputs, qos_class, priority, t0: int, tier: str):
@@ -378,13 +379,14 @@ class ServedModel:
         def lookup() -> None:
             if outer.cancelled():
                 return
+            tier = "redis_hits"
             if leave == "closed" and not cache.breaker.still_closed():
                 cache.count(self.name, fallbacks=1)          # opened while this waited for the pool
-                outputs = None
+                outputs, tier = cache.get_local(digest), "local_hits"
             else:
                 outputs = cache.get_remote(digest, self.name)
             if outputs is not None:
-                hit = self._cache_hit(cache, pending, outputs, qos_class, priority, t0, "redis_hits")
+                hit = self._cache_hit(cache, pending, outputs, qos_class, priority, t0, tier)
                 _copy_outcome(hit, outer)
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(miss)

@@ -8,8 +8,10 @@ every input tensor exactly - its name, dtype, shape and bytes (Triton hashes the
 change the answer (priority, timeout): two requests with equal inputs share one entry.
 
 Tiers. `local`: an LRU bounded in bytes (the entries' encoded size), in this process. `redis`:
-a Redis server or Redis Cluster (redis-py, `cluster=true`) shared by every replica; the local
-LRU stays in front of it (a Redis hit is copied in) and is what answers while Redis is unusable.
+a Redis server or Redis Cluster (redis-py, `cluster=true`) shared by every replica - then Redis
+is the cache, as in the seed's production case (and Triton's Redis cache), and the local LRU is
+its fallback: kept warm (every answer stored, every Redis hit copied in), read only while the
+breaker is open.
 
 Entries are verified, never trusted: an entry is `MAGIC | key digest | outputs | MAC`, the MAC an
 HMAC-SHA256 over the rest with `hmac_key_file`'s key (without one, a plain SHA-256: corruption is
@@ -24,6 +26,7 @@ breaker, failure opens it again for another `open_ms`. A cache failure never fai
 
 Threads. Redis calls run on a small pool of their own, never on the event loop: a lookup that
 waits for a slow Redis holds only its own request (ServedModel.submit). Local lookups run inline.
+A lookup still waiting for the pool when the breaker opens does not call Redis.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ the last decisions with their inputs, expiry and the call's cost for status.
 
 It also wakes on the shared ring (scheduler/loop/flows.py `bells`): a producer that
 published rings, and a cycle runs at once (`trigger` "ring") instead of at the next
-deadline - at most one such cycle every `min_gap_s`, so a storm of records is read in
+deadline - at most one such cycle every `min_gap_s` (10 ms), so a storm of records is read in
 batches; the periodic schedule is not moved by it.
 
 A policy that raises, or does not answer within its budget, keeps the last
@@ -62,7 +62,7 @@ class DecisionLoop:
         self.call_ms: deque = deque(maxlen=3000)
         self.started_at = time.time()
         self.resources = resources              # scheduler.loop.resources.ResourceSampler, or None
-        self.min_gap_s = period_s / 20 if min_gap_s is None else min_gap_s
+        self.min_gap_s = min(period_s / 20, 0.01) if min_gap_s is None else min_gap_s
         self.woken = 0                          # cycles a ring's bell started
         self.wake_ms: deque = deque(maxlen=3000)     # bell readable -> its cycle started
         self._rung_at: float | None = None

@@ -87,7 +87,10 @@ class DelayProxy:
                 pass
             finally:
                 dst.close()
-        await asyncio.gather(pump(reader, up_w, False), pump(up_r, writer, True))
+        try:
+            await asyncio.gather(pump(reader, up_w, False), pump(up_r, writer, True))
+        except asyncio.CancelledError:              # the proxy is closing
+            pass
         self._writers -= {writer, up_w}
 
     def cut(self) -> None:
@@ -97,12 +100,16 @@ class DelayProxy:
         self._loop.call_soon_threadsafe(close_all)
 
     def close(self) -> None:
-        def stop():
+        async def stop():
             self._server.close()
             for w in list(self._writers):
                 w.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self._loop.stop()
-        self._loop.call_soon_threadsafe(stop)
+        asyncio.run_coroutine_threadsafe(stop(), self._loop)
         self._thread.join(5)
 
 

@@ -29,7 +29,7 @@ from mcp26.demo.stack.envoy import Envoy
 from mcp26.demo.stack.grpcweb import GRPC_WEB, encode_frame
 from mcp26.demo.stack.ports import free_port
 from mcp26.xds.translate import Phase, grpc_web
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ from google.protobuf import json_format
 from mcp26.demo.stack.envoy import Envoy
 from mcp26.demo.stack.ports import free_port
 from mcp26.mesh.change_set import load_texts
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Phase, rbac
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

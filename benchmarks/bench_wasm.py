@@ -42,8 +42,9 @@ from mcp26.demo.stack.envoy import Envoy
 from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.wasm.lua import lua_source
-from mcp26.xds.translate import Phase, authn, wasm_plugins
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Overlay, Phase, authn, wasm_plugins
+from mcp26.xds.wasm_modules import WasmModuleStore
+from mcp26.xds.model.node import ProxyNode
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -93,7 +94,8 @@ def filter_sets(config: MeshConfig) -> dict[str, list[dict]]:
     as_json = lambda m: json.loads(json_format.MessageToJson(m))   # noqa: E731
     jwt_f = [as_json(f) for f in authn.http_filters(config, node, 0, Phase.AUTHN)]
     wasm_res = config.of_kind("WasmPlugin")[0]
-    wasm_f = [as_json(wasm_plugins.static_http_filter(wasm_res, config, node))]
+    overlay = Overlay(wasm_modules=WasmModuleStore().load(config))     # read as the control plane loads a config
+    wasm_f = [as_json(wasm_plugins.static_http_filter(wasm_res, config, node, overlay))]
     contract = parse_plugin_config(wasm_res.spec["pluginConfig"])
     lua_f = [{"name": "envoy.filters.http.lua", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",

@@ -62,9 +62,9 @@ def measure_translate(directory: str) -> dict:
     from mcp26.mesh.change_set import load_config
     from mcp26.xds.cache import PreparedSnapshot
     from mcp26.xds.translate import translate
-    from mcp26.xds.node import ProxyNode
+    from mcp26.xds.model.node import ProxyNode
     from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
-    from mcp26.xds.type_urls import ENDPOINT
+    from mcp26.xds.model.type_urls import ENDPOINT
     t0 = time.perf_counter()
     config = load_config(directory)
     t1 = time.perf_counter()

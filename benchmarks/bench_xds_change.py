@@ -33,9 +33,10 @@ from benchmarks.xds_config import service_yaml, write_mesh
 from benchmarks.xds_load_clients import node
 from mcp26.demo.stack.control_plane import write_config
 from mcp26.mesh.change_set import load_config
+from mcp26.xds import telemetry
 from mcp26.xds.cache import WILDCARD_TYPES, SnapshotCache, subscription_key
 from mcp26.xds.incremental_load import IncrementalLoader
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Translator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {k: [] for k in ("load incremental", "load full", "build kept", "build fresh")}
     with tempfile.TemporaryDirectory() as d:
         write_mesh(d, a.services, 10, 18080)
-        loader, cache = IncrementalLoader(), SnapshotCache(Translator().translate)
+        loader, cache = IncrementalLoader(), SnapshotCache(Translator(tracer=telemetry.tracer()).translate)
         config = loader(d)
         snaps = cache.build(config, "g0", nodes)
         cache.install(config, "g0", snaps)
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             rows["load full"].append(cpu_ms(lambda: load_config(d))[1])
             snaps, ms = cpu_ms(lambda: cache.build(config, f"g{change}", nodes, subs))
             rows["build kept"].append(ms)
-            fresh = SnapshotCache(Translator().translate)
+            fresh = SnapshotCache(Translator(tracer=telemetry.tracer()).translate)
             rows["build fresh"].append(cpu_ms(lambda: fresh.build(config, f"g{change}", nodes, subs))[1])
             cache.install(config, f"g{change}", snaps)
             subs = subscriptions(snaps)

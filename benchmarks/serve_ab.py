@@ -1,4 +1,5 @@
-"""Our model server at another commit beside the working tree's, same flags, same client, taking turns: req/s and p99.
+"""Our model server at another commit beside the working tree's, same flags, same client, taking turns:
+req/s, p99 and the server's CPU per request.
 
     python -m benchmarks.serve_ab 4b51e2d [--model builtin:relu] [--flags "--qos-policy balanced --workers 2"]
         [--concurrency 1,64] [--seconds 3] [--rounds 3] [--grpc]
@@ -52,17 +53,37 @@ def checkout(rev: str) -> tuple[str, str]:
     return tree, os.path.join(venv, "bin", "mcpctl")
 
 
-def run_load(url: str, c: int, seconds: float, width: int, grpc: bool) -> tuple[float, float]:
-    """(req/s, p99 ms) of one mcp-bench run."""
+def tree_cpu_s(pid: int) -> float:
+    """user + system CPU seconds of a process and its children (a server's workers) so far."""
+    total = 0.0
+    for p in [pid] + [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def run_load(url: str, c: int, seconds: float, width: int, grpc: bool, pid: int) -> tuple[float, float, float]:
+    """(req/s, p99 ms, the server's CPU µs per request) of one mcp-bench run."""
     argv = [executable("mcp-bench"), "-u", url, "-c", str(c), "--duration", str(seconds),
             "--warmup", str(max(20, 2 * c)), "--input", f"INPUT0:FP32:1,{width}", "--timeout", "10",
             "--output-format", "json"]
     if grpc:
         argv += ["--grpc", "--connections", "1" if c == 1 else "4"]
-    row = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)["rows"][0]
+    cpu0 = tree_cpu_s(pid)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    cpu = tree_cpu_s(pid) - cpu0
+    doc = json.loads(out)
+    row = doc["rows"][0]
     if row["errors"] or not row["throughput_rps"]:
         raise SystemExit(f"serve_ab: {url} c={c}: {row['errors']} errors {row.get('error_classes')}")
-    return row["throughput_rps"], row["latency_ms"]["p99"]
+    # the warm-up's requests are served too (and counted in the CPU): mcp-bench's own count of both
+    requests = row.get("requests") or row["throughput_rps"] * seconds
+    warmup = max(20, 2 * c)
+    return row["throughput_rps"], row["latency_ms"]["p99"], 1e6 * cpu / (requests + warmup)
 
 
 def main(argv: list[str]) -> int:
@@ -96,17 +117,26 @@ def main(argv: list[str]) -> int:
             for c in levels:
                 for label in order:
                     url = servers[label].grpc_url if args.grpc else servers[label].rest_url
-                    got.setdefault((c, label), []).append(run_load(url, c, args.seconds, width, args.grpc))
+                    got.setdefault((c, label), []).append(run_load(url, c, args.seconds, width, args.grpc,
+                                                                   servers[label].proc.pid))
         print(f"\n{args.model} {'gRPC' if args.grpc else 'REST'}, `{args.flags}`, median of {args.rounds} "
               f"{args.seconds:g} s runs, load average {os.getloadavg()[0]:.2f}")
         print(f"{'c':>4} {'old ' + args.rev[:12]:>18} {'new (this tree)':>16} {'new / old':>10} "
-              f"{'p99 old / new ms':>17}  runs old | new")
+              f"{'p99 old / new ms':>17} {'CPU µs/req old / new':>21} {'new / old':>9}  runs old | new")
+        result = []
         for c in levels:
-            med = {label: (statistics.median(r for r, _ in got[(c, label)]),
-                           statistics.median(p for _, p in got[(c, label)])) for label in ("old", "new")}
-            (old, p_old), (new, p_new) = med["old"], med["new"]
-            runs = " | ".join(" ".join(f"{r:.0f}" for r, _ in got[(c, label)]) for label in ("old", "new"))
-            print(f"{c:>4} {old:>16.0f}/s {new:>14.0f}/s {new / old:>9.2f}x {p_old:>8.1f} / {p_new:<6.1f}  {runs}")
+            med = {label: tuple(statistics.median(run[i] for run in got[(c, label)]) for i in range(3))
+                   for label in ("old", "new")}
+            (old, p_old, cpu_old), (new, p_new, cpu_new) = med["old"], med["new"]
+            runs = " | ".join(" ".join(f"{r:.0f}" for r, _, _ in got[(c, label)]) for label in ("old", "new"))
+            print(f"{c:>4} {old:>16.0f}/s {new:>14.0f}/s {new / old:>9.2f}x {p_old:>8.1f} / {p_new:<6.1f} "
+                  f"{cpu_old:>10.0f} / {cpu_new:<8.0f} {cpu_new / cpu_old:>8.3f}x  {runs}")
+            result.append({"c": c, "old": med["old"], "new": med["new"], "runs": {k[1]: v for k, v in got.items()
+                                                                              if k[0] == c}})
+        os.makedirs(os.path.join(ROOT, "artifacts", "bench"), exist_ok=True)
+        with open(os.path.join(ROOT, "artifacts", "bench", "serve_ab.json"), "w") as f:
+            json.dump({"rev": args.rev, "model": args.model, "flags": args.flags, "grpc": args.grpc,
+                       "load_average": os.getloadavg(), "levels": result}, f, indent=1)
     finally:
         for s in servers.values():
             s.stop()

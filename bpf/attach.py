@@ -18,6 +18,8 @@ from mcp26.bpf.maps import BpfMap
 from mcp26.bpf.policy import QosPolicy
 from mcp26.bpf.program import EGRESS, INGRESS, MAP_TYPES, BpfUnavailable, QosDatapath, check_privilege
 from mcp26.bpf.syscall import obj_get, obj_pin
+from mcp26.bpf.flow_ring import PIN_NAME
+from mcp26.mesh.flow_ring import PinnedRing
 
 BPFFS = "/sys/fs/bpf"
 PIN_ROOT = os.path.join(BPFFS, "mcp-mesh")
@@ -274,8 +276,6 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
 
 def _flow_ring(ifname: str) -> dict | None:
     """The kernel-written flow ring's pin (for `mcpctl scheduler run --flow-ring`) and counters."""
-    from mcp26.bpf.flow_ring import PIN_NAME
-    from mcp26.mesh.flow_ring import PinnedRing
     path = os.path.join(pin_dir(ifname), PIN_NAME)
     try:
         ring = PinnedRing(path)

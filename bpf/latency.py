@@ -15,6 +15,8 @@ import threading
 from collections import defaultdict, deque
 
 from mcp26.bpf.layout import LatencyEvent
+from mcp26.bpf.attach import pin_dir
+from mcp26.bpf.syscall import obj_get
 
 METRIC_LATENCY = "mcp.bpf.first_byte_latency"      # gauge, seconds, by port and quantile
 METRIC_SAMPLES = "mcp.bpf.first_byte_latency.samples"  # counter-like gauge of samples seen
@@ -133,8 +135,6 @@ class RingReader:
 
 def open_pinned(ifname: str, stats: LatencyStats, flow_ring=None) -> RingReader:
     """A reader on the ring buffer `mcpctl bpf attach --sample` pinned for `ifname`."""
-    from mcp26.bpf.attach import pin_dir
-    from mcp26.bpf.syscall import obj_get
     path = os.path.join(pin_dir(ifname), "latency_events")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no latency sampler attached to {ifname} ({path} missing); "

@@ -15,6 +15,7 @@ import re
 from mcp26.bpf import layout
 from mcp26.bpf.maps import BpfMap
 from mcp26.bpf.policy import QosPolicy
+from mcp26.bpf.flow_ring import lay_out
 
 C_DIR = pathlib.Path(__file__).resolve().parent / "c"
 _INCLUDE = re.compile(r'\s*#include\s+"([^"]+)"')
@@ -106,7 +107,6 @@ class QosDatapath:
         for name, (k, v) in MAP_TYPES.items():
             table = self.bpf.get_table(name.encode())
             self.maps[name] = BpfMap(table.map_fd, k, v, name) if k else table
-        from mcp26.bpf.flow_ring import lay_out
         lay_out(self.map_fd("flow_ring"))       # magic and record size, before any program runs
 
     def map_fd(self, name: str) -> int:

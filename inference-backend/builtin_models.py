@@ -7,6 +7,9 @@ from memory; a batch of 32 reads them once for 32 rows, so per item it is an
 order of magnitude cheaper - the regime where dynamic batching pays, as with
 a real model on a GPU.
 
+`builtin:resnet50`: torchvision's ResNet-50 layout with random weights (resnet50.py),
+FP32 input [-1, 3, 224, 224] -> output [-1, 1000]; 102 MB.
+
 `builtin:relu`: one Relu node on FP32 [-1, 256]: overhead-bound (ORT runs it in
 microseconds), so serving it measures the server, not the model.
 
@@ -28,6 +31,7 @@ import tempfile
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from mcp26.inference import resnet50
 
 OPSET = 17
 GENERATOR_VERSION = 1           # bump when a graph below changes; it is part of the cache name
@@ -130,7 +134,10 @@ RELU_WIDTH = 256
 
 
 def build_relu() -> onnx.ModelProto:
-    """`builtin:relu`: one Relu node, FP32 INPUT0 [-1, 256] -> OUTPUT0 [-1, 256]. ORT runs it in
+    """`builtin:resnet50`: torchvision's ResNet-50 layout with random weights (resnet50.py),
+FP32 input [-1, 3, 224, 224] -> output [-1, 1000]; 102 MB.
+
+`builtin:relu`: one Relu node, FP32 INPUT0 [-1, 256] -> OUTPUT0 [-1, 256]. ORT runs it in
     microseconds, so serving it measures the server's own per-request overhead."""
     graph = helper.make_graph(
         [helper.make_node("Relu", ["INPUT0"], ["OUTPUT0"])], "mcp_relu",
@@ -140,7 +147,8 @@ def build_relu() -> onnx.ModelProto:
                              producer_name="mcp-mesh", doc_string="builtin:relu")
 
 
-BUILDERS = {"mlp": build_mlp, "tiny-decoder": build_tiny_decoder, "relu": build_relu}
+BUILDERS = {"mlp": build_mlp, "tiny-decoder": build_tiny_decoder, "relu": build_relu,
+            "resnet50": resnet50.build_resnet50}          # torchvision's ResNet-50, random weights
 
 
 def builtin_path(name: str) -> str:

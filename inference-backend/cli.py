@@ -30,7 +30,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve an ONNX model over KServe v2 (REST + gRPC)",
                               description="Serve an ONNX model over the KServe v2 protocol with dynamic "
                                           "batching and priority queues.")
-    p.add_argument("--model", help="PATH.onnx, builtin:mlp or builtin:tiny-decoder (or --model-repository)")
+    p.add_argument("--model", help="PATH.onnx, PATH.mcp26bin (mcpctl model pack), builtin:mlp, builtin:resnet50 or "
+                                   "builtin:tiny-decoder (or --model-repository)")
     p.add_argument("--model-repository", metavar="DIR",
                    help="serve a Triton model repository: DIR/NAME/config.pbtxt and DIR/NAME/VERSION/model.onnx, "
                         "ensembles included (inference-backend/README.md: Model repository)")
@@ -38,6 +39,8 @@ def register(subparsers) -> None:
                    help="with --model-repository and --model-control-mode explicit: load NAME at start "
                         "(Triton's --load-model; repeatable)")
     p.add_argument("--name", help="served model name (default: the file's or built-in's name)")
+    p.add_argument("--default-model", metavar="NAME",
+                   help="the model `POST /infer` and `/v2/infer` stand for (default: the only one served)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=8080, help="KServe v2 REST port (default 8080)")
     p.add_argument("--grpc-port", type=int, default=8081, help="KServe v2 gRPC port (default 8081)")
@@ -238,7 +241,7 @@ def run(args) -> int:
             intra = max(1, (os.cpu_count() or 1) // (args.workers * args.instances))
         opts = ServeOptions(
             model=args.model, model_repository=args.model_repository, load_models=args.load_model, name=args.name,
-            partition=args.partition,
+            default_model=args.default_model, partition=args.partition,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             priority_argv=_priority_argv(args) if priority else None, serve_class=args.serve_class,
             admin_port=args.admin_port, device=args.device, qos_policy=args.qos_policy, policy_file=args.policy_file,
@@ -263,7 +266,7 @@ def run(args) -> int:
 
 
 # Flags passed to every replica as given (the port flags are set per replica).
-_SHARED_FLAGS = ("model", "name", "host", "device", "qos_policy", "policy_file", "max_batch",
+_SHARED_FLAGS = ("model", "name", "default_model", "host", "device", "qos_policy", "policy_file", "max_batch",
                  "max_queue_delay_us", "intra_op_threads", "instances", "kv_cache_mb", "kv_idle_seconds",
                  "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",

@@ -30,6 +30,7 @@ from mcp26.inference.batcher import Result
 from mcp26.inference.errors import InferenceError, InvalidArgument, NotFound
 from mcp26.inference.runtime import OnnxModel, TensorSpec
 from mcp26.inference.statistics import ModelStatistics
+from mcp26.inference.model_repository import DATA_TYPES
 
 MAX_STEPS = 64
 
@@ -127,7 +128,6 @@ class EnsembleModel:
 
     @staticmethod
     def _specs(tensors, batched: bool) -> dict:
-        from mcp26.inference.model_repository import DATA_TYPES
         from tritonclient.grpc import model_config_pb2 as mc
         return {t.name: TensorSpec(t.name, DATA_TYPES[mc.DataType.Name(t.data_type)],
                                    ((-1,) if batched else ()) + tuple(int(d) for d in t.dims)) for t in tensors}

@@ -10,6 +10,7 @@ from the ORCA `endpoint-load-metrics` each replica returns
 from __future__ import annotations
 
 from mcp26.mesh import headers as H
+from mcp26.inference.priority_worker import SERVE_CLASS
 
 GRPC_PREFIX = "/inference.GRPCInferenceService/"
 
@@ -51,7 +52,6 @@ def envoy_bootstrap(listen_port: int, http_ports: list[int], grpc_ports: list[in
                     priority_http_ports: list[int] | None = None, priority_grpc_ports: list[int] | None = None) -> dict:
     """One listener (HTTP/1.1 and HTTP/2): gRPC to the replicas' gRPC ports, /v2/ to their REST ports;
     with priority workers, x-mcp-qos-class: latency-critical to theirs first."""
-    from mcp26.inference.priority_worker import SERVE_CLASS
     top = [{"name": H.QOS_CLASS, "string_match": {"exact": SERVE_CLASS.header_value}}]
     routes, clusters = [], []
     for prefix, kind, ports, http2 in ((GRPC_PREFIX, "grpc", priority_grpc_ports, True),

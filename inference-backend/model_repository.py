@@ -38,6 +38,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from mcp26.mesh.batching_policy import BatcherSettings, QueuePolicy, settings_problems
 from mcp26.inference import devices
+from mcp26.inference.runtime import OnnxModel
 
 log = logging.getLogger("mcp26.inference")
 CONFIG = "config.pbtxt"
@@ -370,7 +371,6 @@ class Repository:
                                f"{entry.device} x{entry.instances}): not applied until a restart")
                     continue
                 if entry.version != old.version:
-                    from mcp26.inference.runtime import OnnxModel
                     check_against_model(entry, OnnxModel.load(name, entry.version, entry.model_path, "cpu",
                                                                1, warmup=False))     # before anything is swapped
                     served.reload(entry.model_path, entry.version)

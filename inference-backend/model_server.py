@@ -31,10 +31,14 @@ from mcp26.inference.load_state import snapshot
 from mcp26.inference.errors import InvalidArgument, NotFound, Unavailable
 from mcp26.inference.executors import BatchExecutor
 from mcp26.inference.load_report import LoadSampler
+from mcp26.inference.profiler import Profiler
 from mcp26.inference.runtime import OnnxModel
 from mcp26.inference.response_cache import cache_key
 from mcp26.inference.statistics import ModelStatistics
 from mcp26.inference.telemetry import Telemetry
+from mcp26.inference.partition import PartitionedModel, Spec
+from mcp26.inference import model_repository
+from mcp26.inference.ensemble import EnsembleModel
 
 log = logging.getLogger("mcp26.inference")
 # A model whose batch-1 run (measured at warm-up) takes at most this long runs a lone
@@ -163,7 +167,7 @@ def split_width(model: OnnxModel) -> int:
 class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
                  kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
-                 instances: int = 1, split_under_load: bool = False):
+                 instances: int = 1, split_under_load: bool = False, profile: bool = False):
         self.after_batch = None         # ModelServer.after_batch, set as it adds the model
         self.cache = None               # the server's ResponseCache where this model uses it
         self.name = name
@@ -179,6 +183,11 @@ class ServedModel:
         self._flush_scheduled = False
         self.stats = ModelStatistics(name)          # Triton's ModelStatistics (statistics.py)
         self.stats.add_version(model.version)
+        # --enable-profiler: the 17 metrics (profiler.py), in the statistics extension and /metrics
+        self.profiler = Profiler(model, lambda: self.batcher.settings.max_batch_size) if profile else None
+        self.stats.profiler = self.profiler
+        if self.profiler is not None:
+            telemetry.add_profiler(name, self.profiler)
         self.loaded = True                          # False after a repository unload (repository.py)
         self.entry = None                           # its model_repository.ModelEntry, if from a repository
         # split under load (batch_formation.py): as many one-thread instances as the session has threads
@@ -192,6 +201,8 @@ class ServedModel:
                                 self.batcher.total_queued, named=self._orca_named)
         self.version_count = 1
         self._reload_lock = threading.Lock()
+        self.settles = 0                    # mapped .mcp26bin sessions replaced by full ones (_settle)
+        self._maybe_settle(model)
         telemetry.add_gauge_source("queue_depth", self._queue_gauge)
         telemetry.add_load_source(lambda: [(snapshot(self), self)])
         if self.decoder:
@@ -210,7 +221,39 @@ class ServedModel:
         narrow = None
         if self.split_width:            # the same file on one thread, for the narrow instances
             narrow = OnnxModel.load(self.name, model.version, model.path, model.requested_device, 1)
-        return BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US, narrow=narrow)
+        executor = BatchExecutor(model, inline_ok=self.fast_path and model.batch1_us <= INLINE_MAX_US, narrow=narrow)
+        return self.profiler.wrap(executor) if getattr(self, "profiler", None) is not None else executor
+
+    def _maybe_settle(self, model: OnnxModel) -> None:
+        """A .mcp26bin serves at once from its mapped weights (no prepacking: a GEMM-bound
+        model computes up to ~2x slower); on the CPU provider the session an ONNX file gets
+        (all optimisation levels, prepacked weights) is then built beside it and swapped in
+        like a reload of the same version. From then the answers
+        are the ONNX file's, bit for bit."""
+        if model.extra.get("mapped") and model.device == "cpu" and not self.decoder:
+            threading.Thread(target=self._settle, args=(model,), name=f"settle-{self.name}", daemon=True).start()
+
+    def _settle(self, mapped: OnnxModel) -> None:
+        # (at normal priority: the session's intra-op threads, which serve from now on, would
+        # inherit a nice value from the thread that makes it)
+        try:
+            full = OnnxModel.load(self.name, mapped.version, mapped.path, mapped.requested_device,
+                                  mapped.intra_op_threads, mapped=False)
+        except Exception as e:      # the mapped session keeps serving
+            log.warning("model %s: the full session of %s failed (%s); serving from the mapped weights",
+                        self.name, mapped.path, e)
+            return
+        with self._reload_lock:
+            if self.model is not mapped:        # reloaded meanwhile: that version settles itself
+                return
+            full.extra = {**mapped.extra, "ort_threads": full.extra["ort_threads"], "mapped": False}
+            if self.profiler is not None:
+                self.profiler.attach(full)
+            self.batcher.set_executor(self._executor_for(full))
+            self.model = full
+            self.settles += 1
+        log.info("model %s v%s: settled from mapped weights into a full session (made in %.3fs, warm-up %.3fs)",
+                 self.name, full.version, full.load_seconds, full.warmup_seconds)
 
     def _orca_named(self) -> dict:
         """Named metrics of the ORCA report beside queue_depth (load_state's terms)."""
@@ -434,9 +477,12 @@ class ServedModel:
             t0 = time.perf_counter()
             old = self.model
             new_version = version or str(int(old.version) + 1 if old.version.isdigit() else old.version + "+1")
+            # a .mcp26bin's new chunks are hashed first; those of the files already serving are trusted
             new = OnnxModel.load(self.name, new_version, path, device or old.requested_device,
-                                 intra_op_threads or old.intra_op_threads)
-            new.extra = dict(old.extra)
+                                 intra_op_threads or old.intra_op_threads,
+                                 trusted=frozenset(old.extra.get("container_files", ())))
+            # the old version's extras (a decoder's vocab...), but what describes the new session is its own
+            new.extra = {**old.extra, **{k: new.extra[k] for k in ("ort_threads", "container_files", "mapped")}}
             # Queued requests were checked against the old inputs: the new version must take them.
             if {k: (v.datatype, v.shape) for k, v in new.inputs.items()} != \
                     {k: (v.datatype, v.shape) for k, v in old.inputs.items()}:
@@ -445,10 +491,13 @@ class ServedModel:
             if is_decoder(new) != self.decoder:
                 raise InvalidArgument("a decoder can only be replaced by a decoder")
             self.stats.add_version(new.version)
+            if self.profiler is not None:
+                self.profiler.attach(new)
             self.batcher.set_executor(self._executor_for(new))
             self.model = new
             self.version_count += 1
             seconds = time.perf_counter() - t0
+            self._maybe_settle(new)
             self.telemetry.reloads.add(1, {"model": self.name, "kind": "model"})
             log.info("model %s: version %s -> %s swapped in %.3fs (load %.3fs, warm-up %.3fs), zero requests dropped",
                      self.name, old.version, new.version, seconds, new.load_seconds, new.warmup_seconds)
@@ -469,6 +518,8 @@ class ServedModel:
             "name": self.name, "version": m.version, "path": m.path, "provider": m.provider, "device": m.device,
             "requested_device": m.requested_device, "placement": m.where(),
             "load_seconds": round(m.load_seconds, 4),
+            "weights": "mapped" if m.extra.get("mapped") else "session",
+            "settles": self.settles,
             "warmup_seconds": round(m.warmup_seconds, 4), "intra_op_threads": m.intra_op_threads,
             "instances": self.batcher.instances,
             "split_under_load": {"width": self.split_width, "split": self.batcher.split,
@@ -514,6 +565,9 @@ class ModelServer:
         # --workers: the loopback admin ports of the other worker processes serving the same
         # ports (set by the first worker once all are ready); statistics are summed over them.
         self.peer_admin_ports: list[int] = []
+        # `POST /infer` and `/v2/infer` (and an empty model name) mean this model: the one
+        # named by --default-model, else the only one served.
+        self.default_model: str | None = None
 
     def add(self, name: str, path: str, settings: BatcherSettings, device: str = "auto",
             intra_op_threads: int | None = None, kv_cache_bytes: int = 64 << 20, version: str = "1",
@@ -529,28 +583,36 @@ class ModelServer:
             runners = instances + (settings.reserved_lane_threads if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
         if partition:       # one graph in stages over devices (partition.py)
-            from mcp26.inference.partition import PartitionedModel, Spec
             model = PartitionedModel.load_partitioned(name, version, path, Spec.parse(partition, device), device,
                                                       intra_op_threads)
-        else:
-            model = OnnxModel.load(name, version, path, device, intra_op_threads, profile=profile)
+        else:               # (--enable-profiler profiles on a twin of its own, never this session: profiler.py)
+            model = OnnxModel.load(name, version, path, device, intra_op_threads)
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
         served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
-                             instances=instances, split_under_load=split_under_load)
+                             instances=instances, split_under_load=split_under_load, profile=profile)
         served.after_batch = self.after_batch
         served.cache = self.response_cache
         self.models[name] = served
         return served
+
+    def default_name(self) -> str:
+        """The model the short form (`/infer`, `/v2/infer`) stands for."""
+        if self.default_model:
+            return self.default_model
+        if len(self.models) == 1:
+            return next(iter(self.models))
+        if not self.ready and not self.models:
+            raise Unavailable("server is not ready (loading models); no default model yet")
+        raise NotFound(f"no default model: this server has {', '.join(sorted(self.models)) or 'none'}; "
+                       f"POST /v2/models/NAME/infer, or start it with --default-model NAME")
 
     def add_entry(self, entry, base: BatcherSettings, intra_op_threads: int | None = None,
                   fast_path: bool = True, profile: bool = False):
         """Serve one model of a Triton repository (model_repository.ModelEntry): its config's
         batching, instances and device; an ensemble over the models already served. On any
         problem nothing is added (a model already served under the name stays)."""
-        from mcp26.inference import model_repository
-        from mcp26.inference.ensemble import EnsembleModel
         if entry.is_ensemble:
             served = EnsembleModel(entry, self, base)
         else:
@@ -575,6 +637,7 @@ class ModelServer:
         return served
 
     def get(self, name: str, version: str = "") -> ServedModel:
+        name = name or self.default_name()
         served = self.models.get(name)
         if served is None and not self.ready:
             raise Unavailable(f"server is not ready (loading models); model {name!r} not served yet")
@@ -589,6 +652,7 @@ class ModelServer:
 
     def lookup(self, name: str, version: str = "") -> ServedModel:
         """A known model, loaded or not (its configuration and statistics outlive an unload)."""
+        name = name or self.default_name()
         served = self.models.get(name)
         if served is None:
             raise NotFound(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}")
@@ -609,3 +673,5 @@ class ModelServer:
         self.ready = False
         for m in self.models.values():
             m.batcher.stop()
+            if getattr(m, "profiler", None) is not None:      # (an ensemble has none)
+                m.profiler.stop()

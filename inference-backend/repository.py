@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from mcp26.inference.errors import InvalidArgument, Unsupported
+from mcp26.inference.model_repository import RepositoryError
 
 log = logging.getLogger("mcp26.inference")
 
@@ -64,7 +65,6 @@ def load(server, name: str, parameters: dict | None = None) -> None:
     _check_parameters(parameters or {})
     repo = getattr(server, "repository", None)
     if repo is not None and name not in server.models and name in repo.names():
-        from mcp26.inference.model_repository import RepositoryError
         try:
             repo.load(server, name)          # from the directory: config.pbtxt and its version
         except RepositoryError as e:

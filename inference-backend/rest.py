@@ -113,6 +113,7 @@ class InferCore:
 
     def _failed(self, name: str, served, t0: int, e: Exception) -> Answer:
         """The error answer for `e`, counted (every answer is, refusals and failures too)."""
+        name = served.name if served is not None else name
         if isinstance(e, InferenceError):
             if served is not None:
                 served.stats.on_failure(served.model.version, time.monotonic_ns() - t0)
@@ -200,7 +201,12 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
 
     @routes.get("/v2")
     async def server_metadata(_):
-        return web.json_response({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+        doc = {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        try:        # what `/infer` stands for (mcp-bench reads it)
+            doc["default_model"] = server.default_name()
+        except InferenceError:
+            pass
+        return web.json_response(doc)
 
     def _model(request):
         return server.get(request.match_info["name"], request.match_info.get("version", ""))
@@ -231,6 +237,8 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
 
     @routes.post("/v2/models/{name}/infer")
     @routes.post("/v2/models/{name}/versions/{version}/infer")
+    @routes.post("/v2/infer")                   # the short form: the default model (README)
+    @routes.post("/infer")
     async def infer(request):
         async def read_body() -> bytes:
             try:
@@ -238,7 +246,7 @@ def build_app(server: ModelServer, max_body_bytes: int, only_class: QosClass | N
             except web.HTTPRequestEntityTooLarge:
                 raise TooLarge(f"request body exceeds {max_body_bytes} bytes") from None
 
-        a = await core.answer(request.match_info["name"], request.match_info.get("version", ""),
+        a = await core.answer(request.match_info.get("name", ""), request.match_info.get("version", ""),
                               request.headers.items(), read_body, request.method)
         return web.Response(status=a.status, body=a.body, headers=a.headers, content_type=a.content_type,
                             charset=a.charset)

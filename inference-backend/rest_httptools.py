@@ -7,8 +7,8 @@ This lane parses with httptools (llhttp, C) and writes each answer as one
 bytes object; the infer semantics are rest.InferCore's, the same code the
 aiohttp route runs (inference-backend/README.md: figures).
 
-What it serves: `POST /v2/models/{name}/infer` and
-`POST /v2/models/{name}/versions/{version}/infer`. Anything else (health,
+What it serves: `POST /v2/models/{name}/infer`,
+`POST /v2/models/{name}/versions/{version}/infer` and the short form `POST /infer` / `/v2/infer`. Anything else (health,
 metadata, Triton's extensions, OpenAI SSE, /metrics, a percent-encoded path,
 an Upgrade) is handed to aiohttp for the rest of the connection: a
 RequestHandler is created from the same AppRunner's web.Server, the transport
@@ -52,7 +52,8 @@ from mcp26.inference.rest_body import INLINE_JSON_BYTES
 
 log = logging.getLogger("mcp26.inference")
 
-INFER_PATH = re.compile(r"/v2/models/([^{}/]+)(?:/versions/([^{}/]+))?/infer")   # aiohttp's {name}: [^{}/]+
+# aiohttp's {name}: [^{}/]+; `/infer` and `/v2/infer`: the default model (model name "")
+INFER_PATH = re.compile(r"/v2/models/([^{}/]+)(?:/versions/([^{}/]+))?/infer|/(?:v2/)?infer")
 MAX_IN_FLIGHT = 32          # unanswered requests per connection before reading pauses
 RETAIN_BYTES = 1 << 20      # bytes kept since the last known request start, for a pipelined handoff
 LINGER_S = 5.0              # after a 413, how long the rest of the body is read (and dropped) before closing
@@ -264,7 +265,7 @@ class _Connection(asyncio.Protocol):
         if m is None or p.get_method() != b"POST" or p.should_upgrade():
             self._hand_off()
             raise _Stop
-        self.model, self.version = m.group(1), m.group(2) or ""
+        self.model, self.version = m.group(1) or "", m.group(2) or ""
         self.http_version = p.get_http_version().encode()
         length = expect = None
         for k, v in self.headers:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from mcp26.inference import devices
+from mcp26.inference import devices, hw_counters, model_format
 from mcp26.inference.datatypes import DTYPES, ORT_TYPES, check_input, check_shape, element_count
 
 log = logging.getLogger("mcp26.inference")
@@ -132,7 +132,15 @@ class OnnxModel:
 
     @classmethod
     def load(cls, name: str, version: str, path: str, device: str = "auto",
-             intra_op_threads: int | None = None, warmup: bool = True, profile: bool = False) -> "OnnxModel":
+             intra_op_threads: int | None = None, warmup: bool = True, profile: bool | str = False,
+             trusted: frozenset | None = None, mapped: bool = True) -> "OnnxModel":
+        """`trusted`: for a .mcp26bin, hash its chunks before loading, but those in these files
+        (model_format.file_keys; a hot update passes the running version's, so only the new
+        chunks are read); None: no hashing (a start; `mcpctl model inspect --verify` checks).
+        `mapped` (a .mcp26bin only): ONNX Runtime uses the weights in place, at the packed
+        level, no prepacking (ready in milliseconds); False: the session an ONNX file gets
+        (all levels, prepacked weights: slower to make, faster to run; model_server settles
+        a mapped model into one in the background)."""
         t0 = time.perf_counter()
         opts = ort.SessionOptions()
         threads = intra_op_threads or max(1, (os.cpu_count() or 1))
@@ -142,16 +150,36 @@ class OnnxModel:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
-        if profile:  # --enable-profiler: ORT's per-operator chrome trace
+        if profile:  # ORT's per-operator chrome trace (profiler.py's twin gives the prefix)
             opts.enable_profiling = True
-            opts.profile_file_prefix = f"ort_profile_{name}"
+            opts.profile_file_prefix = profile if isinstance(profile, str) else f"ort_profile_{name}"
         placement = devices.resolve(device)         # DeviceError (a ValueError) names what is here
         plan = provider_plan(placement.legacy) if placement.legacy else placement.apply(opts)
+        source, containers = path, []
+        if model_format.is_container(path):      # .mcp26bin: ORT maps the chunks in place (model_format)
+            container = model_format.open_container(path)
+            if trusted is not None:
+                problems = model_format.verify(container, trusted)
+                if problems:
+                    raise model_format.FormatError("; ".join(problems))
+            containers = model_format.file_keys(container)
+            source, folder = model_format.session_source(container)
+            if container.toc["optimization"]["provider"] and device.split(":")[0] not in ("cpu", "auto"):
+                raise ValueError(f"model file {path}: packed at optimisation level 'extended' for the CPU "
+                                 f"execution provider; --device {device} needs a file packed without --optimize")
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+            if mapped:
+                opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                                        model_format.LEVELS[container.level])
+                opts.add_session_config_entry("session.disable_prepacking", "1")   # a copy of every GEMM weight
+        threads_before = hw_counters.thread_ids()
         try:
-            session = ort.InferenceSession(path, sess_options=opts, providers=plan)
+            session = ort.InferenceSession(source, sess_options=opts, providers=plan)
         except Exception as e:   # onnxruntime's InvalidProtobuf, InvalidGraph, NoSuchFile ... derive from Exception
             raise ValueError(f"model file {path}: onnxruntime cannot load it: {e}") from None
         provider = session.get_providers()[0]
+        # the intra-op pool's threads, started by the session (profiler.py counts them)
+        ort_threads = sorted(hw_counters.thread_ids() - threads_before)
         if placement.legacy and device != "auto" and device.split(":")[0] not in ("cpu", DEVICE_SHORT.get(provider)):
             log.warning("--device %s: %s is not available in this onnxruntime (%s); running on %s",
                         device, device.split(":")[0], ", ".join(ort.get_available_providers()), provider)
@@ -162,11 +190,15 @@ class OnnxModel:
             raise ValueError(f"model file {path}: {e}") from None
         batch_dim = all(s.shape and s.shape[0] == -1 for s in [*inputs.values(), *outputs.values()])
         model = cls(name=name, version=version, path=path, session=session, inputs=inputs, outputs=outputs,
-                    provider=provider, requested_device=device, placement=placement, load_seconds=time.perf_counter() - t0,
-                    warmup_seconds=0.0, intra_op_threads=threads, batch_dim=batch_dim)
+                    provider=provider, requested_device=device, placement=placement,
+                    load_seconds=time.perf_counter() - t0, warmup_seconds=0.0, intra_op_threads=threads,
+                    batch_dim=batch_dim, extra={"ort_threads": ort_threads, "container_files": containers,
+                                                "mapped": bool(containers) and mapped})
         if warmup:
             try:
-                model.warm_up()
+                # a mapped .mcp26bin warms batch 1 only (its batch1_us): the full session that
+                # replaces it (model_server._maybe_settle) warms every size, off the ready path
+                model.warm_up((1,) if model.extra["mapped"] else (1, 8, 32))
             except Exception as e:
                 raise ValueError(f"model file {path}: loaded, but its warm-up run on zero inputs "
                                  f"failed: {e}") from None

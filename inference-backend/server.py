@@ -49,6 +49,7 @@ from mcp26.inference import openai_api, resource_signals, triton_rpcs
 from mcp26.inference.response_cache import ResponseCache, parse_cache_config
 from mcp26.inference.response_cache import register_metrics as register_response_cache_metrics
 from mcp26.inference.telemetry import Telemetry
+from mcp26.inference.model_repository import Repository
 
 log = logging.getLogger("mcp26.inference")
 WATCH_INTERVAL_S = 0.25
@@ -63,6 +64,7 @@ class ServeOptions:
     load_models: list | None = None          # explicit mode: the repository's models loaded at start
     partition: str | None = None             # one graph in stages over devices (partition.py's SPEC)
     name: str | None = None
+    default_model: str | None = None         # what POST /infer stands for (default: the only model)
     host: str = "127.0.0.1"
     http_port: int = 8080
     grpc_port: int = 8081
@@ -271,6 +273,11 @@ class Server:
                                              fast_path=o.fast_path, instances=o.instances,
                                              split_under_load=o.split_under_load, partition=o.partition)
         self._policy_mtime = os.stat(o.policy_file).st_mtime if o.policy_file else None
+        if o.default_model and o.default_model not in self.models.models:
+            raise ValueError(f"--default-model {o.default_model!r}: not served here; this server serves "
+                             f"{', '.join(repr(n) for n in sorted(self.models.models)) or 'none'}")
+        # POST /infer: the named model, else the one served (several, from a repository: none)
+        self.models.default_model = o.default_model or (served.name if served is not None else None)
         if served is not None:
             if o.workers > 1 and served.decoder:
                 # a sequence's KV cache lives in one process; its next step may land on another
@@ -284,8 +291,11 @@ class Server:
             log.info("serving %s (%s) on %s, provider %s; load %.3fs + warm-up %.3fs (total %.3fs); batching %s",
                      served.name, path, m.device, m.provider, m.load_seconds, m.warmup_seconds,
                      time.perf_counter() - t0, json.dumps(self.settings.describe()))
-        if o.enable_profiler:
-            log.info("ONNX Runtime profiler on: a chrome-trace JSON is written at shutdown (ort_profile_*.json)")
+        if o.enable_profiler and served is not None and getattr(served, "profiler", None) is not None:
+            prof = served.profiler
+            log.info("profiler on: 17 metrics per batch (statistics extension `profiler`, /metrics mcp_profiler_*); "
+                     "counters %s; unavailable: %s", ", ".join(prof.events) or "none",
+                     "; ".join(f"{k}: {v}" for k, v in prof.unavailable.items()) or "none")
         admin_port = None
         # The first of several workers always listens (loopback, any port): the others read
         # its statistics there.
@@ -357,7 +367,6 @@ class Server:
     def _load_repository(self):
         """--model-repository: every model (explicit mode: those of --load-model), ensembles
         after their steps; the first served model (for the ready line)."""
-        from mcp26.inference.model_repository import Repository
         o = self.opts
         repo = Repository(o.model_repository, o.device, self.settings, o.intra_op_threads, o.fast_path,
                           o.enable_profiler)
@@ -602,10 +611,6 @@ class Server:
         if self._priority:
             await self._priority.stop()
         await asyncio.gather(*(w.stop() for w in self._workers))
-        if self.opts.enable_profiler:
-            for served in self.models.models.values():
-                if getattr(served.model, "session", None) is not None:    # (an ensemble has none)
-                    log.info("ONNX Runtime profile of %s: %s", served.name, served.model.session.end_profiling())
         self.telemetry.shutdown()
 
     async def _stop_rest(self) -> None:

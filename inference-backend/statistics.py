@@ -70,6 +70,7 @@ class ModelStatistics:
     """One served model's statistics, per version."""
 
     def __init__(self, name: str):
+        self.profiler = None        # --enable-profiler: its doc() goes in each entry as `profiler`
         self.name = name
         self._lock = threading.Lock()
         self._versions: dict[str, VersionStats] = {}
@@ -140,6 +141,7 @@ class ModelStatistics:
                              "compute_infer": b.compute_infer.doc(),
                              "compute_output": {"count": b.compute_infer.count, "ns": b.output_ns}}
                             for size, b in sorted(v.batches.items())],
+            **({"profiler": self.profiler.doc()} if self.profiler is not None else {}),
         }
 
 

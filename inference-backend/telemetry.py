@@ -31,6 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from mcp26.serving import gc_pauses
+from mcp26.inference.profiler import IDLE, METRICS, derive
+from mcp26.serving.h2 import limits as h2_limits
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
                      0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -140,6 +142,51 @@ class GieCollector:
 
 _GIE = GieCollector()
 REGISTRY.register(_GIE)
+
+
+class ProfilerCollector:
+    """`--enable-profiler`'s 17 metrics (profiler.METRICS) as gauges `mcp_profiler_<key>{model_name}`,
+    each over the window since the previous scrape; a metric the machine cannot give is left out
+    of its gauge and listed in `mcp_profiler_unavailable{model_name,metric,reason}` instead of 0."""
+
+    def __init__(self):
+        self.sources: list[tuple[str, object]] = []      # (model name, profiler.Profiler)
+        self._last: dict[int, dict] = {}
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        gauges = {k: GaugeMetricFamily(f"mcp_profiler_{k}", f"{meaning} ({unit}; {src})", labels=["model_name"])
+                  for k, unit, src, meaning in METRICS if k != "kernel_ms_by_op_type"}
+        by_op = GaugeMetricFamily("mcp_profiler_kernel_ms_by_op_type", "kernel time per batch by operator type "
+                                  "(ms; ONNX Runtime profile, twin)", labels=["model_name", "op_type"])
+        fusion = GaugeMetricFamily("mcp_profiler_fused_nodes_by_type", "fused nodes ONNX Runtime runs, by type; "
+                                   "in_effect: on this session's provider", labels=["model_name", "op_type", "in_effect"])
+        missing = GaugeMetricFamily("mcp_profiler_unavailable", "a profiler metric this machine does not give, "
+                                    "and why (1)", labels=["model_name", "metric", "reason"])
+        for name, prof in self.sources:
+            doc = prof.doc()
+            values = derive(self._last.get(id(prof)), doc)
+            self._last[id(prof)] = doc
+            for key, gauge in gauges.items():
+                if values.get(key) is not None:
+                    gauge.add_metric([name], float(values[key]))
+            for op, ms in values.get("kernel_by_op", {}).items():
+                by_op.add_metric([name, op], ms)
+            for op, f in values.get("fusion", {}).get("fused", {}).items():
+                fusion.add_metric([name, op, str(f["in_effect"]).lower()], f["count"])
+            for key, reason in values["reasons"].items():
+                if reason != IDLE:          # idle since the last scrape: nothing to say, not unavailable
+                    missing.add_metric([name, key, reason], 1)
+        yield from gauges.values()
+        yield by_op
+        yield fusion
+        yield missing
+
+
+_PROFILERS = ProfilerCollector()
+REGISTRY.register(_PROFILERS)
 
 
 class _Instrument:
@@ -276,6 +323,8 @@ class Telemetry:
             "mcp_inference_batch_size", "Rows per model run formed by the dynamic batcher", ("model",),
             BATCH_BUCKETS)
         # Each cyclic-GC pause, by generation: a full collection stops the loop (serving/gc_pauses.py).
+        # What HTTP/2 clients of the gRPC port were refused or closed for (serving/h2/limits.py).
+        h2_limits.export_metrics(REGISTRY)
         self.gc_pauses = gc_pauses.export_metrics(REGISTRY, "Objects moved out of the cyclic collector's sight "
                                                   "once the server was ready (gc.freeze)")
         self.requests = _Instrument(prometheus_client.Counter(
@@ -322,6 +371,9 @@ class Telemetry:
     def add_load_source(self, source: Callable[[], list[tuple[dict, object]]]) -> None:
         """(load_state.snapshot(served), served) pairs for the GIE metrics, read on each scrape."""
         _GIE.sources.append(source)
+
+    def add_profiler(self, model: str, profiler) -> None:
+        _PROFILERS.sources.append((model, profiler))
 
     def add_gauge_source(self, name: str, source: Callable[[], list[tuple[float, dict]]]) -> None:
         self._sources.setdefault(name, []).append(source)

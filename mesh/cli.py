@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 # still shows, under "Other".
 GROUPS = (
     ("Check and author config", ("validate", "analyze", "route")),
-    ("Run the mesh", ("xds", "envoy", "serve", "epp", "console", "demo")),
+    ("Run the mesh", ("xds", "envoy", "serve", "model", "epp", "console", "demo", "version")),
     ("Scheduling: the decision loop and its policies", ("scheduler", "policy")),
     ("Inspect running proxies", ("proxy-status", "proxy-config")),
     ("Network QoS (eBPF) and the Wasm filter", ("bpf", "wasm")),
@@ -47,6 +47,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mcpctl", description="MCP Mesh control tool: an Istio-compatible mesh for model serving")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("version", help="print the mcp26-mesh version").set_defaults(func=_version)
     for ep in sorted(entry_points(group="mcp26.mcpctl"), key=lambda e: e.name):
         try:
             register = ep.load()
@@ -55,6 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         register(sub)
     return parser
+
+
+def _version(args) -> int:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        v = version("mcp26-mesh")
+    except PackageNotFoundError:
+        v = "unknown (not installed)"
+    print(f"mcpctl {v} (python {sys.version.split()[0]})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -324,42 +324,51 @@ def _parse_documents(text: str, file: str) -> list[Resource]:
         for doc, lines, line in _documents(doc, lines, line):
             if doc is None:
                 continue
-            if not isinstance(doc, dict):
-                errors.append(Diagnostic("a document must be a mapping with apiVersion, kind, metadata", file=file, line=line))
-                continue
-            meta = doc.get("metadata") or {}
-            if not isinstance(meta, dict):
-                errors.append(Diagnostic("metadata must be a mapping", file=file, line=lines.get("metadata", line), field="metadata"))
-                continue
-            kind = doc.get("kind")
-            name = meta.get("name")
-            ref = f"{kind or '(no kind)'}/{meta.get('namespace') or 'default'}/{name or '(no name)'}"
-            for key in ("apiVersion", "kind"):
-                if not isinstance(doc.get(key), str) or not doc.get(key):
-                    errors.append(Diagnostic(f"{key} is required", file=file, line=line, resource=ref, field=key))
-            if not isinstance(name, str) or not name:
-                errors.append(Diagnostic("metadata.name is required", file=file, line=lines.get("metadata", line), resource=ref, field="metadata.name"))
-            spec = doc.get("spec", {})
-            api = str(doc.get("apiVersion") or "/")
-            if "spec" not in doc and ("/" not in api or api.startswith("discovery.k8s.io/")):
-                # A core (v1) kind such as Secret or Endpoints, and an EndpointSlice,
-                # keep their fields beside metadata (type, data, subsets, endpoints):
-                # they are its spec here.
-                spec = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
-            if spec is None:
-                spec = {}
-            if not isinstance(spec, dict):
-                errors.append(Diagnostic("spec must be a mapping", file=file, line=lines.get("spec", line), resource=ref, field="spec"))
-                continue
-            out.append(Resource(
-                api_version=str(doc.get("apiVersion") or ""), kind=str(kind or ""), name=str(name or ""),
-                namespace=str(meta.get("namespace") or "default"), spec=spec, file=file, line=line,
-                labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
-                lines=lines, status=doc["status"] if isinstance(doc.get("status"), dict) else {},
-            ))
+            res = resource_from_document(doc, file, line, lines, errors)
+            if res is not None:
+                out.append(res)
     if errors:
         raise ConfigError(errors)
     return out
+
+
+def resource_from_document(doc, file: str, line: int, lines: dict, errors: list[Diagnostic]) -> Resource | None:
+    """One Kubernetes object (a YAML document, or an object the API server sent) as a Resource,
+    or None with the reasons appended to `errors`. The directory and the Kubernetes source
+    (mcp26.xds.kube_source) both build their resources here, so they agree field for field."""
+    if not isinstance(doc, dict):
+        errors.append(Diagnostic("a document must be a mapping with apiVersion, kind, metadata", file=file, line=line))
+        return None
+    meta = doc.get("metadata") or {}
+    if not isinstance(meta, dict):
+        errors.append(Diagnostic("metadata must be a mapping", file=file, line=lines.get("metadata", line), field="metadata"))
+        return None
+    kind = doc.get("kind")
+    name = meta.get("name")
+    ref = f"{kind or '(no kind)'}/{meta.get('namespace') or 'default'}/{name or '(no name)'}"
+    for key in ("apiVersion", "kind"):
+        if not isinstance(doc.get(key), str) or not doc.get(key):
+            errors.append(Diagnostic(f"{key} is required", file=file, line=line, resource=ref, field=key))
+    if not isinstance(name, str) or not name:
+        errors.append(Diagnostic("metadata.name is required", file=file, line=lines.get("metadata", line), resource=ref, field="metadata.name"))
+    spec = doc.get("spec", {})
+    api = str(doc.get("apiVersion") or "/")
+    if "spec" not in doc and ("/" not in api or api.startswith("discovery.k8s.io/")):
+        # A core (v1) kind such as Secret or Endpoints, and an EndpointSlice,
+        # keep their fields beside metadata (type, data, subsets, endpoints):
+        # they are its spec here.
+        spec = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        errors.append(Diagnostic("spec must be a mapping", file=file, line=lines.get("spec", line), resource=ref, field="spec"))
+        return None
+    return Resource(
+        api_version=str(doc.get("apiVersion") or ""), kind=str(kind or ""), name=str(name or ""),
+        namespace=str(meta.get("namespace") or "default"), spec=spec, file=file, line=line,
+        labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+        lines=lines, status=doc["status"] if isinstance(doc.get("status"), dict) else {},
+    )
 
 
 def yaml_files(directory: str) -> list[str]:

@@ -16,15 +16,18 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, generate_latest
 
 from mcp26.mesh import endpoint_picker as epp
 from mcp26.serving import gc_pauses
 from mcp26.serving.grpc.frontends import LANE
 from mcp26.serving.grpc.server import EXCLUSIVE_PORT, GrpcLane, start_server
+from mcp26.serving.h2 import limits as h2_limits
 from mcp26.scheduler.ext_proc import EndpointPicker
 from mcp26.scheduler.metrics import MetricsPoller
 from mcp26.scheduler.pool_source import PoolSource, PoolView
 from mcp26.scheduler.picker import Pick, Refusal, Scheduler
+from mcp26.scheduler.loop.marks import FlowMarks
 
 log = logging.getLogger("scheduler")
 POOL_REFRESH_S = 0.5
@@ -111,7 +114,6 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
     if flow_marks:               # the decision loop's marked flows (ext_proc._flow_marks reads state.flow_marks)
-        from mcp26.scheduler.loop.marks import FlowMarks
         state.flow_marks = FlowMarks(flow_marks)
     state.session_key = session_key
     state.refresh()
@@ -133,6 +135,11 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
     app = web.Application()
     app.router.add_get("/stats", lambda _: web.json_response(state.stats()))
     app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+    # What HTTP/2 clients of the ext_proc port were refused or closed for (serving/h2/limits.py).
+    registry = CollectorRegistry()
+    h2_limits.export_metrics(registry)
+    app.router.add_get("/metrics", lambda _: web.Response(body=generate_latest(registry),
+                                                         content_type="text/plain", charset="utf-8"))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, address, admin_port)

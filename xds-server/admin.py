@@ -22,6 +22,8 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from mcp26.serving.json_body import parse_json_body
+from mcp26.xds.resource_overrides import parse_overrides
+from mcp26.xds.scheduler_actions import routes as scheduler_routes   # the decision loop's API
 from mcp26.xds.sync import short_name
 
 from mcp26.xds.redact import known_secrets, redact, redact_text
@@ -73,7 +75,6 @@ def make_app(server) -> web.Application:
     async def inject(request):
         if not server.test_hooks:
             return _json({"error": "test hooks are off (serve --test-hooks)"}, 403)
-        from mcp26.xds.resource_overrides import parse_overrides
         try:
             overrides = parse_overrides(parse_json_body(await request.read()))
         except (ValueError, KeyError, json_format.ParseError) as e:
@@ -92,7 +93,6 @@ def make_app(server) -> web.Application:
                     web.get("/debug/tracez", tracez), web.get("/metrics", metrics),
                     web.get("/debug/certs", certs),
                     web.post("/debug/inject", inject)])
-    from mcp26.xds.scheduler_actions import routes as scheduler_routes   # the decision loop's API
     app.add_routes(scheduler_routes(server))
     return app
 

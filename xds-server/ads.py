@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from mcp26.xds.ads_protocol import DeltaStream, Shared, SotwStream, Stream
 from mcp26.xds.cache import PreparedSnapshot, SnapshotCache, translation_key
 from mcp26.xds.write_budget import Trimmer, WriteBudget
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.sync import SyncTracker
 from mcp26.xds.telemetry import Telemetry
 
@@ -57,6 +57,14 @@ class BadRequest(Exception):
     """The client's request is not one this stream can take: the stream ends INVALID_ARGUMENT."""
 
 PUSH_SPANS_PER_S = 200       # xds.push spans recorded at most (a burst of as many at once)
+# Request bytes a stream may have waiting behind its pushes. Past it the stream's reader stops
+# taking requests from gRPC, whose flow control then holds the client back: a client that
+# sends while its stream's writer is blocked (a zero window) cannot grow the server (200 MB of
+# DiscoveryRequests on one such stream were 387 MB here). A fleet's EDS subscriptions of 3,000
+# names are 0.15 MB each. Each request counts REQUEST_OVERHEAD more than its bytes (the queued
+# Request and its bytes object: ~120 bytes measured), so small ones are bounded by number too.
+REQUEST_QUEUE_BYTES = 4 << 20
+REQUEST_OVERHEAD = 128
 
 
 class RateLimit:
@@ -161,11 +169,15 @@ class StreamRunner:
     """Runs one stream's protocol: a reader task queues requests, pushes are queued
     by the hub, and this coroutine handles both in order, yielding wire bytes."""
 
-    def __init__(self, hub: AdsHub, stream: Stream, peer: str):
+    def __init__(self, hub: AdsHub, stream: Stream, peer: str, authenticate=None, metadata=()):
         self.hub = hub
         self.stream = stream
         self.peer = peer
+        # kube_auth.StreamAuthenticator on the authenticated port: (node, metadata) -> node, or Refused
+        self.authenticate, self.metadata = authenticate, metadata
         self.queue: asyncio.Queue[Push | Request | End] = asyncio.Queue()
+        self.request_bytes = 0          # of the requests in `queue` (REQUEST_QUEUE_BYTES)
+        self.room = asyncio.Event()     # set when request_bytes falls below the bound
 
     async def run(self, request_iterator):
         stream, protocol = self.stream, self.stream.protocol
@@ -184,11 +196,16 @@ class StreamRunner:
                         trigger = "config"
                         responses = stream.push(await self.hub.snapshot(stream.node))
                     case Request(wire):
+                        self.request_bytes -= len(wire) + REQUEST_OVERHEAD
+                        if self.request_bytes < REQUEST_QUEUE_BYTES:
+                            self.room.set()
                         try:
                             req = stream.request_type.FromString(wire)
                             hello = stream.hello(req)
                         except (DecodeError, ValueError) as e:     # not a request, or no node.id first
                             raise BadRequest(f"{stream.request_type.DESCRIPTOR.name}: {e}") from None
+                        if hello and self.authenticate is not None:
+                            stream.node = await self.authenticate(stream.node, self.metadata)
                         if hello:
                             log.info("%s stream from %s (%s, %s)", protocol, stream.node.id,
                                      stream.node.kind, self.peer)
@@ -217,6 +234,10 @@ class StreamRunner:
     async def _read(self, request_iterator) -> None:
         try:
             async for wire in request_iterator:
+                while self.request_bytes >= REQUEST_QUEUE_BYTES:
+                    self.room.clear()
+                    await self.room.wait()
+                self.request_bytes += len(wire) + REQUEST_OVERHEAD
                 self.queue.put_nowait(Request(wire))
             self.queue.put_nowait(END)
         except asyncio.CancelledError:
@@ -247,8 +268,9 @@ async def _write_all(responses, context, budget: WriteBudget) -> None:
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     """Writes serialized responses (bytes); `add_to_server` registers it with a pass-through serializer."""
 
-    def __init__(self, hub: AdsHub):
+    def __init__(self, hub: AdsHub, authenticate=None):
         self.hub = hub
+        self.authenticate = authenticate
 
     async def StreamAggregatedResources(self, request_iterator, context):
         await self._serve(SotwStream(self.hub.shared), request_iterator, context)
@@ -257,12 +279,17 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         await self._serve(DeltaStream(self.hub.shared), request_iterator, context)
 
     async def _serve(self, stream: Stream, request_iterator, context) -> None:
-        runner = StreamRunner(self.hub, stream, context.peer())
+        metadata = context.invocation_metadata() if self.authenticate is not None else ()
+        runner = StreamRunner(self.hub, stream, context.peer(), self.authenticate, metadata)
         try:
             await _write_all(runner.run(request_iterator), context, self.hub.writes)
         except BadRequest as e:      # the client's fault: a status and a line, not a traceback
             log.warning("%s stream from %s refused: %s", stream.protocol, runner.peer, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:
+            if type(e).__name__ != "Refused":       # kube_auth.Refused, not imported here: no kube without it
+                raise
+            await context.abort(getattr(grpc.StatusCode, e.code), str(e))
 
 
 class Wire:
@@ -286,10 +313,11 @@ def _join(wire) -> bytes:
     return wire.body + wire.tail if isinstance(wire, Wire) else wire
 
 
-def add_to_server(hub: AdsHub, server) -> None:
-    """Register ADS on a grpc.aio server; the method names are Envoy's, the wire is protobuf."""
+def add_to_server(hub: AdsHub, server, authenticate=None) -> None:
+    """Register ADS on a grpc.aio server; the method names are Envoy's, the wire is protobuf.
+    `authenticate`: each stream's node checked first (kube_auth.StreamAuthenticator)."""
     hub.shared.wire = Wire
-    servicer = AdsServicer(hub)
+    servicer = AdsServicer(hub, authenticate)
     handlers = {
         "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
             servicer.StreamAggregatedResources,

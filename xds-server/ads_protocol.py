@@ -44,11 +44,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from mcp26.xds.cache import WILDCARD_TYPES, PreparedSnapshot, Selection, subscription_key
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.response_bodies import ResponseBodies
 from mcp26.xds.sync import SyncTracker, short_name
 from mcp26.xds.telemetry import Metrics
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, PUSH_ORDER, ROUTE
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, PUSH_ORDER, ROUTE
 
 log = logging.getLogger("mcp26.xds.ads")   # one logger for ADS, as before the split
 

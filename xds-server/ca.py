@@ -169,6 +169,34 @@ class MeshCA:
                                     serialization.NoEncryption())
         return IssuedCert(chain, key_pem, ident, serial, not_before, not_after)
 
+    def issue_server(self, hosts: list[str], ttl: float = 365 * 86400) -> tuple[bytes, bytes]:
+        """(chain PEM, key PEM) of a serving certificate for `hosts` (DNS names and IPs): the control
+        plane's own, for the admission webhook and ADS over TLS (istiod's `istiod.NS.svc`)."""
+        import ipaddress
+        now = dt.datetime.now(dt.timezone.utc)
+        key = ec.generate_private_key(ec.SECP256R1())
+        names = []
+        for h in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(h)))
+            except ValueError:
+                names.append(x509.DNSName(h))
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0][:64])]))
+                .issuer_name(self.cert.subject).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - CLOCK_SKEW)
+                .not_valid_after(min(now + dt.timedelta(seconds=ttl), self.cert.not_valid_after_utc))
+                .add_extension(x509.SubjectAlternativeName(names), critical=False)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.cert.public_key()),
+                               critical=False)
+                .sign(self.key, hashes.SHA256()))
+        chain = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in [cert, *self._chain_to_send()])
+        return chain, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption())
+
     def _chain_to_send(self) -> list[x509.Certificate]:
         """What follows the leaf: a plugged-in intermediate (and its issuers below the root)."""
         return [self.cert, *self.chain[:-1]] if self.chain else []

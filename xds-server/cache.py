@@ -18,8 +18,9 @@ from typing import Callable, Iterable
 
 from google.protobuf import any_pb2, message
 
-from mcp26.xds.type_urls import CLUSTER, LISTENER, Snapshot
-from mcp26.xds.node import ProxyNode
+from mcp26.xds import telemetry
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, LISTENER, Snapshot
 
 # Types whose empty subscription means "everything" (xDS protocol: wildcard).
 WILDCARD_TYPES = frozenset({LISTENER, CLUSTER})
@@ -200,12 +201,15 @@ class SnapshotCache:
 
     `overrides` (type URL -> name -> message) are laid over every snapshot;
     only the server's test hook sets them (to inject a resource Envoy rejects).
+
+    A config is installed with the function that translates it (the server's
+    binds the Overlay it was built with): a node shape seen later is translated
+    by that same function, and the three are replaced in one assignment, so a
+    worker thread never pairs one config with another's function.
     """
 
     def __init__(self, translate: TranslateFn):
-        self.translate = translate
-        self.config = None
-        self.generation = ""
+        self._served: tuple = (None, "", translate)     # (config, generation, translate)
         self.overrides: dict[str, dict[str, message.Message]] = {}
         self._by_key: dict[tuple, PreparedSnapshot] = {}
         # The packings of the snapshots being served and of the build under way
@@ -215,39 +219,56 @@ class SnapshotCache:
         self.translations = 0   # how many times translate() ran (tests, metrics)
 
     @property
+    def config(self):
+        return self._served[0]
+
+    @property
+    def generation(self) -> str:
+        return self._served[1]
+
+    @property
+    def translate(self) -> TranslateFn:
+        return self._served[2]
+
+    @property
     def ready(self) -> bool:
         return self.config is not None
 
     def build(self, config, generation: str, nodes: Iterable[ProxyNode],
-              subscriptions: Iterable[tuple] = ()) -> dict[tuple, PreparedSnapshot]:
-        """Translate `config` for every distinct translation key among `nodes`, then prepare
-        the selections and diffs of `subscriptions` (prepare_selections); raises what
-        translate raises.
+              subscriptions: Iterable[tuple] = (), translate: TranslateFn | None = None) -> dict[tuple, PreparedSnapshot]:
+        """Translate `config` (with `translate`, else the installed function) for every
+        distinct translation key among `nodes`, then prepare the selections and diffs of
+        `subscriptions` (prepare_selections); raises what translate raises.
 
         Pure: nothing in the cache changes until `install()`, so a change set
         that fails to translate for any node is rejected whole.
         """
         out: dict[tuple, PreparedSnapshot] = {}
+        translate = translate or self.translate
         self._building = Packings()
         for node in nodes:
             key = translation_key(node)
             if key not in out:
-                out[key] = self._prepare(config, node, generation)
+                out[key] = self._prepare(config, node, generation, translate)
         prepare_selections(out, subscriptions)
         return out
 
-    def install(self, config, generation: str, snapshots: dict[tuple, PreparedSnapshot]) -> None:
-        self.config, self.generation, self._by_key = config, generation, dict(snapshots)
+    def install(self, config, generation: str, snapshots: dict[tuple, PreparedSnapshot],
+                translate: TranslateFn | None = None) -> None:
+        """Serve `config` and its snapshots; `translate` (what built them) translates its later shapes."""
+        self._by_key = dict(snapshots)
+        self._served = (config, generation, translate or self.translate)
         self._packed, self._building = self._building or Packings(), None
 
     def snapshot_for(self, node: ProxyNode) -> PreparedSnapshot | None:
         """The node's snapshot, translated now if its key is new (None before any config)."""
-        if self.config is None:
+        config, generation, translate = self._served
+        if config is None:
             return None
         key = translation_key(node)
         snap = self._by_key.get(key)
         if snap is None:
-            snap = self._by_key[key] = self._prepare(self.config, node, self.generation)
+            snap = self._by_key[key] = self._prepare(config, node, generation, translate)
         return snap
 
     def peek(self, node: ProxyNode) -> PreparedSnapshot | None:
@@ -255,8 +276,8 @@ class SnapshotCache:
 
     def prepare_current(self, node: ProxyNode) -> tuple[str, PreparedSnapshot]:
         """Translate the current config for `node` (safe in a worker thread: reads only)."""
-        config, generation = self.config, self.generation
-        return generation, self._prepare(config, node, generation)
+        config, generation, translate = self._served
+        return generation, self._prepare(config, node, generation, translate)
 
     def offer(self, node: ProxyNode, generation: str, snap: PreparedSnapshot) -> None:
         """Keep a snapshot translated off the loop, unless a newer config was installed meanwhile."""
@@ -270,14 +291,13 @@ class SnapshotCache:
             self._by_key = self.build(self.config, self.generation, nodes)
             self._packed, self._building = self._building or Packings(), None
 
-    def _prepare(self, config, node: ProxyNode, generation: str) -> PreparedSnapshot:
-        from mcp26.xds import telemetry
+    def _prepare(self, config, node: ProxyNode, generation: str, translate: TranslateFn) -> PreparedSnapshot:
         self.translations += 1
         with telemetry.tracer().start_as_current_span("xds.translate.shape") as span:
             span.set_attribute("xds.node", node.id)
             span.set_attribute("xds.node_kind", node.kind)
             span.set_attribute("xds.generation", generation)
-            snapshot = self.translate(config, node)
+            snapshot = translate(config, node)
             if self.overrides:
                 snapshot = {t: dict(by_name) for t, by_name in snapshot.items()}
                 for t, by_name in self.overrides.items():

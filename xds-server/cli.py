@@ -42,8 +42,32 @@ def _labels(values: list[str] | None) -> dict:
 def register(subparsers) -> None:
     xds = subparsers.add_parser("xds", help="the xDS control plane")
     xsub = xds.add_subparsers(dest="xds_command", metavar="COMMAND", required=True)
-    serve = xsub.add_parser("serve", help="serve ADS (SotW and Delta) from a watched config directory")
-    serve.add_argument("--config-dir", required=True, help="the watched directory of YAML (Istio resources, WasmPlugins, ...)")
+    serve = xsub.add_parser("serve", help="serve ADS (SotW and Delta) from a watched config directory or the Kubernetes API")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config-dir", help="the watched directory of YAML (Istio resources, WasmPlugins, ...)")
+    source.add_argument("--kubeconfig", help="read the config from the Kubernetes API server this kubeconfig names "
+                                             "(list and watch, as istiod does)")
+    source.add_argument("--in-cluster", action="store_true",
+                        help="read the config from the Kubernetes API server of the Pod this runs in (its service account)")
+    serve.add_argument("--kube-context", default=None, help="the kubeconfig context (default: its current one)")
+    serve.add_argument("--namespace", default=None,
+                       help="with the API server: the control plane's own namespace (its status Lease; default "
+                            "$POD_NAMESPACE, else the service account's, else mcp-mesh)")
+    serve.add_argument("--no-status", action="store_true",
+                       help="with the API server: write no status (Gateway API conditions, validationMessages)")
+    serve.add_argument("--webhook-port", type=int, default=0,
+                       help="with the API server and --ca-dir: serve the validating admission webhook over TLS on "
+                            "this port (istiod: 15017; default 0, off)")
+    serve.add_argument("--webhook-host", action="append", default=None,
+                       help="a DNS name for the webhook's certificate (repeatable; default mcp-mesh-xds.NAMESPACE.svc)")
+    serve.add_argument("--secure-port", type=int, default=0,
+                       help="with the API server and --ca-dir: ADS over TLS on this port for proxies that send a "
+                            "ServiceAccount token (checked by TokenReview; istiod: 15012; default 0, off)")
+    serve.add_argument("--secure-address", default="0.0.0.0", help="where --secure-port and --webhook-port listen")
+    serve.add_argument("--token-audience", default="mcp-mesh",
+                       help="the audience proxies' ServiceAccount tokens must be bound to (default mcp-mesh)")
+    serve.add_argument("--webhook-configuration", default="mcp-mesh-validator",
+                       help="the ValidatingWebhookConfiguration whose caBundle this keeps equal to the mesh CA's root")
     serve.add_argument("--port", type=int, default=18000, help="ADS gRPC port")
     serve.add_argument("--admin-port", type=int, default=18001, help="admin HTTP port")
     serve.add_argument("--address", default="127.0.0.1",
@@ -83,6 +107,13 @@ def register(subparsers) -> None:
         p.add_argument("--ca-dir", default="",
                        help="the control plane's --ca-dir: write this node's bootstrap token (IDENTITY_TOKEN), "
                             "without which it is issued no workload certificate")
+        p.add_argument("--xds-ca-file", default="",
+                       help="reach ADS over TLS (the control plane's --secure-port), checking it against this root CA")
+        p.add_argument("--xds-server-name", default="",
+                       help="the name the control plane's certificate must carry (SNI too), e.g. mcp-mesh-xds.mcp-mesh.svc")
+        p.add_argument("--token-file", default="",
+                       help="a ServiceAccount token (projected, audience mcp-mesh) sent on the ADS stream; read once, "
+                            "when the bootstrap is written")
         if name == "run":
             p.add_argument("--log-level", default="warning", help="Envoy's log level (default warning)")
             p.add_argument("--bootstrap-path", help="where to write the bootstrap (default: a temp file)")
@@ -100,9 +131,6 @@ def register(subparsers) -> None:
     ps.add_argument("--json", action="store_true", help="print /debug/syncz as JSON instead of the table")
     ps.set_defaults(func=_proxy_status)
 
-    from mcp26.xds.explain.cli import register as register_explain
-    register_explain(subparsers)       # `route explain`, `proxy-config`
-
 
 def _serve(args) -> int:
     from mcp26.xds.server import XdsServer, serve
@@ -113,34 +141,74 @@ def _serve(args) -> int:
               "node-local address reachable only by the proxies, and pass --allow-remote to bind it anyway",
               file=sys.stderr)
         return 2
-    from mcp26.xds.translate import listeners
-    idle = args.stream_idle_timeout
-    try:
-        idle = float(os.environ.get(STREAM_IDLE_ENV) or listeners.STREAM_IDLE_TIMEOUT_S) if idle is None else idle
-    except ValueError:
-        idle = -1
-    if not idle >= 0:
-        print(f"mcpctl xds serve: the stream idle timeout must be >= 0 seconds (0: off), "
+    options = translate_options(args)
+    if options is None:
+        print(f"mcpctl xds serve: the stream idle timeout must be a finite number of seconds >= 0 (0: off), "
               f"from --stream-idle-timeout or ${STREAM_IDLE_ENV}", file=sys.stderr)
         return 2
-    listeners.STREAM_IDLE_TIMEOUT_S = idle    # read by every HCM translated in this process
-    if not os.path.isdir(args.config_dir):
+    if args.config_dir is not None and not os.path.isdir(args.config_dir):
         print(f"mcpctl xds serve: config directory {args.config_dir!r} does not exist", file=sys.stderr)
+        return 2
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        print(f"mcpctl xds serve: kubeconfig {args.kubeconfig!r} does not exist", file=sys.stderr)
         return 2
     try:
         identity = _identity(args)
     except ValueError as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 2
-    server = XdsServer(args.config_dir, port=args.port, admin_port=args.admin_port, address=args.address,
-                       debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
-                       grpc_frontend=args.grpc_frontend)
+
+    async def main() -> None:
+        source = None
+        if args.config_dir is None:
+            from mcp26.xds.kube_source import KubeApi, KubeSource, api_client
+            source = KubeSource(KubeApi(await api_client(args.kubeconfig, args.kube_context)),
+                                debounce=args.debounce_ms / 1000)
+        server = XdsServer(args.config_dir or "", port=args.port, admin_port=args.admin_port, address=args.address,
+                           debounce=args.debounce_ms / 1000, test_hooks=args.test_hooks, identity=identity,
+                           grpc_frontend=args.grpc_frontend, options=options, source=source)
+        if source is None:
+            await serve(server)
+            return
+        from mcp26.xds.kube_control import KubeControl, pod_namespace
+        control = KubeControl(server, source.api, args.namespace or pod_namespace(), status=not args.no_status,
+                              webhook_port=args.webhook_port, webhook_hosts=tuple(args.webhook_host or ()),
+                              webhook_configuration=args.webhook_configuration,
+                              webhook_address=args.secure_address, secure_port=args.secure_port,
+                              secure_address=args.secure_address, token_audience=args.token_audience)
+        await server.start()
+        try:
+            await control.start()
+            await server.wait()
+        finally:
+            await control.stop()
+            await server.stop()
     try:
-        asyncio.run(serve(server))
+        asyncio.run(main())
     except OSError as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:
+        print(f"mcpctl xds serve: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:            # a kubeconfig or in-cluster configuration that does not load
+        if type(e).__module__.startswith("kubernetes_asyncio"):
+            print(f"mcpctl xds serve: Kubernetes configuration: {e}", file=sys.stderr)
+            return 2
+        raise
     return 0
+
+
+def translate_options(args, environ=os.environ):
+    """The TranslateOptions of `xds serve`'s flags (--stream-idle-timeout, else
+    $MCP_XDS_STREAM_IDLE_TIMEOUT, else the default); None for a bad timeout."""
+    from mcp26.xds.translate.options import DEFAULT_STREAM_IDLE_TIMEOUT_S, TranslateOptions
+    idle = args.stream_idle_timeout
+    try:
+        idle = float(environ.get(STREAM_IDLE_ENV) or DEFAULT_STREAM_IDLE_TIMEOUT_S) if idle is None else idle
+        return TranslateOptions(stream_idle_timeout_s=idle)
+    except ValueError:          # not a number, negative (TranslateOptions), or nan
+        return None
 
 
 def _identity_flags(serve) -> None:
@@ -184,10 +252,20 @@ def _bootstrap_text(args) -> str:
                                         args.service_account or "default")
         except CAError as e:
             raise ValueError(str(e)) from None
+    bearer = ""
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                bearer = f.read().strip()
+        except OSError as e:
+            raise ValueError(f"--token-file {args.token_file}: {e.strerror}") from None
+        if not bearer or any(c.isspace() for c in bearer):
+            raise ValueError(f"--token-file {args.token_file}: not a token")
     return bootstrap_yaml(node_id=args.node_id, cluster=args.cluster, xds_address=args.xds_address,
                           admin_port=args.admin_port, delta=args.delta, labels=_labels(args.label),
                           namespace=args.namespace, service_account=args.service_account,
-                          identity_token=token)
+                          identity_token=token, ca_file=args.xds_ca_file, server_name=args.xds_server_name,
+                          token=bearer)
 
 
 def _bootstrap(args) -> int:

@@ -11,7 +11,9 @@ one expiry: a later POST replaces it. At `expires_at` the control plane drops
 it and pushes the assignment as translated. Only EDS changes: the clusters,
 routes and listeners are the same messages, so their versions do not move.
 
-This module holds no translation code (translation imports it, not the reverse).
+Each XdsServer holds its own table (server.endpoint_weights); what is in force
+reaches translation as Overlay.endpoint_weights, which the server replaces
+whole after each change (translate/overlay.py). Translation never imports this.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from mcp26.xds.expiring import ExpiringTable
+from mcp26.xds.translate.overlay import endpoint_key
 
 MIN_WEIGHT, MAX_WEIGHT = 1, 128      # Envoy needs >= 1; more than 128:1 is a mistake, not a decision
 MAX_HOLD_S = 3600.0                  # as class remaps
@@ -35,11 +38,6 @@ class EndpointWeight:
     def as_json(self, now: float) -> dict:
         return {"cluster": self.cluster, "endpoint": self.endpoint, "weight": self.weight,
                 "expires_at": self.expires_at, "expires_in_s": round(self.expires_at - now, 3)}
-
-
-def endpoint_key(address: str, port: int) -> str:
-    """How an endpoint is named here and in the API: the assignment's socket address."""
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def parse_endpoint(text) -> str:
@@ -99,7 +97,7 @@ class EndpointWeights(ExpiringTable):
                          over_limit=f"weights: at most {MAX_WEIGHTS} endpoint weights in force")
 
     def by_cluster(self, now: float | None = None) -> dict[str, dict[str, int]]:
-        """{cluster: {endpoint: weight}} of what is in force: what translation lays over EDS."""
+        """{cluster: {endpoint: weight}} of what is in force: the overlay's endpoint_weights."""
         out: dict[str, dict[str, int]] = {}
         for w in self.active(now):
             out.setdefault(w.cluster, {})[w.endpoint] = w.weight
@@ -112,6 +110,3 @@ class EndpointWeights(ExpiringTable):
     def remove(self, cluster: str, endpoint: str | None = None) -> int:
         return self.remove_where(lambda k: k[0] == cluster and (endpoint is None or k[1] == endpoint))
 
-
-# One control plane per process: translation (Translator.translate) reads them here.
-WEIGHTS = EndpointWeights()

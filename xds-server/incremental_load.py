@@ -17,22 +17,22 @@ from __future__ import annotations
 
 import os
 
-from mcp26.mesh.resources import MeshConfig, Resource
-from mcp26.mesh.parse import parse_documents, read_config_file, unreadable, yaml_files
+from mcp26.mesh.analyze import AnalysisCache
+from mcp26.mesh.change_set import check_config
 from mcp26.mesh.diagnostics import ConfigError, Diagnostic
+from mcp26.mesh.parse import parse_documents, read_config_file, unreadable, yaml_files
+from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.mesh.validation import ValidationCache
 
 
 class IncrementalLoader:
     def __init__(self):
         self._files: dict[str, tuple[tuple, list[Resource] | None, list[Diagnostic]]] = {}
         self.parsed = 0      # files parsed by the last load (tests, logs)
-        from mcp26.mesh.validation import ValidationCache
         self.validation = ValidationCache()   # .validated: resources validated by the last load
-        from mcp26.mesh.analyze import AnalysisCache
         self.analysis = AnalysisCache()       # .reused: analyzers whose findings the last load kept
 
     def __call__(self, directory: str) -> MeshConfig:
-        from mcp26.mesh.change_set import check_config
         if not os.path.isdir(directory):
             raise ConfigError([Diagnostic(f"config directory {directory!r} does not exist", file=directory)])
         resources: list[Resource] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format, symbol_database
 
-import mcp26.xds.type_urls  # noqa: F401  (the Envoy protos are registered on import of their modules)
+import mcp26.xds.model.type_urls  # noqa: F401  (the Envoy protos are registered on import of their modules)
 
 
 def _message_class(type_url: str):

@@ -45,8 +45,8 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from mcp26.mesh.resources import MeshConfig
 from mcp26.xds.cache import PreparedSnapshot, Selection, prepare
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import SECRET
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import SECRET
 
 if TYPE_CHECKING:   # ca.py loads cryptography (~9 MB resident): only a control plane with a CA needs it
     from mcp26.xds.ca import IssuedCert, MeshCA

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from mcp26.xds import type_urls as t
+from mcp26.xds.model import type_urls as t
 
 SHORT_NAMES = {t.CLUSTER: "CDS", t.ENDPOINT: "EDS", t.LISTENER: "LDS", t.ROUTE: "RDS",
                t.EXTENSION_CONFIG: "ECDS", t.SECRET: "SDS"}

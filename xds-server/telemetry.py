@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mcp26.serving import gc_pauses
+from mcp26.serving.h2 import limits as h2_limits
 
 SERVICE = Resource.create({"service.name": "mcp-mesh-xds"})
 
@@ -79,10 +80,10 @@ class Telemetry:
     """One set of providers: metrics into a private registry, spans into a ring.
 
     The server takes one (and hands it to the ADS hub and the admin app);
-    `default()` is the process's, which the translator and the snapshot cache
-    still reach through `metrics()` / `tracer()`, and which the server uses
-    unless given another, so that /debug/tracez shows translate and push spans
-    side by side.
+    `default()` is the process's, which the snapshot cache still reaches through
+    `metrics()` / `tracer()`, and which the server uses unless given another;
+    the server hands its tracer to its Translator, so that /debug/tracez shows
+    translate and push spans side by side.
     """
 
     def __init__(self):
@@ -99,6 +100,7 @@ class Telemetry:
         """The process's cyclic-GC pauses by generation and the objects frozen after each apply
         (server.py), as the model server exports them (serving/gc_pauses.py). Process-wide, so only
         the default telemetry watches."""
+        h2_limits.export_metrics(self.registry)    # HTTP/2 clients of ADS refused or closed (serving/h2/limits.py)
         self.gc_pauses = gc_pauses.export_metrics(self.registry, "Objects moved out of the cyclic collector's "
                                                   "sight (gc.freeze after each applied config)")
 

@@ -127,7 +127,10 @@ class DirectorySource:
         return woke
 
     async def _watch(self) -> None:
-        while True:
+        # Not `while True`: Python 3.11's asyncio.wait_for drops a cancel that lands as the
+        # event it waits on is set (a file written as the server stops), and stop() then
+        # waited for ever on a watch that went on polling (cpython gh-86296, fixed in 3.12).
+        while not self._stopping:
             try:
                 await self._watch_once()
             except asyncio.CancelledError:
@@ -143,7 +146,7 @@ class DirectorySource:
         else:
             await asyncio.sleep(self.poll)
         now = await asyncio.to_thread(fingerprint, self.directory)
-        if now == self.seen:
+        if now == self.seen or self._stopping:
             return
         # Debounce: wait until nothing has changed for `debounce` seconds.
         first_seen = time.monotonic()

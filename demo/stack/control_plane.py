@@ -62,11 +62,12 @@ class ControlPlane:
     removed by close(), by default); `new_session`: its own session, so a Ctrl-C at the
     terminal reaches only the caller, which then stops it (the demo)."""
 
-    def __init__(self, config_dir: str, port: int | None = None, admin_port: int | None = None,
+    def __init__(self, config_dir: str | None, port: int | None = None, admin_port: int | None = None,
                  test_hooks: bool = True, debounce_ms: int = 100, log_level: str = "info",
                  log_path: str | None = None, new_session: bool = False, extra_args: list[str] | None = None,
-                 grpc_frontend: str | None = None):
+                 grpc_frontend: str | None = None, kubeconfig: str | None = None):
         self.config_dir = config_dir
+        self.kubeconfig = kubeconfig     # read the API server this names instead of config_dir
         # `--grpc-frontend` (fast, the default, or grpcio); $XDS_GRPC_FRONTEND runs a whole
         # test suite against the other one.
         self.grpc_frontend = grpc_frontend or os.environ.get("XDS_GRPC_FRONTEND")
@@ -87,7 +88,8 @@ class ControlPlane:
 
     def start(self, timeout: float = 30.0) -> "ControlPlane":
         mcpctl = executable("mcpctl")
-        args = [mcpctl, "xds", "serve", "--config-dir", self.config_dir, "--port", str(self.port),
+        source = ["--kubeconfig", self.kubeconfig] if self.kubeconfig else ["--config-dir", self.config_dir]
+        args = [mcpctl, "xds", "serve", *source, "--port", str(self.port),
                 "--admin-port", str(self.admin_port), "--debounce-ms", str(self.debounce_ms),
                 "--log-level", self.log_level]
         if self.grpc_frontend:

@@ -42,6 +42,19 @@ class Load:
     recorder: Recorder = field(default_factory=Recorder)
     t_start: float = 0.0
     t_end: float = 0.0
+    # stop early when each of the first `probe` answers was this error (a URL with no model
+    # behind it answers 404 to every request: nothing would be measured)
+    probe: int = 0
+    probe_error: str = "client/http-404"
+    aborted: str | None = None
+
+    def check_probe(self) -> None:
+        rec = self.recorder
+        # early: a run no longer than the probe ends anyway, its 404s counted and reported
+        if self.probe and self.aborted is None and len(rec) == self.probe and self.requests > self.probe:
+            if all(e == self.probe_error for e in rec.error):
+                self.aborted = self.probe_error
+            self.probe = 0
 
 
 async def run(load: Load, slots: list[Slot]) -> Load:
@@ -78,7 +91,7 @@ async def _closed_loop(load: Load, slots: list[Slot]) -> None:
     stop_at = load.t_start + load.duration if load.duration else float("inf")
 
     def issue(slot: Slot) -> None:
-        if state["issued"] >= load.requests or now() >= stop_at:
+        if state["issued"] >= load.requests or now() >= stop_at or load.aborted:
             if state["outstanding"] == 0 and not finished.done():
                 finished.set_result(None)
             return
@@ -90,6 +103,7 @@ async def _closed_loop(load: Load, slots: list[Slot]) -> None:
             end = now()
             state["outstanding"] -= 1
             rec.add(t, t, end, prio, label, queue_us, compute_us)
+            load.check_probe()
             issue(slot)
 
         slot.start(prio, done)
@@ -121,18 +135,21 @@ async def _open_loop(load: Load, slots: list[Slot]) -> None:
         def done(label, queue_us, compute_us) -> None:
             state["outstanding"] -= 1
             rec.add(intended, sent, now(), prio, label, queue_us, compute_us, waited)
+            load.check_probe()
+            if load.aborted:
+                due.clear()
             if due:
                 send(slot, *due.popleft(), True)
             else:
                 idle.append(slot)
-                if state["outstanding"] == 0 and next_i >= n and not finished.done():
+                if state["outstanding"] == 0 and (next_i >= n or load.aborted) and not finished.done():
                     finished.set_result(None)
 
         slot.start(prio, done)
 
     t0 = load.t_start = now() + 0.001
     next_i = 0
-    while next_i < n:
+    while next_i < n and not load.aborted:
         t = now()
         # everything due by now goes out (or queues), however late we woke
         last_due = min(n, int((t - t0) / interval) + 1)

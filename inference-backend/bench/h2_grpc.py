@@ -7,6 +7,8 @@ measured itself. This one does what a benchmark's client must and no more:
 - the request's HEADERS block is encoded once per priority (literals, never
   indexed; `:method`/`:scheme` from the static table) and each call writes it
   and one DATA frame (more where the peer's frame size or windows say so);
+- frames are built and split with the server's own codec (serving/h2/frames.py),
+  blocks encoded with its HPACK helpers and decoded with its decoder;
 - what a loop turn writes goes out in one transport write;
 - answers are not parsed: HEADERS blocks are decoded (serving.h2.hpack_decoder) for
   `:status`, `grpc-status` and the timing headers, DATA is only counted;
@@ -25,26 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import struct
 import time
 from typing import Callable
 
-from mcp26.serving.h2.connection import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PADDED,
-                            PING, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, ConnectionError_, frame,
-                            header_fragment, literal, named_literal, unpad)
+from mcp26.serving.h2.frames import (ACK, CANCEL, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, END_HEADERS,
+                                     END_STREAM, GOAWAY, HEADERS, MAX_FRAME_LIMIT, MAX_WINDOW, PADDED, PING, PREFACE,
+                                     PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE,
+                                     S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE, SETTING, SETTINGS, U32,
+                                     WINDOW_UPDATE, ProtocolError, frame, goaway, header_fragment, settings, split,
+                                     unpad)
 from mcp26.serving.h2.hpack_decoder import Decoder
+from mcp26.serving.h2.hpack_encoder import literal, named_literal
 
-S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE = 1, 2, 3, 4, 5
-DEFAULT_WINDOW, DEFAULT_FRAME = 65535, 16384
 OUR_WINDOW = 1 << 30            # what the server may send before we top it up
-CANCEL, REFUSED_STREAM = 0x8, 0x7
 # grpcio's mapping of an HTTP status that is not 200 (grpc's http-grpc-status-mapping.md)
 HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
 UNKNOWN, CANCELLED, UNAVAILABLE, INTERNAL = 2, 1, 14, 13
-
-_HEAD = struct.Struct(">I")     # a frame header's length (24 bits) and type, read together
-_U32 = struct.Struct(">I")
-_SETTING = struct.Struct(">HI")
 
 # Done(grpc status or None when the connection went, initial headers, trailers)
 Done = Callable[[int | None, list, list], None]
@@ -108,9 +106,9 @@ class H2GrpcConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.loop = asyncio.get_running_loop()
-        settings = (_SETTING.pack(S_ENABLE_PUSH, 0) + _SETTING.pack(S_INITIAL_WINDOW_SIZE, OUR_WINDOW))
-        transport.write(PREFACE + frame(SETTINGS, 0, 0, settings)
-                        + frame(WINDOW_UPDATE, 0, 0, _U32.pack(OUR_WINDOW - DEFAULT_WINDOW)))
+        ours = settings((S_ENABLE_PUSH, 0), (S_INITIAL_WINDOW_SIZE, OUR_WINDOW))
+        transport.write(PREFACE + frame(SETTINGS, 0, 0, ours)
+                        + frame(WINDOW_UPDATE, 0, 0, U32.pack(OUR_WINDOW - DEFAULT_WINDOW)))
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -123,21 +121,14 @@ class H2GrpcConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
-        i, n = 0, len(buf)
-        while n - i >= 9:
-            head = _HEAD.unpack_from(buf, i)[0]
-            length, kind = head >> 8, head & 0xFF
-            if n - i < 9 + length:
-                break
-            flags, stream = buf[i + 4], _U32.unpack_from(buf, i + 5)[0] & 0x7FFFFFFF
-            payload = bytes(buf[i + 9:i + 9 + length])
-            i += 9 + length
-            try:
+        try:
+            frames, used = split(buf, MAX_FRAME_LIMIT)     # we never lower the server's frame size
+            del buf[:used]
+            for kind, flags, stream, payload in frames:
                 self._frame(kind, flags, stream, payload)
-            except ConnectionError_ as e:       # bad padding: the connection is no longer readable
-                del buf[:]
-                return self._fail_all(str(e))
-        del buf[:i]
+        except ProtocolError as e:          # bad padding: the connection is no longer readable
+            del buf[:]
+            return self._fail_all(str(e))
         self._flush()
 
     # -- calls ----------------------------------------------------------------------
@@ -151,7 +142,7 @@ class H2GrpcConnection(asyncio.Protocol):
         if self.gone_away:                  # the server takes no new streams here
             done(UNAVAILABLE, [], [])
             return None
-        c = _Call(block, b"\x00" + _U32.pack(len(message)) + message, done)
+        c = _Call(block, b"\x00" + U32.pack(len(message)) + message, done)
         if len(self.streams) < self.max_streams and not self.waiting:
             self._open(c)
         else:
@@ -163,7 +154,7 @@ class H2GrpcConnection(asyncio.Protocol):
         """End a call we no longer wait for (RST_STREAM CANCEL); its `done` is not called."""
         if self.streams.pop(c.stream, None) is not None:
             self.stream_windows.pop(c.stream, None)
-            self.out.append(frame(RST_STREAM, 0, c.stream, _U32.pack(CANCEL)))
+            self.out.append(frame(RST_STREAM, 0, c.stream, U32.pack(CANCEL)))
             self._schedule()
         else:
             try:
@@ -237,7 +228,7 @@ class H2GrpcConnection(asyncio.Protocol):
             if flags & PADDED:
                 payload = unpad(payload)
             if self.received > OUR_WINDOW // 2:
-                self.out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.received)))
+                self.out.append(frame(WINDOW_UPDATE, 0, 0, U32.pack(self.received)))
                 self.received = 0
             c = self.streams.get(stream)
             if c is not None:
@@ -245,7 +236,7 @@ class H2GrpcConnection(asyncio.Protocol):
                 if flags & END_STREAM:      # no trailers: not a gRPC answer
                     self._end(stream, INTERNAL)
         elif kind == HEADERS:
-            payload = header_fragment(flags, payload)
+            payload = header_fragment(flags, payload)[0]
             if flags & END_HEADERS:
                 self._headers(stream, flags, payload)
             else:
@@ -255,7 +246,7 @@ class H2GrpcConnection(asyncio.Protocol):
                 self._settings(payload)
                 self.out.append(frame(SETTINGS, ACK, 0))
         elif kind == WINDOW_UPDATE:
-            inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
+            inc = U32.unpack(payload)[0] & 0x7FFFFFFF
             if stream == 0:
                 self.peer_window = min(self.peer_window + inc, MAX_WINDOW)
             elif stream in self.stream_windows:
@@ -265,10 +256,10 @@ class H2GrpcConnection(asyncio.Protocol):
             if not flags & ACK:
                 self.out.append(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
-            code = _U32.unpack(payload)[0]
+            code = U32.unpack(payload)[0]
             self._end(stream, UNAVAILABLE if code == REFUSED_STREAM else CANCELLED)
         elif kind == GOAWAY:
-            last = _U32.unpack_from(payload)[0] & 0x7FFFFFFF
+            last = U32.unpack_from(payload)[0] & 0x7FFFFFFF
             self.gone_away = True
             for s in [s for s in self.streams if s > last]:
                 self._end(s, UNAVAILABLE)
@@ -278,7 +269,7 @@ class H2GrpcConnection(asyncio.Protocol):
 
     def _settings(self, payload: bytes) -> None:
         for off in range(0, len(payload) - len(payload) % 6, 6):
-            key, value = _SETTING.unpack_from(payload, off)
+            key, value = SETTING.unpack_from(payload, off)
             if key == S_INITIAL_WINDOW_SIZE:
                 delta, self.peer_initial = value - self.peer_initial, value
                 for s in self.stream_windows:
@@ -322,7 +313,7 @@ class H2GrpcConnection(asyncio.Protocol):
             self._unblock()
 
     def _fail_all(self, why: str) -> None:
-        self.out.append(frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(1) + why.encode()))   # PROTOCOL_ERROR
+        self.out.append(goaway(0, PROTOCOL_ERROR, why.encode()))
         self._flush()
         if self.transport is not None:
             self.transport.close()

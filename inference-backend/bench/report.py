@@ -1,13 +1,20 @@
-"""Render a run's result as a table, CSV or JSON (the same rows in each)."""
+"""Render a run's result as a table, CSV or JSON (the same rows in each).
+
+CSV adds the server profiler's 17 metrics over the run (bench/server_profile.py), one
+column each, the unit in the header (`ipc (ratio)`); a metric the server cannot give
+is `n/a`, never 0.
+"""
 from __future__ import annotations
 
 import csv
 import io
 import json
 
+from mcp26.inference.profiler import METRICS
+
 COLUMNS = [  # (CSV/JSON key, table header)
     ("priority", "priority"), ("qos_class", "qos class"), ("requests", "reqs"), ("ok", "ok"),
-    ("errors", "err"), ("throughput_rps", "rps"),
+    ("errors", "err"), ("shed", "shed"), ("throughput_rps", "rps"),
     ("p50_ms", "p50 ms"), ("p90_ms", "p90 ms"), ("p99_ms", "p99 ms"), ("p99.9_ms", "p99.9 ms"),
     ("max_ms", "max ms"), ("queue_p50_us", "queue p50 us"), ("queue_p99_us", "queue p99 us"),
     ("compute_p50_us", "compute p50 us"), ("compute_p99_us", "compute p99 us"),
@@ -21,7 +28,7 @@ def flat_rows(result: dict) -> list[dict]:
         lat, q, c = r["latency_ms"], r["server_queue_us"] or {}, r["server_compute_us"] or {}
         out.append({
             "priority": r["priority"], "qos_class": r.get("qos_class", ""),
-            "requests": r["requests"], "ok": r["ok"], "errors": r["errors"],
+            "requests": r["requests"], "ok": r["ok"], "errors": r["errors"], "shed": r.get("shed", 0),
             "throughput_rps": r["throughput_rps"],
             **{f"{k}_ms": lat[k] for k in ("p50", "p90", "p99", "p99.9", "max")},
             "queue_p50_us": q.get("p50"), "queue_p99_us": q.get("p99"),
@@ -58,16 +65,46 @@ def table(result: dict) -> str:
                  f"p99 {_cell(lag['generator_p99_ms'])} ms, max {_cell(lag['generator_max_ms'])} ms)")
     errs = result["rows"][0]["error_classes"]
     tail = "errors: " + (", ".join(f"{k}={v}" for k, v in errs.items()) if errs else "none")
-    return "\n".join([head, *lines, tail])
+    return "\n".join([head, *lines, tail, summary_line(result)])
+
+
+def summary_line(result: dict) -> str:
+    """One line: how much of the run was answered, shed (429) and failed otherwise."""
+    row = result["rows"][0]
+    n = max(1, row["requests"])
+    other = row["errors"] - row.get("shed", 0)
+    line = (f"mcp-bench: {row['requests']} requests, {row['ok']} ok ({100 * row['ok'] / n:.1f} %), "
+            f"{row.get('shed', 0)} shed ({100 * row.get('shed', 0) / n:.1f} %: HTTP 429 / RESOURCE_EXHAUSTED, "
+            f"refused by the server's admission), {other} other errors ({100 * other / n:.1f} %)")
+    return line
+
+
+PROFILE_COLUMNS = [f"{key} ({unit})" for key, unit, _, _ in METRICS] + ["kernel_by_op (ms)"]
+
+
+def _profile_cells(values: dict | None) -> dict:
+    if values is None:
+        return {c: "n/a" for c in PROFILE_COLUMNS}
+    out = {}
+    for (key, unit, _, _), col in zip(METRICS, PROFILE_COLUMNS):
+        v = values.get(key)
+        out[col] = "n/a" if v is None else (f"{v:.6g}" if isinstance(v, float) else v)
+    out["kernel_by_op (ms)"] = ";".join(f"{op}={ms:.4g}" for op, ms in values.get("kernel_by_op", {}).items())
+    return out
 
 
 def to_csv(result: dict) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[k for k, _ in COLUMNS] + ["error_classes"], lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=[k for k, _ in COLUMNS] + ["error_classes"] + PROFILE_COLUMNS,
+                       lineterminator="\n")
     w.writeheader()
-    for flat, row in zip(flat_rows(result), result["rows"]):
+    profile = (result.get("server_profile") or {}).get("levels") or {}
+    levels = list(profile)
+    for i, (flat, row) in enumerate(zip(flat_rows(result), result["rows"])):
         errs = ";".join(f"{k}={v}" for k, v in row["error_classes"].items())
-        w.writerow({**{k: ("" if v is None else v) for k, v in flat.items()}, "error_classes": errs})
+        values = profile.get(levels[i]) if i < len(levels) else None
+        w.writerow({**{k: ("" if v is None else v) for k, v in flat.items()}, "error_classes": errs,
+                    **_profile_cells(values)})
     return buf.getvalue()
 
 

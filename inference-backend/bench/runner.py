@@ -10,9 +10,16 @@ from dataclasses import dataclass
 from mcp26.inference.bench import engine, stats
 from mcp26.inference.bench.http1 import encode_request
 from mcp26.inference.bench.mix import MixSequence, Priority, parse_mix
-from mcp26.inference.bench.target import (Target, TargetError, build_tensors, fetch_metadata,
-                                            parse_inputs, parse_shapes, parse_url, rest_body)
+from mcp26.inference.bench import server_profile
+from mcp26.inference.bench.target import (Target, TargetError, build_tensors, fetch_metadata, no_model,
+                                            parse_inputs, parse_shapes, parse_url, resolve_default_model,
+                                            rest_body, use_binary)
 from mcp26.mesh.headers import QOS_CLASS
+from mcp26.inference.bench.http_slots import HttpSlot
+
+
+# The first answers looked at: all 404 means no model behind the URL (the run stops there).
+PROBE_REQUESTS = 8
 
 
 @dataclass
@@ -32,6 +39,8 @@ class Config:
     connections: int = 1        # gRPC channels (HTTP/1.1 always uses one per slot)
     grpc_client: str = "h2"     # h2: our HTTP/2 client (h2_grpc.py); grpcio: grpcio's channel
     seed: int = 0
+    server_profile: bool = False  # read the server's profiler (statistics extension) around the run
+    binary_data: str = "auto"     # REST inputs as the binary-tensor extension: auto (large ones), always, never
 
     def validate(self) -> None:
         if self.concurrency < 1:
@@ -64,6 +73,8 @@ class Prepared:
         self.connections = []           # ours (h2_grpc.H2GrpcConnection)
         self.slots = []
         self.cpu_s: float | None = None      # this process's CPU over the measured load (load())
+        self.profile_before: dict | None = None   # the server's profiler reading before the load
+        self.profile_after: dict | None = None
 
     async def setup(self) -> None:
         cfg, t = self.cfg, self.target
@@ -89,13 +100,17 @@ class Prepared:
                 self.slots = [grpc_slots.H2Slot(self.connections[i % len(self.connections)], t, payloads, qos,
                                                 cfg.timeout) for i in range(cfg.concurrency)]
             return
-        from mcp26.inference.bench.http_slots import HttpSlot
+        if t.short_form and not t.model:
+            t.model = await asyncio.to_thread(resolve_default_model, t, cfg.url, min(cfg.timeout, 10.0))
         if t.model:
             meta = parse_inputs(cfg.inputs) or await asyncio.to_thread(fetch_metadata, t, min(cfg.timeout, 10.0))
             tensors = build_tensors(meta, parse_shapes(cfg.shape), cfg.seed)
-            payloads = [encode_request("POST", t.model_path + "/infer", t.authority,
-                                       {"Content-Type": "application/json", **({QOS_CLASS: q} if q else {})},
-                                       rest_body(tensors, lv)) for q, lv in zip(qos, levels)]
+            binary = use_binary(tensors, cfg.binary_data)
+            payloads = []
+            for q, lv in zip(qos, levels):
+                headers, body = rest_body(tensors, lv, binary)
+                payloads.append(encode_request("POST", t.infer_path, t.authority,
+                                               {**headers, **({QOS_CLASS: q} if q else {})}, body))
         else:
             payloads = [encode_request("GET", t.path, t.authority, {QOS_CLASS: q} if q else {}) for q in qos]
         self.slots = [HttpSlot(t.host, t.port, payloads) for _ in range(cfg.concurrency)]
@@ -123,10 +138,17 @@ class Prepared:
             await engine.run(engine.Load(requests=cfg.warmup, timeout=cfg.timeout,
                                          mix=MixSequence(self.mix) if self.mix else None), self.slots)
         load = engine.Load(requests=self.total_requests(), duration=cfg.duration, rate=cfg.rate,
-                           timeout=cfg.timeout, mix=MixSequence(self.mix) if self.mix else None)
+                           timeout=cfg.timeout, mix=MixSequence(self.mix) if self.mix else None,
+                           probe=PROBE_REQUESTS)
+        if cfg.server_profile and self.target.model:
+            self.profile_before = await asyncio.to_thread(server_profile.read, self.target, cfg.grpc)
         cpu0 = time.process_time()
         await engine.run(load, self.slots)
         self.cpu_s = time.process_time() - cpu0
+        if load.aborted:
+            raise no_model(cfg.url, self.target)
+        if cfg.server_profile and self.target.model:
+            self.profile_after = await asyncio.to_thread(server_profile.read, self.target, cfg.grpc)
         return self.result(load)
 
     def total_requests(self) -> int:
@@ -158,8 +180,11 @@ class Prepared:
         if cfg.rate and len(rec):
             span = max(rec.sent) - min(rec.sent)
             run["sent_rate_rps"] = round((len(rec) - 1) / span, 2) if span > 0 else float(len(rec))
-        return {"run": run, "rows": rows, "schedule_lag": stats.schedule_lag(rec),
-                "ended_at": time.time()}
+        out = {"run": run, "rows": rows, "schedule_lag": stats.schedule_lag(rec), "ended_at": time.time()}
+        if cfg.server_profile and self.target.model:
+            levels = ["all"] + [str(p.level) for p in self.priorities if p] if len(labels) > 1 else ["all"]
+            out["server_profile"] = server_profile.window(self.profile_before, self.profile_after, levels)
+        return out
 
 
 async def run_all(cfgs: list[Config]) -> list[dict]:

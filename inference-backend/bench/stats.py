@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+# Refused by the server's admission (HTTP 429 / gRPC RESOURCE_EXHAUSTED): load shed, not a fault
+SHED = frozenset({"overload/http-429", "overload/RESOURCE_EXHAUSTED"})
 
 
 def percentile(sorted_values: np.ndarray, p: float) -> float | None:
@@ -99,6 +101,7 @@ def summarize_rows(rec: Recorder, labels: list[str], t_start: float, t_end: floa
             "requests": int(sel.sum()),
             "ok": int(good.sum()),
             "errors": int(sel.sum() - good.sum()),
+            "shed": sum(n for e, n in errors.items() if e in SHED),
             "error_classes": dict(sorted(errors.items())),
             "throughput_rps": round(float(good.sum()) / duration, 2),
             "latency_ms": _dist_ms(done[good] - intended[good]),

@@ -2,8 +2,10 @@
 
 `-u http://HOST:PORT/v2/models/NAME[/versions/V][/infer]` benchmarks that
 model: its metadata (GET /v2/models/NAME) says the inputs, and mcp-bench fills
-them with seeded random data. Any other path is sent as a plain GET, which is
-how the generator is calibrated against h2load on a target that answers fast.
+them with seeded random data. `-u http://HOST:PORT/infer` (or `/v2/infer`) is
+the server's short form for its default model: GET /v2 names it, the requests
+go to the URL as given. Any other path is sent as a plain GET, which is how the
+generator is calibrated against h2load on a target that answers fast.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?:/infer)?/?$")
+_SHORT_FORM = re.compile(r"^(?:/v2)?/infer/?$")     # the server's default model (mcpctl serve --default-model)
 
 # KServe v2 datatypes -> numpy (BYTES handled on its own).
 DTYPES = {
@@ -37,6 +40,11 @@ class Target:
     path: str                 # as given
     model: str | None         # None: plain GET of `path`
     version: str | None
+    short_form: bool = False  # /infer or /v2/infer: model is the server's default, requests go to `path`
+
+    @property
+    def infer_path(self) -> str:
+        return self.path if self.short_form else self.model_path + "/infer"
 
     @property
     def authority(self) -> str:
@@ -66,9 +74,44 @@ def parse_url(url: str, model: str | None = None, grpc: bool = False) -> Target:
     m = _MODEL_PATH.match(u.path or "")
     name = model or (m and urllib.parse.unquote(m["name"]))
     version = m["version"] if m else None
+    short = not m and not grpc and bool(_SHORT_FORM.match(u.path or ""))
     if grpc and not name:
         raise TargetError(f"-u {url}: --grpc needs a model: /v2/models/NAME in the URL or --model NAME")
-    return Target(u.hostname, port, path, name, version)
+    return Target(u.hostname, port, path, name, version, short_form=short)
+
+
+def _get_json(url: str, timeout: float, data: bytes | None = None):
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, method="POST" if data else "GET"),
+                                timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def models_here(t: Target, timeout: float = 5.0) -> str:
+    """The models the server at t says it has (Triton's repository index), for an error message."""
+    try:
+        index = _get_json(f"http://{t.authority}/v2/repository/index", timeout, b"{}")
+        names = sorted({str(e.get("name")) for e in index if isinstance(e, dict)})
+        return ", ".join(names) if names else "none"
+    except (urllib.error.URLError, OSError, ValueError, TypeError):
+        return "unknown (no KServe v2 repository index there)"
+
+
+def no_model(url: str, t: Target, timeout: float = 5.0) -> TargetError:
+    return TargetError(f"no model at {url}; models here: {models_here(t, timeout)}")
+
+
+def resolve_default_model(t: Target, url: str, timeout: float = 5.0) -> str:
+    """The model `/infer` stands for on t's server (GET /v2's default_model)."""
+    try:
+        doc = _get_json(f"http://{t.authority}/v2", timeout)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        if isinstance(e, urllib.error.HTTPError) and e.code == 404:
+            raise no_model(url, t, timeout) from None
+        raise TargetError(f"cannot reach http://{t.authority}/v2: {getattr(e, 'reason', e)}") from None
+    name = doc.get("default_model") if isinstance(doc, dict) else None
+    if not name:
+        raise no_model(url, t, timeout)
+    return name
 
 
 def fetch_metadata(t: Target, timeout: float = 5.0) -> dict:
@@ -78,6 +121,8 @@ def fetch_metadata(t: Target, timeout: float = 5.0) -> dict:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise no_model(url, t, timeout) from None
         detail = e.read().decode("utf-8", "replace")[:200]
         raise TargetError(f"GET {url}: HTTP {e.code} {detail}".rstrip()) from None
     except (urllib.error.URLError, OSError) as e:
@@ -155,10 +200,34 @@ def build_tensors(metadata: dict, shapes: dict[str, list[int]] | None = None,
     return out
 
 
-def rest_body(tensors, priority_level: int | None) -> bytes:
-    """The JSON infer request; `parameters.priority` is Triton's per-request priority."""
-    body: dict = {"inputs": [{"name": n, "shape": s, "datatype": d, "data": v.tolist()}
-                             for n, d, s, v in tensors]}
+# --binary-data auto: inputs larger than this go as the binary-tensor extension (as
+# tritonclient.http sends them), smaller ones as JSON. A ResNet-50 image is 588 KiB of FP32:
+# as JSON it is ~3 MB of text the server parses per request.
+BINARY_AUTO_BYTES = 64 << 10
+
+
+def use_binary(tensors, mode: str) -> bool:
+    if mode not in ("auto", "always", "never"):
+        raise TargetError(f"--binary-data {mode!r}: auto, always or never")
+    if any(d == "BYTES" for _, d, _, _ in tensors):
+        return False
+    return mode == "always" or (mode == "auto" and sum(v.nbytes for *_, v in tensors) > BINARY_AUTO_BYTES)
+
+
+def rest_body(tensors, priority_level: int | None, binary: bool = False) -> tuple[dict, bytes]:
+    """(headers, body) of the infer request; `parameters.priority` is Triton's per-request
+    priority. Binary: the JSON header, then each input's raw bytes (KServe's binary-tensor
+    extension, `Inference-Header-Content-Length`)."""
+    if binary:
+        inputs = [{"name": n, "shape": s, "datatype": d, "parameters": {"binary_data_size": v.nbytes}}
+                  for n, d, s, v in tensors]
+    else:
+        inputs = [{"name": n, "shape": s, "datatype": d, "data": v.tolist()} for n, d, s, v in tensors]
+    body: dict = {"inputs": inputs}
     if priority_level is not None:
         body["parameters"] = {"priority": priority_level}
-    return json.dumps(body, separators=(",", ":")).encode()
+    head = json.dumps(body, separators=(",", ":")).encode()
+    if not binary:
+        return {"Content-Type": "application/json"}, head
+    return ({"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))},
+            head + b"".join(np.ascontiguousarray(v).tobytes() for *_, v in tensors))

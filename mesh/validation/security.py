@@ -175,6 +175,20 @@ def validate_wasm_plugin(res: Resource, config: MeshConfig) -> Iterator[Diagnost
     yield from rep.out
 
 
+def _read_module(rep: Report, path: str, sha: str | None) -> None:
+    """This control plane reads the module itself (and sends it inline): it must be there."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        rep.error("spec.url", f"cannot read the Wasm module {path}: {e.strerror}")
+        return
+    if data[:4] != b"\0asm":
+        rep.error("spec.url", f"{path} is not a WebAssembly module")
+    elif sha and hashlib.sha256(data).hexdigest() != sha:
+        rep.error("spec.sha256", f"does not match {path} (sha256 {hashlib.sha256(data).hexdigest()})")
+
+
 def _wasm_plugin(rep: Report, res: Resource) -> None:
     spec = res.spec
     rep.workload_selector("spec.selector.matchLabels", (spec.get("selector") or {}).get("matchLabels"))
@@ -189,22 +203,20 @@ def _wasm_plugin(rep: Report, res: Resource) -> None:
         rep.error("spec.url", "url field needs to be set")
     elif urlsplit(url).scheme not in ("", "file", "http", "https", "oci"):
         rep.error("spec.url", f"url contains unsupported scheme: {urlsplit(url).scheme}")
+    elif urlsplit(url).scheme == "":
+        # Istio reads a url without a scheme as an OCI image reference (oci://); this control
+        # plane reads it as a local path. Say so: on a cluster the two disagree, and with
+        # FAIL_CLOSE Istio's reading blocks the workload until a registry serves that image.
+        rep.warn("spec.url", f"url {url!r} has no scheme: Istio reads it as oci://{url}; "
+                             "write file:// for a local module")
+        _read_module(rep, path, sha)
     elif path is None:
         # Istio accepts it (the agent fetches the module): valid on a cluster,
         # so a warning, and the rest is still checked as Istio checks it.
         rep.warn("spec.url", f"url scheme {urlsplit(url).scheme!r} is not fetched here (use file://): "
                              "valid for Istio, and the mcp-mesh control plane rejects it")
     else:
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            rep.error("spec.url", f"cannot read the Wasm module {path}: {e.strerror}")
-        else:
-            if data[:4] != b"\0asm":
-                rep.error("spec.url", f"{path} is not a WebAssembly module")
-            elif sha and hashlib.sha256(data).hexdigest() != sha:
-                rep.error("spec.sha256", f"does not match {path} (sha256 {hashlib.sha256(data).hexdigest()})")
+        _read_module(rep, path, sha)
     if not spec.get("sha256"):          # (a malformed one is an error above, not this warning)
         rep.warn("spec.sha256", "no sha256: the module loaded is not pinned")
     # The CRD: imagePullSecret and pluginName at least 1 character when set.

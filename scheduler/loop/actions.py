@@ -23,6 +23,7 @@ import aiohttp
 
 from mcp26.mesh import gateway_api
 from mcp26.scheduler.decisions import Action
+from mcp26.scheduler.loop.marks import write_marks
 
 DEFAULT_HOLD_S = 60.0      # a remap or weight whose action names no hold
 
@@ -65,7 +66,6 @@ class ActionApplier:
         self._write_marks_after = False
         out = list(await asyncio.gather(*(self._one(a, now, flow_hold_s) for a in actions)))
         if self.marks_path and (self._write_marks_after or self._marks_due(now)):
-            from mcp26.scheduler.loop.marks import write_marks
             write_marks(self.marks_path, self.flows)
             self._marks_written = now
         return out

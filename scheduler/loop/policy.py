@@ -17,6 +17,7 @@ import os
 from typing import Protocol
 
 from mcp26.scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
+from mcp26.scheduler.loop.builtin_policy import REMAP_HOLD_S, BuiltinPolicy
 
 BUILTIN_PYTHON = "builtin-python"
 
@@ -96,7 +97,6 @@ def load_policy(spec: str | None, hold_s: float | None = None, cache_dir: str | 
         raise ValueError(f"--rebatch-on-burst needs --policy {BUILTIN_PYTHON}: the Wasm plugins' signals "
                          "(wit/policy.wit) do not carry write bursts")
     if spec == BUILTIN_PYTHON:
-        from mcp26.scheduler.loop.builtin_policy import REMAP_HOLD_S, BuiltinPolicy
         return (BuiltinPolicy(hold_s=REMAP_HOLD_S if hold_s is None else hold_s, burst_preset=burst_preset),
                 "builtin-python (plain Python)")
     if spec and spec.startswith("python:"):

@@ -1,4 +1,4 @@
-"""The gRPC lane: gRPC over h2_server's HTTP/2, serving the same servicers grpc.aio would.
+"""The gRPC lane: gRPC over serving.h2's HTTP/2, serving the same servicers grpc.aio would.
 
 The model server's gRPC port (`mcpctl serve --grpc-frontend fast`, the default),
 the Endpoint Picker's ext_proc port (`mcpctl epp serve --grpc-frontend fast`)
@@ -23,11 +23,20 @@ on requests, answers never compressed; grpc-status / percent-encoded
 grpc-message in the trailers, or a trailers-only answer when no message was
 sent. All four call shapes. Limits as grpcio's options set them: a message over
 max_receive is RESOURCE_EXHAUSTED before it is kept whole.
+
+What a client can make it hold: a writer (context.write, or each message of a handler
+written as an async generator or an iterator) waits until its message has left; a
+streaming call holds at most STREAM_BUFFER of unread requests before its stream's window
+stops coming back (what comes after stays bytes, bounded by the window); and one connection's
+calls hold at most CONNECTION_BUFFER unread before every stream but the first to go past it
+stops getting its window back (a client that ignores windows is told FLOW_CONTROL_ERROR). The HTTP/2
+limits themselves are serving/h2/limits.py's.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import inspect
 import logging
 import struct
@@ -36,8 +45,9 @@ import zlib
 
 import grpc
 
-from mcp26.serving.h2 import connection
-from mcp26.serving.h2.connection import STATUS_200, H2Connection, hpack_int, http_status_block, literal
+from mcp26.serving.h2 import limits as h2_limits
+from mcp26.serving.h2.hpack_encoder import STATUS_200, hpack_int, http_status_block, literal
+from mcp26.serving.h2.protocol import H2Protocol
 
 log = logging.getLogger("mcp26.serving.grpc.server")
 
@@ -51,6 +61,19 @@ _END = object()         # the request stream's end, in a streaming call's queue
 # Bytes of request messages a streaming call may hold unread before its stream's window
 # stops coming back (the client then waits, as grpcio's flow control makes it).
 STREAM_BUFFER = 1 << 20
+# What one queued request message costs beyond its wire bytes (the deserialized message, the
+# queue's tuple; measured: 616 bytes for a 2-byte reflection request), counted against
+# STREAM_BUFFER: 1 MB of 7-byte messages was 150,000 of them (4.5 MB of reflection requests
+# sent to a zero-window stream held 93 MB of message objects).
+MESSAGE_OVERHEAD = 640
+# Bytes of request messages one connection's calls hold unread (not yet whole, or queued for
+# their handlers) before the windows of its streams stop coming back; one stream at a time may
+# go on past it (a message up to max_receive), so that one large message still arrives.
+CONNECTION_BUFFER = 4 << 20
+# A body for the answers to what is not a gRPC call (a browser, curl, a conformance tester's GET /)
+NOT_GRPC = b"This is a gRPC server: it answers POST with content-type application/grpc.\n"
+NOT_GRPC_BODY = 64 << 10       # of such a request's body read before it is answered anyway
+_NOT_GRPC_FIELDS = literal(b"content-type", b"text/plain; charset=utf-8") + literal(b"allow", b"POST")
 BIG_MESSAGE = 64 << 10          # a response this large is not copied behind its 5-byte prefix
 
 
@@ -207,16 +230,18 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, answers."""
 
     __slots__ = ("conn", "stream", "lane", "handler", "path", "metadata", "deadline", "timer", "encoding",
-                 "buf", "need", "requests", "queue", "queued", "uncredited", "task", "context",
+                 "buf", "need", "holds", "ended", "requests", "queue", "queued", "uncredited", "task", "context",
                  "headers_sent", "cancelled", "finished", "deadline_hit", "ran")
 
-    def __init__(self, lane: "GrpcLane", conn: H2Connection, stream, handler, path: str, metadata, deadline,
+    def __init__(self, lane: "GrpcLane", conn: H2Protocol, stream, handler, path: str, metadata, deadline,
                  encoding: bytes | None):
         self.lane, self.conn, self.stream, self.handler, self.path = lane, conn, stream, handler, path
         self.metadata, self.deadline, self.encoding = metadata, deadline, encoding
         self.timer = None
         self.buf = bytearray()              # a message not yet whole
         self.need = 0                       # bytes it takes (prefix included) before it is
+        self.holds = 0                      # len(buf) + queued, as the connection's _Inflow counts it
+        self.ended = False                  # the request ended while its bytes wait for the handler
         self.requests: list = []            # unary request: its one message
         self.queue: asyncio.Queue | None = asyncio.Queue() if handler.request_streaming else None
         self.queued = 0                     # wire bytes of the messages in `queue`
@@ -228,19 +253,30 @@ class Call:
         if handler.request_streaming:       # starts at once: it reads as messages come
             self._start()
 
-    # -- h2_server's events ------------------------------------------------
+    # -- the connection's events (serving.h2.protocol) ---------------------------
 
     def data_received(self, data: bytes) -> None:
         if self.finished:
             return
+        self._read(data)
+        if not self.finished:
+            self._holding()
+
+    def _full(self) -> bool:
+        """A streaming call's handler is STREAM_BUFFER behind: what comes stays bytes for now."""
+        return self.queue is not None and self.queued >= STREAM_BUFFER
+
+    def _read(self, data: bytes) -> None:
         if self.buf:            # a message arriving in pieces: appended until whole (never re-copied)
             self.buf += data
-            if len(self.buf) < self.need:
+            if len(self.buf) < self.need or self._full():
                 return
             data, self.buf = bytes(self.buf), bytearray()
         limit = self.lane.max_receive
         i, n = 0, len(data)
         while n - i >= 5:
+            if self._full():
+                break           # the rest is parsed as the handler reads (taken): bounded by the window
             size = _LEN.unpack_from(data, i + 1)[0]
             if size > limit:
                 return self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -265,8 +301,8 @@ class Call:
             except Exception as e:     # noqa: BLE001 - a message that does not parse is the client's
                 return self.fail(grpc.StatusCode.INTERNAL, f"Failed to parse request: {type(e).__name__}")
             if self.queue is not None:
-                self.queue.put_nowait((request, 5 + size))
-                self.queued += 5 + size
+                self.queue.put_nowait((request, 5 + size + MESSAGE_OVERHEAD))
+                self.queued += 5 + size + MESSAGE_OVERHEAD
             else:
                 self.requests.append(request)
                 if len(self.requests) > 1:
@@ -278,6 +314,9 @@ class Call:
     def end(self) -> None:
         if self.finished:
             return
+        if self.queue is not None and self.buf and len(self.buf) >= self.need:
+            self.ended = True           # whole messages wait as bytes: once the handler has read them
+            return
         if self.buf:
             return self.fail(grpc.StatusCode.INTERNAL, "the request stream ended inside a message")
         if self.queue is not None:
@@ -288,19 +327,60 @@ class Call:
             self._start()
 
     def credit_now(self, length: int) -> bool:
-        """h2_server: may this stream's window come back now? Not while a streaming call
-        holds STREAM_BUFFER of messages its handler has not read (taken() gives it back)."""
-        if self.queue is None or self.queued < STREAM_BUFFER:
+        """May this stream's window come back now? Not while a streaming call holds
+        STREAM_BUFFER of messages its handler has not read (taken() gives it back), nor while
+        the connection's calls hold CONNECTION_BUFFER and another call is the one let past it
+        (_Inflow)."""
+        if self._may_credit():
             return True
         self.uncredited += length
         return False
 
+    def _may_credit(self) -> bool:
+        if self._full():
+            return False
+        inflow = self.conn.user
+        if inflow.holding <= CONNECTION_BUFFER:
+            return True
+        if inflow.owner is None:
+            inflow.owner = self
+        if inflow.owner is self:
+            return True
+        inflow.held.add(self)
+        return False
+
+    def give_back(self) -> None:
+        """The window held back, once it may come back."""
+        if self.uncredited and not self.finished and self._may_credit():
+            self.conn.credit(self.stream, self.uncredited)
+            self.uncredited = 0
+
+    def _holding(self) -> None:
+        """What this call holds unread (bytes, queued messages) into the connection's count."""
+        size = len(self.buf) + self.queued
+        if size != self.holds:
+            inflow = self.conn.user
+            inflow.holding += size - self.holds
+            shrank = size < self.holds
+            self.holds = size
+            if shrank:
+                inflow.settle(self)
+
     def taken(self, size: int) -> None:
         """The handler read a message of `size` wire bytes."""
         self.queued -= size
-        if self.uncredited and self.queued < STREAM_BUFFER:
-            self.conn.credit(self.stream, self.uncredited)
-            self.uncredited = 0
+        if self.buf and self.queued <= STREAM_BUFFER >> 1 and len(self.buf) >= self.need:
+            # bytes left while the queue was full, once it is half empty (not per message taken:
+            # the rest of a window's bytes would be copied again each time)
+            data, self.buf = bytes(self.buf), bytearray()
+            self._read(data)
+        if self.ended and len(self.buf) < self.need:
+            self.ended = False
+            self.end()
+        if not self.finished:
+            self._holding()
+            if self.uncredited:
+                self.give_back()
 
     def reset(self) -> None:
         """The client cancelled (RST_STREAM) or the connection went."""
@@ -324,6 +404,8 @@ class Call:
         self.lane.calls.discard(task)
         if not self.ran:            # cancelled before its first step
             self.lane.starting -= 1
+        if self.finished:
+            self.context = None     # Call -> Context -> Call, let go of without the cyclic collector
 
     def _expire(self) -> None:
         self.timer = None
@@ -360,14 +442,22 @@ class Call:
                 behavior = h.unary_stream or h.stream_stream
                 arg = self.requests[0] if h.unary_stream else self._requests()
                 result = behavior(arg, ctx)
+                # each message waits until it has left, as context.write does: a client that
+                # grants no window holds the handler, not a pile of answers
                 if inspect.isasyncgen(result):
                     async for message in result:
                         self.send_message(message)
+                        waiter = self.conn.drained(self.stream)
+                        if waiter is not None:
+                            await waiter
                 elif inspect.isawaitable(result):
                     await result            # it wrote with context.write
                 else:
                     for message in result or ():
                         self.send_message(message)
+                        waiter = self.conn.drained(self.stream)
+                        if waiter is not None:
+                            await waiter
                 self._close(ctx.code_ or grpc.StatusCode.OK, ctx.details_)
         except AbortError:
             self._close(ctx.code_, ctx.details_)
@@ -459,6 +549,18 @@ class Call:
                 cb(self.context)
             except Exception:      # noqa: BLE001
                 log.exception("gRPC done callback raised")
+        # what ties a finished call to its stream and connection goes now (Stream.user, the
+        # bytes it held), so that a closed connection's calls are freed by reference counting
+        self.stream.user = None
+        if self.holds:
+            self.buf, self.queued = bytearray(), 0
+            self._holding()
+        inflow = self.conn.user
+        if inflow.held or inflow.owner is self:
+            inflow.held.discard(self)
+            inflow.settle(self)
+        if self.task is None:
+            self.context = None
 
     def _decompress(self, message: bytes) -> bytes:
         if self.encoding == b"gzip":
@@ -482,21 +584,51 @@ class _Unsupported(Exception):
     pass
 
 
+class _Inflow:
+    """What one connection's calls hold of request messages unread (CONNECTION_BUFFER)."""
+    __slots__ = ("holding", "owner", "held")
+
+    def __init__(self):
+        self.holding = 0            # bytes, all calls together
+        self.owner: Call | None = None      # the one call let go on past the budget
+        self.held: set[Call] = set()        # calls whose window waits for the budget
+
+    def settle(self, call: Call) -> None:
+        """`call` holds less now (or is over): the owner's place is free once it holds nothing;
+        held windows come back once the connection is under its budget, else the call holding
+        the most is the next let past it (the others would wait for windows that never come)."""
+        if self.owner is call and (not call.holds or call.finished):
+            self.owner = None
+        if not self.held:
+            return
+        if self.holding <= CONNECTION_BUFFER:
+            held, self.held = self.held, set()
+            for c in held:
+                c.give_back()
+        elif self.owner is None:
+            nearest = max(self.held, key=lambda c: c.holds)
+            self.held.discard(nearest)
+            self.owner = nearest
+            nearest.give_back()
+
+
 class GrpcLane:
     """The server: handlers registered as on a grpc.aio.Server, listening with asyncio."""
 
-    def __init__(self, max_receive: int, max_send: int,
-                 min_ping_interval_s: float = connection.MIN_RECV_PING_INTERVAL_S, connections: set | None = None):
+    def __init__(self, max_receive: int, max_send: int, min_ping_interval_s: float | None = None,
+                 connections: set | None = None, limits: h2_limits.Limits = h2_limits.DEFAULT):
         self.max_receive, self.max_send = max_receive, max_send
         # grpcio's grpc.http2.min_ping_interval_without_data_ms: a client pinging more often
-        # than this, with nothing sent to it between, is told too_many_pings (h2_server).
-        self.min_ping_interval_s = min_ping_interval_s
+        # than this, with nothing sent to it between, is told too_many_pings.
+        if min_ping_interval_s is not None:
+            limits = dataclasses.replace(limits, min_ping_interval_s=min_ping_interval_s)
+        self.limits = limits
         self.stopped = asyncio.Event()
         self.registered: dict[str, object] = {}    # "/service/method" -> RpcMethodHandler
         self.generic: list = []
         self.resolved: dict[bytes, object] = {}    # :path -> handler, once looked up
         # the open connections (a set-like that counts them for a connection balancer may be given)
-        self.connections: set[H2Connection] = set() if connections is None else connections
+        self.connections: set[H2Protocol] = set() if connections is None else connections
         self.calls: set[asyncio.Task] = set()
         self.starting = 0           # calls whose task is made and has not run yet (Context.calls_starting)
         self.server = None          # asyncio's server, or one with its close() (connection_balance)
@@ -529,20 +661,23 @@ class GrpcLane:
     # -- serving ---------------------------------------------------------------
 
     async def start(self, host: str, port: int, **listen) -> int:
+        """Listen (`listen`: create_server's options; the backlog Limits.listen_backlog unless given)."""
         loop = asyncio.get_running_loop()
+        listen.setdefault("backlog", self.limits.listen_backlog)
         self.server = await loop.create_server(self.new_connection, host, port, **listen)
         return self.server.sockets[0].getsockname()[1]
 
-    def new_connection(self) -> H2Connection:
+    def new_connection(self) -> H2Protocol:
         """The protocol factory: a connection, counted as open until it closes."""
-        conn = H2Connection(self._new_call, self.connections.discard, self.min_ping_interval_s)
+        conn = H2Protocol(self._new_call, self.connections.discard, self.limits)
+        conn.user = _Inflow()
         self.connections.add(conn)
         return conn
 
-    def _new_call(self, conn: H2Connection, st, headers):
-        if headers is None:     # over connection.MAX_HEADER_LIST: this call only, as grpcio answers it
+    def _new_call(self, conn: H2Protocol, st, headers):
+        if headers is None:     # over Limits.max_header_list: this call only, as grpcio answers it
             _refuse(conn, st, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"received metadata size exceeds limit ({connection.MAX_HEADER_LIST})")
+                    f"received metadata size exceeds limit ({self.limits.max_header_list})")
             return None
         path = method = content_type = timeout = encoding = None
         metadata = []
@@ -563,11 +698,9 @@ class GrpcLane:
                 key = k.decode("ascii", "replace")
                 metadata.append((key, _b64decode(v) if key.endswith("-bin") else v.decode("latin-1")))
         if method != b"POST" or path is None:
-            conn.send_headers(st, http_status_block(405), end_stream=True)
-            return None
+            return _NotGrpc(conn, st, 405)
         if content_type is None or not content_type.startswith(b"application/grpc"):
-            conn.send_headers(st, http_status_block(415), end_stream=True)
-            return None
+            return _NotGrpc(conn, st, 415)
         metadata = tuple(metadata)
         handler = self._lookup(path, metadata)
         if handler is None:
@@ -626,9 +759,35 @@ async def start_server(server, host: str, port: int, what: str, **listen) -> int
     return bound
 
 
-def _refuse(conn: H2Connection, st, code: grpc.StatusCode, details: str) -> None:
+class _NotGrpc:
+    """The handler of a request that is not a gRPC call: a 405 or 415 with a line of text, once
+    the request has ended (its body, up to NOT_GRPC_BODY bytes, read and dropped), so that a
+    malformed request is still told so (a content-length its body does not match)."""
+    __slots__ = ("conn", "stream", "status", "read")
+
+    def __init__(self, conn: H2Protocol, stream, status: int):
+        self.conn, self.stream, self.status, self.read = conn, stream, status, 0
+
+    def data_received(self, data: bytes) -> None:
+        self.read += len(data)
+        if self.read > NOT_GRPC_BODY:
+            self.end()
+
+    def credit_now(self, length: int) -> bool:
+        return True
+
+    def end(self) -> None:
+        if self.stream.user is self:
+            self.stream.user = None
+            self.conn.refuse(self.stream, http_status_block(self.status) + _NOT_GRPC_FIELDS, NOT_GRPC)
+
+    def reset(self) -> None:
+        self.stream.user = None
+
+
+def _refuse(conn: H2Protocol, st, code: grpc.StatusCode, details: str) -> None:
     """A trailers-only answer to a call that never reaches a handler."""
-    conn.send_headers(st, RESPONSE_HEADERS + status_block(code, details), end_stream=True)
+    conn.refuse(st, RESPONSE_HEADERS + status_block(code, details))
 
 
 def _b64decode(value: bytes) -> bytes:

@@ -1,616 +1,738 @@
-"""A small server side of HTTP/2 (RFC 9113) over asyncio, for the gRPC lane (grpc_fast).
+"""The server side of one HTTP/2 connection (RFC 9113), sans-IO: bytes in, events out,
+bytes to send pulled by the caller, the clock passed in.
 
-Why not grpcio: on relu gRPC, a bare grpc.aio handler used ~370 us of CPU per
-call on this machine and Triton's C++ front end ~285 us; this connection and
-grpc_fast on top of it, ~110 us (inference-backend/README.md "gRPC lane").
+In python-hyper/h2's shape (receive_data → events, data_to_send), not that package: for
+a unary gRPC call h2's connection costs ~20x this one's CPU (benchmarks/bench_h2_core.py:
+~190 µs against ~9 µs here; its state machine is a table of Python transitions per frame,
+and every header goes through its validators and HeaderTuple objects), when the gRPC lane's
+whole call is ~110 µs (inference-backend/README.md "gRPC lane"). protocol.py runs it on
+asyncio.
 
-What it does: the preface and SETTINGS exchange, HEADERS + CONTINUATION
-(hpack_decoder decodes; what we send is never indexed, so the peer's table size does
-not matter), DATA with padding, flow control both ways (what we send waits for
-the peer's windows; what a stream receives is credited back as it arrives, or,
-while its handler holds unread messages, once they are read), PING (grpc-core's ping-abuse
-policy: too many without data between ends the connection), RST_STREAM, GOAWAY (ours on
-stop, with the last stream we took; the peer's: no new streams), the peer's
-MAX_FRAME_SIZE and INITIAL_WINDOW_SIZE, and MAX_CONCURRENT_STREAMS (a stream
-past it is refused, the client retries). Not here: server push, priorities
-(PRIORITY is read and ignored), TLS, h2c upgrade from HTTP/1.1.
+What it keeps:
+- each stream's state as RFC 9113 §5.1 has it: idle (above the last stream opened),
+  open, half-closed (remote) once the client's END_STREAM came, closed; and of a closed
+  stream, for a while (Limits.closed_streams_remembered), how it closed, so that a late
+  frame is answered as §5.1 says: DATA or HEADERS after the client's END_STREAM is
+  STREAM_CLOSED for the connection, any frame but PRIORITY after the client's RST_STREAM
+  is STREAM_CLOSED for the stream, and what was in flight when we reset a stream is dropped;
+- windows both ways: what we send waits for the client's (§6.9), queued per stream as views
+  of the caller's bytes; what the client sends is counted against ours, and past them is
+  FLOW_CONTROL_ERROR for the connection (a client that ignores windows is not one to keep).
+  The connection's window comes back by itself once half is used; a stream's, when the
+  caller says so (credit), so that a handler that does not read holds back its client;
+- requests checked as §8.1–8.3 say (fields.py), the HPACK table (hpack_decoder.py), and the
+  limits of limits.py, each counted in limits.hits where it is hit.
 
-The stream handler (grpc_fast.Call) gets headers (None when the block was over
-MAX_HEADER_LIST: it refuses that stream), data and end/reset events, says
-whether a stream's window comes back as data arrives (credit_now) or later
-(credit), and answers with send_headers / send_data / send_trailers (or send_answer, all three in
-one write) / reset.
-Writes of one loop turn go out as one transport.write; while the transport's
-buffer is over its high-water mark (the peer is not reading), reading stops.
+Not here: server push, priorities (PRIORITY is checked and ignored), TLS, h2c upgrade
+from HTTP/1.1, the client side (mcp-bench's, inference-backend/bench/h2_grpc.py, shares
+frames.py and the HPACK modules).
 """
 from __future__ import annotations
 
-import asyncio
 import collections
-import logging
-import struct
-import time
 
 from hpack.exceptions import HPACKError
 
-from mcp26.serving.h2.hpack_decoder import Decoder
+from mcp26.serving.h2 import limits as _limits
+from mcp26.serving.h2.events import (ConnectionTerminated, DataReceived, GoAwayReceived, RequestReceived,
+                                     StreamReset, TrailersReceived)
+from mcp26.serving.h2.fields import Malformed, check_request, check_trailers
+from mcp26.serving.h2.frames import (ACK, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, END_HEADERS,
+                                     END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY,
+                                     HEADERS, MAX_FRAME_LIMIT, MAX_WINDOW, NO_ERROR, PADDED, PING, PREFACE,
+                                     PRIORITY, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM,
+                                     S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
+                                     S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE, SETTING, SETTINGS, STREAM_CLOSED,
+                                     U32, WINDOW_UPDATE, COMPRESSION_ERROR, ProtocolError, frame, frame_header,
+                                     goaway, header_fragment, settings, split, unpad)
+from mcp26.serving.h2.hpack_decoder import BlockTooLarge, Decoder
 
-log = logging.getLogger("mcp26.serving.h2.connection")
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-# frame types
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-# flags
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-# error codes
-(NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT, STREAM_CLOSED,
- FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, CONNECT_ERROR, ENHANCE_YOUR_CALM) = range(12)
-# settings
-S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, \
-    S_MAX_HEADER_LIST_SIZE = range(1, 7)
-
-MAX_WINDOW = (1 << 31) - 1
-DEFAULT_WINDOW = 65535
-DEFAULT_FRAME = 16384
-MAX_STREAMS = 1024              # concurrent streams a connection may open
-STREAM_WINDOW = 1 << 20         # what each stream may send before we credit it
-CONNECTION_WINDOW = 16 << 20    # and the connection
-OUT_HIGH = 256 << 10            # frames gathered for one transport write; past it streams and writers wait
-MAX_HEADER_LIST = 16 << 10      # decoded header bytes per block (grpcio's default hard limit is 16 KiB)
-MAX_HEADER_BLOCK = 64 << 10     # encoded bytes of one block with its CONTINUATIONs
-# PING abuse, as grpc-core's servers judge it (ping_abuse_policy): a PING sooner than this after
-# the last one, with nothing sent in between, is a strike (2 h while no stream is open:
-# keepalive_permit_without_calls 0); past MAX_PING_STRIKES the connection ends with GOAWAY
-# ENHANCE_YOUR_CALM "too_many_pings". Sending HEADERS or DATA clears the count, so a client's
-# BDP probes (one per burst of data it receives) never add up.
-MIN_RECV_PING_INTERVAL_S = 300.0
-IDLE_RECV_PING_INTERVAL_S = 7200.0
-MAX_PING_STRIKES = 2
-
-_U32 = struct.Struct(">I")
-_SETTING = struct.Struct(">HI")
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return bytes((n >> 16, (n >> 8) & 255, n & 255, kind, flags)) + _U32.pack(stream) + payload
-
-
-def hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """RFC 7541 5.1: `value` in a prefix of `prefix_bits`, `first` holding the byte's other bits."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = [first | limit]
-    value -= limit
-    while value >= 128:
-        out.append((value & 127) | 128)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """A header field as a literal never added to the table (RFC 7541 6.2.2), no Huffman."""
-    return b"\x00" + hpack_int(len(name), 7) + name + hpack_int(len(value), 7) + value
-
-
-STATUS_200 = b"\x88"            # :status 200, static table entry 8
-
-
-def named_literal(index: int, value: bytes) -> bytes:
-    """A field, not indexed, whose name is static-table entry `index` (RFC 7541 6.2.2)."""
-    return hpack_int(index, 4) + hpack_int(len(value), 7) + value
-
-
-def http_status_block(code: int) -> bytes:
-    return named_literal(8, str(code).encode())     # :status, name from the static table (8)
-
-
-class ConnectionError_(Exception):
-    """The peer broke the protocol: GOAWAY with `code`, then close."""
-
-    def __init__(self, code: int, why: str):
-        super().__init__(why)
-        self.code = code
-
-
-def unpad(payload: bytes) -> bytes:
-    """A PADDED frame's payload less its pad-length octet and the padding (RFC 9113 6.1)."""
-    if not payload or payload[0] >= len(payload):
-        raise ConnectionError_(PROTOCOL_ERROR, "padding")
-    return payload[1:len(payload) - payload[0]]
-
-
-def header_fragment(flags: int, payload: bytes) -> bytes:
-    """A HEADERS frame's block fragment: less its padding and its PRIORITY fields (6.2)."""
-    if flags & PADDED:
-        payload = unpad(payload)
-    return payload[5:] if flags & PRIORITY_FLAG else payload
+hits = _limits.hits
+OUT_HIGH = 256 << 10            # bytes gathered for one write before queued DATA waits for the next
+_KIND_NAMES = ("DATA", "HEADERS", "PRIORITY", "RST_STREAM", "SETTINGS", "PUSH_PROMISE", "PING", "GOAWAY",
+               "WINDOW_UPDATE", "CONTINUATION")
+# how a closed stream closed (H2Connection.closed)
+END_RECEIVED, RESET_BY_PEER, RESET_BY_US = 1, 2, 3
+END_DATA = b""                  # in a stream's queue: an empty DATA frame with END_STREAM
 
 
 class Stream:
-    """One request stream: its send window, what waits for it, and its handler."""
+    """One request stream: its windows, what waits for its window, and the caller's `user`."""
 
-    __slots__ = ("id", "handler", "send_window", "queue", "remote_closed", "local_closed", "drain")
+    __slots__ = ("id", "user", "remote_closed", "local_closed", "send_window", "recv_window", "queue", "queued",
+                 "content_length", "received", "refused")
 
-    def __init__(self, stream_id: int, send_window: int):
+    def __init__(self, stream_id: int, send_window: int, recv_window: int):
         self.id = stream_id
-        self.handler = None
+        self.user = None
+        self.remote_closed = False          # the client's END_STREAM came
+        self.local_closed = False           # ours went (or a RST_STREAM either way)
         self.send_window = send_window
-        self.queue: collections.deque = collections.deque()   # bytes to send as DATA, then the trailers block
-        self.remote_closed = False
-        self.local_closed = False
-        self.drain: asyncio.Future | None = None     # its writer, waiting for what it sent to leave (drained())
+        self.recv_window = recv_window
+        # views of data to send, then the trailers block (bytes), or END_DATA
+        self.queue: collections.deque = collections.deque()
+        self.queued = 0                     # bytes of data in `queue`
+        self.content_length = None          # the request's, when it gave one
+        self.received = 0                   # body bytes so far (checked against content_length)
+        self.refused = False                # answered by the connection's caller without a handler
 
 
-class H2Connection(asyncio.Protocol):
-    """The server side of one HTTP/2 connection. `new_handler(conn, stream, headers)`
-    returns the stream's handler (data_received(bytes), end(), reset()) or None
-    when it answered the stream itself."""
+class _Block:
+    """A header block while its CONTINUATIONs come."""
+    __slots__ = ("stream", "flags", "data", "frames", "started", "self_dependent")
 
-    def __init__(self, new_handler, on_close=None, min_ping_interval_s: float = MIN_RECV_PING_INTERVAL_S):
-        self.new_handler = new_handler
-        self.on_close = on_close
-        self.min_ping_interval_s = min_ping_interval_s
-        self.transport = None
-        # The loop, once connected: asyncio.get_running_loop() is a getpid() system call a time
-        # on Python 3.11, and each write and each call would ask.
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.peer = ""
+    def __init__(self, stream: int, flags: int, data: bytes, started: float, self_dependent: bool):
+        self.stream, self.flags, self.data = stream, flags, bytearray(data)
+        self.frames, self.started, self.self_dependent = 0, started, self_dependent
+
+
+class H2Connection:
+    """The server side of one HTTP/2 connection; see the module's docstring.
+
+    receive(bytes, now) -> events; the caller answers with send_headers / send_data /
+    send_trailers / send_answer / refuse / reset_stream, gives windows back with credit,
+    and writes what data_to_send() returns."""
+
+    def __init__(self, limits: _limits.Limits = _limits.DEFAULT):
+        self.limits = limits
+        self.decoder = Decoder(limits.max_header_list, max_fields=limits.max_header_fields,
+                               max_decoded=limits.max_header_decoded)
         self.buf = b""
         self.preface_seen = False
-        self.decoder = Decoder(MAX_HEADER_LIST)
+        self.settings_seen = False          # the client's first SETTINGS (the preface's end)
         self.streams: dict[int, Stream] = {}
+        self.closed: dict[int, int] = {}    # recently closed stream -> END_RECEIVED / RESET_BY_PEER / RESET_BY_US
         self.last_stream = 0
-        self.headers_pending = None         # (stream id, flags, bytearray) while CONTINUATIONs come
+        self.block: _Block | None = None
         self.send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = DEFAULT_FRAME
-        self.blocked: dict[int, Stream] = {}    # streams waiting for the connection window or the transport
-        self.received_uncredited = 0
-        self.out: list[bytes] = []
-        self.out_size = 0                   # bytes in `out`, not yet handed to the transport
-        self.flush_scheduled = False
+        self.recv_window = limits.connection_window
+        self.recv_consumed = 0              # counted against recv_window, not yet given back
+        self.out: list = []
+        self.out_size = 0
+        self.ready: dict[int, Stream] = {}  # streams with queued data and a stream window open
+        self.stalled: dict[int, Stream] = {}    # and with none: they wait for the client's WINDOW_UPDATE
+        self.queued_bytes = 0               # data in the streams' queues
         self.going_away = False             # GOAWAY sent or received: no new streams
-        self.closed = False
-        self.failed = False                 # we sent GOAWAY for a protocol error: the rest is not read
-        self.last_ping = float("-inf")      # when the last PING came (none since we last sent anything)
+        self.terminated = False             # a connection error: GOAWAY queued, nothing more is read
+        self.now = 0.0
+        self.events: list = []
+        self.last_ping = float("-inf")
         self.ping_strikes = 0
-        self.write_paused = False           # the transport's buffer is over its high-water mark
-        self.waiting: dict[int, Stream] = {}    # streams whose writer waits in drained()
+        self.control_since = float("-inf")  # the start of the current second of control frames
+        self.control_count = 0
+        self.window_update_allowance = 0   # WINDOW_UPDATEs the DATA we sent makes normal
+        self.reset_tokens = float(limits.reset_burst)
+        self.reset_at: float | None = None
+        self._checked = None                # the last request block found well-formed, and its content-length
+        self._checked_length = None
 
-    # -- asyncio.Protocol --------------------------------------------------
+    # -- start -------------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.loop = asyncio.get_running_loop()
-        peer = transport.get_extra_info("peername")
-        if peer:
-            self.peer = f"ipv6:[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"ipv4:{peer[0]}:{peer[1]}"
-        settings = (_SETTING.pack(S_MAX_CONCURRENT_STREAMS, MAX_STREAMS)
-                    + _SETTING.pack(S_INITIAL_WINDOW_SIZE, STREAM_WINDOW)
-                    + _SETTING.pack(S_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST))
-        transport.write(frame(SETTINGS, 0, 0, settings)
-                        + frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - DEFAULT_WINDOW)))
+    def initiate(self) -> None:
+        """Our SETTINGS and the connection window beyond the default: the first bytes to send."""
+        lim = self.limits
+        self._write(frame(SETTINGS, 0, 0, settings((S_MAX_CONCURRENT_STREAMS, lim.max_concurrent_streams),
+                                                   (S_INITIAL_WINDOW_SIZE, lim.stream_window),
+                                                   (S_MAX_HEADER_LIST_SIZE, lim.max_header_list)))
+                    + frame(WINDOW_UPDATE, 0, 0, U32.pack(lim.connection_window - DEFAULT_WINDOW)))
 
-    def pause_writing(self) -> None:
-        """The peer is not reading what we send: stop reading what it sends (PINGs, new
-        calls), so that what we owe it cannot grow without bound; writers wait (drained())."""
-        self.write_paused = True
-        if self.transport is not None:
-            self.transport.pause_reading()
+    # -- bytes in ----------------------------------------------------------------
 
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
-        self._unblock()
-        self._wake_all()
-
-    def connection_lost(self, exc) -> None:
-        self.closed = True
-        self._wake_all()
-        for st in list(self.streams.values()):
-            if st.handler is not None:
-                st.handler.reset()
-        self.streams.clear()
-        self.blocked.clear()
-        if self.on_close:
-            self.on_close(self)
-
-    def data_received(self, data: bytes) -> None:
-        if self.failed:
-            return
+    def receive(self, data: bytes, now: float) -> list:
+        """The events the bytes make (and the frames to send for them, in data_to_send)."""
+        self.events = events = []
+        if self.terminated:
+            return events
+        self.now = now
         buf = self.buf + data if self.buf else data
-        if not self.preface_seen:
-            if len(buf) < len(PREFACE):
-                if not PREFACE.startswith(buf):
-                    return self._fail(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                self.buf = buf
-                return
-            if not buf.startswith(PREFACE):
-                return self._fail(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            buf = buf[len(PREFACE):]
-            self.preface_seen = True
-        i, n = 0, len(buf)
         try:
-            while n - i >= 9:
-                length = (buf[i] << 16) | (buf[i + 1] << 8) | buf[i + 2]
-                if length > DEFAULT_FRAME:      # we never raise our SETTINGS_MAX_FRAME_SIZE
-                    raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {length} bytes")
-                if n - i < 9 + length:
-                    break
-                kind, flags = buf[i + 3], buf[i + 4]
-                sid = _U32.unpack_from(buf, i + 5)[0] & 0x7FFFFFFF
-                payload = buf[i + 9:i + 9 + length]
-                i += 9 + length
-                if self.headers_pending is not None and kind != CONTINUATION:
-                    raise ConnectionError_(PROTOCOL_ERROR, "a header block interrupted")
+            if not self.preface_seen:
+                if len(buf) < len(PREFACE):
+                    if not PREFACE.startswith(buf):
+                        raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    self.buf = buf
+                    return events
+                if not buf.startswith(PREFACE):
+                    raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                buf = buf[len(PREFACE):]
+                self.preface_seen = True
+            frames, used = split(buf, DEFAULT_FRAME)        # we never raise our SETTINGS_MAX_FRAME_SIZE
+            self.buf = buf[used:] if used < len(buf) else b""
+            for kind, flags, sid, payload in frames:
+                if not self.settings_seen:
+                    if kind != SETTINGS or flags & ACK:
+                        raise ProtocolError(PROTOCOL_ERROR, "the preface's SETTINGS frame did not come first")
+                    self.settings_seen = True
+                if self.block is not None and kind != CONTINUATION:
+                    raise ProtocolError(PROTOCOL_ERROR, f"{_name(kind)} inside a header block")
                 if kind == DATA:
-                    self._on_data(sid, flags, payload, length)
+                    self._on_data(flags, sid, payload)
                 elif kind == HEADERS:
-                    self._on_headers(sid, flags, payload)
-                elif kind == CONTINUATION:
-                    self._on_continuation(sid, flags, payload)
-                elif kind == SETTINGS:
-                    self._on_settings(sid, flags, payload)
+                    self._on_headers(flags, sid, payload)
                 elif kind == WINDOW_UPDATE:
                     self._on_window_update(sid, payload)
-                elif kind == PING:
-                    if sid or length != 8:
-                        raise ConnectionError_(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "bad PING")
-                    if not flags & ACK:
-                        self._on_ping()
-                        self._write(frame(PING, ACK, 0, payload))
+                elif kind == CONTINUATION:
+                    self._on_continuation(flags, sid, payload)
                 elif kind == RST_STREAM:
-                    if not sid or length != 4:
-                        raise ConnectionError_(PROTOCOL_ERROR, "bad RST_STREAM")
-                    st = self.streams.pop(sid, None)
-                    self.blocked.pop(sid, None)
-                    if st is not None:
-                        st.local_closed = True     # nothing more goes out on it
-                        self._wake(st)
-                    if st is not None and st.handler is not None:
-                        st.handler.reset()
-                elif kind == GOAWAY:
-                    self.going_away = True
-                    if not self.streams:
-                        self.transport.close()
+                    self._on_rst_stream(sid, payload)
+                elif kind == SETTINGS:
+                    self._on_settings(flags, sid, payload)
+                elif kind == PING:
+                    self._on_ping(flags, sid, payload)
                 elif kind == PRIORITY:
-                    if length != 5:
-                        raise ConnectionError_(FRAME_SIZE_ERROR, "bad PRIORITY")
+                    self._on_priority(sid, payload)
+                elif kind == GOAWAY:
+                    self._on_goaway(sid, payload)
                 elif kind == PUSH_PROMISE:
-                    raise ConnectionError_(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-                # unknown frame types are ignored (RFC 9113 4.1)
-        except ConnectionError_ as e:
-            return self._fail(e.code, str(e))
-        self.buf = buf[i:]
-        if self.received_uncredited >= CONNECTION_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.received_uncredited)))
-            self.received_uncredited = 0
+                    raise ProtocolError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+                else:                               # unknown types are ignored (§4.1), and counted
+                    self._control()
+            if self.block is not None and now - self.block.started > self.limits.header_block_timeout_s:
+                hits["header_block_timeout"] += 1
+                raise ProtocolError(ENHANCE_YOUR_CALM, "a header block left unfinished")
+        except ProtocolError as e:
+            self._fail(e.code, str(e))
+        if self.recv_consumed >= self.limits.connection_window >> 1 and not self.terminated:
+            self._write(frame(WINDOW_UPDATE, 0, 0, U32.pack(self.recv_consumed)))
+            self.recv_window += self.recv_consumed
+            self.recv_consumed = 0
+        return events
 
-    # -- frames in ---------------------------------------------------------
+    def tick(self, now: float) -> list:
+        """Time limits (an unfinished header block) at `now`; events as receive() gives them."""
+        self.events = events = []
+        block = self.block
+        if block is not None and not self.terminated and now - block.started > self.limits.header_block_timeout_s:
+            hits["header_block_timeout"] += 1
+            self._fail(ENHANCE_YOUR_CALM, "a header block left unfinished")
+        return events
 
-    def _on_data(self, sid: int, flags: int, payload: bytes, length: int) -> None:
+    def next_deadline(self) -> float | None:
+        """When tick() has something to do (None: nothing waits)."""
+        return None if self.block is None or self.terminated else self.block.started + self.limits.header_block_timeout_s
+
+    def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
         if not sid:
-            raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
-        self.received_uncredited += length
+            raise ProtocolError(PROTOCOL_ERROR, "DATA on stream 0")
+        length = len(payload)
+        self.recv_window -= length
+        if self.recv_window < 0:
+            hits["flow_control"] += 1
+            raise ProtocolError(FLOW_CONTROL_ERROR, "DATA past the connection's window")
+        self.recv_consumed += length
         if flags & PADDED:
             payload = unpad(payload)
         st = self.streams.get(sid)
-        if st is None or st.remote_closed:
-            if sid > self.last_stream:
-                raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
-            return      # a stream we reset or finished: its late data is dropped (and credited)
-        # the stream's window comes back as it arrives, unless its handler keeps it until its
-        # reader has caught up (then it calls credit())
-        if length and not flags & END_STREAM and st.handler.credit_now(length):
-            self._write(frame(WINDOW_UPDATE, 0, sid, _U32.pack(length)))
-        if payload:
-            st.handler.data_received(payload)
-        if flags & END_STREAM:
+        if st is None:
+            return self._late(sid, DATA)
+        if st.remote_closed:
+            return self._stream_error(st, STREAM_CLOSED, "DATA after the stream's END_STREAM")
+        st.recv_window -= length
+        if st.recv_window < 0:      # a client that ignores windows: the connection, not just the stream (§6.9.1)
+            hits["flow_control"] += 1
+            raise ProtocolError(FLOW_CONTROL_ERROR, f"DATA past stream {sid}'s window")
+        end = flags & END_STREAM
+        if not payload and not end:
+            self._control()                         # an empty DATA frame moves nothing
+        if st.content_length is not None:
+            st.received += len(payload)
+            if st.received > st.content_length or (end and st.received != st.content_length):
+                hits["malformed"] += 1
+                return self._stream_error(st, PROTOCOL_ERROR, "body length not the content-length")
+        if end:
             st.remote_closed = True
-            if sid in self.streams:
-                st.handler.end()
+        self.events.append(DataReceived(st, payload, length, bool(end)))
 
-    def _on_headers(self, sid: int, flags: int, payload: bytes) -> None:
-        if not sid or not sid & 1:
-            raise ConnectionError_(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
-        payload = header_fragment(flags, payload)
+    def _on_headers(self, flags: int, sid: int, payload: bytes) -> None:
+        if not sid:
+            raise ProtocolError(PROTOCOL_ERROR, "HEADERS on stream 0")
+        fragment, depends_on = header_fragment(flags, payload)
         if flags & END_HEADERS:
-            self._on_header_block(sid, flags, payload)
-        else:
-            self.headers_pending = (sid, flags, bytearray(payload))
+            self._on_block(sid, flags, fragment, depends_on == sid)
+            return
+        if len(fragment) > self.limits.max_header_block:
+            hits["header_block_size"] += 1
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
+        self.block = _Block(sid, flags, fragment, self.now, depends_on == sid)
 
-    def _on_continuation(self, sid: int, flags: int, payload: bytes) -> None:
-        if self.headers_pending is None or self.headers_pending[0] != sid:
-            raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION out of place")
-        block = self.headers_pending[2]
-        block += payload
-        if len(block) > MAX_HEADER_BLOCK:
-            raise ConnectionError_(ENHANCE_YOUR_CALM, "header block too large")
+    def _on_continuation(self, flags: int, sid: int, payload: bytes) -> None:
+        block = self.block
+        if block is None or block.stream != sid:
+            raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without the HEADERS it continues")
+        block.frames += 1
+        if block.frames > self.limits.max_continuations:
+            hits["continuations"] += 1
+            raise ProtocolError(ENHANCE_YOUR_CALM, f"over {self.limits.max_continuations} CONTINUATION frames")
+        block.data += payload
+        if len(block.data) > self.limits.max_header_block:
+            hits["header_block_size"] += 1
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if flags & END_HEADERS:
-            first_flags = self.headers_pending[1]
-            self.headers_pending = None
-            self._on_header_block(sid, first_flags, bytes(block))
+            self.block = None
+            self._on_block(sid, block.flags, bytes(block.data), block.self_dependent)
 
-    def _on_header_block(self, sid: int, flags: int, block: bytes) -> None:
-        try:    # decoded even for a stream we refuse: the table is the connection's
+    def _on_block(self, sid: int, flags: int, block: bytes, self_dependent: bool) -> None:
+        try:    # decoded whatever becomes of the stream: the table is the connection's
             headers = self.decoder.decode(block)
+        except BlockTooLarge as e:
+            hits[e.what] += 1
+            raise ProtocolError(ENHANCE_YOUR_CALM, str(e)) from None
         except HPACKError as e:
-            raise ConnectionError_(COMPRESSION_ERROR, f"header block: {e}") from None
-        if self.decoder.oversized:      # the block was read whole (the table is in step); refused below
-            headers = None
+            raise ProtocolError(COMPRESSION_ERROR, f"header block: {e}") from None
+        oversized = self.decoder.oversized
+        end = flags & END_STREAM
         st = self.streams.get(sid)
-        if st is not None:      # trailers from the client: only the end of its stream matters
-            if not flags & END_STREAM:
-                raise ConnectionError_(PROTOCOL_ERROR, "second HEADERS without END_STREAM")
+        if st is not None:                          # a second block on the stream: its trailers
+            if st.remote_closed:
+                return self._stream_error(st, STREAM_CLOSED, "HEADERS after the stream's END_STREAM")
+            try:
+                if not end:
+                    raise Malformed("a second HEADERS without END_STREAM")
+                if self_dependent:
+                    raise Malformed("a stream depending on itself")
+                if not oversized:
+                    check_trailers(headers)
+                if st.content_length is not None and st.received != st.content_length:
+                    raise Malformed("body length not the content-length")
+            except Malformed as e:
+                hits["malformed"] += 1
+                return self._stream_error(st, PROTOCOL_ERROR, str(e))
             st.remote_closed = True
-            st.handler.end()
+            self.events.append(TrailersReceived(st, headers))
             return
-        if sid <= self.last_stream:     # a stream we already finished (or reset): its late trailers
-            return
+        if sid <= self.last_stream or not sid & 1:
+            if not sid & 1:
+                raise ProtocolError(PROTOCOL_ERROR, f"HEADERS on stream {sid}: clients open odd streams")
+            return self._late(sid, HEADERS)
         self.last_stream = sid
-        if self.going_away or len(self.streams) >= MAX_STREAMS:
-            self._write(frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
-            return
-        st = Stream(sid, self.peer_initial_window)
-        self.streams[sid] = st
-        st.handler = self.new_handler(self, st, headers)
-        if st.handler is None:
-            return
-        if flags & END_STREAM and sid in self.streams:
+        lim = self.limits
+        if self.going_away or len(self.streams) >= lim.max_concurrent_streams or self.queued_bytes > lim.max_queued_bytes:
+            if self.queued_bytes > lim.max_queued_bytes:
+                hits["queued_bytes"] += 1
+            return self._refuse_stream(sid, REFUSED_STREAM)
+        if oversized:
+            hits["header_list"] += 1
+            length = None
+        else:
+            try:
+                if self_dependent:
+                    raise Malformed("a stream depending on itself")
+                if headers is self._checked:
+                    length = self._checked_length
+                else:
+                    length = check_request(headers)
+                    self._checked, self._checked_length = headers, length
+            except Malformed as e:
+                hits["malformed"] += 1
+                return self._refuse_stream(sid, PROTOCOL_ERROR, str(e))
+        st = Stream(sid, self.peer_initial_window, lim.stream_window)
+        if length is not None:
+            st.content_length = length
+            if end and length:
+                hits["malformed"] += 1
+                return self._refuse_stream(sid, PROTOCOL_ERROR, "content-length without a body")
+        if end:
             st.remote_closed = True
-            st.handler.end()
+        self.streams[sid] = st
+        self.events.append(RequestReceived(st, None if oversized else headers, bool(end)))
 
-    def _on_settings(self, sid: int, flags: int, payload: bytes) -> None:
-        if sid:
-            raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & ACK:
-            return
-        if len(payload) % 6:
-            raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS length")
-        for off in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, off)
-            if key == S_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ConnectionError_(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE")
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for st in self.streams.values():
-                    st.send_window += delta
-            elif key == S_MAX_FRAME_SIZE:
-                if not DEFAULT_FRAME <= value <= (1 << 24) - 1:
-                    raise ConnectionError_(PROTOCOL_ERROR, "MAX_FRAME_SIZE")
-                self.peer_max_frame = value
-            elif key == S_ENABLE_PUSH and value > 1:
-                raise ConnectionError_(PROTOCOL_ERROR, "ENABLE_PUSH")
-        self._write(frame(SETTINGS, ACK, 0))
-        for st in list(self.streams.values()):
-            if st.queue:
-                self._pump(st)
+    def _on_rst_stream(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolError(FRAME_SIZE_ERROR, "RST_STREAM not 4 bytes")
+        if not sid:
+            raise ProtocolError(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        st = self.streams.get(sid)
+        if st is None:
+            return self._late(sid, RST_STREAM)
+        self._charge_reset()
+        self._close(st, RESET_BY_PEER)
+        self.events.append(StreamReset(st, U32.unpack(payload)[0], True))
 
     def _on_window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
-        inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
-        if not inc:
-            raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            raise ProtocolError(FRAME_SIZE_ERROR, "WINDOW_UPDATE not 4 bytes")
+        if self.window_update_allowance > 0:        # one for each DATA frame we sent: the usual answer to it
+            self.window_update_allowance -= 1
+        else:
+            self._control()
+        inc = U32.unpack(payload)[0] & 0x7FFFFFFF
         if not sid:
+            if not inc:
+                raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0 for the connection")
             self.send_window += inc
             if self.send_window > MAX_WINDOW:
-                raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window overflow")
-            blocked, self.blocked = self.blocked, {}
-            for st in blocked.values():
-                self._pump(st)
+                raise ProtocolError(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
             return
         st = self.streams.get(sid)
-        if st is not None:
-            st.send_window += inc
-            if st.send_window > MAX_WINDOW:
-                self.reset(st, FLOW_CONTROL_ERROR)
-            elif st.queue:
-                self._pump(st)
+        if st is None:
+            return self._late(sid, WINDOW_UPDATE)
+        if not inc:
+            return self._stream_error(st, PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+        st.send_window += inc
+        if st.send_window > MAX_WINDOW:
+            return self._stream_error(st, FLOW_CONTROL_ERROR, "stream window over 2^31-1")
+        if st.send_window > 0 and self.stalled.pop(sid, None) is not None:
+            self.ready[sid] = st
 
-    # -- frames out (the stream handler's calls) ------------------------------
+    def _on_settings(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid:
+            raise ProtocolError(PROTOCOL_ERROR, "SETTINGS on a stream")
+        self._control()
+        if flags & ACK:
+            if payload:
+                raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
+        if len(payload) > 6 * self.limits.max_settings_entries:
+            hits["settings_entries"] += 1
+            raise ProtocolError(ENHANCE_YOUR_CALM, f"over {self.limits.max_settings_entries} SETTINGS entries")
+        initial = None
+        for off in range(0, len(payload), 6):
+            key, value = SETTING.unpack_from(payload, off)
+            if key == S_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE over 2^31-1")
+                initial = value
+            elif key == S_MAX_FRAME_SIZE:
+                if not DEFAULT_FRAME <= value <= MAX_FRAME_LIMIT:
+                    raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
+                self.peer_max_frame = value
+            elif key == S_ENABLE_PUSH and value > 1:
+                raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH not 0 or 1")
+        if initial is not None and initial != self.peer_initial_window:
+            # once per frame, whatever it holds (§6.9.2): the last value is the one that counts
+            delta = initial - self.peer_initial_window
+            self.peer_initial_window = initial
+            for st in self.streams.values():
+                st.send_window += delta
+                if st.send_window > MAX_WINDOW:
+                    raise ProtocolError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE takes a window over 2^31-1")
+            if delta > 0:
+                for s, st in list(self.stalled.items()):
+                    if st.send_window > 0:
+                        del self.stalled[s]
+                        self.ready[s] = st
+            else:
+                for s, st in list(self.ready.items()):
+                    if st.send_window <= 0:
+                        del self.ready[s]
+                        self.stalled[s] = st
+        self._write(frame(SETTINGS, ACK, 0))
+
+    def _on_ping(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid:
+            raise ProtocolError(PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != 8:
+            raise ProtocolError(FRAME_SIZE_ERROR, "PING not 8 bytes")
+        self._control()
+        if flags & ACK:
+            return
+        now = self.now
+        interval = self.limits.min_ping_interval_s if self.streams else self.limits.idle_ping_interval_s
+        if now < self.last_ping + interval:
+            self.ping_strikes += 1
+            if self.ping_strikes > self.limits.max_ping_strikes:
+                hits["pings"] += 1
+                raise ProtocolError(ENHANCE_YOUR_CALM, "too_many_pings")
+        self.last_ping = now
+        self._write(frame(PING, ACK, 0, payload))
+
+    def _on_priority(self, sid: int, payload: bytes) -> None:
+        if not sid:
+            raise ProtocolError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        self._control()
+        if len(payload) != 5:
+            return self._stream_error(self.streams.get(sid) or sid, FRAME_SIZE_ERROR, "PRIORITY not 5 bytes")
+        if U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+            return self._stream_error(self.streams.get(sid) or sid, PROTOCOL_ERROR, "a stream depending on itself")
+
+    def _on_goaway(self, sid: int, payload: bytes) -> None:
+        if sid:
+            raise ProtocolError(PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            raise ProtocolError(FRAME_SIZE_ERROR, "GOAWAY under 8 bytes")
+        self._control()
+        self.going_away = True
+        self.events.append(GoAwayReceived(U32.unpack_from(payload, 4)[0], U32.unpack_from(payload)[0] & 0x7FFFFFFF))
+
+    # -- closed and idle streams (§5.1) ----------------------------------------------
+
+    def _late(self, sid: int, kind: int) -> None:
+        """A frame for a stream that is not open."""
+        if sid > self.last_stream or not sid & 1:       # idle (we push nothing: even ones stay idle)
+            raise ProtocolError(PROTOCOL_ERROR, f"{_name(kind)} on idle stream {sid}")
+        how = self.closed.get(sid)
+        if how == END_RECEIVED:
+            if kind == DATA or kind == HEADERS:
+                raise ProtocolError(STREAM_CLOSED, f"{_name(kind)} on stream {sid} after its END_STREAM")
+        elif how == RESET_BY_PEER:
+            if kind != RST_STREAM:                      # never a reset for a reset (§5.4.2)
+                self._stream_error(sid, STREAM_CLOSED, f"{_name(kind)} on stream {sid} after its RST_STREAM")
+        elif how is None and kind == HEADERS:           # never opened: the client went back
+            raise ProtocolError(PROTOCOL_ERROR, f"HEADERS on stream {sid}, not above {self.last_stream}")
+        # else reset by us: what was in flight then is dropped (its DATA counted for the connection)
+
+    def _stream_error(self, st, code: int, why: str) -> None:
+        """RST_STREAM `code` (§5.4.2): `st` a Stream (open) or a stream id (not open)."""
+        self._charge_reset()
+        if isinstance(st, int):
+            self._write(frame(RST_STREAM, 0, st, U32.pack(code)))
+            return
+        self._write(frame(RST_STREAM, 0, st.id, U32.pack(code)))
+        st.local_closed = True
+        self._close(st, RESET_BY_US)
+        self.events.append(StreamReset(st, code, False))     # every open stream was announced
+
+    def _refuse_stream(self, sid: int, code: int, why: str = "") -> None:
+        """A stream reset as it opens (REFUSED_STREAM, or a malformed request)."""
+        self._charge_reset()
+        self._write(frame(RST_STREAM, 0, sid, U32.pack(code)))
+        self._remember(sid, RESET_BY_US)
+
+    def _charge_reset(self) -> None:
+        """A reset the client caused, from its bucket (Limits.reset_burst, resets_per_s)."""
+        now = self.now
+        if self.reset_at is not None:
+            self.reset_tokens = min(float(self.limits.reset_burst),
+                                    self.reset_tokens + (now - self.reset_at) * self.limits.resets_per_s)
+        self.reset_at = now
+        if self.reset_tokens < 1.0:
+            hits["resets"] += 1
+            raise ProtocolError(ENHANCE_YOUR_CALM, "too many stream resets")
+        self.reset_tokens -= 1.0
+
+    def _control(self) -> None:
+        now = self.now
+        if now - self.control_since >= 1.0:
+            self.control_since, self.control_count = now, 0
+        self.control_count += 1
+        if self.control_count > self.limits.max_control_frames_per_s:
+            hits["control_frames"] += 1
+            raise ProtocolError(ENHANCE_YOUR_CALM, "too many control frames")
+
+    def _remember(self, sid: int, how: int) -> None:
+        closed = self.closed
+        closed[sid] = how
+        if len(closed) > self.limits.closed_streams_remembered:
+            del closed[next(iter(closed))]
+
+    def _close(self, st: Stream, how: int) -> None:
+        del self.streams[st.id]
+        if st.queue:
+            self.queued_bytes -= st.queued
+            st.queue.clear()
+            st.queued = 0
+            self.ready.pop(st.id, None)
+            self.stalled.pop(st.id, None)
+        self._remember(st.id, how)
+
+    # -- answers (the caller's) ------------------------------------------------------
 
     def credit(self, st: Stream, n: int) -> None:
         """Give `n` bytes of the stream's window back (what its handler held, now read)."""
-        if n > 0 and not st.remote_closed and not self.closed:
-            self._write(frame(WINDOW_UPDATE, 0, st.id, _U32.pack(n)))
-
-    def _on_ping(self) -> None:
-        now = time.monotonic()
-        interval = self.min_ping_interval_s if self.streams else IDLE_RECV_PING_INTERVAL_S
-        too_soon = now < self.last_ping + interval
-        self.last_ping = now
-        if too_soon:
-            self.ping_strikes += 1
-            if self.ping_strikes > MAX_PING_STRIKES:
-                raise ConnectionError_(ENHANCE_YOUR_CALM, "too_many_pings")
-
-    def _sent(self) -> None:
-        """HEADERS or DATA is being sent (DATA perhaps queued behind a window): the PINGs before
-        it were not abuse."""
-        self.last_ping, self.ping_strikes = float("-inf"), 0
+        if n > 0 and not st.remote_closed and not self.terminated:
+            st.recv_window += n
+            self._write(frame(WINDOW_UPDATE, 0, st.id, U32.pack(n)))
 
     def send_headers(self, st: Stream, block: bytes, end_stream: bool = False) -> None:
-        """A header block (under the peer's frame size: ours are small)."""
-        if st.local_closed or self.closed:
+        if st.local_closed or self.terminated:
             return
-        self._sent()
-        self._write(frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0), st.id, block))
+        if not st.refused:
+            self._answered()
+        self._write(self._header_frames(st.id, block, END_STREAM if end_stream else 0))
         if end_stream:
             self._finish(st)
 
     def send_answer(self, st: Stream, headers: bytes, data: bytes, trailers: bytes) -> None:
         """send_headers, send_data and send_trailers of a whole answer (a unary gRPC call's):
-        one write of three frames when the data fits the windows and one frame, as it mostly does."""
-        if st.local_closed or self.closed:
+        three frames together when the data fits the windows and one frame, as it mostly does."""
+        if st.local_closed or self.terminated:
             return
         n = len(data)
-        if st.queue or n > st.send_window or n > self.send_window or n > self.peer_max_frame:
+        if st.queue or n > st.send_window or n > self.send_window or n > self.peer_max_frame \
+                or len(headers) > self.peer_max_frame or len(trailers) > self.peer_max_frame:
             self.send_headers(st, headers)
             self.send_data(st, data)
             return self.send_trailers(st, trailers)
-        self._sent()
+        self._answered()
         st.send_window -= n
         self.send_window -= n
+        self.window_update_allowance += 2
         self._write(frame(HEADERS, END_HEADERS, st.id, headers) + frame(DATA, 0, st.id, data)
                     + frame(HEADERS, END_HEADERS | END_STREAM, st.id, trailers))
         self._finish(st)
 
-    def send_data(self, st: Stream, data: bytes) -> None:
-        if st.local_closed or self.closed:
+    def send_data(self, st: Stream, data, end_stream: bool = False) -> None:
+        """DATA now where the windows allow, else queued (a view of `data`, not a copy)."""
+        if st.local_closed or self.terminated:
             return
-        self._sent()
-        if not st.queue and len(data) <= min(st.send_window, self.send_window, self.peer_max_frame):
-            st.send_window -= len(data)         # the common case: one frame, windows open
-            self.send_window -= len(data)
-            self._write(frame(DATA, 0, st.id, data))
+        n = len(data)
+        if not st.queue and n <= st.send_window and n <= self.send_window and n <= self.peer_max_frame \
+                and self.out_size < OUT_HIGH:
+            if not st.refused:
+                self._answered()
+            st.send_window -= n
+            self.send_window -= n
+            self.window_update_allowance += 2
+            self._write(frame(DATA, END_STREAM if end_stream else 0, st.id, data))
+            if end_stream:
+                self._finish(st)
             return
-        st.queue.append(memoryview(data))
-        self._pump(st)
+        if n:
+            st.queue.append(memoryview(data))
+            st.queued += n
+            self.queued_bytes += n
+        if end_stream:
+            st.queue.append(END_DATA)
+        self._wait(st)
 
     def send_trailers(self, st: Stream, block: bytes) -> None:
         """The stream's last header block, after whatever data still waits for a window."""
-        if st.local_closed or self.closed:
+        if st.local_closed or self.terminated:
             return
         if not st.queue:
             return self.send_headers(st, block, end_stream=True)
-        st.queue.append(block)      # bytes: the trailers; memoryview: data
-        self._pump(st)
+        st.queue.append(block)
+        self._wait(st)
 
-    def reset(self, st: Stream, code: int = CANCEL) -> None:
-        """Ends the stream with RST_STREAM; its handler is told, as when the peer resets it."""
-        if not st.local_closed and not self.closed:
-            self._write(frame(RST_STREAM, 0, st.id, _U32.pack(code)))
-        st.local_closed = st.remote_closed = True
-        st.queue.clear()
-        self._drop(st)
-        if st.handler is not None:
-            st.handler.reset()
+    def refuse(self, st: Stream, block: bytes, body: bytes = b"") -> None:
+        """An answer the connection's caller gives without a handler (a 405, an unknown method):
+        sending it does not clear the client's PING strikes, as an answer to a call does."""
+        st.refused = True
+        if body:
+            self.send_headers(st, block)
+            self.send_data(st, body, end_stream=True)
+        else:
+            self.send_headers(st, block, end_stream=True)
 
-    def _pump(self, st: Stream) -> None:
-        while st.queue:
-            head = st.queue[0]
-            if isinstance(head, bytes):         # the trailers, all data before them sent
-                st.queue.popleft()
-                self.send_headers(st, head, end_stream=True)
-                return
-            if self.write_paused or self.out_size >= OUT_HIGH:
-                # The rest waits here, a view of the caller's bytes, not frames copied out of
-                # it: a 5 MB message to many streams costs its one buffer until it is sent.
-                self.blocked[st.id] = st
-                return
-            room = min(st.send_window, self.send_window, self.peer_max_frame)
-            if room <= 0 and len(head):
-                if self.send_window <= 0:
-                    self.blocked[st.id] = st
-                return
-            part = head[:room]
-            st.send_window -= len(part)
-            self.send_window -= len(part)
-            self._sent()                        # DATA going out from here (a window opened) clears strikes too
-            n = len(part)                       # the frame header, then the view itself (joined once in _flush)
-            self._write(bytes((n >> 16, (n >> 8) & 255, n & 255, DATA, 0)) + _U32.pack(st.id))
-            self._write(part)
-            if len(part) == len(head):
-                st.queue.popleft()
+    def reset_stream(self, st: Stream, code: int) -> None:
+        """End the stream with RST_STREAM (the caller's handler is over)."""
+        if st.id not in self.streams or self.terminated:
+            return
+        self._write(frame(RST_STREAM, 0, st.id, U32.pack(code)))
+        st.local_closed = True
+        self._close(st, RESET_BY_US)
+
+    def go_away(self, code: int = NO_ERROR, why: str = "") -> None:
+        """No new streams (those open go on)."""
+        if self.going_away and code == NO_ERROR or self.terminated:
+            return
+        self.going_away = True
+        self._write(goaway(self.last_stream, code, why.encode()[:256]))
+
+    def queued(self, st: Stream) -> bool:
+        """Data of `st` still waits for a window or for data_to_send."""
+        return bool(st.queue)
+
+    @property
+    def idle_after_goaway(self) -> bool:
+        """GOAWAY either way and no stream left: the connection can be closed."""
+        return self.going_away and not self.streams
+
+    # -- bytes out -------------------------------------------------------------------
+
+    def data_to_send(self, limit: int = OUT_HIGH) -> bytes:
+        """The bytes to write now: frames made so far and queued DATA the windows let go,
+        up to about `limit` bytes of it (the rest stays queued for the next call)."""
+        if self.ready and self.send_window > 0 and not self.terminated:
+            self._pump(limit)
+        if not self.out:
+            return b""
+        data = b"".join(self.out)
+        self.out.clear()
+        self.out_size = 0
+        return data
+
+    def has_ready_data(self) -> bool:
+        """Queued DATA that windows let go, left for the next data_to_send()."""
+        return bool(self.ready) and self.send_window > 0 and not self.terminated
+
+    def _pump(self, limit: int) -> None:
+        for sid, st in list(self.ready.items()):
+            queue = st.queue
+            while queue:
+                head = queue[0]
+                if type(head) is not memoryview:    # the trailers, or END_DATA, all data before them sent
+                    queue.popleft()
+                    del self.ready[sid]
+                    if head is END_DATA:
+                        self._write(frame(DATA, END_STREAM, sid))
+                        self._finish(st)
+                    else:
+                        self.send_headers(st, head, end_stream=True)
+                    break
+                if self.out_size >= limit:
+                    return
+                room = min(st.send_window, self.send_window, self.peer_max_frame)
+                if room <= 0:
+                    if st.send_window <= 0:
+                        del self.ready[sid]
+                        self.stalled[sid] = st
+                        break
+                    return                      # the connection's window: every stream waits
+                part = head[:room]
+                n = len(part)
+                st.send_window -= n
+                self.send_window -= n
+                st.queued -= n
+                self.queued_bytes -= n
+                self.window_update_allowance += 2
+                if not st.refused:
+                    self._answered()            # DATA going out when a window opened clears strikes too
+                self._write(frame_header(DATA, 0, sid, n))
+                self._write(part)
+                if n == len(head):
+                    queue.popleft()
+                else:
+                    queue[0] = head[n:]
             else:
-                st.queue[0] = head[room:]
-        if st.drain is not None:
-            self._wake(st)
+                self.ready.pop(sid, None)
+
+    def _wait(self, st: Stream) -> None:
+        if st.send_window > 0:
+            self.ready[st.id] = st
+        else:
+            self.stalled[st.id] = st
+
+    def _header_frames(self, sid: int, block: bytes, end: int) -> bytes:
+        size = self.peer_max_frame
+        if len(block) <= size:
+            return frame(HEADERS, END_HEADERS | end, sid, block)
+        parts = [block[i:i + size] for i in range(0, len(block), size)]
+        out = [frame(HEADERS, end, sid, parts[0])]
+        out += [frame(CONTINUATION, 0, sid, p) for p in parts[1:-1]]
+        out.append(frame(CONTINUATION, END_HEADERS, sid, parts[-1]))
+        return b"".join(out)
+
+    def _answered(self) -> None:
+        """An answer is going out: the PINGs before it were not abuse (grpc-core's policy)."""
+        self.last_ping, self.ping_strikes = float("-inf"), 0
 
     def _finish(self, st: Stream) -> None:
         st.local_closed = True
-        if not st.remote_closed:        # the answer is complete before the request: stop its upload
-            self._write(frame(RST_STREAM, 0, st.id, _U32.pack(NO_ERROR)))
-            st.remote_closed = True
-        self._drop(st)
-
-    def _drop(self, st: Stream) -> None:
-        self.streams.pop(st.id, None)
-        self.blocked.pop(st.id, None)
-        if st.drain is not None:
-            self._wake(st)
-        if self.going_away and not self.streams and self.transport is not None:
-            self._flush()
-            self.transport.close()
+        if st.remote_closed:
+            how = END_RECEIVED
+        else:       # the answer is complete before the request: stop its upload (§8.1)
+            self._write(frame(RST_STREAM, 0, st.id, U32.pack(NO_ERROR)))
+            how = RESET_BY_US
+        if st.id in self.streams:
+            self._close(st, how)
 
     def _write(self, data) -> None:
         self.out.append(data)
         self.out_size += len(data)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            (self.loop or asyncio.get_running_loop()).call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        if self.out and not self.closed and self.transport is not None:
-            self.transport.write(b"".join(self.out))     # may call pause_writing
-        self.out.clear()
-        self.out_size = 0
-        self._unblock()
-        if self.waiting:
-            self._wake_all()
-
-    def _unblock(self) -> None:
-        """Streams held back for the transport go on while it takes more."""
-        if self.blocked and not self.write_paused and not self.closed:
-            blocked, self.blocked = self.blocked, {}
-            for st in blocked.values():
-                self._pump(st)
-
-    # -- a writer's backpressure ---------------------------------------------------
-
-    def drained(self, st: Stream) -> asyncio.Future | None:
-        """None when what `st` sent has left for the transport and the transport takes more;
-        else a future that resolves once it has (or the stream or connection is over).
-
-        Without it a streaming writer never waits: a 5 MB message to a peer that reads
-        slowly (or a push to a thousand) piles up here, unbounded.
-        """
-        if self._is_drained(st):
-            return None
-        st.drain = asyncio.get_running_loop().create_future()
-        self.waiting[st.id] = st
-        return st.drain
-
-    def _is_drained(self, st: Stream) -> bool:
-        # Small writes of one loop turn still go out in one transport write; past OUT_HIGH the
-        # writer waits for that write (and for the transport, if it then pauses).
-        return st.local_closed or self.closed or not (st.queue or self.write_paused or self.out_size > OUT_HIGH)
-
-    def _wake(self, st: Stream) -> None:
-        if self._is_drained(st):
-            fut, st.drain = st.drain, None
-            self.waiting.pop(st.id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
-
-    def _wake_all(self) -> None:
-        for st in list(self.waiting.values()):
-            self._wake(st)
-
-    def go_away(self) -> None:
-        """No new streams; close once those open have finished."""
-        if self.closed or self.going_away:
-            return
-        self.going_away = True
-        self._write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream) + _U32.pack(NO_ERROR)))
-        if not self.streams:
-            self._flush()
-            self.transport.close()
 
     def _fail(self, code: int, why: str) -> None:
-        log.debug("gRPC lane: closing %s: %s", self.peer, why)
-        if self.transport is not None and not self.closed:
-            self.out.append(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream) + _U32.pack(code) + why.encode()[:256]))
-            self._flush()
-            self.transport.close()
+        """A connection error: GOAWAY, and nothing more is read or sent after it."""
+        self.out.append(goaway(self.last_stream, code, why.encode()[:256]))
+        self.terminated = self.going_away = True
         self.buf = b""
-        self.going_away = self.failed = True
+        self.block = None
+        self.events.append(ConnectionTerminated(code, why))
+
+
+def _name(kind: int) -> str:
+    return _KIND_NAMES[kind] if kind < len(_KIND_NAMES) else f"frame type {kind}"

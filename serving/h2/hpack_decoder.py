@@ -1,4 +1,4 @@
-"""HPACK (RFC 7541) header-block decoding for h2_server, raw bytes in and out.
+"""HPACK (RFC 7541) header-block decoding for the HTTP/2 connection, raw bytes in and out.
 
 Why not hpack.Decoder: the gRPC lane decodes one block per call, and the
 package's decoder (HeaderTuple objects, str checks, per-field size bookkeeping)
@@ -19,6 +19,15 @@ SEEN_BLOCKS = 16                        # blocks remembered per connection (Deco
 SEEN_BLOCK_BYTES = 512                  # the largest remembered (a repeated call's block is ~20-200)
 
 
+class BlockTooLarge(Exception):
+    """A block past the decoder's hard caps (`what`: "header_fields" or "header_decoded"):
+    decoding stopped there, so the table is no longer the peer's and the connection must end."""
+
+    def __init__(self, what: str, why: str):
+        super().__init__(why)
+        self.what = what
+
+
 class Decoder:
     """One connection's decoding context: its dynamic table, at most `max_table` bytes
     (our SETTINGS_HEADER_TABLE_SIZE, the default 4,096), and a cap on a block's
@@ -28,10 +37,17 @@ class Decoder:
     peer's (the connection lives on; only that request is refused), but the fields
     past the cap are not kept: `oversized` is set and the list is cut there. (Small
     indexes naming large table entries would otherwise inflate a 64 KiB block to
-    hundreds of MB.)"""
+    hundreds of MB.)
 
-    def __init__(self, max_list: int, max_table: int = 4096):
+    Reading a block whole costs Python time per field (~0.5 µs a one-byte reference), so a
+    block is read whole only up to `max_fields` fields and `max_decoded` decoded bytes:
+    past either, BlockTooLarge (an HPACK bomb: 60 KB of one-byte references took 48 ms
+    of the loop when every field was walked)."""
+
+    def __init__(self, max_list: int, max_table: int = 4096, max_fields: int = 1000,
+                 max_decoded: int = 256 << 10):
         self.max_list = max_list
+        self.max_fields, self.max_decoded = max_fields, max_decoded
         self.max_table = self.table_limit = max_table
         self.table: collections.deque = collections.deque()    # newest first
         self.table_size = 0
@@ -59,7 +75,7 @@ class Decoder:
     def _decode(self, data: bytes) -> list[tuple[bytes, bytes]]:
         self.oversized = False
         out = []
-        i, n, total = 0, len(data), 0
+        i, n, total, fields = 0, len(data), 0, 0
         while i < n:
             b = data[i]
             if b & 0x80:                            # indexed field
@@ -71,6 +87,8 @@ class Decoder:
                 value, i = _str(data, i)
                 self._add(name, value)
             elif b & 0x20:                          # dynamic table size update
+                if fields:          # RFC 7541 4.2: only at the start of a block
+                    raise HPACKDecodingError("dynamic table size update after a field")
                 size, i = _int(data, i, 5)
                 if size > self.max_table:
                     raise HPACKDecodingError(f"table size update to {size} over {self.max_table}")
@@ -82,9 +100,14 @@ class Decoder:
                 index, i = _int(data, i, 4)
                 name, i = (self._get(index)[0], i) if index else _str(data, i)
                 value, i = _str(data, i)
+            fields += 1
             total += len(name) + len(value) + ENTRY_OVERHEAD
             if total > self.max_list:
                 self.oversized = True
+                if fields > self.max_fields:
+                    raise BlockTooLarge("header_fields", f"over {self.max_fields} fields in one header block")
+                if total > self.max_decoded:
+                    raise BlockTooLarge("header_decoded", f"over {self.max_decoded} decoded bytes in one header block")
             else:
                 out.append((name, value))
         return out

@@ -1,4 +1,6 @@
-"""`mcpctl route explain` and `mcpctl proxy-config`, registered by xds.cli."""
+"""`mcpctl route explain` and `mcpctl proxy-config`, registered through the `mcp26.mcpctl` entry
+point (pyproject.toml) as a part's commands are: explain sits above the control plane's modules,
+so mcp26.xds.cli does not import it."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,8 @@
 """`mcpctl route explain`: which rule a request takes and where it goes.
 
-The directory is loaded as the control plane loads it, translated for one
-proxy with the control plane's own translator, and the request is run
+The directory is loaded as the control plane loads it (its Wasm modules
+read and checked too), translated for one proxy with the control plane's
+own translator, and the request is run
 through the RouteConfiguration that proxy would get (envoy_match has
 Envoy's matching rules). Every step names the YAML that produced it.
 """
@@ -16,8 +17,11 @@ from google.protobuf import json_format
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.resources import MeshConfig
 from mcp26.xds.explain import envoy_match, sources
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import LISTENER, ROUTE
+from mcp26.xds.incremental_load import IncrementalLoader
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import LISTENER, ROUTE
+from mcp26.xds.translate import Overlay, TranslateOptions, translate
+from mcp26.xds.wasm_modules import WasmModuleStore
 
 PASSED_OVER_SHOWN = 10
 FAULT_FILTER = "envoy.filters.http.fault"
@@ -35,13 +39,16 @@ class Proxy:
 
 def load(directory: str) -> MeshConfig:
     """The directory as the control plane loads it (all or nothing)."""
-    from mcp26.xds.incremental_load import IncrementalLoader
     try:
         return IncrementalLoader()(directory)
     except ConfigError as e:
-        first = e.diagnostics[0] if e.diagnostics else None
-        more = f" (and {len(e.diagnostics) - 1} more)" if len(e.diagnostics) > 1 else ""
-        raise ExplainError(f"{first}{more}" if first else str(e)) from None
+        raise _explain_error(e) from None
+
+
+def _explain_error(e: ConfigError) -> ExplainError:
+    first = e.diagnostics[0] if e.diagnostics else None
+    more = f" (and {len(e.diagnostics) - 1} more)" if len(e.diagnostics) > 1 else ""
+    return ExplainError(f"{first}{more}" if first else str(e))
 
 
 def proxy_for(config: MeshConfig, gateway: str | None = None, sidecar: str | None = None) -> Proxy:
@@ -110,8 +117,11 @@ def parse_header(text: str) -> tuple[str, str]:
 
 def explain(config: MeshConfig, proxy: Proxy, request: envoy_match.Request, port: int | None = None,
             options=None) -> dict:
-    from mcp26.xds.translate import translate, TranslateOptions
-    snapshot = translate(config, proxy.node, options or TranslateOptions())
+    try:        # as the control plane does when it loads the config: a bad module rejects it
+        overlay = Overlay(wasm_modules=WasmModuleStore().load(config))
+    except ConfigError as e:
+        raise _explain_error(e) from None
+    snapshot = translate(config, proxy.node, options or TranslateOptions(), overlay)
     listener, rc_name = _listener(snapshot, port, request.host)
     request = envoy_match.Request(request.host, envoy_match.normalized_path(request.path), request.method,
                                   request.headers, request.scheme)

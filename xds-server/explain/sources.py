@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 
 from mcp26.mesh.resources import MeshConfig, Resource
+from mcp26.xds.model.type_urls import ENDPOINT
+from mcp26.xds.translate.index import build_index
 from mcp26.xds.translate.routes import SOURCE_METADATA    # the route metadata translation writes
-from mcp26.xds.type_urls import ENDPOINT
 
 
 def where(res: Resource, path: str = "") -> str:
@@ -107,7 +108,6 @@ def _istio_service(config: MeshConfig, snapshot: dict, cluster: str) -> dict | N
     if len(parts) != 4:
         return None
     direction, port, subset, host = parts
-    from mcp26.xds.translate.index import build_index
     idx = build_index(config)
     out = {"service": host, "port": int(port) if port.isdigit() else port, "subset": subset,
            "direction": direction, "endpoints": _endpoints(snapshot, cluster)}

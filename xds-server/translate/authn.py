@@ -33,9 +33,10 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from mcp26.mesh.resources import MeshConfig, Resource
 from mcp26.mesh.header_contract import JWT_AUTHN_FILTER, JWT_PAYLOAD_METADATA_KEY
-from mcp26.xds import type_urls
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model import type_urls
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 from mcp26.xds.translate.policy_scope import request_authentications
 
@@ -158,7 +159,7 @@ def bad_token_reply() -> hcm.LocalReplyConfig:
     return hcm.LocalReplyConfig(mappers=[mapper])
 
 
-def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay) -> Snapshot:
     """The clusters jwt_authn fetches jwksUri through."""
     clusters = {}
     for res in request_authentications(config, node):

@@ -26,6 +26,7 @@ from mcp26.xds.translate import transport_sockets, values
 from mcp26.xds.translate.index import (H2_PROTOCOLS, ROOT_NAMESPACE, TCP_PROTOCOLS, Endpoint, MeshIndex, Service,
                                         ServicePort, labels_match)
 from mcp26.xds.translate.names import cluster_name
+from mcp26.xds.translate.overlay import endpoint_key
 
 Cluster = cluster_pb2.Cluster
 MAX_UINT32 = 4294967295
@@ -172,13 +173,12 @@ def load_assignment(name: str, service: Service, port: ServicePort,
 
 def with_endpoint_weights(assignments: dict, weights: dict[str, dict[str, int]]) -> dict:
     """`assignments` with the decision loop's endpoint weights ({cluster: {ADDRESS:PORT: weight}},
-    xds.endpoint_weights) laid over copies of the assignments they name; every other
+    Overlay.endpoint_weights) laid over copies of the assignments they name; every other
     assignment is the same message object (those given are shared: never changed here), so
     only the weighted clusters' EDS versions move. A cluster or endpoint that is not (or no
     longer) in `assignments` is passed over. Locality weights follow, as load_assignment sums them."""
     if not weights:
         return assignments
-    from mcp26.xds.endpoint_weights import endpoint_key
     out = None
     for name, by_endpoint in weights.items():
         cla = assignments.get(name)

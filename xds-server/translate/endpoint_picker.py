@@ -65,10 +65,11 @@ from google.protobuf import any_pb2, json_format
 from mcp26.mesh import endpoint_picker as epp
 from mcp26.mesh import gateway_api, hosts
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate import inference_pool
 from mcp26.xds.translate.index import MeshIndex
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -160,7 +161,7 @@ def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -
     return [_FILTER]
 
 
-def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay) -> Snapshot:
     return {}
 
 

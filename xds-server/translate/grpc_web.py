@@ -29,7 +29,6 @@ HCM's stream idle timeout (listeners.py) bounds a stall on either side.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 from envoy.extensions.filters.http.grpc_web.v3 import grpc_web_pb2
@@ -38,8 +37,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import any_pb2
 
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 
 GRPC_WEB_FILTER = "envoy.filters.http.grpc_web"
@@ -62,16 +62,18 @@ def grpc_web_filter() -> hcm_pb2.HttpFilter:
     return _filter(GRPC_WEB_FILTER, grpc_web_pb2.GrpcWeb())
 
 
-@functools.cache
 def _frames_source() -> str:
     with open(_LUA, encoding="utf-8") as f:
         return (f.read().replace("__LIMIT__", str(FRAMES_CHECK_LIMIT))
                 .replace("__MAX_MESSAGE__", str(MAX_REQUEST_MESSAGE)))
 
 
+FRAMES_SOURCE = _frames_source()        # the package's own Lua, read once at import: translation reads no file
+
+
 def frames_filter() -> hcm_pb2.HttpFilter:
     lua = lua_pb2.Lua()
-    lua.default_source_code.inline_string = _frames_source()
+    lua.default_source_code.inline_string = FRAMES_SOURCE
     return _filter(FRAMES_FILTER, lua)
 
 
@@ -83,6 +85,6 @@ def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -
     return [frames_filter(), grpc_web_filter()]
 
 
-def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay) -> Snapshot:
     """Nothing extra: the filter needs no cluster or extension config of its own."""
     return {}

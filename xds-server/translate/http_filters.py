@@ -22,13 +22,15 @@ A filter module exposes
         its filters for the HCM serving `port` (a Gateway server port; for
         proxyless gRPC the service port of the API listener) in `phase`;
         [] for a phase it has nothing in.
-    resources(config, node) -> Snapshot
+    resources(config, node, overlay) -> Snapshot
         extra resources merged into the node's snapshot (a JWKS cluster, the
-        ECDS TypedExtensionConfigs). A name clash with a translated resource
+        ECDS TypedExtensionConfigs, which carry the overlay's Wasm bytes and
+        class remaps: overlay.py). A name clash with a translated resource
         is an error, never a silent overwrite.
 
-Both must be pure, deterministic functions of their arguments: the
-Translator caches listeners by the filters they return. No filter module
+Both must be pure, deterministic functions of their arguments (no file, no
+module-level state): the Translator caches listeners by the filters they
+return. No filter module
 imports another; what two of them read lives in a module of its own
 (policy_scope.py). Adding a filter is one module and one line in CHAIN.
 """
@@ -36,9 +38,10 @@ from __future__ import annotations
 
 from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate import authn, endpoint_picker, grpc_web, rbac, wasm_plugins
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 
 # Per phase, the modules asked for filters, in order.
@@ -62,11 +65,11 @@ def phase_filters(config: MeshConfig, node: ProxyNode, port: int) -> list:
     return [f for phase, modules in CHAIN for m in modules for f in m.http_filters(config, node, port, phase)]
 
 
-def resources(config: MeshConfig, node: ProxyNode, snapshot: Snapshot) -> None:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay, snapshot: Snapshot) -> None:
     """Merge every filter module's extra resources into `snapshot`."""
     for module in FILTER_MODULES:
         owner = module.__name__.rsplit(".", 1)[-1]
-        for type_url, extra in (module.resources(config, node) or {}).items():
+        for type_url, extra in (module.resources(config, node, overlay) or {}).items():
             target = snapshot.setdefault(type_url, {})
             for name, msg in extra.items():
                 if name in target:

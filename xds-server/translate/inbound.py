@@ -34,13 +34,14 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from mcp26.mesh import headers as H
 from mcp26.mesh.resources import MeshConfig, Resource
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import http_filters
 from mcp26.xds.translate.clusters import HTTP_PROTOCOL_OPTIONS
 from mcp26.xds.translate.index import H2_PROTOCOLS, TCP_PROTOCOLS
 from mcp26.xds.translate.listeners import (HCM_FILTER, filter_chain_head, filter_chain_tail,
                                             http_connection_manager)
 from mcp26.xds.translate.names import cluster_name, listener_name
+from mcp26.xds.translate.options import TranslateOptions
 from mcp26.xds.translate.sidecar_scope import mtls_mode
 from mcp26.xds.translate.tcp import TCP_PROXY_FILTER
 from mcp26.xds.translate.transport_sockets import istio_mutual_downstream, transport_socket
@@ -109,9 +110,11 @@ def _route_config(port: int) -> route_pb2.RouteConfiguration:
     return rc
 
 
-def _hcm(config: MeshConfig, node: ProxyNode, bind: str, port: int) -> hcm_pb2.HttpConnectionManager:
+def _hcm(config: MeshConfig, node: ProxyNode, bind: str, port: int,
+         options: TranslateOptions) -> hcm_pb2.HttpConnectionManager:
     filters = filter_chain_head(grpc=False) + http_filters.phase_filters(config, node, port) + filter_chain_tail()
-    hcm = http_connection_manager(f"inbound_{bind}_{port}", "", filters, gateway=False)
+    hcm = http_connection_manager(f"inbound_{bind}_{port}", "", filters, gateway=False,
+                                  stream_idle_timeout_s=options.stream_idle_timeout_s)
     hcm.route_config.CopyFrom(_route_config(port))       # inline, as istiod's inbound chains
     hcm.forward_client_cert_details = hcm_pb2.HttpConnectionManager.SANITIZE_SET
     details = hcm.set_current_client_cert_details
@@ -131,18 +134,18 @@ def _chain(lis: listener_pb2.Listener, network_filter: tuple, tls: bool | None, 
         chain.transport_socket.CopyFrom(transport_socket(istio_mutual_downstream(http)))
 
 
-def inbound_listener(config: MeshConfig, node: ProxyNode, ingress: dict, bind: str) -> tuple:
+def inbound_listener(config: MeshConfig, node: ProxyNode, ingress: dict, options: TranslateOptions) -> tuple:
     """(Listener, inbound Cluster) for one Sidecar ingress entry."""
     port = int(ingress["port"]["number"])
     protocol = str(ingress["port"].get("protocol") or "").upper()
-    bind = str(ingress.get("bind") or bind)
+    bind = str(ingress.get("bind") or options.bind_address)
     name = listener_name(bind, port)
     lis = listener_pb2.Listener(name=name, traffic_direction=base_pb2.INBOUND)
     lis.address.socket_address.address = bind
     lis.address.socket_address.port_value = port
     http = protocol not in TCP_PROTOCOLS
     if http:
-        network = (HCM_FILTER, _hcm(config, node, bind, port))
+        network = (HCM_FILTER, _hcm(config, node, bind, port, options))
     else:
         network = (TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=inbound_cluster_name(port),
                                                             cluster=inbound_cluster_name(port)))
@@ -157,12 +160,13 @@ def inbound_listener(config: MeshConfig, node: ProxyNode, ingress: dict, bind: s
     return lis, inbound_cluster(port, str(ingress["defaultEndpoint"]), protocol)
 
 
-def inbound(config: MeshConfig, node: ProxyNode, sidecar: Resource | None, bind: str) -> tuple[dict, dict]:
+def inbound(config: MeshConfig, node: ProxyNode, sidecar: Resource | None,
+            options: TranslateOptions) -> tuple[dict, dict]:
     """The node's inbound listeners and clusters by name (none without a Sidecar ingress)."""
     listeners, clusters = {}, {}
     for ingress in (sidecar.spec.get("ingress") or []) if sidecar is not None else []:
         if not ingress.get("defaultEndpoint"):
             continue          # validation refuses it; captured traffic needs iptables
-        lis, cluster = inbound_listener(config, node, ingress, bind)
+        lis, cluster = inbound_listener(config, node, ingress, options)
         listeners[lis.name], clusters[cluster.name] = lis, cluster
     return listeners, clusters

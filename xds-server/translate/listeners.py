@@ -79,13 +79,8 @@ def downstream_alpn_mutation(alpn: str = ""):
     return ext
 
 
-# Envoy's own default and Istio's EDGE-profile value. `mcpctl xds serve
-# --stream-idle-timeout` sets it for the process (tests use a short one).
-STREAM_IDLE_TIMEOUT_S: float = 300
-
-
 def http_connection_manager(stat_prefix: str, route_name: str, filters: list[HttpFilter],
-                            gateway: bool, alpn: str = "") -> HCM:
+                            gateway: bool, alpn: str = "", *, stream_idle_timeout_s: float) -> HCM:
     hcm = HCM(stat_prefix=stat_prefix, codec_type=HCM.AUTO)
     # Before any filter, even route selection: the header is Envoy's alone.
     hcm.early_header_mutation_extensions.add().CopyFrom(downstream_alpn_mutation(alpn))
@@ -101,7 +96,8 @@ def http_connection_manager(stat_prefix: str, route_name: str, filters: list[Htt
     # this long is answered 408 / grpc-status 2 "stream timeout" and released, so a
     # client that stops mid-body (a truncated gRPC-Web frame, chunked or h2c) or an
     # upstream that waits forever on one cannot hold streams for ever.
-    hcm.stream_idle_timeout.FromMilliseconds(int(STREAM_IDLE_TIMEOUT_S * 1000))
+    # (TranslateOptions.stream_idle_timeout_s; 0 turns it off.)
+    hcm.stream_idle_timeout.FromMilliseconds(int(stream_idle_timeout_s * 1000))
     # `end_user` is not `end-user` to Envoy or the Wasm filter, but CGI/WSGI-style
     # upstreams read both as END_USER: drop every header with an underscore (and count
     # it in http.PREFIX.dropped_headers_with_underscores) so no twin of a
@@ -157,7 +153,7 @@ def downstream_tls(tls: dict) -> tls_pb2.DownstreamTlsContext:
 
 
 def bound_listener(bind: str, port: int, chains: list[Chain], filters: list[HttpFilter],
-                   gateway: bool) -> Listener:
+                   gateway: bool, stream_idle_timeout_s: float) -> Listener:
     name = listener_name(bind, port)
     lis = Listener(name=name)
     lis.address.socket_address.address = bind
@@ -182,7 +178,8 @@ def bound_listener(bind: str, port: int, chains: list[Chain], filters: list[Http
             if alpn:
                 chain.filter_chain_match.application_protocols.append(alpn)
                 alpn_chains = True
-            hcm = http_connection_manager(f"outbound_{name}", spec.route_name, filters, gateway, alpn)
+            hcm = http_connection_manager(f"outbound_{name}", spec.route_name, filters, gateway, alpn,
+                                          stream_idle_timeout_s=stream_idle_timeout_s)
             chain.filters.add(name=HCM_FILTER, typed_config=_pack(hcm))
             if spec.tls:
                 chain.transport_socket.name = "envoy.transport_sockets.tls"

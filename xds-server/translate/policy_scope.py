@@ -14,7 +14,7 @@ header-contract Wasm filter re-derives those headers from verified metadata).
 from __future__ import annotations
 
 from mcp26.mesh.resources import MeshConfig, Resource
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate.index import ROOT_NAMESPACE
 
 REQUEST_AUTHENTICATION = "RequestAuthentication"

@@ -35,9 +35,10 @@ from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as rbac_http
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 
 from mcp26.mesh.resources import MeshConfig, Resource
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
 from mcp26.xds.translate import authz_ext, authz_model
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 from mcp26.xds.translate.policy_scope import selects
 
@@ -152,6 +153,6 @@ def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -
     return out
 
 
-def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay) -> Snapshot:
     """Nothing extra: ext_authz calls a ServiceEntry's cluster, which translation emits."""
     return {}

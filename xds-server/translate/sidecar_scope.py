@@ -17,8 +17,8 @@ from __future__ import annotations
 from envoy.config.core.v3 import base_pb2
 
 from mcp26.mesh.resources import MeshConfig, Resource
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
 from mcp26.xds.translate.index import ROOT_NAMESPACE, MeshIndex, host_matches
 
 SIDECAR = "Sidecar"

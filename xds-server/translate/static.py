@@ -12,7 +12,7 @@ import json
 
 from google.protobuf import json_format
 
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, Snapshot
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, Snapshot
 
 
 def _json(msg) -> dict:

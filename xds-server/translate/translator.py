@@ -3,6 +3,12 @@ proxy should have out, as istiod's ConfigGenerator builds them -- one method
 per xDS type (clusters: CDS + EDS, routes: RDS, listeners: LDS, and the HTTP
 filters' extra resources such as ECDS and JWKS clusters).
 
+Translation is a function of its arguments, as istiod's BuildListeners(node,
+push): the config, the node, the TranslateOptions a Translator is made with
+(options.py), and the Overlay the caller passes (overlay.py: the decision
+loop's remaps and weights, the config's Wasm bytes). It reads no file, no
+clock and no module-level state; its spans go to the tracer it is given.
+
 A Translator owns its cache: the control plane holds one, tests and
 benchmarks make their own, and nothing is shared between them. Work is
 shared between proxies of one config (an index, namespace views, clusters),
@@ -14,12 +20,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+
+from opentelemetry import trace
 
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds import telemetry
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE, Snapshot
 from mcp26.xds.translate import endpoint_picker, http_filters, inference_pool
 from mcp26.xds.translate.clusters import ClusterOptions, build_clusters, with_endpoint_weights
 from mcp26.xds.translate.config_cache import ConfigTranslation
@@ -28,20 +34,12 @@ from mcp26.xds.translate.index import HTTP_PROTOCOLS, MESH_GATEWAY, MeshIndex
 from mcp26.xds.translate.sidecar_scope import apply_egress, apply_outbound_policy, sidecar_for
 from mcp26.xds.translate.listeners import Chain, api_listener, bound_listener, filter_chain_head, filter_chain_tail
 from mcp26.xds.translate.names import cluster_name, gateway_https_route_name, sidecar_route_name
+from mcp26.xds.translate.options import TranslateOptions
+from mcp26.xds.translate.overlay import NO_OVERLAY, Overlay
 from mcp26.xds.translate.route_configs import (gateway_route_config, grpc_route_config, mesh_virtual_services,
                                                 sidecar_route_config)
 from mcp26.xds.translate.routes import RouteContext
 from mcp26.xds.translate.tcp import TCP_PROTOCOLS, cluster_proxy, first_tcp_route, tls_routes
-
-
-@dataclass(frozen=True)
-class TranslateOptions:
-    """bind_address: where gateway and sidecar listeners bind. istiod binds
-    0.0.0.0; this project binds loopback by default (every server does).
-    upstream_bind_address: the source address of QoS-marked upstream
-    connections (upstream_bind_config; a v6 address uses IPV6_TCLASS)."""
-    bind_address: str = "127.0.0.1"
-    upstream_bind_address: str = "127.0.0.1"
 
 
 class Translator:
@@ -52,25 +50,25 @@ class Translator:
     (the one being served and those before it).
     """
 
-    def __init__(self, options: TranslateOptions | None = None, keep: int = 4):
+    def __init__(self, options: TranslateOptions | None = None, keep: int = 4, tracer: trace.Tracer | None = None):
         self.options = options or TranslateOptions()
+        # The control plane passes its own (xds.telemetry, /debug/tracez); none: no spans.
+        self.tracer = tracer or trace.NoOpTracer()
         self._keep = keep
         self._configs: "OrderedDict[int, ConfigTranslation]" = OrderedDict()   # id(config) -> its translation
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()    # held while a config's ConfigTranslation is built
 
     # -- the whole snapshot ----------------------------------------------------
-    def translate(self, config: MeshConfig, node: ProxyNode) -> Snapshot:
-        """Every resource `node` should have."""
-        # Spans go to the control plane's tracer (xds.telemetry, /debug/tracez),
-        # nested under its per-change-set "xds.translate" span when there is one.
-        with telemetry.tracer().start_as_current_span("xds.translate.node") as span:
+    def translate(self, config: MeshConfig, node: ProxyNode, overlay: Overlay = NO_OVERLAY) -> Snapshot:
+        """Every resource `node` should have, with `overlay` laid over `config`."""
+        # Nested under the control plane's per-change-set "xds.translate" span when there is one.
+        with self.tracer.start_as_current_span("xds.translate.node") as span:
             span.set_attribute("xds.node.id", node.id)
             span.set_attribute("xds.node.kind", node.kind)
             state, config_hit = self._translation(config)
             clusters, assignments = self.clusters(state, node)
-            from mcp26.xds.endpoint_weights import WEIGHTS      # the decision loop's, with expiry
-            assignments = with_endpoint_weights(assignments, WEIGHTS.by_cluster())
+            assignments = with_endpoint_weights(assignments, overlay.endpoint_weights)
             routes, plan, key, routes_hit = self.routes(state, node)
             snapshot: Snapshot = {
                 LISTENER: dict(self.listeners(state, node, plan, key)), ROUTE: dict(routes),
@@ -78,7 +76,7 @@ class Translator:
             }
             if node.kind == "sidecar":
                 snapshot = self.sidecar(state, node, snapshot)
-            http_filters.resources(config, node, snapshot)
+            http_filters.resources(config, node, overlay, snapshot)
             span.set_attribute("xds.translate.config_cached", config_hit)
             span.set_attribute("xds.translate.endpoints_only", state.derived)
             span.set_attribute("xds.translate.clusters_reused", state.clusters_reused or state.derived)
@@ -95,7 +93,7 @@ class Translator:
             idx, view = state.view(node.namespace)
             found = state.clusters.get((copts, view))
             if found is None:
-                with telemetry.tracer().start_as_current_span("xds.translate.clusters"):
+                with self.tracer.start_as_current_span("xds.translate.clusters"):
                     found = state.clusters[(copts, view)] = inference_pool.override_host(
                         idx, build_clusters(idx, copts), copts.grpc)
         return found
@@ -110,7 +108,7 @@ class Translator:
             found = state.routes.get(key)
             hit = found is not None
             if found is None:
-                with telemetry.tracer().start_as_current_span("xds.translate.routes"):
+                with self.tracer.start_as_current_span("xds.translate.routes"):
                     routes, plan = _route_plan(idx, node, state)
                     found = state.routes[key] = (endpoint_picker.with_picker(idx, node, routes), plan)
         return found[0], found[1], key, hit
@@ -143,7 +141,7 @@ class Translator:
             head, tail = filter_chain_head(grpc=False), filter_chain_tail()
             for port, chains, gateway, *vip in plan:
                 lis = bound_listener(vip[0] if vip else self.options.bind_address, port, chains,
-                                     head + filters[port] + tail, gateway)
+                                     head + filters[port] + tail, gateway, self.options.stream_idle_timeout_s)
                 out[lis.name] = lis
         with state.lock:        # built meanwhile for another proxy of this key: share that one
             return state.listeners.setdefault(cache_key, out)
@@ -160,7 +158,7 @@ class Translator:
             idx, _ = state.view(node.namespace)
         snapshot = apply_egress(snapshot, idx, scope, node)
         snapshot = apply_outbound_policy(snapshot, scope)
-        listeners, clusters = inbound(state.config, node, scope, self.options.bind_address)
+        listeners, clusters = inbound(state.config, node, scope, self.options)
         if listeners:
             snapshot[LISTENER] = {**snapshot[LISTENER], **listeners}
             snapshot[CLUSTER] = {**snapshot[CLUSTER], **clusters}
@@ -203,10 +201,13 @@ class Translator:
         return state, False
 
 
-def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | None = None) -> Snapshot:
+def translate(config: MeshConfig, node: ProxyNode, options: TranslateOptions | None = None,
+              overlay: Overlay = NO_OVERLAY) -> Snapshot:
     """One translation with a Translator of its own (nothing cached across
-    calls): for tests, tools and one-off use. A server keeps a Translator."""
-    return Translator(options).translate(config, node)
+    calls): for tests, tools and one-off use. A server keeps a Translator.
+    A config with WasmPlugins needs their modules in `overlay.wasm_modules`
+    (xds.wasm_modules.WasmModuleStore.load)."""
+    return Translator(options).translate(config, node, overlay)
 
 
 # -- route planning: what a node's routes and listeners are built from ---------------

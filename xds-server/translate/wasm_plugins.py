@@ -9,22 +9,21 @@ Order, as Istio: each plugin goes in its `phase` (http_filters.py places the
 phases: AUTHN-phase plugins before jwt_authn, the others after it); within a
 phase the higher `priority` first, then namespace/name.
 
-The module is read from `url` (file:// or a plain path), its SHA-256 checked
-against `sha256`, and embedded inline: Envoy runs exactly the bytes that were
-checked, wherever it runs. `failStrategy: FAIL_OPEN` -> failure_policy
-FAIL_OPEN, otherwise FAIL_CLOSED.
+The module's bytes are embedded inline: Envoy runs exactly the bytes that
+were checked, wherever it runs. They were read from `url` and checked against
+`sha256` when the config was loaded (xds.wasm_modules); translation takes
+them from the Overlay it is given and reads no file. `failStrategy:
+FAIL_OPEN` -> failure_policy FAIL_OPEN, otherwise FAIL_CLOSED.
 
 A plugin named `mcp-header-contract` (pluginName) is the mesh's own filter:
 its pluginConfig is validated and compiled by mesh.header_contract into the
 JSON the C module reads, with RequestAuthentication outputClaimToHeaders
-merged in; any other plugin gets its pluginConfig as JSON, verbatim.
+merged in, and the decision loop's class remaps (Overlay.class_remaps); any
+other plugin gets its pluginConfig as JSON, verbatim.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-from urllib.parse import unquote, urlsplit
 
 from google.protobuf import wrappers_pb2
 from envoy.config.core.v3 import config_source_pb2, extension_pb2
@@ -35,9 +34,10 @@ from envoy.extensions.wasm.v3 import wasm_pb2
 from mcp26.mesh.resources import MeshConfig, Resource
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.header_contract import PLUGIN_NAME, parse_plugin_config
-from mcp26.xds import type_urls
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.type_urls import Snapshot
+from mcp26.xds.model import type_urls
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.model.type_urls import Snapshot
+from mcp26.xds.translate.overlay import Overlay
 from mcp26.xds.translate.phases import Phase
 from mcp26.xds.translate.policy_scope import output_claims, selects
 
@@ -45,33 +45,6 @@ KIND = "WasmPlugin"
 WASM_TYPE_URL = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 RUNTIME = "envoy.wasm.runtime.v8"
 PHASES = ("AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE")      # the spec's `phase` values, in chain order
-
-_module_cache: dict[tuple, bytes] = {}
-
-
-def module_path(url: str) -> str:
-    """The local file a WasmPlugin url names (file:// or a path); other schemes are not fetched."""
-    u = urlsplit(url)
-    if u.scheme == "file":
-        return unquote(u.path)
-    if u.scheme == "":
-        return url
-    raise ValueError(f"url scheme {u.scheme!r} is not supported here (use file://)")
-
-
-def read_module(url: str, sha256: str | None) -> bytes:
-    """The module's bytes, checked against sha256 (cached by path, size, mtime)."""
-    path = module_path(url)
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns, sha256)
-    if key not in _module_cache:
-        with open(path, "rb") as f:
-            data = f.read()
-        if sha256 and hashlib.sha256(data).hexdigest() != str(sha256).lower():
-            raise ValueError(f"{path}: sha256 {hashlib.sha256(data).hexdigest()} does not match {sha256}")
-        _module_cache[key] = data
-    return _module_cache[key]
-
 
 def applies(res: Resource, node: ProxyNode, port: int | None = None) -> bool:
     if (res.spec.get("type") or "HTTP") != "HTTP" or not selects(res, node):
@@ -103,31 +76,31 @@ def host_env_keys(res: Resource) -> list[str]:
     return parse_plugin_config(res.spec.get("pluginConfig") or {}).host_env_keys
 
 
-def plugin_configuration(res: Resource, config: MeshConfig, node: ProxyNode) -> str:
+def plugin_configuration(res: Resource, config: MeshConfig, node: ProxyNode, overlay: Overlay) -> str:
     """The JSON the module gets in proxy_on_configure."""
     cfg = res.spec.get("pluginConfig") or {}
     if res.spec.get("pluginName") == PLUGIN_NAME:
         contract = parse_plugin_config(cfg).with_claims(output_claims(config, node))
-        from mcp26.xds.scheduler_actions import REMAPS     # the decision loop's remaps, with expiry
-        remaps = REMAPS.active()
+        remaps = overlay.class_remaps
         return (contract.with_class_remaps(remaps) if remaps else contract).filter_json()
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
 
 
-def wasm_filter_config(res: Resource, config: MeshConfig, node: ProxyNode) -> http_wasm.Wasm:
+def wasm_filter_config(res: Resource, config: MeshConfig, node: ProxyNode, overlay: Overlay) -> http_wasm.Wasm:
     spec = res.spec
-    try:
-        code = read_module(spec["url"], spec.get("sha256"))
-    except (OSError, ValueError, KeyError) as e:
-        raise ConfigError([res.diagnostic("spec.url", f"cannot load the Wasm module: {e}")]) from None
+    url = spec.get("url")
+    module = overlay.wasm_modules.get(url) if isinstance(url, str) else None
+    if module is None:
+        raise ConfigError([res.diagnostic("spec.url", "cannot load the Wasm module: it was not read with the "
+                                                      "config (xds.wasm_modules.WasmModuleStore.load)")])
     name = filter_name(res)
     plugin = wasm_pb2.PluginConfig(
         name=name, root_id=spec.get("pluginName") or name,
         failure_policy=wasm_pb2.FAIL_OPEN if spec.get("failStrategy") == "FAIL_OPEN" else wasm_pb2.FAIL_CLOSED)
     # One VM per plugin and module: plugins never share a VM's memory.
-    plugin.vm_config.vm_id = f"{name}@{hashlib.sha256(code).hexdigest()[:12]}"
+    plugin.vm_config.vm_id = f"{name}@{module.sha256[:12]}"
     plugin.vm_config.runtime = RUNTIME
-    plugin.vm_config.code.local.inline_bytes = code
+    plugin.vm_config.code.local.inline_bytes = module.code
     for env in (spec.get("vmConfig") or {}).get("env") or []:
         if env.get("valueFrom") == "HOST":
             plugin.vm_config.environment_variables.host_env_keys.append(env["name"])
@@ -136,7 +109,7 @@ def wasm_filter_config(res: Resource, config: MeshConfig, node: ProxyNode) -> ht
     for name in host_env_keys(res):
         if name not in plugin.vm_config.environment_variables.host_env_keys:
             plugin.vm_config.environment_variables.host_env_keys.append(name)
-    plugin.configuration.Pack(wrappers_pb2.StringValue(value=plugin_configuration(res, config, node)))
+    plugin.configuration.Pack(wrappers_pb2.StringValue(value=plugin_configuration(res, config, node, overlay)))
     return http_wasm.Wasm(config=plugin)
 
 
@@ -156,22 +129,23 @@ def http_filters(config: MeshConfig, node: ProxyNode, port: int, phase: Phase) -
     return [_ecds_filter(r) for r in _ordered(config, node, port, (phase.value,))]
 
 
-def typed_extension_config(res: Resource, config: MeshConfig, node: ProxyNode) -> extension_pb2.TypedExtensionConfig:
+def typed_extension_config(res: Resource, config: MeshConfig, node: ProxyNode,
+                           overlay: Overlay) -> extension_pb2.TypedExtensionConfig:
     tec = extension_pb2.TypedExtensionConfig(name=filter_name(res))
-    tec.typed_config.Pack(wasm_filter_config(res, config, node))
+    tec.typed_config.Pack(wasm_filter_config(res, config, node, overlay))
     return tec
 
 
-def static_http_filter(res: Resource, config: MeshConfig, node: ProxyNode) -> hcm.HttpFilter:
+def static_http_filter(res: Resource, config: MeshConfig, node: ProxyNode, overlay: Overlay) -> hcm.HttpFilter:
     """The same filter inline (for a bootstrap without ADS)."""
     f = hcm.HttpFilter(name=filter_name(res))
-    f.typed_config.Pack(wasm_filter_config(res, config, node))
+    f.typed_config.Pack(wasm_filter_config(res, config, node, overlay))
     return f
 
 
-def resources(config: MeshConfig, node: ProxyNode) -> Snapshot:
+def resources(config: MeshConfig, node: ProxyNode, overlay: Overlay) -> Snapshot:
     """The ECDS TypedExtensionConfig of every selected plugin."""
     out = {}
     for res in _ordered(config, node, None, PHASES):
-        out[filter_name(res)] = typed_extension_config(res, config, node)
+        out[filter_name(res)] = typed_extension_config(res, config, node, overlay)
     return {type_urls.EXTENSION_CONFIG: out} if out else {}

@@ -130,7 +130,7 @@ def test_priority_mix_on_the_wire_and_per_priority_rows():
 
 def test_wrong_model_is_a_404_client_error_at_setup_and_on_infer():
     with ToyTarget() as t:
-        with pytest.raises(TargetError, match="HTTP 404"):
+        with pytest.raises(TargetError, match=r"^no model at .*/v2/models/nope; models here: "):
             run_sync(Config(url=t.url("nope"), requests=5))
         # inputs given, so no metadata step: every infer is a 404, counted by class
         res = run_sync(Config(url=t.url("nope"), requests=7, inputs=["x:FP32:1,4"]))

@@ -58,3 +58,17 @@ def test_an_unreadable_session_key_file_is_refused_by_flag(tmp_path):
     assert p.returncode == 2, p.stdout + p.stderr
     assert "Traceback" not in p.stderr, p.stderr
     assert f"mcpctl serve: --session-key-file {missing}: No such file or directory" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"PK\x03\x04" + bytes(100), "bad magic b'PK\\x03\\x04\\x00\\x00\\x00\\x00': not a .mcp26bin file"),
+    (b"MCP26BIN" + bytes(20), "truncated: 28 bytes, shorter than the 64-byte header"),
+])
+def test_a_bad_mcp26bin_is_refused_in_one_line(tmp_path, data, reason):
+    path = tmp_path / "model.mcp26bin"
+    path.write_bytes(data)
+    p = subprocess.run([executable("mcpctl"), "serve", "--model", str(path), "--http-port", str(free_port()),
+                        "--grpc-port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"mcpctl serve: {path}: {reason}" in p.stderr, p.stderr
+    assert not any("ready" in out for out in p.stdout.splitlines()), p.stdout

@@ -11,7 +11,7 @@ from mcp26.inference.bench import errors
 from mcp26.inference.bench.http1 import _parse_head, encode_request
 from mcp26.inference.bench.mix import MixSequence, parse_mix
 from mcp26.inference.bench.stats import Recorder, percentile, schedule_lag, summarize_rows
-from mcp26.inference.bench.target import TargetError, build_tensors, parse_shapes, parse_url, rest_body
+from mcp26.inference.bench.target import TargetError, build_tensors, parse_shapes, parse_url, rest_body, use_binary
 from mcp26.mesh.error_classes import ERROR_CLASSES, GRPC_STATUS
 from mcp26.mesh.qos import QosClass
 
@@ -84,8 +84,19 @@ def test_inputs_from_metadata_and_shape_overrides():
     assert [(n, d, s) for n, d, s, _ in tensors] == [("a", "FP32", [1, 3]), ("ids", "INT64", [2, 5]),
                                                      ("s", "BYTES", [1])]
     assert tensors[1][3].dtype == np.int64 and tensors[1][3].size == 10
-    body = json.loads(rest_body(tensors, 1))
+    headers, raw = rest_body(tensors, 1)
+    body = json.loads(raw)
+    assert headers["Content-Type"] == "application/json"
     assert body["parameters"] == {"priority": 1} and len(body["inputs"][1]["data"]) == 10
+    # the binary-tensor extension: JSON header of the declared length, then each input's bytes
+    numeric = tensors[:2]
+    headers, raw = rest_body(numeric, None, binary=True)
+    n = int(headers["Inference-Header-Content-Length"])
+    head = json.loads(raw[:n])
+    assert [i["parameters"]["binary_data_size"] for i in head["inputs"]] == [12, 80]
+    assert raw[n:] == numeric[0][3].tobytes() + numeric[1][3].tobytes()
+    assert not use_binary(tensors, "always")            # BYTES inputs stay JSON
+    assert use_binary(numeric, "always") and not use_binary(numeric, "auto")
     with pytest.raises(TargetError, match="unknown input"):
         build_tensors(meta, {"zzz": [1]})
     with pytest.raises(TargetError, match="positive dims"):

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from mcp26.serving.grpc.server import metadata_block
-from mcp26.serving.h2.connection import literal
+from mcp26.serving.h2.hpack_encoder import literal
 from mcp26.mesh.batching_policy import BatcherSettings
 from mcp26.inference import datatypes, runtime
 from mcp26.inference.batch_queue import Pending
@@ -148,50 +148,3 @@ def test_metadata_block_encodes_as_literals_with_bin_values_base64():
     want = b"".join(literal(b"x-mcp-queue-time-us", b"12") + literal(b"trace-bin", b"AP8")
                     + literal(b"x-big", b"v" * 300) for _ in range(2))
     assert metadata_block(pairs) == want and metadata_block(()) == b"" and metadata_block(None) == b""
-
-
-class _Transport:
-    def __init__(self):
-        self.out = b""
-
-    def write(self, data):
-        self.out += data
-
-    def get_extra_info(self, name):
-        return ("127.0.0.1", 1)
-
-
-def _answered(one_write: bool, data: bytes, stream_window: int = 1 << 20) -> bytes:
-    """What a connection sends for one stream's answer, after its SETTINGS (the bytes, flushed)."""
-    import asyncio
-    from mcp26.serving.h2.connection import H2Connection, Stream
-
-    async def run() -> bytes:
-        conn = H2Connection(lambda *a: None)
-        t = _Transport()
-        conn.connection_made(t)
-        t.out = b""
-        st = Stream(1, stream_window)
-        st.remote_closed = True
-        conn.streams[1] = st
-        if one_write:
-            conn.send_answer(st, b"\x88", data, b"\x00\x01a\x01b")
-        else:
-            conn.send_headers(st, b"\x88")
-            conn.send_data(st, data)
-            conn.send_trailers(st, b"\x00\x01a\x01b")
-        conn._flush()
-        assert (1 not in conn.streams and st.local_closed) == (len(data) <= stream_window)
-        return t.out
-    return asyncio.run(run())
-
-
-@pytest.mark.parametrize("size,window", [(1000, 1 << 20), (20000, 1 << 20), (1000, 10)])
-def test_send_answer_sends_what_the_three_calls_send(size, window):
-    """One write of three frames when the data fits one frame and the windows; past the frame size
-    (20,000 > 16,384) or the stream's window (10 bytes) the same frames the three calls send, the
-    rest waiting for the window."""
-    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
-    sent = _answered(True, data, window)
-    assert sent == _answered(False, data, window)
-    assert sent.endswith(b"\x00\x01a\x01b") == (window > size)     # the trailers, or still waiting

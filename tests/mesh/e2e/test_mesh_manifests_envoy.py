@@ -11,6 +11,8 @@ import glob
 import http.client
 import os
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -21,16 +23,17 @@ from mcp26.demo.stack.ports import free_port
 pytestmark = pytest.mark.e2e
 translate_mod = pytest.importorskip("mcp26.xds.translate")
 from mcp26.xds.translate.static import static_bootstrap  # noqa: E402
-from mcp26.xds.type_urls import LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode  # noqa: E402
-from mcp26.manifests import EXAMPLES
+from mcp26.xds.model.type_urls import LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode  # noqa: E402
+from mcp26.manifests import EXAMPLES  # noqa: F401
+from harness.paths import checkout_examples
 
 EXAMPLES = str(EXAMPLES)
 
 
 def local_examples(http_port: int, https_port: int) -> dict:
     texts = {}
-    for path in sorted(glob.glob(os.path.join(EXAMPLES, "*.yaml"))):
+    for path in sorted(glob.glob(os.path.join(checkout_examples(Path(tempfile.mkdtemp())), "*.yaml"))):
         with open(path) as f:
             text = f.read()
         if "kind: Gateway" in text:      # the gateway's own port, not a service's

@@ -6,6 +6,7 @@ import pytest
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.change_set import load_config, load_texts
 from mcp26.manifests import EXAMPLES
+from harness.paths import checkout_examples
 
 EXAMPLES = str(EXAMPLES)
 
@@ -45,8 +46,8 @@ def errors_of(texts):
     return exc.value.diagnostics
 
 
-def test_bookinfo_example_is_clean():
-    config = load_config(EXAMPLES)
+def test_bookinfo_example_is_clean(tmp_path):
+    config = load_config(str(checkout_examples(tmp_path)))
     kinds = {r.kind for r in config}
     assert {"DestinationRule", "Gateway", "ServiceEntry", "VirtualService", "WorkloadEntry"} <= kinds
     assert [str(d) for d in config.warnings] == []

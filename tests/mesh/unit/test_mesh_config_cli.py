@@ -1,8 +1,7 @@
 """`mcpctl validate` / `mcpctl analyze` as an operator runs them: exit codes and output."""
 import json
 
-from harness.paths import ROOT
-from mcp26.manifests import EXAMPLES
+from harness.paths import checkout_examples
 
 GOOD_VS = """apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -31,10 +30,10 @@ def lines(out, marker):
     return [line for line in out.splitlines() if marker in line]
 
 
-def test_examples_validate_and_analyze_clean(mcpctl, monkeypatch):
-    monkeypatch.chdir(ROOT)    # header-contract.yaml's module url is relative to the checkout's root
+def test_examples_validate_and_analyze_clean(mcpctl, tmp_path):
+    examples = str(checkout_examples(tmp_path / "examples"))   # the module url pointed at this checkout's build
     for cmd in ("validate", "analyze"):
-        r = mcpctl(cmd, EXAMPLES)
+        r = mcpctl(cmd, examples)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "No validation issues found" in r.stdout
 

@@ -11,6 +11,7 @@ import yaml
 from mcp26.mesh import batching_policy, l7_routing
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.headers import L7_READ_ONLY_HEADERS
+from harness.paths import checkout_examples
 from mcp26.mesh.change_set import load_texts
 
 celpy = pytest.importorskip("celpy", reason="cel-python (test extra) evaluates the CEL rules")
@@ -43,12 +44,8 @@ def test_every_manifest_parses_into_kubernetes_objects(path):
         assert (o.get("metadata") or {}).get("name"), f"{o['kind']} without metadata.name"
 
 
-def test_examples_pass_validation_and_analysis():
-    texts = {}
-    for path in manifests():
-        if os.sep + "examples" + os.sep in path:
-            with open(path) as fh:
-                texts[path] = fh.read()
+def test_examples_pass_validation_and_analysis(tmp_path):
+    texts = {str(p): p.read_text() for p in sorted(checkout_examples(tmp_path).glob("*.yaml"))}
     config = load_texts(texts)          # raises ConfigError on any error
     assert len(config) >= 15
     assert [str(w) for w in config.warnings if w.severity == "warning"] == []
@@ -310,3 +307,15 @@ def test_cluster_and_mesh_agree_on_session_headers(case):
         mesh_ok = not any("mesh session/QoS header" in d.message for d in e.diagnostics)
     assert admits(VS_POLICY, obj) == mesh_ok
     assert mesh_ok == (case in ("match only", "other header", "response side", "per destination other", "no http"))
+
+
+def test_the_header_contract_example_names_its_module_with_a_scheme():
+    """Istio reads a url without a scheme as an OCI reference (and, FAIL_CLOSE, blocks the workload)."""
+    from mcp26.manifests import EXAMPLES, WASM_MODULE_URL
+    from mcp26.wasm import HEADER_CONTRACT_WASM
+    plugin = next(o for o in docs("examples/header-contract.yaml") if o["kind"] == "WasmPlugin")
+    assert plugin["spec"]["url"] == WASM_MODULE_URL and WASM_MODULE_URL.startswith("file:///")
+    bare = str(HEADER_CONTRACT_WASM)          # the old form: a path, no scheme
+    config = load_texts({"w.yaml": (EXAMPLES / "header-contract.yaml").read_text().replace(WASM_MODULE_URL, bare)})
+    assert [w.message for w in config.warnings if w.field == "spec.url"] == [
+        f"url {bare!r} has no scheme: Istio reads it as oci://{bare}; write file:// for a local module"]

@@ -18,8 +18,9 @@ from mcp26.demo.stack.tokens import Issuer
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.wasm import HEADER_CONTRACT_WASM
 from mcp26.wasm.lua import lua_source
-from mcp26.xds.translate import Phase, authn, wasm_plugins
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.translate import Overlay, Phase, authn, wasm_plugins
+from mcp26.xds.wasm_modules import WasmModuleStore
+from mcp26.xds.model.node import ProxyNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")]
 KEY = b"lua-equivalence-key-0123456789ab"
@@ -49,7 +50,8 @@ spec:
     node = ProxyNode(id="n")
     as_json = lambda m: json.loads(json_format.MessageToJson(m))   # noqa: E731
     jwt_f = [as_json(f) for f in authn.http_filters(cfg, node, 0, Phase.AUTHN)]
-    wasm_f = [as_json(wasm_plugins.static_http_filter(cfg.of_kind("WasmPlugin")[0], cfg, node))]
+    wasm_f = [as_json(wasm_plugins.static_http_filter(cfg.of_kind("WasmPlugin")[0], cfg, node,
+                                                   Overlay(wasm_modules=WasmModuleStore().load(cfg))))]
     lua_f = [{"name": "envoy.filters.http.lua", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
         "default_source_code": {"inline_string": lua_source(parse_plugin_config(plugin))}}}]

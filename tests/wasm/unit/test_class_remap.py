@@ -11,7 +11,7 @@ from mcp26.mesh.header_contract import ClassRemap, parse_plugin_config
 from mcp26.mesh.session import verify_session
 from mcp26.wasm import HEADER_CONTRACT_WASM
 from mcp26.wasm.host import ProxyWasmHost
-from mcp26.xds.scheduler_actions import ClassRemaps, parse_remap
+from mcp26.xds.class_remaps import ClassRemaps, parse_remap
 
 KEY = bytes(range(32))
 BASE = [(":method", "GET"), (":path", "/v1/completions"), (":authority", "mesh")]

@@ -15,10 +15,11 @@ from mcp26.mesh.session import verify_session
 from mcp26.mesh.validation import validate
 from mcp26.wasm import HEADER_CONTRACT_WASM
 from mcp26.wasm.host import ProxyWasmHost
-from mcp26.xds import type_urls
+from mcp26.xds.model import type_urls
 from mcp26.xds.cli import session_key_environ
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.translate import wasm_plugins
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.translate import Overlay, wasm_plugins
+from mcp26.xds.wasm_modules import WasmModuleStore
 
 KEY = hashlib.sha256(b"unit session key from env").digest()
 GW = ProxyNode(id="gw", namespace="default", labels={"istio": "ingressgateway"})
@@ -90,7 +91,8 @@ def test_translation_passes_the_variable_by_name_and_the_key_nowhere():
     config = MeshConfig(parse_documents(_plugin({"sessionKeyFrom": {"env": "MESH_KEY"}},
                                                 "  vmConfig:\n    env:\n    - {name: MESH_KEY, valueFrom: HOST}\n"),
                                         file="w.yaml"))
-    tec = wasm_plugins.resources(config, GW)[type_urls.EXTENSION_CONFIG]["default.contract"]
+    overlay = Overlay(wasm_modules=WasmModuleStore().load(config))      # read when the config is loaded
+    tec = wasm_plugins.resources(config, GW, overlay)[type_urls.EXTENSION_CONFIG]["default.contract"]
     w = http_wasm.Wasm()
     tec.typed_config.Unpack(w)
     env = w.config.vm_config.environment_variables

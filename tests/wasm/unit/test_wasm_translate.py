@@ -14,9 +14,10 @@ from mcp26.mesh.resources import MeshConfig
 from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
-from mcp26.xds import type_urls
-from mcp26.xds.translate import Phase, authn, http_filters, wasm_plugins
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model import type_urls
+from mcp26.xds.translate import NO_OVERLAY, Overlay, Phase, authn, http_filters, wasm_plugins
+from mcp26.xds.wasm_modules import WasmModuleStore
+from mcp26.xds.model.node import ProxyNode
 from mcp26.wasm import HEADER_CONTRACT_WASM
 
 GW = ProxyNode(id="gw", namespace="default", labels={"istio": "ingressgateway"})
@@ -25,6 +26,11 @@ JWKS = '{"keys": [{"kty": "RSA", "kid": "k", "n": "AQAB", "e": "AQAB"}]}'
 
 def cfg(text: str) -> MeshConfig:
     return MeshConfig(parse_documents(text, file="t.yaml"))
+
+
+def _loaded(config: MeshConfig) -> Overlay:
+    """The config's Wasm modules, read as the control plane reads them when it loads a config."""
+    return Overlay(wasm_modules=WasmModuleStore().load(config))
 
 
 RA = f"""apiVersion: security.istio.io/v1
@@ -77,7 +83,7 @@ def test_jwt_rules_become_providers_with_istio_requirements():
 
 
 def test_jwks_uri_clusters_are_added_to_the_snapshot():
-    clusters = authn.resources(cfg(RA), GW)[type_urls.CLUSTER]
+    clusters = authn.resources(cfg(RA), GW, NO_OVERLAY)[type_urls.CLUSTER]
     tls = clusters["jwks|keys.b.test|443"]
     assert tls.type == tls.LOGICAL_DNS and tls.transport_socket.name == "envoy.transport_sockets.tls"
     ip = clusters["jwks|127.0.0.1|8123"]
@@ -131,7 +137,7 @@ def test_wasm_plugin_is_an_ecds_filter_and_a_typed_extension_config():
     assert f.name == "default.contract" and not f.HasField("typed_config")
     assert list(f.config_discovery.type_urls) == [wasm_plugins.WASM_TYPE_URL]
     assert f.config_discovery.config_source.HasField("ads")
-    tec = wasm_plugins.resources(c, GW)[type_urls.EXTENSION_CONFIG]["default.contract"]
+    tec = wasm_plugins.resources(c, GW, _loaded(c))[type_urls.EXTENSION_CONFIG]["default.contract"]
     w = http_wasm.Wasm()
     tec.typed_config.Unpack(w)
     assert w.config.vm_config.runtime == "envoy.wasm.runtime.v8"
@@ -162,7 +168,7 @@ def test_fail_open_and_port_match():
     assert _wasm_filters(c, GW, 8080) == []
     assert [f.name for f in _wasm_filters(c, GW, 9090)] == ["default.contract"]
     w = http_wasm.Wasm()
-    wasm_plugins.resources(c, GW)[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
+    wasm_plugins.resources(c, GW, _loaded(c))[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
     assert w.config.failure_policy == wasm_pb2.FAIL_OPEN
 
 
@@ -170,14 +176,14 @@ def test_fail_open_and_port_match():
 def test_a_module_whose_sha256_does_not_match_is_not_translated():
     c = cfg(plugin(sha="0" * 64))
     with pytest.raises(ConfigError, match="sha256"):
-        wasm_plugins.resources(c, GW)
+        wasm_plugins.resources(c, GW, _loaded(c))
 
 
 @needs_wasm
 def test_an_empty_sha256_is_unset_as_istio_reads_it():
     """proto3: "" is no sha256; validation warns the module is not pinned, and it is translated."""
     c = cfg(plugin(sha="@").replace('sha256: "@"', 'sha256: ""'))
-    assert wasm_plugins.resources(c, GW)
+    assert wasm_plugins.resources(c, GW, _loaded(c))
 
 
 @needs_wasm
@@ -186,7 +192,7 @@ def test_target_ref_resources_apply_to_no_proxy_and_vm_env_is_passed():
     assert authn.http_filters(cfg(ra), GW, 80, Phase.AUTHN) == []
     wp = plugin(plugin_name="other", extra="  vmConfig:\n    env:\n    - {name: MODE, value: strict}\n    - {name: HOME, valueFrom: HOST}\n")
     w = http_wasm.Wasm()
-    wasm_plugins.resources(cfg(wp), GW)[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
+    wasm_plugins.resources(cfg(wp), GW, _loaded(cfg(wp)))[type_urls.EXTENSION_CONFIG]["default.contract"].typed_config.Unpack(w)
     env = w.config.vm_config.environment_variables
     assert dict(env.key_values) == {"MODE": "strict"} and list(env.host_env_keys) == ["HOME"]
     tr = plugin(plugin_name="other").replace("  selector: {matchLabels: {istio: ingressgateway}}\n", "  targetRefs: [{kind: Gateway, name: gw}]\n")

@@ -22,7 +22,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.tokens import Issuer
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.mesh.change_set import load_texts
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Phase, rbac, translate
 from mcp26.xds.translate.static import static_bootstrap
 

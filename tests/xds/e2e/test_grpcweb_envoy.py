@@ -16,7 +16,7 @@ from google.protobuf import json_format
 
 from mcp26.mesh.resources import MeshConfig
 from mcp26.xds.translate import Phase, grpc_web
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 
 from mcp26.demo.stack.envoy import Envoy
 from mcp26.demo.stack.grpcweb import GRPC_WEB_TEXT, GrpcWebClient, encode_frame

@@ -19,7 +19,7 @@ from google.protobuf import wrappers_pb2
 from google.rpc import status_pb2
 
 from mcp26.demo.stack.ports import free_port
-from mcp26.xds import type_urls as T
+from mcp26.xds.model import type_urls as T
 from mcp26.xds.server import XdsServer
 
 pytestmark = pytest.mark.e2e

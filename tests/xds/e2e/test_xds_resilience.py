@@ -17,7 +17,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.demo.stack.control_plane import ControlPlane, mesh_envoy, write_config
 from mcp26.demo.stack.xds_scenario import GATEWAY_LABELS, Client, base_config, virtual_service
-from mcp26.xds.type_urls import ROUTE
+from mcp26.xds.model.type_urls import ROUTE
 from mcp26.serving.executables import executable
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ from mcp26.demo.stack.envoy import Envoy
 from mcp26.demo.stack.ports import free_port
 from mcp26.xds.translate import translate
 from mcp26.xds.translate.static import static_bootstrap
-from mcp26.xds.type_urls import CLUSTER, LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 from harness.paths import TEST_DATA
 
 pytestmark = pytest.mark.e2e

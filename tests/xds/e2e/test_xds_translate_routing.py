@@ -16,7 +16,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.demo.stack.upstreams import EchoUpstream
 from mcp26.xds.translate import translate
 from mcp26.xds.translate.static import static_bootstrap
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 
 pytestmark = pytest.mark.e2e
 DELAY_S = 0.4

@@ -18,7 +18,7 @@ from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as rbac_http
 from mcp26.mesh.header_contract import JWT_PAYLOAD_METADATA_KEY
 from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Phase, http_filters, rbac
 from harness.paths import TEST_DATA
 

@@ -1,17 +1,18 @@
 """The decision loop's endpoint weights on the control plane: parsing (each bad input named,
-nothing half-applied), the store's expiry, and what translation serves: the weighted
-cluster's ClusterLoadAssignment carries the weights, every other resource is the very
-message it was (so CDS, LDS, RDS and the other assignments keep their versions)."""
+nothing half-applied), the store's expiry, and what translation serves from the Overlay it
+is given: the weighted cluster's ClusterLoadAssignment carries the weights, every other
+resource is the very message it was (so CDS, LDS, RDS and the other assignments keep their
+versions)."""
 import time
 
 import pytest
 
 from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.resources import MeshConfig
-from mcp26.xds.endpoint_weights import WEIGHTS, EndpointWeights, parse_endpoint, parse_weights
-from mcp26.xds.node import ProxyNode
-from mcp26.xds.translate import Translator
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.endpoint_weights import EndpointWeights, parse_endpoint, parse_weights
+from mcp26.xds.model.node import ProxyNode
+from mcp26.xds.translate import Overlay, Translator
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 
 SE = """
 apiVersion: networking.istio.io/v1
@@ -36,13 +37,6 @@ spec:
 """
 CLUSTER_NAME = "outbound|80||svc.mesh.local"
 NODE = ProxyNode("sidecar~127.0.0.1~a.default~default.svc.cluster.local", kind="sidecar")
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    WEIGHTS.remove(CLUSTER_NAME)
-    yield
-    WEIGHTS.remove(CLUSTER_NAME)
 
 
 def _weights(cla) -> dict:
@@ -99,8 +93,9 @@ def test_translation_lays_the_weights_over_eds_only():
     before = tr.translate(config, NODE)
     assert _weights(before[ENDPOINT][CLUSTER_NAME]) == {"127.0.0.2:9001": 2, "127.0.0.3:9001": 0}
     now = time.time()
-    WEIGHTS.put(parse_weights({"cluster": CLUSTER_NAME, "weights": {"127.0.0.3:9001": 9}, "expires_at": now + 60}, now))
-    after = tr.translate(config, NODE)
+    store = EndpointWeights()
+    store.put(parse_weights({"cluster": CLUSTER_NAME, "weights": {"127.0.0.3:9001": 9}, "expires_at": now + 60}, now))
+    after = tr.translate(config, NODE, Overlay(endpoint_weights=store.by_cluster(now)))
     cla = after[ENDPOINT][CLUSTER_NAME]
     assert _weights(cla) == {"127.0.0.2:9001": 2, "127.0.0.3:9001": 9}     # the unnamed endpoint keeps its weight
     assert [loc.load_balancing_weight.value for loc in cla.endpoints] == [11]
@@ -109,16 +104,34 @@ def test_translation_lays_the_weights_over_eds_only():
         assert all(after[t][n] is before[t][n] for n in before[t]), t
     others = [n for n in before[ENDPOINT] if n != CLUSTER_NAME]
     assert others and all(after[ENDPOINT][n] is before[ENDPOINT][n] for n in others)
-    WEIGHTS.remove(CLUSTER_NAME)
-    restored = tr.translate(config, NODE)[ENDPOINT][CLUSTER_NAME]
+    store.remove(CLUSTER_NAME)
+    restored = tr.translate(config, NODE, Overlay(endpoint_weights=store.by_cluster(now)))[ENDPOINT][CLUSTER_NAME]
     assert restored is before[ENDPOINT][CLUSTER_NAME]
 
 
-def test_an_expired_weight_is_not_served():
+def test_an_expired_weight_leaves_the_next_overlay_and_translation_reads_no_clock():
     config = MeshConfig(parse_documents(SE, "c.yaml"))
     now = time.time()
-    WEIGHTS.put(parse_weights({"cluster": CLUSTER_NAME, "weights": {"127.0.0.3:9001": 9}, "expires_at": now + 0.2}, now))
+    store = EndpointWeights()
+    store.put(parse_weights({"cluster": CLUSTER_NAME, "weights": {"127.0.0.3:9001": 9}, "expires_at": now + 0.2}, now))
+    overlay = Overlay(endpoint_weights=store.by_cluster())
     tr = Translator()
-    assert _weights(tr.translate(config, NODE)[ENDPOINT][CLUSTER_NAME])["127.0.0.3:9001"] == 9
+    assert _weights(tr.translate(config, NODE, overlay)[ENDPOINT][CLUSTER_NAME])["127.0.0.3:9001"] == 9
     time.sleep(0.25)
-    assert _weights(tr.translate(config, NODE)[ENDPOINT][CLUSTER_NAME])["127.0.0.3:9001"] == 0
+    # The overlay is what was decided: the server replaces it when the weight expires
+    # (scheduler_actions.py's timer, XdsServer.republish_overlay), translation never drops it.
+    assert _weights(tr.translate(config, NODE, overlay)[ENDPOINT][CLUSTER_NAME])["127.0.0.3:9001"] == 9
+    later = Overlay(endpoint_weights=store.by_cluster())
+    assert _weights(tr.translate(config, NODE, later)[ENDPOINT][CLUSTER_NAME])["127.0.0.3:9001"] == 0
+
+
+def test_the_overlay_is_a_copy_nothing_can_change():
+    weights = {CLUSTER_NAME: {"127.0.0.3:9001": 9}}
+    overlay = Overlay(endpoint_weights=weights)
+    weights[CLUSTER_NAME]["127.0.0.3:9001"] = 1
+    weights["other"] = {}
+    assert dict(overlay.endpoint_weights) == {CLUSTER_NAME: {"127.0.0.3:9001": 9}}
+    with pytest.raises(TypeError):
+        overlay.endpoint_weights[CLUSTER_NAME]["127.0.0.3:9001"] = 1
+    with pytest.raises(AttributeError):
+        overlay.endpoint_weights = {}

@@ -17,8 +17,8 @@ from mcp26.xds.console import mesh_state
 from mcp26.xds.console.latency import LatencyWindow, delta, histograms_by_class, quantile, unit_to_ms
 from mcp26.xds.console.server import Console, ConsoleOptions
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 from harness.paths import CONSOLE
 
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)

@@ -8,8 +8,8 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from mcp26.mesh import headers as H
 from mcp26.mesh.change_set import load_config
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import CLUSTER, LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 from harness.paths import CONSOLE
 
 EXAMPLE = str(CONSOLE / "examples")

@@ -12,9 +12,9 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from mcp26.xds.ca import CAError, MeshCA, node_token_from_dir, self_signed_root
 from mcp26.xds.cache import PreparedSnapshot
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.sds import IdentityService
-from mcp26.xds.type_urls import CLUSTER, SECRET
+from mcp26.xds.model.type_urls import CLUSTER, SECRET
 
 NODE = "sidecar~127.0.0.1~a-1.shop~shop.svc.cluster.local"
 

@@ -9,9 +9,9 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from mcp26.mesh.change_set import load_texts
 from mcp26.mesh.diagnostics import ConfigError
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import CLUSTER, LISTENER, ROUTE
+from mcp26.xds.model.type_urls import CLUSTER, LISTENER, ROUTE
 
 BASE = """
 apiVersion: networking.istio.io/v1
@@ -263,7 +263,7 @@ spec: {host: e.shop.svc.cluster.local, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}
 
 
 def test_auto_mtls_matches_tls_mode_istio_endpoints_without_a_destination_rule():
-    from mcp26.xds.type_urls import ENDPOINT
+    from mcp26.xds.model.type_urls import ENDPOINT
     snap = translate(load_texts({"m.yaml": BASE + "---" + IDENTITIES}), B)
     cluster = snap[CLUSTER][D]
     assert not cluster.HasField("transport_socket")

@@ -6,9 +6,9 @@ import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 
 from mcp26.mesh.change_set import load_texts
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import CLUSTER, ROUTE
+from mcp26.xds.model.type_urls import CLUSTER, ROUTE
 
 BASE = """
 apiVersion: networking.istio.io/v1

@@ -2,9 +2,9 @@
 import json
 
 from mcp26.xds.explain import proxy_config as pc
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from google.protobuf import json_format
 from mcp26.mesh.change_set import load_texts
 

@@ -24,7 +24,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import wrappers_pb2
 from google.rpc import status_pb2
 
-from mcp26.xds import type_urls as T
+from mcp26.xds.model import type_urls as T
 from mcp26.xds.ads import AdsHub, StreamRunner
 from mcp26.xds.ads_protocol import CONTROL_PLANE, DeltaStream, Shared, SotwStream, counting_nonces, push_order
 from mcp26.xds.cache import PreparedSnapshot, SnapshotCache
@@ -574,3 +574,42 @@ def test_push_spans_are_capped_per_second():
     assert sum(limit.take() for _ in range(1000)) == 100
     now[0] += 60
     assert sum(limit.take() for _ in range(1000)) == 200       # never more than a burst
+
+
+def test_requests_waiting_behind_a_blocked_writer_are_bounded():
+    """A client that keeps sending while nothing is read from its stream (the writer blocked on
+    a zero window): the reader stops taking requests from gRPC past REQUEST_QUEUE_BYTES, so
+    gRPC's flow control holds the client back (the queue held 200 MB of requests)."""
+    from mcp26.xds import ads
+
+    async def body():
+        cache = SnapshotCache(lambda config, node: resources(config))
+        cache.install(BASE, "g1", {})
+        hub = AdsHub(cache, Telemetry())
+        pulled = 0
+        wire = discovery_pb2.DiscoveryRequest(node=NODE, type_url=CDS, resource_names=["x" * 100] * 1000)
+        wire = wire.SerializeToString()
+
+        async def client():            # 100 MB of requests, as fast as the runner takes them
+            nonlocal pulled
+            for _ in range(1000):
+                pulled += 1
+                yield wire
+        runner = StreamRunner(hub, SotwStream(hub.shared), "test-peer")
+        out = runner.run(client())
+        first = asyncio.ensure_future(anext(out))      # the writer takes one response, then blocks
+        await first
+        for _ in range(50):
+            await asyncio.sleep(0)
+        stopped_at = pulled
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert pulled == stopped_at < 100, f"{pulled} requests pulled"
+        assert runner.request_bytes <= ads.REQUEST_QUEUE_BYTES + len(wire)
+        rest = asyncio.ensure_future(anext(out))       # the writer goes on: so does the reader
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert pulled > stopped_at
+        rest.cancel()
+        await out.aclose()
+    asyncio.run(asyncio.wait_for(body(), 20))

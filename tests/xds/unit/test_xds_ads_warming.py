@@ -21,7 +21,7 @@ from mcp26.xds.ads_protocol import DeltaStream, Shared, SotwStream
 from mcp26.xds.cache import PreparedSnapshot
 from mcp26.xds.sync import SyncTracker
 from mcp26.xds.telemetry import Telemetry
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT
 
 NODE = base_pb2.Node(id="sidecar~127.0.0.1~a-1.shop~shop.svc.cluster.local")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 
-from mcp26.xds import type_urls as T
+from mcp26.xds.model import type_urls as T
 from mcp26.xds.cache import Packings, PreparedSnapshot, prepare_selections, subscription_key
 
 
@@ -77,7 +77,7 @@ def test_a_build_prepares_the_subscriptions_it_is_given():
     """SnapshotCache.build (what the server's change path calls): the selections and diffs
     of the streams' subscriptions are ready in the snapshots before they are installed."""
     from mcp26.xds.cache import SnapshotCache, translation_key
-    from mcp26.xds.node import ProxyNode
+    from mcp26.xds.model.node import ProxyNode
     nodes = [ProxyNode(id=f"gw-{i}", labels={"shape": str(i)}) for i in range(2)]
     keys = [translation_key(n) for n in nodes]
     cache = SnapshotCache(lambda config, node: {T.CLUSTER: CLUSTERS, T.ENDPOINT: EDS})

@@ -235,8 +235,8 @@ from mcp26.mesh.resources import MeshConfig
 from mcp26.mesh.parse import parse_documents  # noqa: E402
 from mcp26.xds.translate import Translator  # noqa: E402
 from mcp26.xds.cache import SnapshotCache  # noqa: E402
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode  # noqa: E402
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode  # noqa: E402
 
 GW_NODE = ProxyNode("router~1~gw~default", labels={"istio": "ingressgateway"})
 SIDECAR = ProxyNode("sidecar~10.0.0.1~app.default~default.svc.cluster.local", labels={"app": "client"})

@@ -6,8 +6,8 @@ from mcp26.mesh.resources import MeshConfig
 from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import ROUTE
+from mcp26.xds.model.node import ProxyNode
 
 HEAD = """
 apiVersion: networking.istio.io/v1

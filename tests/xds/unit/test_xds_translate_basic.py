@@ -4,8 +4,8 @@ from google.protobuf import json_format
 from mcp26.mesh.resources import MeshConfig
 from mcp26.mesh.parse import parse_documents
 from mcp26.xds.translate import TranslateOptions, Translator, translate
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 
 BASIC = """
 apiVersion: networking.istio.io/v1
@@ -136,8 +136,9 @@ def test_translation_is_shared_between_nodes_with_one_routing_key():
 
 
 def test_spans_for_each_translation_with_cache_and_resource_counts():
-    from mcp26.xds import telemetry
-    cfg, translator = config(BASIC), Translator()
+    from mcp26.xds.telemetry import Telemetry
+    telemetry = Telemetry()                         # the tracer it is given, not a process-wide one
+    cfg, translator = config(BASIC), Translator(tracer=telemetry.tracer)
     translator.translate(cfg, GATEWAY)
     translator.translate(cfg, ProxyNode("router~10.0.0.3~gw-3.default~default.svc.cluster.local",
                              labels={"istio": "ingressgateway"}))

@@ -8,8 +8,8 @@ from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.qos import QosClass
 from mcp26.xds.translate import TranslateOptions, translate
 from mcp26.xds.translate.routes import RouteContext
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, ROUTE
+from mcp26.xds.model.node import ProxyNode
 
 SE = """
 apiVersion: networking.istio.io/v1

@@ -14,9 +14,9 @@ import threading
 from benchmarks.xds_config import write_mesh
 from benchmarks.xds_load_clients import node
 from mcp26.mesh.change_set import load_config
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Translator
-from mcp26.xds.type_urls import CLUSTER, LISTENER, ROUTE
+from mcp26.xds.model.type_urls import CLUSTER, LISTENER, ROUTE
 
 SHAPES = 6
 

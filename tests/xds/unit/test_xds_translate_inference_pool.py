@@ -13,9 +13,9 @@ from envoy.type.metadata.v3 import metadata_pb2
 from mcp26.mesh import endpoint_picker as epp
 from mcp26.mesh import gateway_api
 from mcp26.mesh.change_set import load_texts
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Translator, translate
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
 
 NS = "inference"
 GATEWAY = ProxyNode("router~127.0.0.1~gw.inference~inference.svc.cluster.local", namespace=NS,

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from mcp26.mesh.resources import MeshConfig, Resource
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import CLUSTER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 
 SUBSETS = ["v1", "v2", "v3"]
 names = st.text(alphabet="abcdefghij-", min_size=1, max_size=8).map(lambda s: "x" + s)

@@ -8,8 +8,8 @@ from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.xds import translate as translate_pkg
 from mcp26.xds.translate import authn, translate
-from mcp26.xds.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.type_urls import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from mcp26.xds.model.node import ProxyNode
 
 MESH = """
 apiVersion: networking.istio.io/v1
@@ -192,11 +192,11 @@ def test_chain_is_cors_then_each_phase_in_order_then_fault_router(monkeypatch):
 def test_filter_resources_merge_and_a_name_clash_is_an_error(monkeypatch):
     from envoy.config.cluster.v3 import cluster_pb2
     monkeypatch.setattr(authn, "resources",
-                        lambda config, node: {CLUSTER: {"jwks|issuer": cluster_pb2.Cluster(name="jwks|issuer")}})
+                        lambda config, node, overlay: {CLUSTER: {"jwks|issuer": cluster_pb2.Cluster(name="jwks|issuer")}})
     assert "jwks|issuer" in snap(GATEWAY)[CLUSTER]
     clash = "outbound|9080||ratings.shop.svc.cluster.local"
     monkeypatch.setattr(authn, "resources",
-                        lambda config, node: {CLUSTER: {clash: cluster_pb2.Cluster(name=clash)}})
+                        lambda config, node, overlay: {CLUSTER: {clash: cluster_pb2.Cluster(name=clash)}})
     with pytest.raises(ConfigError, match="already emits"):
         snap(GATEWAY)
 

@@ -105,7 +105,7 @@ def test_translation_failure_rejects_change_set(tmp_path):
         return {}
 
     async def body():
-        from mcp26.xds.node import ProxyNode
+        from mcp26.xds.model.node import ProxyNode
         server = XdsServer(d, port=free_port(), admin_port=free_port(), load=load_dir, translate=translate)
         server.hub.nodes = lambda: [ProxyNode(id="n")]   # as if one proxy were connected
         await server.start()

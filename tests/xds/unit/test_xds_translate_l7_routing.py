@@ -8,9 +8,9 @@ from mcp26.mesh.l7_routing import class_for_priority
 from mcp26.mesh.parse import parse_documents
 from mcp26.mesh.resources import MeshConfig
 from mcp26.manifests import EXAMPLES
-from mcp26.xds.node import ProxyNode
+from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import translate
-from mcp26.xds.type_urls import ROUTE
+from mcp26.xds.model.type_urls import ROUTE
 
 EXAMPLE = (EXAMPLES / "l7-routing.yaml").read_text()
 GATEWAY = """

@@ -1,7 +1,7 @@
 """bench_chain: the seed's production chain on this machine (issue #43), measured as it gives it:
 QPS at P99 < 12 ms, per core, next to the seed's 14,200 QPS on 32 cores (~444 per core).
 
-    h2load (HTTP/2, 200 keep-alive connections, a 1 KB JSON body, open loop: --rps per connection)
+    h2load (HTTP/2, 200+ keep-alive connections, a 1 KB JSON body, open loop: --rps per connection)
       -> Envoy configured by our control plane: jwt_authn (a RequestAuthentication; every request
          carries a valid token), the header-contract Wasm filter (signs the session and QoS
          headers), grpc_web (in every gateway chain; these requests pass it), router
@@ -12,10 +12,10 @@ QPS at P99 < 12 ms, per core, next to the seed's 14,200 QPS on 32 cores (~444 pe
 Every request carries the same body, so after the first every answer is a cache hit: the chain is
 measured as the seed's service runs, in front of its cache. Two rows: Redis as it is, and Redis
 slowed to 500 ms on every answer (its proxies, harness/redis_stack.py) - the circuit breaker opens
-and the local cache answers. For each, the offered rate climbs (200 x --rps) until the p99
+and the local cache answers. For each, the offered rate climbs (200, 250, ... QPS; `offered_steps`) until the p99
 (h2load's per-request log) passes 12 ms or a request fails; the last rate that held is the figure.
 
-`python -m benchmarks chain [--seconds S] [--max-rps N]`; writes artifacts/bench/chain.json.
+`python -m benchmarks chain [--seconds S] [--max-qps N]`; writes artifacts/bench/chain.json.
 """
 from __future__ import annotations
 
@@ -107,16 +107,17 @@ class Chain:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.server.admin_port}/admin/status", timeout=5) as r:
             return json.load(r)["response_cache"]
 
-    def h2load(self, rps: int, seconds: float) -> dict:
-        """`rps` a second on each of the 200 connections for `seconds` (+1 s left out, the
-        connections' start). The connections open one every 5 ms (-r 1 --rate-period 5ms), so
-        their per-connection timers are spread over a second: h2load starts them all at once
-        otherwise, and every connection's request then leaves in the same millisecond."""
+    def h2load(self, rps: int, seconds: float, connections: int = CONNECTIONS) -> dict:
+        """`rps` a second on each of `connections` for `seconds` (+1 s left out, the
+        connections' start). The connections open spread over that second (-r 1 --rate-period),
+        so their per-connection timers are spread: h2load starts them all at once otherwise, and
+        every connection's request then leaves in the same millisecond."""
         self.runs = getattr(self, "runs", 0) + 1
         log = os.path.join(self.dir, f"h2load-{self.runs}.log")        # h2load appends to a log that exists
-        n = int(rps * CONNECTIONS * (seconds + 1))
-        cmd = ["h2load", "-c", str(CONNECTIONS), "-m", "1", "-t", "1", "--rps", str(rps), "-n", str(n),
-               "-r", "1", "--rate-period", "5ms", f"--log-file={log}", "-d", self.body,
+        n = int(rps * connections * (seconds + 1))
+        period_ms = max(1, 1000 // connections)
+        cmd = ["h2load", "-c", str(connections), "-m", "1", "-t", "1", "--rps", str(rps), "-n", str(n),
+               "-r", "1", "--rate-period", f"{period_ms}ms", f"--log-file={log}", "-d", self.body,
                "-H", "content-type: application/json", "-H", f"authorization: Bearer {self.token}",
                f"http://127.0.0.1:{self.gw_port}/v2/models/mlp/infer"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
@@ -126,7 +127,7 @@ class Chain:
             rows = [row for row in rows if row[0] >= t0]
         got = h2load_log.summary(rows) if rows else {"ok": 0, "errors": 0, "p99_ms": None, "span_s": 0}
         got["qps"] = round(got["ok"] / got["span_s"], 1) if got.get("span_s") else 0.0
-        got["offered"] = rps * CONNECTIONS
+        got["offered"], got["connections"] = rps * connections, connections
         if r.returncode != 0:
             got["h2load_error"] = r.stderr[-300:]
         return got
@@ -140,15 +141,28 @@ class Chain:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def sweep(chain: Chain, seconds: float, max_rps: int) -> tuple[dict | None, list[dict]]:
-    """Climb the per-connection rate until p99 > 12 ms or an error; -> (the last step that held, all)."""
+def offered_steps(max_qps: int):
+    """(per-connection rate, connections) for offered rates 200, 250, ..., 400, 500, 600, ...:
+    h2load's --rps is a whole number per connection, so 200 connections alone climb in steps of
+    200 QPS (a figure of 200 or 400, nothing between); between them the connections grow (>= 200
+    always) and the per-connection rate is offered // 200."""
+    offered = CONNECTIONS
+    while offered <= max_qps:
+        rps = offered // CONNECTIONS
+        yield rps, round(offered / rps)
+        offered += 50 if offered < 2 * CONNECTIONS else 100
+
+
+def sweep(chain: Chain, seconds: float, max_qps: int) -> tuple[dict | None, list[dict]]:
+    """Climb the offered rate until p99 > 12 ms or an error; -> (the last step that held, all)."""
     steps, held = [], None
-    for rps in range(1, max_rps + 1):
-        got = chain.h2load(rps, seconds)
+    for rps, connections in offered_steps(max_qps):
+        got = chain.h2load(rps, seconds, connections)
         steps.append(got)
         ok = got["ok"] > 0 and got["errors"] == 0 and got["p99_ms"] is not None and got["p99_ms"] < P99_LIMIT_MS
-        print(f"  offered {got['offered']:>6}/s: {got['qps']:>8.1f} QPS p50 {got.get('p50_ms')} p99 "
-              f"{got.get('p99_ms')} ms errors {got['errors']}{' (held)' if ok else ''}", flush=True)
+        print(f"  offered {got['offered']:>6}/s ({connections} conns x {rps}/s): {got['qps']:>8.1f} QPS "
+              f"p50 {got.get('p50_ms')} p99 {got.get('p99_ms')} ms errors {got['errors']}{' (held)' if ok else ''}",
+              flush=True)
         if not ok:
             break
         held = got
@@ -158,7 +172,7 @@ def sweep(chain: Chain, seconds: float, max_rps: int) -> tuple[dict | None, list
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench_chain")
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--max-rps", type=int, default=20, help="the highest per-connection rate tried")
+    ap.add_argument("--max-qps", type=int, default=4000, help="the highest offered rate tried")
     args = ap.parse_args(argv)
     for reason in (skip_reason(), None if shutil.which("h2load") else "h2load (nghttp2-client) is not installed",
                    None if os.path.exists(WASM) else "run `make wasm` first"):
@@ -174,12 +188,12 @@ def main(argv=None) -> int:
         for name, delay in (("redis", 0.0), ("redis slowed to 500 ms", 0.5)):
             chain.redis.set_delay(delay)
             print(f"{name}:", flush=True)
-            held, steps = sweep(chain, args.seconds, args.max_rps)
+            held, steps = sweep(chain, args.seconds, args.max_qps)
             rows[name] = {"held": held, "steps": steps, "cache": chain.cache()}
         chain.redis.set_delay(0)
     doc["rows"], doc["loadavg_end"] = rows, os.getloadavg()
     seed = SEED_QPS / SEED_CORES
-    print(f"\n{'chain (h2load c=200, 1 KB JSON)':<30} {'QPS @ p99<12ms':>15} {'per core':>9} {'vs seed/core':>13} "
+    print(f"\n{'chain (h2load c>=200, 1 KB JSON)':<30} {'QPS @ p99<12ms':>15} {'per core':>9} {'vs seed/core':>13} "
           f"{'p99 ms':>7} {'breaker':>9}")
     for name, r in rows.items():
         h = r["held"]

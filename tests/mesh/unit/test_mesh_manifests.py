@@ -117,75 +117,7 @@ def cluster_accepts(spec):
     return crd_rules(SCHEMA, {"spec": spec}) and admits(SCHED_POLICY, obj)
 
 
-SPECS = [
-    {},
-    {"qosPolicy": "latency-critical"},
-    {"qosPolicy": "throughput", "maxBatchSize": 128, "preferredBatchSize": [64, 128]},
-    {"qosPolicy": "latency-critical", "preferredBatchSize": [4, 16]},         # 16 > preset's 8
-    {"preferredBatchSize": [32]},                                             # balanced: max 32
-    {"preferredBatchSize": [48]},
-    {"maxBatchSize": 0},
-    {"maxBatchSize": 4097},
-    {"maxBatchSize": 8, "preferredBatchSize": [0]},
-    {"maxQueueDelayMicroseconds": 10_000_000},
-    {"maxQueueDelayMicroseconds": 10_000_001},
-    {"qosPolicy": "fastest"},
-    {"priorityLevels": 2, "defaultPriorityLevel": 2},
-    {"priorityLevels": 2, "defaultPriorityLevel": 3},
-    {"defaultPriorityLevel": 5},                                              # presets have 4 levels
-    {"priorityLevels": 17},
-    {"queuePolicies": {"1": {"maxQueueSize": 16, "defaultTimeoutMicroseconds": 5000,
-                             "timeoutAction": "DELAY", "allowTimeoutOverride": True}}},
-    {"queuePolicies": {"4": {"timeoutAction": "REJECT"}}},
-    {"queuePolicies": {"5": {}}},
-    {"priorityLevels": 8, "queuePolicies": {"8": {}}},
-    {"queuePolicies": {"0": {}}},
-    {"queuePolicies": {"one": {}}},
-    {"queuePolicies": {"1": {"timeoutAction": "DROP"}}},
-    {"queuePolicies": {"1": {"maxQueueSize": -1}}},
-    {"queuePolicies": {"1": {"maxQueue": 3}}},
-    {"selector": {"matchLabels": {"app": "llm"}}, "maxBatchSize": 16},
-    {"selector": {"app": "llm"}},
-    {"batchSize": 8},
-    {"reservedLaneLevels": 1},
-    {"qosPolicy": "latency-critical", "reservedLaneLevels": 0},
-    {"reservedLaneLevels": 16},
-    {"reservedLaneLevels": 17},
-    {"reservedLaneLevels": -1},
-    {"reservedLaneLevels": True},
-    # the seed's rules in the batcher
-    {"reservedLaneThreads": 2}, {"reservedLaneThreads": 0}, {"reservedLaneThreads": 17},
-    {"weightedShare": False}, {"weightedShare": "no"}, {"freezeLowPriority": False}, {"freezeLowPriority": 1},
-    {"classWeights": {"interactive": 3, "batch": 2}}, {"classWeights": {"interactive": 0}},
-    {"classWeights": {"interactive": 101}}, {"classWeights": {"latency-critical": 3}},
-    {"classWeights": {"gold": 3}}, {"classWeights": {"standard": 2.5}},
-    # the seed's routing fields
-    {"priority": 90, "matchHeaders": {"x-user-tier": "premium"}, "backendService": "llm-premium"},
-    {"priority": 0, "matchHeaders": {"X-Model": "a", "x-b": ""}, "backendService": "llm.inference.svc.cluster.local:8080"},
-    {"priority": 100, "matchHeaders": {"x-a": "1"}, "backendService": "llm", "maxBatchSize": 8},
-    {"priority": 101, "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
-    {"priority": -1, "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
-    {"priority": "50", "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
-    {"priority": 50.5, "matchHeaders": {"x-a": "1"}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {"x a": "1"}, "backendService": "llm"},        # not a token
-    {"priority": 50, "matchHeaders": {"x(a)": "1"}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {":authority": "a"}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {"x-a": 1}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {"x-a": "v" * 1025}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {f"x-{i}": "1" for i in range(17)}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {"X-MCP-Qos-Class": "latency-critical"}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {"end-user": "jason"}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {"x-a": "1", "X-A": "2"}, "backendService": "llm"},
-    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "LLM"},
-    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:http"},
-    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:99999"},
-    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:0"},
-    {"priority": 50, "matchHeaders": {"x-a": "1"}, "backendService": "llm:65535"},
-    {"priority": 50, "matchHeaders": {"x-a": "1"}},
-    {"priority": 50},
-    {"matchHeaders": {"x-a": "1"}, "backendService": "llm"},
-]
+from tests.data.l7schedulingpolicy_specs import SPECS  # noqa: E402
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[str(s) for s in SPECS])

@@ -405,8 +405,15 @@ class ServedModel:
         return inner
 
     def _remote_lookup(self, cache, digest, pending, qos_class, priority, t0: int, leave: str):
+        """The lookup on the cache's pool; the request waits for it at most `timeout_ms`
+        (`late`): past that it is answered as if the breaker were open (the local LRU, else the
+        model) and the lookup's late outcome only tells the breaker. redis-py's own timeout is not
+        the request's: a Cluster client that times out refreshes its topology from each node
+        before it raises (~4x timeout_ms: 200 ms at 50 ms measured against 500 ms-slow shards),
+        and a lookup may first wait for a free pool thread."""
         outer = concurrent.futures.Future()
         loop = asyncio.get_running_loop()
+        claimed = threading.Lock()          # the first of the lookup and `late` answers the request
 
         def miss() -> None:
             if outer.cancelled():
@@ -419,20 +426,33 @@ class ServedModel:
             outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
             _on_done(inner, lambda f: _copy_outcome(f, outer))
 
+        def answer(outputs, tier: str) -> None:
+            if outputs is not None:
+                _copy_outcome(self._cache_hit(cache, pending, outputs, qos_class, priority, t0, tier), outer)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(miss)
+
         def lookup() -> None:
-            if outer.cancelled():
-                return
+            if outer.cancelled() or claimed.locked():
+                return                                       # (`late` answered it: Redis is not called)
             tier = "redis_hits"
             if leave == "closed" and not cache.breaker.still_closed():
                 cache.count(self.name, fallbacks=1)          # opened while this waited for the pool
                 outputs, tier = cache.get_local(digest), "local_hits"
             else:
                 outputs = cache.get_remote(digest, self.name)
-            if outputs is not None:
-                hit = self._cache_hit(cache, pending, outputs, qos_class, priority, t0, tier)
-                _copy_outcome(hit, outer)
-            elif not loop.is_closed():
-                loop.call_soon_threadsafe(miss)
+            if claimed.acquire(blocking=False):
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(timer.cancel)
+                answer(outputs, tier)
+
+        def late() -> None:                                  # on the loop, timeout_ms after the submit
+            if outer.cancelled() or not claimed.acquire(blocking=False):
+                return
+            cache.count(self.name, fallbacks=1, late=1)
+            answer(cache.get_local(digest), "local_hits")
+
+        timer = loop.call_later(cache.config.timeout_s, late)
         cache.pool.submit(lookup)
         return outer
 

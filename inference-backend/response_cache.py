@@ -24,9 +24,10 @@ timeouts or errors open it. Open: Redis is not called, the local LRU serves (`fa
 seed's `cache_fallback`). After `open_ms` one request probes Redis (half-open): success closes the
 breaker, failure opens it again for another `open_ms`. A cache failure never fails a request.
 
-Threads. Redis calls run on a small pool of their own, never on the event loop: a lookup that
-waits for a slow Redis holds only its own request (ServedModel.submit). Local lookups run inline.
-A lookup still waiting for the pool when the breaker opens does not call Redis.
+Threads. Redis calls run on a small pool of their own, never on the event loop, and a request
+waits for its lookup at most `timeout_ms` (then it is served as with the breaker open: `late`;
+ServedModel._remote_lookup). Local lookups run inline. A lookup still waiting for the pool when
+the breaker opens, or when its request stopped waiting, does not call Redis.
 """
 from __future__ import annotations
 
@@ -295,9 +296,10 @@ class CacheStats:
     miss_ns: int = 0
     local_hits: int = 0
     redis_hits: int = 0
-    fallbacks: int = 0          # lookups or inserts served by the local LRU because the breaker was open
+    fallbacks: int = 0          # lookups or inserts served by the local LRU: the breaker open, or Redis late
     rejected: int = 0           # entries that did not verify
     redis_errors: int = 0
+    late: int = 0               # lookups a request stopped waiting for after timeout_ms (also fallbacks)
 
 
 class ResponseCache:

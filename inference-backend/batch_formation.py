@@ -35,7 +35,9 @@ has a pass, the next slot goes to the waiting level whose pass is least (ties: t
 higher priority), and a slot advances its level's pass by 1 / weight. A level that had
 nothing waiting comes back at the current virtual time (the start pass of the last slot
 given), so idling banks no credit. Under saturation High (weight 3) takes three slots to
-the default class's one. Requests of another `key` than the batch's head, or held back by
+the default class's one. A level without a weight (Low, unless `classWeights` gives it one)
+is not shared: it takes the slots the weighted levels leave, in level order, as in Triton -
+so the seed's downgrade of Medium to Low still puts Medium's work behind everyone's. Requests of another `key` than the batch's head, or held back by
 the admission hook, advance the walk's passes without a slot: with mixed keys the share is
 approximate within a batch, exact over the slots actually given.
 
@@ -307,7 +309,7 @@ class BatchFormation:
         for p in batch:
             self.slots[p.level] += 1
             self.running[p.level] += 1
-            if s.level_weights is None or p.level <= s.strict_levels:
+            if s.level_weights is None or p.level <= s.strict_levels or not s.weight_of(p.level):
                 continue
             start = max(self._pass.get(p.level, 0.0), self._vtime)
             self._pass[p.level] = start + 1.0 / s.weight_of(p.level)

@@ -105,17 +105,20 @@ class PriorityQueue:
     def ordered_shared(self, strict: int, weight_of, passes: dict[int, float],
                        skip: tuple[int, ...] = ()) -> Iterator[Pending]:
         """Every queued request but those of `skip` levels, levels 1..`strict` first in level
-        order, then the other levels' requests interleaved: each next one from the level whose
-        pass is least (ties: the higher priority), each request advancing its level's pass by
-        1 / weight_of(level). `passes`: each level's pass at the start (stride scheduling)."""
-        shared = {}
+        order, then the weighted levels' requests interleaved: each next one from the level
+        whose pass is least (ties: the higher priority), each request advancing its level's
+        pass by 1 / weight_of(level); then the levels of weight 0, in level order. `passes`:
+        each level's pass at the start (stride scheduling)."""
+        shared, after = {}, []
         for level in sorted(set(self._fresh) | set(self._delayed)):
             if level in skip or not self._count[level]:
                 continue
             if level <= strict:
                 yield from self._level(level)
-            else:
+            elif weight_of(level) > 0:
                 shared[level] = [passes.get(level, 0.0), self._level(level), 1.0 / weight_of(level)]
+            else:
+                after.append(level)
         while shared:
             level = min(shared, key=lambda lv: (shared[lv][0], lv))
             entry = shared[level]
@@ -125,6 +128,8 @@ class PriorityQueue:
                 continue
             yield p
             entry[0] += entry[2]
+        for level in after:
+            yield from self._level(level)
 
     def waiting(self, level: int) -> int:
         return self._count.get(level, 0)

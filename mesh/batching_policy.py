@@ -10,8 +10,8 @@ QoS class header (`x-mcp-qos-class`, set by the sidecar) or, without one, from
 the protocol's `priority` parameter.
 
 Beyond Triton, the seed's QoS rules (mesh/qos.py's table), on by default in every preset:
-a weighted share of batch slots between the levels above `strict_levels` (High's class
-weighs 3x the default), freezing (no batch of a frozen level starts while a request of a
+a weighted share of batch slots between the levels above `strict_levels` that have a weight
+(High's class weighs 3x the default; Low has none by default and stays behind them), freezing (no batch of a frozen level starts while a request of a
 freezing level is queued or computing), and the reserved lane's thread count (the seed's
 "2 threads reserved" for a request upgraded to Critical). inference-backend/batch_formation.py
 says how each is carried out.
@@ -33,9 +33,9 @@ MAX_QUEUE_DELAY_US_LIMIT = 10_000_000   # 10 s: anything longer is a typo
 MAX_LIST_ITEMS = 64                     # the CRD's maxItems / maxProperties (bounded CEL cost)
 MAX_CLASS_WEIGHT = 100
 MAX_LANE_THREADS = 16
-# Levels 1..STRICT_LEVELS go first, in level order; the rest share by weight (mesh.qos: the
-# classes with weight 0 are strict).
-STRICT_LEVELS = sum(1 for c in QosClass if not c.weight)
+# Levels 1..STRICT_LEVELS go first, in level order (mesh.qos: the leading classes of weight 0,
+# latency-critical); the rest share by weight, a level of weight 0 among them (Low) after them.
+STRICT_LEVELS = next(c.priority_level for c in sorted(QosClass, key=lambda c: c.priority_level) if c.weight) - 1
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,9 @@ class BatcherSettings:
     # instance, plain Triton. See inference-backend/batch_formation.py.
     reserved_lane_levels: int = 0
     reserved_lane_threads: int = Q.RESERVED_THREADS     # the lane's compute threads
-    # Weighted share: levels above strict_levels take batch slots in proportion to their
-    # weight (a level without one weighs 1) while they all wait; None: Triton's strict order.
+    # Weighted share: levels above strict_levels with a weight take batch slots in proportion
+    # to it while they all wait; a level without one (Low by default) goes after them, in
+    # level order; None: Triton's strict order throughout.
     level_weights: Mapping[int, int] | None = field(default_factory=Q.default_level_weights)
     strict_levels: int = STRICT_LEVELS
     # Freezing: while a request of freeze_while_levels is queued or computing, no batch of
@@ -129,7 +130,8 @@ class BatcherSettings:
         }
 
     def weight_of(self, level: int) -> int:
-        return (self.level_weights or {}).get(level, 1)
+        """The level's share weight; 0: not shared (after the shared levels, in level order)."""
+        return (self.level_weights or {}).get(level, 0)
 
 
 # The `--qos-policy` presets (documented in inference-backend/README.md).

@@ -13,11 +13,13 @@ its decision table hits the requests it names (scheduler/loop/builtin_policy.py)
 | critical       | latency-critical | 1     | EF   | strict: first, on a reserved lane of 2 threads    | RTT < 50 ms and payload > 1 MB: the flow upgraded to Critical, 2 threads reserved for its request's lifetime |
 | high           | interactive      | 2     | AF41 | weight 3 (3x the default); freezes Low while queued | `high`: thread weight 3x, low-priority inference frozen while it runs |
 | medium         | standard         | 3     | AF21 | weight 1 (the default class)                     | GPU memory > 90 %: Medium served as Low for 60 s |
-| low            | batch            | 4     | CS1  | weight 1; frozen while Critical or High is queued | (frozen by `high`; the downgrade's target) |
+| low            | batch            | 4     | CS1  | no weight: the slots the others leave (Triton's order); frozen while Critical or High is queued | (frozen by `high`; the downgrade's target) |
 
 A request without the header gets DEFAULT_QOS_CLASS (Medium). Weights are each
-class's share of batch slots among the shared levels (2..4) while they all wait
-(batch_formation.py "Weighted share"); level 1 is not shared, it goes first.
+class's share of batch slots among the shared levels (2..3) while they all wait
+(batch_formation.py "Weighted share"); level 1 goes first, level 4 (weight 0) after
+them, so that Medium downgraded to Low yields to Medium as the seed's rule means.
+A policy's `classWeights` may give Low a share.
 """
 from __future__ import annotations
 
@@ -38,14 +40,14 @@ class _ClassInfo:
     name: str
     dscp: int
     priority_level: int   # Triton's convention: 1 is the highest
-    weight: int           # share of batch slots among the shared levels; 0: strict, served first
+    weight: int           # share of batch slots among the shared levels; 0: not shared (level order)
 
 
 class QosClass(enum.Enum):
     LATENCY_CRITICAL = _ClassInfo("latency-critical", DSCP_EF, 1, 0)
     INTERACTIVE = _ClassInfo("interactive", DSCP_AF41, 2, 3)
     STANDARD = _ClassInfo("standard", DSCP_AF21, 3, 1)
-    BATCH = _ClassInfo("batch", DSCP_CS1, 4, 1)
+    BATCH = _ClassInfo("batch", DSCP_CS1, 4, 0)    # Low: behind the shared levels, as in Triton
 
     @property
     def header_value(self) -> str:

@@ -73,6 +73,16 @@ def test_a_class_weight_from_the_policy_changes_the_share():
     assert slots[HIGH] == slots[MEDIUM] == 200
 
 
+def test_low_takes_only_the_slots_medium_leaves_unless_a_policy_weighs_it():
+    # Low has no share of its own: the seed's downgrade of Medium to Low must put that work behind
+    f = formation(max_batch_size=8)
+    assert saturate(f, {MEDIUM: 16, LOW: 16}, batches=20) == {MEDIUM: 160}
+    settings, problems = parse_spec({"classWeights": {"batch": 1}, "maxBatchSize": 8})
+    assert not problems
+    f = BatchFormation("m", settings, idle_dispatch=True)
+    assert saturate(f, {MEDIUM: 16, LOW: 16}, batches=20) == {MEDIUM: 80, LOW: 80}
+
+
 def test_without_the_weighted_share_levels_go_strictly_in_order():
     f = formation(max_batch_size=8, level_weights=None)
     slots = saturate(f, {HIGH: 16, MEDIUM: 16}, batches=20)

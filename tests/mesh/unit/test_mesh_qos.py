@@ -30,4 +30,4 @@ def test_the_decision_tables_rules_name_the_classes_of_the_seeds_names():
     # "freezes low-priority inference" while Critical or High work waits
     assert qos.FROZEN_LEVELS == (qos.LLM_PRIORITY_CLASSES["low"].priority_level,)
     assert set(qos.FREEZE_WHILE_LEVELS) == {qos.LLM_PRIORITY_CLASSES[n].priority_level for n in ("critical", "high")}
-    assert qos.default_level_weights() == {2: 3, 3: 1, 4: 1}
+    assert qos.default_level_weights() == {2: 3, 3: 1}         # Low: not shared, behind them

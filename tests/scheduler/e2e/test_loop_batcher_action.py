@@ -51,7 +51,7 @@ def test_a_class_weight_action_changes_the_replicas_batch_slot_weights_once():
     try:
         admin = f"127.0.0.1:{server.admin_port}"
         endpoint = "127.0.0.1:1"
-        assert _status(admin)["models"][0]["batching"]["level_weights"] == {"2": 3, "3": 1, "4": 1}
+        assert _status(admin)["models"][0]["batching"]["level_weights"] == {"2": 3, "3": 1}
 
         async def apply(actions) -> list[dict]:
             applier = ActionApplier("127.0.0.1:1", replica_admin={endpoint: admin})
@@ -65,6 +65,6 @@ def test_a_class_weight_action_changes_the_replicas_batch_slot_weights_once():
         assert again.get("unchanged"), again                     # the same answer next period posts nothing
         assert "strict" in bad["error"] and not bad["applied"], bad
         weights = _status(admin)["models"][0]["batching"]["level_weights"]
-        assert weights == {"2": 5, "3": 1, "4": 1}                # and the refused one changed nothing
+        assert weights == {"2": 5, "3": 1}                        # and the refused one changed nothing
     finally:
         server.stop()

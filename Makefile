@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 PIP := .venv/bin/pip
-DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2 libclang-rt-14-dev-wasm32 python3-venv libb64-0d
+DEBS := clang lld wasi-libc python3-bpfcc bpfcc-tools linux-headers-amd64 nghttp2-client chromium iproute2 libclang-rt-14-dev-wasm32 python3-venv libb64-0d redis-server
 PYTEST_ARGS ?=
 
 .PHONY: install debs venv kernel-headers wasm test demo demo-lite bench clean proto web perf-analyzer wheel

@@ -318,7 +318,7 @@ def isolation_variants(variants: list[tuple], grpc: bool = False, rounds: int = 
         for url, high in zip(urls, highs):
             collect(mcp_bench(*url, "-c", "8", "-n", "200"))                     # warm-up
             if high:
-                collect(mcp_bench(*high, "-c", "4", "-n", "100", "--priority-mix", "high=1"))
+                collect(mcp_bench(*high, "-c", "4", "-n", "100", "--priority-mix", "critical=1"))
         runs = [{"alone": [], "prioritised": [], "prioritised_low": [], "control": [], "control_low": []}
                 for _ in variants]
         for _ in range(rounds):
@@ -334,8 +334,8 @@ def _isolation_round(url: list[str], runs: dict, high_url: list[str] | None = No
     control = [*url, "-c", "32", "--rate", str(HIGH_RATE), "--duration", str(duration)]
     low = [*url, "-c", str(LOW_CONCURRENCY), "--duration", str(duration + 1.2), "--timeout", "5",
            "--priority-mix", "low=1"]
-    runs["alone"].append(collect(mcp_bench(*high, "--priority-mix", "high=1", nice=-5)))
-    for name, args in (("prioritised", [*high, "--priority-mix", "high=1"]), ("control", control)):
+    runs["alone"].append(collect(mcp_bench(*high, "--priority-mix", "critical=1", nice=-5)))
+    for name, args in (("prioritised", [*high, "--priority-mix", "critical=1"]), ("control", control)):
         background = mcp_bench(*low)
         time.sleep(0.6)                                                # let it fill the queues
         runs[name].append(collect(mcp_bench(*args, nice=-5)))

@@ -9,7 +9,9 @@ with its default policy (the seed table as a Wasm plugin: memory > 90 % -> stand
 served as batch for the hold).
 
 1. overload: one open-loop arrival schedule (Poisson, fixed seed) of high-class requests
-   (`X-LLM-Priority: high` -> latency-critical) and standard ones (no header), at a rate above
+   (`X-LLM-Priority: high` -> interactive: mesh/qos.py's table of the seed's names; its batch
+   slots weigh 3x and it freezes batch-class work while it waits) and Medium ones (no header:
+   standard, the class the memory rule downgrades), at a rate above
    what the replicas generate, replayed loop off / loop on in alternating rounds on fresh
    replicas. Per class: p50/p99 latency, goodput (successful requests/s, tokens/s); total
    goodput; the floor (high p99 improves >= 2x, total goodput drops <= 10 %).

@@ -60,10 +60,16 @@ def _if_name(pin_name: str) -> str:
 
 
 def _ns_root() -> str:
+    """The pin root of this thread's network namespace: PIN_ROOT for the host's (PID 1's), else
+    netns-<inode> by the namespace's own inode. Ours is always readable (thread-self: the
+    namespace a thread that called setns is in); PID 1's is not on some hosts (hidepid,
+    another PID namespace: PermissionError), and then we cannot say we are the host's, so
+    the inode names the directory there too - never one directory for two namespaces."""
+    here = _netns_inode("thread-self")
     try:
-        here, init = _netns_inode("thread-self"), _netns_inode("1")
+        init = _netns_inode("1")
     except OSError:
-        here = init = 0
+        init = None
     return PIN_ROOT if here == init else os.path.join(PIN_ROOT, f"netns-{here}")
 
 
@@ -183,7 +189,7 @@ def _roll_back(ifname: str, path: str, previous: int | None, created_qdisc: bool
     try:                                         # put the previous programs back
         tc.replace_filter(ifname, "egress", os.path.join(path, EGRESS))
         with pinned_maps(ifname) as maps:
-            had_ingress = maps["config"][0].flags & (layout.CFG_SAMPLE | layout.CFG_ALPN)
+            had_ingress = maps["config"][0].flags & (layout.CFG_SAMPLE | layout.CFG_ALPN | layout.CFG_TFO)
         if had_ingress:
             tc.replace_filter(ifname, "ingress", os.path.join(path, INGRESS))
         else:
@@ -237,15 +243,16 @@ def status(ifname: str | None = None, max_flows: int = 20) -> list[dict]:
                 for key, val in maps["flow_alpn"].items():
                     state = layout.ALPN_STATE_NAMES.get(val.state, str(val.state))
                     counts[state] = counts.get(state, 0) + 1
-                    # TLS flows are listed; the rest (not TLS) only counted.
+                    # TLS and TCP Fast Open flows are listed; the rest only counted.
                     if val.state != layout.ALPN_NOT_CLIENT_HELLO and len(flows) < max_flows:
                         flows.append({"flow": str(key), "alpn": val.proto.decode(errors="replace"),
                                       "state": state,
-                                      "dscp": val.dscp if val.state == layout.ALPN_CLASSED else None})
+                                      "dscp": val.dscp if val.state in (layout.ALPN_CLASSED, layout.FLOW_TFO) else None})
                 entry = {
                     "interface": name,
                     "pins": pin_dir(name),
                     "alpn": bool(cfg.flags & layout.CFG_ALPN),
+                    "tfo": cfg.tfo_dscp if cfg.flags & layout.CFG_TFO else None,
                     "sample": bool(cfg.flags & layout.CFG_SAMPLE),
                     "created_qdisc": bool(cfg.owner_flags & layout.OWNER_CREATED_QDISC),
                     "ports": {int(k.value): int(v.value) for k, v in maps["port_dscp"].items()},

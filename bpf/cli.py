@@ -1,4 +1,4 @@
-"""`mcpctl bpf attach|status|detach|latency`: the QoS datapath from the shell.
+"""`mcpctl bpf attach|status|detach|latency|trace-writes`: the QoS datapath from the shell.
 
 State persists in bpffs between invocations (see attach.py), so `status`
 and `detach` act on what an earlier `attach` left.
@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     a.add_argument("--dscp-mark", action="append", default=[], metavar="MARK=DSCP",
                    help="mark packets of sockets with this SO_MARK (Envoy cluster socket option)")
     a.add_argument("--alpn", action="store_true", help="mark TLS flows by ClientHello ALPN (mesh.qos.ALPN_DSCP)")
+    a.add_argument("--tfo", action="store_true",
+                   help="mark connections that open with TCP Fast Open (data in the SYN) EF from that packet on "
+                        "(mesh.qos.TFO_CLASS)")
     a.add_argument("--sample", action="store_true",
                    help="time requests (first byte in -> first response byte out) on service ports")
     a.add_argument("--sample-port", action="append", default=[], type=str, metavar="PORT",
@@ -54,6 +57,17 @@ def register(subparsers) -> None:
                      "<pin dir>/flow_ring (shown by attach and status)")
     lat.set_defaults(func=_latency)
 
+    tw = sub.add_parser("trace-writes", help="record a process's write bursts into the shared flow ring "
+                        "(tracepoint syscalls/sys_enter_write), until stopped")
+    tw.add_argument("--pid", type=int, action="append", required=True, help="the process to watch (the model "
+                    "server); repeat for more")
+    tw.add_argument("--flow-ring", required=True, metavar="PATH",
+                    help="the ring on bpffs: an attached datapath's <pin dir>/flow_ring (shared), or a new pin")
+    tw.add_argument("--gap-us", type=int, default=None, help="writes closer than this are one burst (default 1000)")
+    tw.add_argument("--min-bytes", type=int, default=None,
+                    help="a burst is recorded once it has written this much (default 65536)")
+    tw.set_defaults(func=_trace_writes)
+
 
 def _fail(message: str, code: int = 1) -> int:
     print(f"mcpctl bpf: {message}", file=sys.stderr)
@@ -78,7 +92,7 @@ def _guard(fn):
 def _attach(args) -> int:
     from mcp26.bpf import attach
     policy = build_policy(ports=args.dscp_port, cidrs=args.dscp_cidr, marks=args.dscp_mark,
-                          alpn=args.alpn, sample=args.sample, sample_ports=args.sample_port)
+                          alpn=args.alpn, sample=args.sample, sample_ports=args.sample_port, tfo=args.tfo)
     state = attach.attach(args.interface, policy)
     if args.output != "text":
         sys.stdout.write(render(state, args.output))
@@ -178,8 +192,37 @@ def _describe(st: dict) -> str:
         parts.append("cidrs " + ", ".join(f"{c}={d}" for c, d in st["cidrs"].items()))
     if st["marks"]:
         parts.append("marks " + ", ".join(f"{hex(m)}={d}" for m, d in sorted(st["marks"].items())))
+    if st.get("tfo") is not None:
+        parts.append(f"tfo={st['tfo']}")
     if st["alpn"]:
         parts.append("alpn " + ", ".join(f"{a}={d}" for a, d in st["alpn_dscp"].items()))
     if st["sample"]:
         parts.append("sampling " + (", ".join(map(str, st["sample_ports"])) or "non-ephemeral ports"))
     return "; ".join(parts) or "no classification (programs loaded, nothing marked)"
+
+
+@_guard
+def _trace_writes(args) -> int:
+    import signal
+    from mcp26.bpf.write_burst import DEFAULT_GAP_US, DEFAULT_MIN_BYTES, WriteBurstTracer
+    gap = DEFAULT_GAP_US if args.gap_us is None else args.gap_us
+    least = DEFAULT_MIN_BYTES if args.min_bytes is None else args.min_bytes
+    if gap <= 0 or least <= 0:
+        return _fail("invalid argument: --gap-us and --min-bytes must be positive", 2)
+    tracer = WriteBurstTracer(args.flow_ring)
+    try:
+        for pid in args.pid:
+            try:
+                tracer.watch(pid, gap, least)
+            except ValueError as e:
+                return _fail(f"--pid {pid}: {e}", 2)
+        print(json.dumps({"event": "ready", "flow_ring": args.flow_ring, "pids": args.pid, "gap_us": gap,
+                          "min_bytes": least}), flush=True)
+        stop = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.append(1))
+        while not stop:
+            time.sleep(0.2)
+    finally:
+        tracer.close()
+    return 0

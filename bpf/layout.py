@@ -15,6 +15,7 @@ from mcp26.mesh import flow_ring
 CFG_ALPN = 1                # classify flows by TLS ALPN
 CFG_SAMPLE = 2              # run the latency sampler
 CFG_SAMPLE_LISTED_ONLY = 4  # sample only the listed service ports
+CFG_TFO = 8                 # mark connections opened with TCP Fast Open (data in the SYN)
 
 # qos_config.owner_flags: user space's own bookkeeping, kept with the maps so
 # that a later `mcpctl bpf detach` knows what `attach` did.
@@ -25,8 +26,9 @@ ALPN_NOT_CLIENT_HELLO = 0   # not a ClientHello, or truncated / malformed
 ALPN_NO_EXTENSION = 1       # a ClientHello without ALPN
 ALPN_UNCLASSED = 2          # ALPN offered, no protocol of it has a class
 ALPN_CLASSED = 3            # the flow is marked with the protocol's DSCP
+FLOW_TFO = 4                # the flow opened with TCP Fast Open: marked with qos_config.tfo_dscp
 ALPN_STATE_NAMES = {ALPN_NOT_CLIENT_HELLO: "not-client-hello", ALPN_NO_EXTENSION: "no-alpn",
-                    ALPN_UNCLASSED: "unclassed", ALPN_CLASSED: "classed"}
+                    ALPN_UNCLASSED: "unclassed", ALPN_CLASSED: "classed", FLOW_TFO: "tfo"}
 
 ALPN_NAME_MAX = 16          # key size; protocol names up to 15 bytes are matched
 TLS_MAX_EXTENSIONS = 32     # loop bounds the verifier sees
@@ -34,6 +36,7 @@ ALPN_MAX_PROTOCOLS = 8
 
 CFLAGS = [f"-D{name}={value}" for name, value in {
     "CFG_ALPN": CFG_ALPN, "CFG_SAMPLE": CFG_SAMPLE, "CFG_SAMPLE_LISTED_ONLY": CFG_SAMPLE_LISTED_ONLY,
+    "CFG_TFO": CFG_TFO, "FLOW_TFO": FLOW_TFO,
     "ALPN_NOT_CLIENT_HELLO": ALPN_NOT_CLIENT_HELLO, "ALPN_NO_EXTENSION": ALPN_NO_EXTENSION,
     "ALPN_UNCLASSED": ALPN_UNCLASSED, "ALPN_CLASSED": ALPN_CLASSED,
     "ALPN_NAME_MAX": ALPN_NAME_MAX, "TLS_MAX_EXTENSIONS": TLS_MAX_EXTENSIONS,
@@ -44,7 +47,7 @@ CFLAGS = [f"-D{name}={value}" for name, value in {
 
 class QosConfig(ct.Structure):
     _fields_ = [("flags", ct.c_uint32), ("ephemeral_lo", ct.c_uint16), ("ephemeral_hi", ct.c_uint16),
-                ("owner_flags", ct.c_uint32), ("pad", ct.c_uint32)]
+                ("owner_flags", ct.c_uint32), ("tfo_dscp", ct.c_uint8), ("pad", ct.c_uint8 * 3)]
 
 
 class FlowKey(ct.Structure):

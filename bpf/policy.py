@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from mcp26.mesh.qos import ALPN_DSCP, QOS_CLASS_NAMES, QosClass
+from mcp26.mesh.qos import ALPN_DSCP, QOS_CLASS_NAMES, TFO_CLASS, QosClass
 
 
 class PolicyError(ValueError):
@@ -26,11 +26,13 @@ class QosPolicy:
     alpn_dscp: dict[str, int] = field(default_factory=lambda: dict(ALPN_DSCP))
     sample: bool = False                                       # latency sampler
     sample_ports: frozenset[int] = frozenset()                 # empty: non-ephemeral ports
+    tfo: bool = False                                          # mark TCP Fast Open connections
+    tfo_dscp: int = TFO_CLASS.dscp
 
     @property
     def needs_ingress(self) -> bool:
-        """The ingress program classes replies by ALPN and opens latency samples."""
-        return self.alpn or self.sample
+        """The ingress program classes replies by ALPN or TFO and opens latency samples."""
+        return self.alpn or self.sample or self.tfo
 
     def describe(self) -> dict:
         return {
@@ -40,6 +42,7 @@ class QosPolicy:
             "alpn": dict(self.alpn_dscp) if self.alpn else {},
             "sample": self.sample,
             "sample_ports": sorted(self.sample_ports),
+            "tfo": self.tfo_dscp if self.tfo else None,
         }
 
 
@@ -95,7 +98,7 @@ def parse_mark_spec(spec: str) -> tuple[int, int]:
     return value, parse_dscp(dscp, spec)
 
 
-def build_policy(ports=(), cidrs=(), marks=(), alpn=False, sample=False, sample_ports=()) -> QosPolicy:
+def build_policy(ports=(), cidrs=(), marks=(), alpn=False, sample=False, sample_ports=(), tfo=False) -> QosPolicy:
     """A policy from CLI-style specs; every error is collected and raised together."""
     errors: list[str] = []
     out: dict[str, dict] = {"ports": {}, "cidrs": {}, "marks": {}}
@@ -119,4 +122,4 @@ def build_policy(ports=(), cidrs=(), marks=(), alpn=False, sample=False, sample_
     if errors:
         raise PolicyError("; ".join(errors))
     return QosPolicy(ports=out["ports"], cidrs=out["cidrs"], marks=out["marks"], alpn=alpn,
-                     sample=sample or bool(listed), sample_ports=frozenset(listed))
+                     sample=sample or bool(listed), sample_ports=frozenset(listed), tfo=tfo)

@@ -30,8 +30,10 @@ MAP_TYPES = {
     "flow_alpn": (layout.FlowKey, layout.FlowAlpn),
     "sample_ports": (ct.c_uint16, ct.c_uint8),
     "latency_open": (layout.FlowKey, ct.c_uint64),
+    "latency_open_out": (layout.FlowKey, ct.c_uint64),
     "latency_events": (None, None),
     "flow_ring": (None, None),          # BPF_F_MMAPABLE: read through a mapping (bpf/flow_ring.py)
+    "flow_ring_bell": (None, None),     # the ring's doorbell: a BPF ring buffer the reader epolls
 }
 EGRESS, INGRESS = "qos_egress", "qos_ingress"
 
@@ -130,10 +132,12 @@ class QosDatapath:
             m["sample_ports"][port] = 1
         cfg = layout.QosConfig()
         cfg.flags = ((layout.CFG_ALPN if policy.alpn else 0)
+                     | (layout.CFG_TFO if policy.tfo else 0)
                      | (layout.CFG_SAMPLE if policy.sample else 0)
                      | (layout.CFG_SAMPLE_LISTED_ONLY if policy.sample_ports else 0))
         cfg.ephemeral_lo, cfg.ephemeral_hi = ephemeral_range()
         cfg.owner_flags = owner_flags
+        cfg.tfo_dscp = policy.tfo_dscp
         m["config"][0] = cfg
 
     def close(self) -> None:

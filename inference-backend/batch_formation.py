@@ -20,11 +20,32 @@ run concurrently (`serial`: the decoder's KV cache) uses instance 0 only.
 
 Reserved lane (`reserved_lane_levels` N > 0). A batch cannot be pre-empted, so with one
 instance a top-level request waits for the low batch computing when it came. Triton's
-answer, a second instance, is taken by low work as soon as it is free. The lane is a
-second compute thread that forms batches from levels 1..N only: idle until such a
-request waits, then it starts at once, and its batches are never back-filled with lower
-levels. The main instance keeps Triton's rules (highest level first, the rest of the
-batch filled from lower levels).
+answer, a second instance, is taken by low work as soon as it is free. The lane is
+`reserved_lane_threads` compute threads of its own (the seed's "2 threads reserved" for a
+request upgraded to Critical) that form batches from levels 1..N only: idle until such a
+request waits, then one starts it at once, and its batches are never back-filled with
+lower levels. The reservation lasts as long as such a request is in the server (queued
+or computing), not for a fixed hold: `reserved_threads()` is the lane's thread count
+then and 0 once the last one has been answered. The main instances keep the rules below.
+
+Weighted share (`level_weights`; None: Triton's strict level order). Levels 1..
+`strict_levels` (latency-critical) go first, in level order. The other levels take batch
+slots in proportion to their weight while they all wait (stride scheduling): each level
+has a pass, the next slot goes to the waiting level whose pass is least (ties: the
+higher priority), and a slot advances its level's pass by 1 / weight. A level that had
+nothing waiting comes back at the current virtual time (the start pass of the last slot
+given), so idling banks no credit. Under saturation High (weight 3) takes three slots to
+the default class's one. A level without a weight (Low, unless `classWeights` gives it one)
+is not shared: it takes the slots the weighted levels leave, in level order, as in Triton -
+so the seed's downgrade of Medium to Low still puts Medium's work behind everyone's. Requests of another `key` than the batch's head, or held back by
+the admission hook, advance the walk's passes without a slot: with mixed keys the share is
+approximate within a batch, exact over the slots actually given.
+
+Freezing (`freeze_levels`, `freeze_while_levels`: the seed's "`high` freezes
+low-priority inference"). While a request of a freezing level (Critical, High) is queued
+or computing, no batch of a frozen level (Low) starts and none rides along in another
+level's batch; a Low batch already computing finishes (batches are not pre-empted).
+Low's queue policy (timeouts, DELAY) still applies while it waits.
 
 Idle dispatch (`idle_dispatch`). max_queue_delay bounds a batch's wait for company.
 When every main instance is idle and no request is on its way in (`arriving`: read by a
@@ -64,6 +85,7 @@ KV budget has room (decoder.py).
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
+import collections
 
 from mcp26.mesh.batching_policy import BatcherSettings, QueuePolicy
 from mcp26.inference.batch_queue import Pending, PriorityQueue
@@ -120,6 +142,13 @@ class BatchFormation:
         self._since_done = 0               # requests queued since it finished
         self._back_ns = 0.0                # from a batch's end until as many requests came, averaged
         self.regroup_waits = 0             # batches that waited so
+        # Weighted share: each shared level's pass, and the virtual time (the last slot's start pass).
+        self._pass: dict[int, float] = {}
+        self._vtime = 0.0
+        self.slots: collections.Counter = collections.Counter()       # batch slots given, per level
+        self.running: collections.Counter = collections.Counter()     # requests computing, per level
+        self.freezes = 0                   # times a frozen level began to wait for a freezing one
+        self._freezing = False
 
     # -- arrivals --------------------------------------------------------------------
     def admit(self, p: Pending, qos_class: str | None, priority: int | None, now: int) -> QueuePolicy:
@@ -201,7 +230,11 @@ class BatchFormation:
         head, batch, rows, overflow, oldest = None, [], 0, False, 0
         cancelled = []
         taking, gated = 0, False
-        for p in self.queue.ordered(top):
+        if top or s.level_weights is None:
+            order = self.queue.ordered(top)
+        else:
+            order = self.queue.ordered_shared(s.strict_levels, s.weight_of, self._passes(), self._frozen())
+        for p in order:
             f = p.future
             if f is not None and f.cancelled():
                 cancelled.append(p)
@@ -255,6 +288,47 @@ class BatchFormation:
             return batch, None
         return None, (wait_until - now) / 1e9
 
+    def _passes(self) -> dict[int, float]:
+        """Each shared level's pass as the next slot sees it (no credit for time spent idle)."""
+        return {level: max(p, self._vtime) for level, p in self._pass.items()}
+
+    def _frozen(self) -> tuple[int, ...]:
+        """The levels no batch may start from now (Freezing)."""
+        s = self.settings
+        frozen = bool(s.freeze_levels) and any(self.queue.waiting(lv) or self.running[lv]
+                                                for lv in s.freeze_while_levels)
+        holding = frozen and any(self.queue.waiting(lv) for lv in s.freeze_levels)
+        if holding and not self._freezing:
+            self.freezes += 1
+        self._freezing = holding
+        return s.freeze_levels if frozen else ()
+
+    def _charge(self, batch: list[Pending]) -> None:
+        """`batch` takes its slots: the passes move (Weighted share), its levels count as computing."""
+        s = self.settings
+        for p in batch:
+            self.slots[p.level] += 1
+            self.running[p.level] += 1
+            if s.level_weights is None or p.level <= s.strict_levels or not s.weight_of(p.level):
+                continue
+            start = max(self._pass.get(p.level, 0.0), self._vtime)
+            self._pass[p.level] = start + 1.0 / s.weight_of(p.level)
+            self._vtime = start
+
+    def _answered(self, batch: list[Pending]) -> None:
+        for p in batch:
+            self.running[p.level] -= 1
+
+    def reserved_threads(self) -> int:
+        """The lane's threads held now: all of them while a request of its levels is in the
+        server (queued or computing), else none (Reserved lane)."""
+        s = self.settings
+        top = s.reserved_lane_levels
+        if not top:
+            return 0
+        held = any(self.queue.waiting(lv) or self.running[lv] for lv in range(1, top + 1))
+        return s.reserved_lane_threads if held else 0
+
     def _regroups(self, since_done: int) -> bool:
         """May an idle lone instance wait for its last batch's requests to come back, `since_done`
         of them having come? Only while such returns take under a batch's compute time."""
@@ -281,7 +355,8 @@ class BatchFormation:
         """The next turn of a compute thread: main instance `instance` or the reserved lane;
         `serial`: the executor cannot run two batches at once. A batch returned is taken."""
         top = self.settings.reserved_lane_levels if lane and not serial else 0
-        if (lane and (not top or self.stopping)) or (instance and serial) or self.parked(instance, lane):
+        lane_off = lane and (not top or self.stopping or instance >= self.settings.reserved_lane_threads)
+        if lane_off or (instance and serial and not lane) or self.parked(instance, lane):
             if self.stopping:
                 return STOP             # instance 0 (split: the threads of the mode) drains what is left
             # lane switched off by a policy update, a serial model, or not this thread's mode: idle
@@ -293,6 +368,7 @@ class BatchFormation:
         if batch:
             if lane:
                 self.queue.take(batch)
+                self._charge(batch)
             else:
                 self.started(batch)
             return Turn(batch)
@@ -313,12 +389,14 @@ class BatchFormation:
         self._arrival(p)
         self.busy_instances += 1
         self.in_flight += 1
+        self._charge([p])
         return True
 
     # -- a main instance's batch ------------------------------------------------------
     def started(self, batch: list[Pending]) -> None:
         """A main instance takes `batch` from the queue."""
         self.queue.take(batch)
+        self._charge(batch)
         self.busy_instances += 1
         self.in_flight += len(batch)
 
@@ -326,6 +404,11 @@ class BatchFormation:
         """...and is free again."""
         self.busy_instances -= 1
         self.in_flight -= len(batch)
+        self._answered(batch)
+
+    def lane_finished(self, batch: list[Pending]) -> None:
+        """A lane thread's batch was answered."""
+        self._answered(batch)
 
     def computed(self, now: int, requests: int, rows: int, compute_ns: int) -> None:
         """A main instance's batch of `requests` (`rows`) took `compute_ns` and ended at `now`:

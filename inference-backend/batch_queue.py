@@ -6,7 +6,8 @@ and its wait (a deadline from default_timeout_microseconds, which the request ma
 only shorten, QueuePolicy.timeout_us). On timeout REJECT takes the request out (the
 caller fails it) and DELAY moves it behind every fresh request of its level, where it
 has no deadline any more. `ordered()` walks the queue in Triton's batch order: by
-level, and within a level the fresh requests before the delayed ones.
+level, and within a level the fresh requests before the delayed ones; `ordered_shared()`
+in the order of a weighted share between levels (batch_formation.py "Weighted share").
 
 Pure: no threads, no lock, no clock. The batcher holds its lock around every call and
 passes `now` (time.monotonic_ns()) where time matters.
@@ -96,6 +97,42 @@ class PriorityQueue:
                 return
             yield from self._fresh.get(level, ())
             yield from self._delayed.get(level, ())
+
+    def _level(self, level: int) -> Iterator[Pending]:
+        yield from self._fresh.get(level, ())
+        yield from self._delayed.get(level, ())
+
+    def ordered_shared(self, strict: int, weight_of, passes: dict[int, float],
+                       skip: tuple[int, ...] = ()) -> Iterator[Pending]:
+        """Every queued request but those of `skip` levels, levels 1..`strict` first in level
+        order, then the weighted levels' requests interleaved: each next one from the level
+        whose pass is least (ties: the higher priority), each request advancing its level's
+        pass by 1 / weight_of(level); then the levels of weight 0, in level order. `passes`:
+        each level's pass at the start (stride scheduling)."""
+        shared, after = {}, []
+        for level in sorted(set(self._fresh) | set(self._delayed)):
+            if level in skip or not self._count[level]:
+                continue
+            if level <= strict:
+                yield from self._level(level)
+            elif weight_of(level) > 0:
+                shared[level] = [passes.get(level, 0.0), self._level(level), 1.0 / weight_of(level)]
+            else:
+                after.append(level)
+        while shared:
+            level = min(shared, key=lambda lv: (shared[lv][0], lv))
+            entry = shared[level]
+            p = next(entry[1], None)
+            if p is None:
+                del shared[level]
+                continue
+            yield p
+            entry[0] += entry[2]
+        for level in after:
+            yield from self._level(level)
+
+    def waiting(self, level: int) -> int:
+        return self._count.get(level, 0)
 
     def take(self, batch: list[Pending]) -> None:
         """Take the requests of `batch` out of the queue (wherever they are in it)."""

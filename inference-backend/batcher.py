@@ -8,7 +8,8 @@ formation happens under the one lock, with `now` read here.
 
 Threads. One compute thread per main instance (`instances` N; split under load: the wide
 one and N narrow ones), each taking its batches from `BatchFormation.next_batch`; the
-reserved lane's thread, started when a policy first asks for one; and a timeout reaper,
+reserved lane's threads (`reserved_lane_threads`), started when a policy first asks for
+them; and a timeout reaper,
 so that a request whose deadline passes while every instance computes a long batch is
 refused at once. One lock and four conditions, so that a submit wakes only the thread
 that has something to do: the main instances, the lane (levels 1..N only), the reaper
@@ -139,7 +140,7 @@ class DynamicBatcher:
         self.policy_generation = 0
         self.policy_changes: collections.deque = collections.deque(maxlen=64)
         self._batch_generation = 0
-        self._lane: threading.Thread | None = None
+        self._lanes: list[threading.Thread] = []
         f = self.formation
         threads = 1 + f.split_width if f.split_width else f.instances
         self._threads = [threading.Thread(target=self._loop, kwargs={"instance": i}, daemon=True,
@@ -199,7 +200,7 @@ class DynamicBatcher:
         if not wake:
             return
         self._cond.notify()
-        if self._lane is not None and p.level <= f.settings.reserved_lane_levels:
+        if self._lanes and p.level <= f.settings.reserved_lane_levels:
             self._lane_cond.notify()
 
     def run_alone(self, p: Pending, qos_class: str | None = None, priority: int | None = None) -> bool:
@@ -250,8 +251,8 @@ class DynamicBatcher:
         with self._cond:
             if f.queue.total():
                 self._cond.notify()
-                if self._lane is not None:
-                    self._lane_cond.notify()
+                if self._lanes:
+                    self._lane_cond.notify_all()
 
     def arrived(self) -> None:
         """A front end read a request it will submit (or refuse): `departed()` follows."""
@@ -294,10 +295,19 @@ class DynamicBatcher:
         self._reap_cond.notify_all()
 
     def _start_lane(self) -> None:
-        if self.formation.settings.reserved_lane_levels and self._lane is None:
-            self._lane = threading.Thread(target=self._loop, args=(True,), name=f"batcher-{self.name}-lane",
-                                          daemon=True)
-            self._lane.start()
+        """Start the reserved lane's threads a policy asks for (those beyond a later, smaller
+        count stay idle: BatchFormation.next_batch)."""
+        s = self.formation.settings
+        while s.reserved_lane_levels and len(self._lanes) < s.reserved_lane_threads:
+            i = len(self._lanes)
+            t = threading.Thread(target=self._loop, args=(True, i), name=f"batcher-{self.name}-lane-{i}", daemon=True)
+            self._lanes.append(t)
+            t.start()
+
+    def reserved_threads(self) -> int:
+        """The reserved lane's threads held now (BatchFormation.reserved_threads)."""
+        with self._cond:
+            return self.formation.reserved_threads()
 
     def set_executor(self, executor: Executor) -> None:
         """Swap the model under the queue; the batch being computed finishes on the old one."""
@@ -318,8 +328,8 @@ class DynamicBatcher:
             self._notify_all()
         for t in self._threads:
             t.join(timeout)
-        if self._lane:
-            self._lane.join(timeout)
+        for t in self._lanes:
+            t.join(timeout)
         self._reaper.join(timeout)
 
     # -- the compute threads (and the timeout reaper) --------------------------------
@@ -343,7 +353,7 @@ class DynamicBatcher:
     def _loop(self, lane: bool = False, instance: int = 0) -> None:
         """A main instance's compute thread, or (lane=True) the reserved lane's."""
         f = self.formation
-        narrow = bool(f.split_width) and instance > 0
+        narrow = bool(f.split_width) and instance > 0 and not lane
         # SCHED_IDLE for a narrow instance, and for a main one whose executor yields its CPU
         # (looked at again when a hot reload swaps the executor)
         main, priority_of = not (lane or narrow), self.executor
@@ -369,9 +379,14 @@ class DynamicBatcher:
             try:
                 self._run(executor, batch, lane, narrow)
             finally:
-                if not lane:
-                    with self._cond:
+                with self._cond:
+                    if lane:
+                        f.lane_finished(batch)
+                    else:
                         f.finished(batch)
+                    if f.settings.freeze_levels and f.queue.total() and any(
+                            p.level in f.settings.freeze_while_levels for p in batch):
+                        self._cond.notify_all()     # a frozen level may start now (Freezing)
 
     def _run(self, executor: Executor, batch: list[Pending], lane: bool = False, narrow: bool = False) -> None:
         start = time.monotonic_ns()

@@ -122,6 +122,17 @@ def register(subparsers) -> None:
     p.add_argument("--grpc-frontend", default=frontends.LANE, choices=frontends.GRPC_FRONTENDS,
                    help="fast (default): the gRPC port on an asyncio HTTP/2 lane serving the same services; "
                         "grpcio: grpcio's grpc.aio server (README: gRPC lane)")
+    p.add_argument("--cache-config", action="append", default=[], metavar="NAME,KEY=VALUE",
+                   help="the response cache, as Triton's flag: local,size=BYTES and/or redis,host=H,port=P"
+                        "[,cluster=true][,timeout_ms=50][,failures=2][,open_ms=1000][,ttl_s=N][,hmac_key_file=F]; "
+                        "--model uses it, a repository model where its config.pbtxt has response_cache {enable: true}")
+    p.add_argument("--numa-node", default="auto", metavar="auto|N|off",
+                   help="pin the process to one NUMA node's CPUs: auto (the node nearest the GPU, else the one "
+                        "with the most CPUs), a node id, or off (default auto)")
+    p.add_argument("--engine-state", metavar="PATH", help="write the engine state page here after every batch, "
+                   "for the decision loop's resource signals (`mcpctl scheduler run --engine-state EP=PATH`)")
+    p.add_argument("--flow-ring", metavar="PATH", help="write each OpenAI request's token throughput and KV-cache "
+                   "hit rate per flow into this flow ring file (`mcpctl scheduler run --flow-ring PATH`)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
     p.set_defaults(func=run)
     d = subparsers.add_parser("devices", help="list the devices and execution providers ONNX Runtime offers here",
@@ -246,6 +257,8 @@ def run(args) -> int:
             model_control_mode=args.model_control_mode, workers=args.workers, worker_index=args.worker_index,
             connection_balance=args.connection_balance, inherited=args.inherit_listeners,
             rest_frontend=args.rest_frontend, grpc_frontend=args.grpc_frontend,
+            numa_node=args.numa_node, engine_state=args.engine_state, flow_ring=args.flow_ring,
+            cache_config=args.cache_config,
             worker_argv=_child_argv(args, skip=("workers",)) if args.workers > 1 and not args.worker_index else None)
         return serve(opts)
     except (ValueError, OSError) as e:
@@ -258,7 +271,8 @@ _SHARED_FLAGS = ("model", "name", "default_model", "host", "device", "qos_policy
                  "max_queue_delay_us", "intra_op_threads", "instances", "kv_cache_mb", "kv_idle_seconds",
                  "max_body_bytes",
                  "session_key_file", "session_max_age", "trace_file", "log_level", "drain_seconds",
-                 "model_control_mode", "workers", "rest_frontend", "grpc_frontend", "connection_balance")
+                 "model_control_mode", "workers", "rest_frontend", "grpc_frontend", "connection_balance",
+                 "numa_node")
 _SWITCHES = ("watch_model", "enable_profiler", "no_fast_path", "split_under_load")
 
 
@@ -275,6 +289,8 @@ def _child_argv(args, skip: tuple = ()) -> list[str]:
         out += ["--label", label]
     for mapping in args.openai_model:
         out += ["--openai-model", mapping]
+    for item in args.cache_config:          # every process shares the Redis cache (each its own local one)
+        out += ["--cache-config", item]
     return out
 
 

@@ -33,6 +33,7 @@ from mcp26.inference.executors import BatchExecutor
 from mcp26.inference.load_report import LoadSampler
 from mcp26.inference.profiler import Profiler
 from mcp26.inference.runtime import OnnxModel
+from mcp26.inference.response_cache import cache_key
 from mcp26.inference.statistics import ModelStatistics
 from mcp26.inference.telemetry import Telemetry
 from mcp26.inference.partition import PartitionedModel, Spec
@@ -71,6 +72,28 @@ class ReloadRecord:
     seconds: float        # from the request to the swap
     detail: str
     at: float = field(default_factory=time.time)
+
+
+def _on_done(future, callback) -> None:
+    """`callback(future)` once done: a batcher Future's done callback, or now (a Settled one)."""
+    if future.done():
+        callback(future)
+    else:
+        future.add_done_callback(callback)
+
+
+def _copy_outcome(src, dst: concurrent.futures.Future) -> None:
+    if dst.done():
+        return
+    try:
+        if src.cancelled():
+            dst.cancel()
+        elif src.exception() is not None:
+            dst.set_exception(src.exception())
+        else:
+            dst.set_result(src.result())
+    except concurrent.futures.InvalidStateError:     # cancelled meanwhile
+        pass
 
 
 def when_done(future, callback) -> None:
@@ -145,6 +168,8 @@ class ServedModel:
     def __init__(self, name: str, model: OnnxModel, settings: BatcherSettings, telemetry: Telemetry,
                  kv_cache_bytes: int = 64 << 20, kv_idle_s: float = DEFAULT_IDLE_S, fast_path: bool = True,
                  instances: int = 1, split_under_load: bool = False, profile: bool = False):
+        self.after_batch = None         # ModelServer.after_batch, set as it adds the model
+        self.cache = None               # the server's ResponseCache where this model uses it
         self.name = name
         self.model = model
         self.telemetry = telemetry
@@ -255,6 +280,8 @@ class ServedModel:
     # -- batcher observer -------------------------------------------------------------
     def on_batch(self, batch: list[Pending], times, rows: int, version: str = "") -> None:
         start, assemble_us, compute_us = times
+        if self.after_batch is not None:
+            self.after_batch()          # the engine state page (resource_signals.py)
         self.stats.on_batch(version or self.model.version, rows, assemble_us * 1000, compute_us * 1000)
         t = self.telemetry
         t.batch_size.series(self.name).observe(rows)
@@ -343,6 +370,111 @@ class ServedModel:
 
     def submit(self, pending: Pending, qos_class: str | None, priority: int | None,
                run_now: bool = False) -> "concurrent.futures.Future | Settled":
+        """Queue `pending` (below), through the response cache where this model uses one."""
+        cache = self.cache
+        if cache is None or self.decoder or pending.key[:1] == ("sequence",):
+            return self._submit(pending, qos_class, priority, run_now)
+        return self._submit_cached(cache, pending, qos_class, priority, run_now)
+
+    # -- the response cache (response_cache.py) -------------------------------------------------
+    def _submit_cached(self, cache, pending: Pending, qos_class, priority, run_now: bool):
+        """With Redis: Redis on the cache's pool (its answer or the miss comes back to this loop),
+        the local LRU only while the breaker is open (the seed's fallback). Without: the local LRU,
+        inline. The model only on a miss, whose answer is then kept."""
+        t0 = time.monotonic_ns()
+        digest = cache_key(self.name, self.model.version, pending.inputs, pending.outputs)
+        if cache.redis is not None:
+            leave = cache.remote_usable()
+            if leave is not None:
+                return self._remote_lookup(cache, digest, pending, qos_class, priority, t0, leave)
+            cache.count(self.name, fallbacks=1)    # the breaker is open: the local LRU answers
+        outputs = cache.get_local(digest)
+        if outputs is not None:
+            return self._cache_hit(cache, pending, outputs, qos_class, priority, t0, "local_hits")
+        return self._cache_miss(cache, digest, pending, qos_class, priority, run_now, t0)
+
+    def _cache_hit(self, cache, pending, outputs, qos_class, priority, t0: int, tier: str):
+        try:
+            level = self.batcher.settings.level_for(qos_class, priority)
+        except ValueError:
+            level = self.batcher.settings.default_priority_level
+        version = self.model.version
+        f = concurrent.futures.Future()
+        f.set_result(Result(outputs, 0, 0, 0, pending.rows, 1, level, version, {"cache_hit": True}))
+        ns = time.monotonic_ns() - t0
+        cache.count(self.name, hits=1, hit_ns=ns, **{tier: 1})
+        self.stats.on_cache(version, True, ns)
+        return f
+
+    def _cache_miss(self, cache, digest, pending, qos_class, priority, run_now: bool, t0: int):
+        lookup_ns, version = time.monotonic_ns() - t0, self.model.version
+        inner = self._submit(pending, qos_class, priority, run_now)
+
+        def keep(f) -> None:
+            if f.cancelled() or f.exception() is not None:
+                return
+            t1 = time.monotonic_ns()
+            cache.store(digest, f.result().outputs, self.name)
+            ns = lookup_ns + time.monotonic_ns() - t1
+            cache.count(self.name, misses=1, miss_ns=ns)
+            self.stats.on_cache(version, False, ns)
+        _on_done(inner, keep)
+        return inner
+
+    def _remote_lookup(self, cache, digest, pending, qos_class, priority, t0: int, leave: str):
+        """The lookup on the cache's pool; the request waits for it at most `timeout_ms`
+        (`late`): past that it is answered as if the breaker were open (the local LRU, else the
+        model) and the lookup's late outcome only tells the breaker. redis-py's own timeout is not
+        the request's: a Cluster client that times out refreshes its topology from each node
+        before it raises (~4x timeout_ms: 200 ms at 50 ms measured against 500 ms-slow shards),
+        and a lookup may first wait for a free pool thread."""
+        outer = concurrent.futures.Future()
+        loop = asyncio.get_running_loop()
+        claimed = threading.Lock()          # the first of the lookup and `late` answers the request
+
+        def miss() -> None:
+            if outer.cancelled():
+                return
+            try:
+                inner = self._cache_miss(cache, digest, pending, qos_class, priority, False, t0)
+            except Exception as e:              # refused at admission: the request's own error
+                outer.set_exception(e)
+                return
+            outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+            _on_done(inner, lambda f: _copy_outcome(f, outer))
+
+        def answer(outputs, tier: str) -> None:
+            if outputs is not None:
+                _copy_outcome(self._cache_hit(cache, pending, outputs, qos_class, priority, t0, tier), outer)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(miss)
+
+        def lookup() -> None:
+            if outer.cancelled() or claimed.locked():
+                return                                       # (`late` answered it: Redis is not called)
+            tier = "redis_hits"
+            if leave == "closed" and not cache.breaker.still_closed():
+                cache.count(self.name, fallbacks=1)          # opened while this waited for the pool
+                outputs, tier = cache.get_local(digest), "local_hits"
+            else:
+                outputs = cache.get_remote(digest, self.name)
+            if claimed.acquire(blocking=False):
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(timer.cancel)
+                answer(outputs, tier)
+
+        def late() -> None:                                  # on the loop, timeout_ms after the submit
+            if outer.cancelled() or not claimed.acquire(blocking=False):
+                return
+            cache.count(self.name, fallbacks=1, late=1)
+            answer(cache.get_local(digest), "local_hits")
+
+        timer = loop.call_later(cache.config.timeout_s, late)
+        cache.pool.submit(lookup)
+        return outer
+
+    def _submit(self, pending: Pending, qos_class: str | None, priority: int | None,
+                run_now: bool = False) -> "concurrent.futures.Future | Settled":
         """Queue `pending`; its future. With idle dispatch the batcher is flushed once per loop
         turn, after every request read in it. `run_now`: a lone request for an inline model on
         an idle instance, with nothing being decoded and no flush pending, runs before this
@@ -434,7 +566,11 @@ class ServedModel:
             "batching": self.batcher.settings.describe(), "queue_depth": self.batcher.queue_depth(),
             "regrouped_batches": self.batcher.regroup_waits,
             "reserved_lane": {"batches": self.batcher.lane_batches,
-                              "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4)},
+                              "busy_seconds": round(self.batcher.lane_busy_ns / 1e9, 4),
+                              "threads_held": self.batcher.reserved_threads()},
+            # the seed's QoS rules (batch_formation.py): slots given per level, freezes so far
+            "qos_share": {"slots_by_level": {str(k): v for k, v in sorted(self.batcher.formation.slots.items())},
+                          "freezes": self.batcher.formation.freezes},
             "load_report": self.load.sample(),
         }
         if self.decoder:
@@ -459,6 +595,9 @@ class ModelServer:
         self.draining = False       # shutting down: report not ready, still answer what arrives
         self.reloads: list[ReloadRecord] = []
         self.model_control_mode = "none"   # explicit: repository load / unload allowed (repository.py)
+        self.after_batch = None            # called after every batch of every model (the engine state page)
+        self.response_cache = None         # response_cache.ResponseCache with --cache-config
+        self.flow_publisher = None         # resource_signals.FlowPublisher with --flow-ring
         self.repository = None             # model_repository.Repository with --model-repository
         # --workers: the loopback admin ports of the other worker processes serving the same
         # ports (set by the first worker once all are ready); statistics are summed over them.
@@ -485,7 +624,7 @@ class ModelServer:
             # the event loop). On builtin:mlp batch-1 compute alone was about the
             # same at 1 thread as at 2 (it is bound by reading the weights).
             cores = max(1, os.cpu_count() or 1)
-            runners = instances + (1 if settings.reserved_lane_levels else 0)
+            runners = instances + (settings.reserved_lane_threads if settings.reserved_lane_levels else 0)
             intra_op_threads = max(1, cores // runners)
         if partition:       # one graph in stages over devices (partition.py)
             model = PartitionedModel.load_partitioned(name, version, path, Spec.parse(partition, device), device,
@@ -495,8 +634,11 @@ class ModelServer:
         if is_decoder(model):
             model.extra["vocab"] = model.outputs["logits"].shape[-1] if "logits" in model.outputs and \
                 model.outputs["logits"].shape[-1] > 0 else builtin_models.DEC_VOCAB
-        return ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
-                           instances=instances, split_under_load=split_under_load, profile=profile)
+        served = ServedModel(name, model, settings, self.telemetry, kv_cache_bytes, kv_idle_s, fast_path,
+                             instances=instances, split_under_load=split_under_load, profile=profile)
+        served.after_batch = self.after_batch
+        served.cache = self.response_cache
+        return served
 
     def default_name(self) -> str:
         """The model the short form (`/infer`, `/v2/infer`) stands for."""
@@ -534,6 +676,8 @@ class ModelServer:
                     self.models[entry.name] = old
                 raise
         served.entry = entry
+        # Triton's rule: a repository model uses the server's response cache if its config says so
+        served.cache = self.response_cache if entry.config.response_cache.enable else None
         self.models[entry.name] = served
         return served
 

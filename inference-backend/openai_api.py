@@ -158,6 +158,7 @@ class OpenAIApi:
             sampling, stream, usage_in_stream = _sampling(doc, chat, len(prompt))
             gen = Generation(served, prompt, sampling, qos, None, served.generation_load)
             answer = _Answer(doc["model"], chat, gen, bool(doc.get("return_token_ids")))
+            started = time.perf_counter()
             deltas = self._timed(gen.stream(), served.name, t0)
             if stream:
                 response = await self._stream(request, served, answer, usage_in_stream, deltas)
@@ -165,6 +166,10 @@ class OpenAIApi:
                 async for _ in deltas:
                     pass
                 response = web.json_response(answer.whole(), headers={H.ORCA_LOAD_REPORT: served.load.header_value()})
+            flows = self.server.flow_publisher        # `mcpctl serve --flow-ring`: this flow's figures
+            if flows is not None:
+                flows.publish(request.transport, len(gen.tokens), time.perf_counter() - started, gen.cached_tokens,
+                              len(gen.prompt))
             self._count(model_label, "OK")
             return response
         except ApiError as e:

@@ -5,6 +5,7 @@ Reconfiguration arrives two ways, both taken whole or not at all:
   validator `mcpctl validate` uses) or a watched `--model` file;
 - the admin listener (`--admin-port`): POST /admin/reload {"model", "path"?,
   "version"?}, POST /admin/policy {"qosPolicy" | L7SchedulingPolicy spec},
+  POST /admin/class-weight {"class", "weight"} (the decision loop's class-weight action),
   GET /admin/status. It is a separate port so the mesh never routes to it.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass, replace
 
 import grpc
+import prometheus_client
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
@@ -34,7 +36,8 @@ from mcp26.mesh.validation import check
 from mcp26.mesh.diagnostics import ConfigError, Diagnostic
 from mcp26.mesh.qos import QosClass
 from mcp26.mesh.session import DEFAULT_MAX_AGE_S, MIN_KEY_BYTES
-from mcp26.mesh.batching_policy import BatcherSettings, KIND, preset, selector_matches, settings_from_spec
+from mcp26.mesh.batching_policy import (BatcherSettings, KIND, preset, selector_matches, settings_from_spec,
+                                        with_class_weight)
 from mcp26.inference import connection_balance
 from mcp26.inference.errors import InferenceError, InvalidArgument
 from mcp26.inference.grpc_service import add_to_server
@@ -43,7 +46,9 @@ from mcp26.inference.priority_worker import PARENT_NICE, PriorityWorker, lower_o
 from mcp26.inference.protos import grpc_service_pb2 as pb
 from mcp26.inference.rest import InferCore, build_app
 from mcp26.inference.rest_httptools import FastLane
-from mcp26.inference import openai_api, triton_rpcs
+from mcp26.inference import openai_api, resource_signals, triton_rpcs
+from mcp26.inference.response_cache import ResponseCache, parse_cache_config
+from mcp26.inference.response_cache import register_metrics as register_response_cache_metrics
 from mcp26.inference.telemetry import Telemetry
 from mcp26.inference.model_repository import Repository
 
@@ -104,6 +109,11 @@ class ServeOptions:
     inherited: dict | None = None            # a worker but the first: the shared sockets' and counts' fds
     rest_frontend: str = "fast"              # fast: infer on rest_fast's lane, the rest on aiohttp; aiohttp: all
     grpc_frontend: str = LANE                # fast: grpc_fast's HTTP/2 lane serves the gRPC port; grpcio: grpc.aio
+    # the decision loop's resource and flow signals (resource_signals.py)
+    cache_config: list | None = None         # Triton's --cache-config items (response_cache.py)
+    numa_node: str = "auto"                  # auto | a node id | off
+    engine_state: str | None = None          # the engine state page's path
+    flow_ring: str | None = None             # a flow ring file: per-flow tokens/s and KV-cache hit rate
 
 
 GRPC_OPTIONS = [
@@ -179,6 +189,17 @@ class Server:
         load and warm the model, then report ready. Port 0: any free port, reported
         in the ready event."""
         o = self.opts
+        # before any thread of ours or ONNX Runtime's starts: they inherit the node's CPUs
+        self.numa = resource_signals.pin_to_numa_node(o.numa_node, o.device)
+        if o.engine_state:              # before the models: each one added publishes after its batches
+            self.engine_state = resource_signals.EngineStatePublisher(o.engine_state, self.models)
+            self.models.after_batch = self.engine_state.publish
+        if o.flow_ring:
+            self.models.flow_publisher = resource_signals.FlowPublisher(o.flow_ring)
+        cache_config = parse_cache_config(o.cache_config or [])
+        if cache_config is not None:    # before the models: each one added takes it (a repository's: if enabled)
+            self.models.response_cache = ResponseCache(cache_config)
+            register_response_cache_metrics(self.models.response_cache, prometheus_client.REGISTRY)
         if o.priority_argv:
             # First, while this process has no gRPC threads to fork around, and before it
             # lowers its own priority (the worker must not inherit nice 19).
@@ -488,9 +509,27 @@ class Server:
                 return web.json_response({"error": str(e)}, status=400)
             return await self._forward("/admin/policy", doc, out)
 
+        @routes.post("/admin/class-weight")
+        async def class_weight(request):
+            """{"class", "weight"}: one class's batch-slot weight (the decision loop's class-weight)."""
+            try:
+                doc = await body(request)
+                weight = doc.get("weight")
+                if isinstance(weight, float) and weight.is_integer():
+                    weight = int(weight)
+                out = self.apply_settings(with_class_weight(self.settings, doc.get("class"), weight))
+            except InferenceError as e:
+                return web.json_response({"error": e.message}, status=e.http_status)
+            except ValueError as e:
+                return web.json_response({"error": str(e)}, status=400)
+            return await self._forward("/admin/class-weight", doc, out)
+
         @routes.get("/admin/status")
         async def status(_):
             return web.json_response({"models": [m.status() for m in self.models.models.values()],
+                                      "numa": getattr(self, "numa", None),
+                                      "response_cache": (self.models.response_cache.describe()
+                                                         if self.models.response_cache else None),
                                       "reloads": [vars(r) for r in self.models.reloads],
                                       # per model: each policy change, when applied and when its first batch formed
                                       "policy_changes": {name: list(m.batcher.policy_changes)
@@ -577,6 +616,8 @@ class Server:
         if self._admin_runner:
             await self._admin_runner.cleanup()
         await asyncio.to_thread(self.models.stop)
+        if self.models.response_cache is not None:
+            self.models.response_cache.close()
         if self._priority:
             await self._priority.stop()
         await asyncio.gather(*(w.stop() for w in self._workers))

@@ -61,6 +61,8 @@ class VersionStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)     # lookup time of requests the response cache answered
+    cache_miss: Duration = field(default_factory=Duration)    # lookup + insertion time of those it did not
     batches: dict[int, BatchStats] = field(default_factory=dict)
 
 
@@ -111,6 +113,11 @@ class ModelStatistics:
             if b is not None:
                 b.output_ns += output_ns
 
+    def on_cache(self, version: str, hit: bool, ns: int) -> None:
+        """The response cache answered a request (hit), or looked it up and kept its answer (miss)."""
+        with self._lock:
+            (self._v(version).cache_hit if hit else self._v(version).cache_miss).add(ns)
+
     def on_failure(self, version: str, total_ns: int) -> None:
         with self._lock:
             self._v(version).fail.add(total_ns)
@@ -129,7 +136,7 @@ class ModelStatistics:
                 "success": v.success.doc(), "fail": v.fail.doc(), "queue": v.queue.doc(),
                 "compute_input": v.compute_input.doc(), "compute_infer": v.compute_infer.doc(),
                 "compute_output": v.compute_output.doc(),
-                "cache_hit": Duration().doc(), "cache_miss": Duration().doc()},
+                "cache_hit": v.cache_hit.doc(), "cache_miss": v.cache_miss.doc()},
             "batch_stats": [{"batch_size": size, "compute_input": b.compute_input.doc(),
                              "compute_infer": b.compute_infer.doc(),
                              "compute_output": {"count": b.compute_infer.count, "ns": b.output_ns}}

@@ -121,7 +121,7 @@ def config_doc(served) -> dict:
             "qos_policy": {"string_value": s.name},
         },
         "model_transaction_policy": {"decoupled": False},
-        "response_cache": {"enable": False},
+        "response_cache": {"enable": getattr(served, "cache", None) is not None},
     }
 
 

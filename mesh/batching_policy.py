@@ -8,12 +8,20 @@ per level (max_queue_size, default_timeout_microseconds, timeout_action
 REJECT|DELAY, allow_timeout_override). A request's level comes from the mesh's
 QoS class header (`x-mcp-qos-class`, set by the sidecar) or, without one, from
 the protocol's `priority` parameter.
+
+Beyond Triton, the seed's QoS rules (mesh/qos.py's table), on by default in every preset:
+a weighted share of batch slots between the levels above `strict_levels` that have a weight
+(High's class weighs 3x the default; Low has none by default and stays behind them), freezing (no batch of a frozen level starts while a request of a
+freezing level is queued or computing), and the reserved lane's thread count (the seed's
+"2 threads reserved" for a request upgraded to Critical). inference-backend/batch_formation.py
+says how each is carried out.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from mcp26.mesh import qos as Q
 from mcp26.mesh.qos import PRIORITY_LEVELS, QosClass
 
 API_VERSION = "scheduling.mcp-mesh.io/v1alpha1"
@@ -23,6 +31,11 @@ MAX_PRIORITY_LEVELS = 16
 MAX_BATCH_SIZE_LIMIT = 4096
 MAX_QUEUE_DELAY_US_LIMIT = 10_000_000   # 10 s: anything longer is a typo
 MAX_LIST_ITEMS = 64                     # the CRD's maxItems / maxProperties (bounded CEL cost)
+MAX_CLASS_WEIGHT = 100
+MAX_LANE_THREADS = 16
+# Levels 1..STRICT_LEVELS go first, in level order (mesh.qos: the leading classes of weight 0,
+# latency-critical); the rest share by weight, a level of weight 0 among them (Low) after them.
+STRICT_LEVELS = next(c.priority_level for c in sorted(QosClass, key=lambda c: c.priority_level) if c.weight) - 1
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,16 @@ class BatcherSettings:
     # running lower-level batch (batches cannot be pre-empted). 0: off, one
     # instance, plain Triton. See inference-backend/batch_formation.py.
     reserved_lane_levels: int = 0
+    reserved_lane_threads: int = Q.RESERVED_THREADS     # the lane's compute threads
+    # Weighted share: levels above strict_levels with a weight take batch slots in proportion
+    # to it while they all wait; a level without one (Low by default) goes after them, in
+    # level order; None: Triton's strict order throughout.
+    level_weights: Mapping[int, int] | None = field(default_factory=Q.default_level_weights)
+    strict_levels: int = STRICT_LEVELS
+    # Freezing: while a request of freeze_while_levels is queued or computing, no batch of
+    # freeze_levels starts (one already computing finishes). (): off.
+    freeze_levels: tuple[int, ...] = Q.FROZEN_LEVELS
+    freeze_while_levels: tuple[int, ...] = Q.FREEZE_WHILE_LEVELS
     name: str = "custom"          # the preset or policy it came from, for reports
 
     def policy_for(self, level: int) -> QueuePolicy:
@@ -98,7 +121,17 @@ class BatcherSettings:
             "default_priority_level": self.default_priority_level,
             "priority_queue_policy": {str(k): vars(v) for k, v in sorted(self.queue_policies.items())},
             "reserved_lane_levels": self.reserved_lane_levels,
+            "reserved_lane_threads": self.reserved_lane_threads,
+            "level_weights": ({str(k): v for k, v in sorted(self.level_weights.items())}
+                              if self.level_weights is not None else None),
+            "strict_levels": self.strict_levels,
+            "freeze_levels": list(self.freeze_levels),
+            "freeze_while_levels": list(self.freeze_while_levels),
         }
+
+    def weight_of(self, level: int) -> int:
+        """The level's share weight; 0: not shared (after the shared levels, in level order)."""
+        return (self.level_weights or {}).get(level, 0)
 
 
 # The `--qos-policy` presets (documented in inference-backend/README.md).
@@ -150,8 +183,42 @@ def _int(spec: Mapping, key: str, path: str, problems: list, lo: int, hi: int) -
 
 
 _SPEC_FIELDS = {"selector", "qosPolicy", "maxBatchSize", "preferredBatchSize", "maxQueueDelayMicroseconds",
-                "priorityLevels", "defaultPriorityLevel", "queuePolicies", "reservedLaneLevels"}
+                "priorityLevels", "defaultPriorityLevel", "queuePolicies", "reservedLaneLevels",
+                "reservedLaneThreads", "weightedShare", "classWeights", "freezeLowPriority"}
+# The seed's routing fields (l7_routing.py); the batcher does not read them.
+ROUTING_FIELDS = {"priority", "matchHeaders", "backendService"}
 _QUEUE_FIELDS = {"maxQueueSize", "defaultTimeoutMicroseconds", "timeoutAction", "allowTimeoutOverride"}
+
+
+def _bool(spec: Mapping, key: str, problems: list) -> bool | None:
+    value = spec.get(key)
+    if value is not None and not isinstance(value, bool):
+        problems.append((f"spec.{key}", f"must be true or false, got {value!r}"))
+        return None
+    return value
+
+
+SHARED_CLASSES = tuple(c.header_value for c in QosClass if c.priority_level > STRICT_LEVELS)
+
+
+def _class_weights(raw, problems: list) -> dict[int, int] | None:
+    """spec.classWeights {class: weight} -> {level: weight}; the strict classes take none."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        problems.append(("spec.classWeights", "must map a QoS class to a weight"))
+        return None
+    out = {}
+    for name, weight in raw.items():
+        path = f"spec.classWeights.{name}"
+        if name not in SHARED_CLASSES:
+            problems.append((path, f"not a class that shares batch slots; expected one of {', '.join(SHARED_CLASSES)}"
+                                   " (latency-critical is strict: it always goes first)"))
+        elif isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_CLASS_WEIGHT:
+            problems.append((path, f"must be an integer in 1..{MAX_CLASS_WEIGHT}, got {weight!r}"))
+        else:
+            out[QosClass.parse(name).priority_level] = weight
+    return out
 
 
 def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tuple[str, str]]]:
@@ -164,8 +231,9 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
     if not isinstance(spec, Mapping):
         return None, [("spec", "must be a mapping")]
     for key in spec:
-        if key not in _SPEC_FIELDS:
-            problems.append((f"spec.{key}", f"unknown field; expected one of {', '.join(sorted(_SPEC_FIELDS))}"))
+        if key not in _SPEC_FIELDS and key not in ROUTING_FIELDS:
+            problems.append((f"spec.{key}", "unknown field; expected one of "
+                                            f"{', '.join(sorted(_SPEC_FIELDS | ROUTING_FIELDS))}"))
     selector = spec.get("selector")
     if selector is not None:
         labels = selector.get("matchLabels") if isinstance(selector, Mapping) else None
@@ -186,6 +254,9 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
     levels = _int(spec, "priorityLevels", "spec", problems, 1, MAX_PRIORITY_LEVELS)
     default_level = _int(spec, "defaultPriorityLevel", "spec", problems, 1, MAX_PRIORITY_LEVELS)
     lane = _int(spec, "reservedLaneLevels", "spec", problems, 0, MAX_PRIORITY_LEVELS)
+    lane_threads = _int(spec, "reservedLaneThreads", "spec", problems, 1, MAX_LANE_THREADS)
+    weighted, freeze = _bool(spec, "weightedShare", problems), _bool(spec, "freezeLowPriority", problems)
+    weights = _class_weights(spec.get("classWeights"), problems)
     prefs = spec.get("preferredBatchSize")
     pref_tuple = None
     if prefs is not None:
@@ -229,7 +300,12 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
                                             allow_timeout_override=bool(override))
     if problems:
         return None, problems
-    overridden = set(spec) - {"qosPolicy", "selector"}
+    overridden = set(spec) - {"qosPolicy", "selector"} - ROUTING_FIELDS
+    level_weights = base.level_weights
+    if weighted is False:
+        level_weights = None
+    elif weights:
+        level_weights = {**(level_weights or Q.default_level_weights()), **weights}
     settings = replace(
         base, name=f"{base.name}+overrides" if overridden else base.name,
         max_batch_size=max_batch if max_batch is not None else base.max_batch_size,
@@ -242,6 +318,9 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[BatcherSettings | None, list[tu
         queue_policies=queues if queues is not None else {
             k: v for k, v in base.queue_policies.items() if k <= (levels or base.priority_levels)},
         reserved_lane_levels=lane if lane is not None else base.reserved_lane_levels,
+        reserved_lane_threads=lane_threads if lane_threads is not None else base.reserved_lane_threads,
+        level_weights=level_weights,
+        freeze_levels=() if freeze is False else base.freeze_levels,
     )
     return settings, settings_problems(settings)
 
@@ -261,6 +340,16 @@ def settings_problems(s: BatcherSettings) -> list[tuple[str, str]]:
         if not 1 <= level <= s.priority_levels:
             out.append((f"spec.queuePolicies.{level}", f"level outside 1..priorityLevels ({s.priority_levels})"))
     return out
+
+
+def with_class_weight(settings: BatcherSettings, qos_class: str, weight) -> BatcherSettings:
+    """`settings` with one class's batch-slot weight changed (the decision loop's class-weight
+    action); ValueError names the field."""
+    problems: list = []
+    levels = _class_weights({qos_class: weight}, problems)
+    if problems:
+        raise ValueError("; ".join(f"{f}: {m}" for f, m in problems))
+    return replace(settings, level_weights={**(settings.level_weights or Q.default_level_weights()), **levels})
 
 
 def settings_from_spec(spec: Mapping[str, Any]) -> BatcherSettings:

@@ -66,6 +66,11 @@ PROTOCOL_PROPERTY = ("request", "protocol")
 ALPN_PROTOCOLS = {"h2": "HTTP/2", "h3": "HTTP/3", "http/1.1": "HTTP/1.1"}
 # The verified caller identity: the peer certificate's URI SAN (mTLS).
 IDENTITY_PROPERTY = ("connection", "uri_san_peer_certificate")
+# The class an L7SchedulingPolicy's route gives (mesh/l7_routing.py): the control plane
+# writes it in the route's metadata, the filter takes it as the class asked for.
+ROUTE_METADATA = "mcp-mesh"
+ROUTE_CLASS_KEY = "qos_class"
+ROUTE_CLASS_PROPERTY = ("xds", "route_metadata", "filter_metadata", ROUTE_METADATA, ROUTE_CLASS_KEY)
 
 # Headers a strict tenant may always send.
 DEFAULT_COMMON_HEADERS = ("content-type", "content-length", "accept", "accept-encoding", "user-agent",
@@ -181,6 +186,7 @@ class HeaderContract:
                 "alpn_header": H.DOWNSTREAM_ALPN,
                 "alpn": {a: c.header_value for a, c in self.alpn.items()},
                 "protocol_property": list(PROTOCOL_PROPERTY),
+                "route_class_property": list(ROUTE_CLASS_PROPERTY),
                 "protocol": {ALPN_PROTOCOLS[a]: c.header_value for a, c in self.alpn.items() if a in ALPN_PROTOCOLS},
                 "tier_claim": self.tier_claim,
                 "tiers": {t: c.header_value for t, c in self.tiers.items()},

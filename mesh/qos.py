@@ -1,8 +1,25 @@
-"""QoS classes: the one definition of class names, DSCP values, priority levels.
+"""QoS classes: the one definition of class names, DSCP values, priority levels,
+batch-slot weights, and the seed's `X-LLM-Priority` names.
 
 A request's class is computed in the sidecar (Wasm filter) and carried in the
 `x-mcp-qos-class` header; the backend's priority queues read it, the eBPF
 marker and the `IP_TOS` socket options turn it into a DSCP on the wire.
+
+The seed's four `X-LLM-Priority` levels, one to a class, so that each rule of
+its decision table hits the requests it names (scheduler/loop/builtin_policy.py):
+
+| X-LLM-Priority | class            | level | DSCP | in the batcher                                   | the seed's rule that names it |
+| -------------- | ---------------- | ----- | ---- | ------------------------------------------------ | ----------------------------- |
+| critical       | latency-critical | 1     | EF   | strict: first, on a reserved lane of 2 threads    | RTT < 50 ms and payload > 1 MB: the flow upgraded to Critical, 2 threads reserved for its request's lifetime |
+| high           | interactive      | 2     | AF41 | weight 3 (3x the default); freezes Low while queued | `high`: thread weight 3x, low-priority inference frozen while it runs |
+| medium         | standard         | 3     | AF21 | weight 1 (the default class)                     | GPU memory > 90 %: Medium served as Low for 60 s |
+| low            | batch            | 4     | CS1  | no weight: the slots the others leave (Triton's order); frozen while Critical or High is queued | (frozen by `high`; the downgrade's target) |
+
+A request without the header gets DEFAULT_QOS_CLASS (Medium). Weights are each
+class's share of batch slots among the shared levels (2..3) while they all wait
+(batch_formation.py "Weighted share"); level 1 goes first, level 4 (weight 0) after
+them, so that Medium downgraded to Low yields to Medium as the seed's rule means.
+A policy's `classWeights` may give Low a share.
 """
 from __future__ import annotations
 
@@ -23,14 +40,14 @@ class _ClassInfo:
     name: str
     dscp: int
     priority_level: int   # Triton's convention: 1 is the highest
-    weight: int           # relative share under contention
+    weight: int           # share of batch slots among the shared levels; 0: not shared (level order)
 
 
 class QosClass(enum.Enum):
-    LATENCY_CRITICAL = _ClassInfo("latency-critical", DSCP_EF, 1, 3)
-    INTERACTIVE = _ClassInfo("interactive", DSCP_AF41, 2, 2)
+    LATENCY_CRITICAL = _ClassInfo("latency-critical", DSCP_EF, 1, 0)
+    INTERACTIVE = _ClassInfo("interactive", DSCP_AF41, 2, 3)
     STANDARD = _ClassInfo("standard", DSCP_AF21, 3, 1)
-    BATCH = _ClassInfo("batch", DSCP_CS1, 4, 1)
+    BATCH = _ClassInfo("batch", DSCP_CS1, 4, 0)    # Low: behind the shared levels, as in Triton
 
     @property
     def header_value(self) -> str:
@@ -65,13 +82,28 @@ QOS_CLASS_NAMES = tuple(c.value.name for c in QosClass)
 PRIORITY_LEVELS = len(QosClass)          # the batcher's priority_levels
 DEFAULT_QOS_CLASS = QosClass.STANDARD
 
-# `X-LLM-Priority` values a client may send -> class.
+# `X-LLM-Priority` values a client may send -> class (the table in the module docstring).
 LLM_PRIORITY_CLASSES = {
-    "high": QosClass.LATENCY_CRITICAL,
-    "medium": QosClass.INTERACTIVE,
-    "normal": QosClass.STANDARD,
+    "critical": QosClass.LATENCY_CRITICAL,
+    "high": QosClass.INTERACTIVE,
+    "medium": QosClass.STANDARD,
     "low": QosClass.BATCH,
 }
+LLM_PRIORITY_NAMES = tuple(LLM_PRIORITY_CLASSES)
+
+# The seed's rules in these terms (scheduler/loop/builtin_policy.py carries them out).
+DOWNGRADE_FROM, DOWNGRADE_TO = LLM_PRIORITY_CLASSES["medium"], LLM_PRIORITY_CLASSES["low"]
+UPGRADE_TO = LLM_PRIORITY_CLASSES["critical"]
+RESERVED_THREADS = 2                         # the lane an upgraded (Critical) request runs on
+HIGH_WEIGHT_CLASS = LLM_PRIORITY_CLASSES["high"]
+# While a class of these levels is queued, batches of FROZEN_LEVELS are not started.
+FREEZE_WHILE_LEVELS = (QosClass.LATENCY_CRITICAL.priority_level, HIGH_WEIGHT_CLASS.priority_level)
+FROZEN_LEVELS = (LLM_PRIORITY_CLASSES["low"].priority_level,)
+
+
+def default_level_weights() -> dict[int, int]:
+    """Level -> batch-slot weight of the shared levels (the class table's)."""
+    return {c.priority_level: c.weight for c in QosClass if c.weight}
 
 # TLS ALPN protocol -> DSCP (and the class that carries it).
 ALPN_CLASSES = {
@@ -79,6 +111,10 @@ ALPN_CLASSES = {
     "grpc-exp": QosClass.INTERACTIVE,     # DSCP 34 / AF41
 }
 ALPN_DSCP = {alpn: c.dscp for alpn, c in ALPN_CLASSES.items()}
+
+# A TCP connection that opens with Fast Open (its SYN carries data): the seed's kernel chapter
+# marks it EF from that first packet (bpf/c/qos_tc.c).
+TFO_CLASS = QosClass.LATENCY_CRITICAL
 
 
 # A DestinationRule (or its subset) annotated with this gets the class's DSCP

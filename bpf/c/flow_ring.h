@@ -8,6 +8,12 @@
  * atomic add on the producer index; a record is published by one atomic
  * exchange of its commit word (rtt_us | seq << 32), so a reader never takes a
  * half-written record. No spin locks: mmapable maps may not hold them.
+ *
+ * Each record published also rings the bell: an 8-byte record in the BPF
+ * ring buffer `flow_ring_bell`, whose fd wakes the reader's epoll (a BPF
+ * program cannot write an eventfd). A program that shares another's ring (the
+ * write-burst tracer) defines FLOW_RING_PINNED and FLOW_RING_BELL_PINNED, the
+ * pins of both maps, and uses those.
  */
 #pragma once
 
@@ -21,7 +27,8 @@ struct flow_record {
     u16 sport;
     u16 dport;
     u8 family;
-    u8 pad[3];
+    u8 kind;                /* FLOW_KIND_*: what the record holds (mesh/flow_ring.py) */
+    u8 pad[2];
     u64 commit;             /* rtt_us (low half) | seq << 32; 0 while being written */
     u64 payload_bytes;
     u64 ts_ns;
@@ -39,18 +46,36 @@ struct flow_ring {
 
 _Static_assert(sizeof(struct flow_record) == FLOW_RECORD, "flow record size");
 _Static_assert(__builtin_offsetof(struct flow_record, commit) == FLOW_REC_OFF_COMMIT, "commit word offset");
+_Static_assert(__builtin_offsetof(struct flow_record, kind) == FLOW_REC_OFF_KIND, "kind offset");
 _Static_assert(__builtin_offsetof(struct flow_ring, prod) == FLOW_RING_OFF_PROD, "producer offset");
 _Static_assert(__builtin_offsetof(struct flow_ring, cons) == FLOW_RING_OFF_CONS, "consumer offset");
 _Static_assert(__builtin_offsetof(struct flow_ring, drops) == FLOW_RING_OFF_DROPS, "drops offset");
 _Static_assert(__builtin_offsetof(struct flow_ring, ring) == FLOW_RING_OFF, "ring offset");
 _Static_assert((FLOW_RING_SLOTS & (FLOW_RING_SLOTS - 1)) == 0, "slots: a power of two (masked index)");
 
+#ifdef FLOW_RING_PINNED
+BPF_TABLE_PINNED("array", u32, struct flow_ring, flow_ring, 1, FLOW_RING_PINNED, BPF_F_MMAPABLE);
+/* BPF_RINGBUF_OUTPUT's table, opened from its pin (bcc: "maps/<type>:<pin>") */
+struct flow_ring_bell_table_t {
+    int key;
+    u32 leaf;
+    int (*ringbuf_output) (void *, u64, u64);
+    void* (*ringbuf_reserve) (u64);
+    void (*ringbuf_discard) (void *, u64);
+    void (*ringbuf_submit) (void *, u64);
+    u32 max_entries;
+};
+__attribute__((section("maps/ringbuf:" FLOW_RING_BELL_PINNED)))
+struct flow_ring_bell_table_t flow_ring_bell = { .max_entries = 4096 };
+#else
 BPF_F_TABLE("array", u32, struct flow_ring, flow_ring, 1, BPF_F_MMAPABLE);
+BPF_RINGBUF_OUTPUT(flow_ring_bell, 1);
+#endif
 
 #define FLOW_RING_LOAD(x) (*(volatile u64 *)&(x))
 
 /* Appends one record; a full ring drops it (counted), the traffic never waits. */
-static __always_inline void flow_ring_push(const struct flow_key *k, u8 family, u64 rtt_us,
+static __always_inline void flow_ring_push(const struct flow_key *k, u8 family, u8 kind, u64 rtt_us,
                                            u64 payload_bytes, u64 ts_ns)
 {
     u32 zero = 0;
@@ -74,10 +99,13 @@ static __always_inline void flow_ring_push(const struct flow_key *k, u8 family, 
     e->sport = k->sport;
     e->dport = k->dport;
     e->family = family;
-    e->pad[0] = e->pad[1] = e->pad[2] = 0;
+    e->kind = kind;
+    e->pad[0] = e->pad[1] = 0;
     e->payload_bytes = payload_bytes;
     e->ts_ns = ts_ns;
     if (rtt_us > 0xffffffffULL)
         rtt_us = 0xffffffffULL;
     __sync_lock_test_and_set(&e->commit, rtt_us | (((idx & FLOW_SEQ_MASK) + 1) << 32));   /* publish */
+    u64 one = 1;
+    flow_ring_bell.ringbuf_output(&one, sizeof(one), BPF_RB_FORCE_WAKEUP);   /* the reader's epoll */
 }

@@ -6,8 +6,10 @@
  *
  * A flow's DSCP comes from, in order: the socket mark (SO_MARK, which Envoy
  * sets per cluster), the destination or source port, the destination CIDR,
- * and the TLS ALPN detected on its first data segment. No match: the packet
- * leaves unchanged. Every program returns TC_ACT_OK: QoS never drops.
+ * TCP Fast Open (a SYN carrying data marks its connection EF from that very
+ * packet, both ways), and the TLS ALPN detected on its first data segment.
+ * No match: the packet leaves unchanged. Every program returns TC_ACT_OK:
+ * QoS never drops.
  */
 /* CFG_* flags, ALPN_* states and sizes come from bpf/layout.py as -D flags. */
 #ifndef CFG_ALPN
@@ -19,7 +21,8 @@ struct qos_config {
     u16 ephemeral_lo;   /* net.ipv4.ip_local_port_range */
     u16 ephemeral_hi;
     u32 owner_flags;    /* user space's own bookkeeping, unused here */
-    u32 pad;
+    u8 tfo_dscp;        /* a TCP Fast Open connection's DSCP (CFG_TFO) */
+    u8 pad[3];
 };
 
 #include "packet.h"
@@ -64,16 +67,21 @@ static __always_inline int classify(struct __sk_buff *skb, struct qos_config *cf
     if (dscp)
         return *dscp;
 
-    if (!(cfg->flags & CFG_ALPN) || !p->is_tcp)
+    if (!(cfg->flags & (CFG_ALPN | CFG_TFO)) || !p->is_tcp)
         return -1;
     if ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
         flow_alpn.delete(&p->flow);   /* a new connection on a reused 4-tuple */
-        return -1;
+        if (!(cfg->flags & CFG_TFO) || p->payload_len == 0)
+            return -1;
+        /* TCP Fast Open: data in the SYN, so the connection is EF from this packet on */
+        struct flow_alpn tfo = {.state = FLOW_TFO, .dscp = cfg->tfo_dscp};
+        flow_alpn.update(&p->flow, &tfo);
+        return cfg->tfo_dscp;
     }
     struct flow_alpn *known = flow_alpn.lookup(&p->flow);
     if (known)
-        return known->state == ALPN_CLASSED ? known->dscp : -1;
-    if (p->payload_len == 0)
+        return known->state == ALPN_CLASSED || known->state == FLOW_TFO ? known->dscp : -1;
+    if (!(cfg->flags & CFG_ALPN) || p->payload_len == 0)
         return -1;
     /* The first data segment decides the flow, whatever it holds. */
     struct flow_alpn seen = {};
@@ -83,8 +91,9 @@ static __always_inline int classify(struct __sk_buff *skb, struct qos_config *cf
 }
 
 /* A ClientHello arriving classes the reply direction, so that a server's
- * responses carry the DSCP of the protocol its client asked for. */
-static __always_inline void classify_incoming(struct __sk_buff *skb, struct pkt *p)
+ * responses carry the DSCP of the protocol its client asked for; a SYN
+ * carrying data (TCP Fast Open) classes it EF, from the SYN-ACK on. */
+static __always_inline void classify_incoming(struct __sk_buff *skb, struct qos_config *cfg, struct pkt *p)
 {
     struct flow_key reply = {};
 
@@ -96,9 +105,13 @@ static __always_inline void classify_incoming(struct __sk_buff *skb, struct pkt 
     reply.dport = p->flow.sport;
     if ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
         flow_alpn.delete(&reply);
+        if ((cfg->flags & CFG_TFO) && p->payload_len > 0) {
+            struct flow_alpn tfo = {.state = FLOW_TFO, .dscp = cfg->tfo_dscp};
+            flow_alpn.update(&reply, &tfo);
+        }
         return;
     }
-    if (p->payload_len == 0 || flow_alpn.lookup(&reply))
+    if (!(cfg->flags & CFG_ALPN) || p->payload_len == 0 || flow_alpn.lookup(&reply))
         return;                     /* decided already, by either direction */
     struct flow_alpn seen = {};
     parse_client_hello(skb, p->payload_off, &seen);
@@ -116,8 +129,10 @@ int qos_egress(struct __sk_buff *skb)
     int dscp = classify(skb, cfg, &p);
     if (dscp >= 0)
         set_dscp(skb, &p, dscp);
-    if (cfg->flags & CFG_SAMPLE)
+    if (cfg->flags & CFG_SAMPLE) {
         sample_response_out(cfg, &p);
+        sample_request_out(cfg, &p);
+    }
     return TC_ACT_OK;
 }
 
@@ -127,11 +142,13 @@ int qos_ingress(struct __sk_buff *skb)
     struct qos_config *cfg = config.lookup(&zero);
     struct pkt p;
 
-    if (!cfg || !(cfg->flags & (CFG_ALPN | CFG_SAMPLE)) || parse_packet(skb, &p) < 0)
+    if (!cfg || !(cfg->flags & (CFG_ALPN | CFG_TFO | CFG_SAMPLE)) || parse_packet(skb, &p) < 0)
         return TC_ACT_OK;
-    if (cfg->flags & CFG_ALPN)
-        classify_incoming(skb, &p);
-    if (cfg->flags & CFG_SAMPLE)
+    if (cfg->flags & (CFG_ALPN | CFG_TFO))
+        classify_incoming(skb, cfg, &p);
+    if (cfg->flags & CFG_SAMPLE) {
         sample_request_in(cfg, &p);
+        sample_response_in(cfg, &p);
+    }
     return TC_ACT_OK;
 }

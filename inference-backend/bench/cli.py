@@ -3,7 +3,7 @@
   mcp-bench -c 16 -n 20000 -u http://127.0.0.1:8000/v2/models/mlp
   mcp-bench -c 1000 -n 10000 -u http://localhost:8080/infer --output-format csv > run.csv
   mcp-bench -c 64 --rate 2000 --duration 10 -u http://127.0.0.1:8000/v2/models/mlp \\
-            --priority-mix high=0.1,low=0.9 --output-format json
+            --priority-mix critical=0.1,low=0.9 --output-format json
   mcp-bench --grpc -c 16 -n 20000 -u 127.0.0.1:8001/v2/models/mlp
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-client", choices=("h2", "grpcio"), default="h2",
                    help="h2 (default): mcp-bench's own HTTP/2 client, light on CPU; grpcio: grpcio's channel")
     p.add_argument("--priority-mix", default=None, metavar="NAME=FRAC,...",
-                   help="e.g. high=0.1,low=0.9: x-mcp-qos-class and parameters.priority per request")
+                   help="e.g. critical=0.1,low=0.9: x-mcp-qos-class and parameters.priority per request")
     p.add_argument("--model", default=None, help="model name, if the URL does not say")
     p.add_argument("--shape", default=None, metavar="IN:D1,D2;...", help="shape for variable-size inputs")
     p.add_argument("--input", action="append", default=None, metavar="NAME:DATATYPE:D1,D2",

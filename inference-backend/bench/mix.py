@@ -1,7 +1,7 @@
-"""`--priority-mix high=0.1,low=0.9`: which QoS class each request carries.
+"""`--priority-mix critical=0.1,low=0.9`: which QoS class each request carries.
 
 Names are the `X-LLM-Priority` values of mesh.qos.LLM_PRIORITY_CLASSES
-(high, medium, normal, low) or the QoS class names themselves.
+(critical, high, medium, low) or the QoS class names themselves.
 """
 from __future__ import annotations
 

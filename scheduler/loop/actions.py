@@ -7,7 +7,8 @@
                   which pushes the cluster's EDS assignment with that load_balancing_weight;
                   the cluster is the action's `value`, else the pool's (pool_cluster)
   batcher-policy  the replica's admin API (POST /admin/policy), timed
-  class-weight    recorded, not carried (a class's weight is the header contract's, not an endpoint's)
+  class-weight    every replica's admin API (POST /admin/class-weight): the class's share of batch
+                  slots in the batchers (inference-backend/batch_formation.py "Weighted share")
 
 A remap or weight is posted when it is new, changes, or has less than half its hold left: a
 policy that says the same thing every period does not push ECDS or EDS every period.
@@ -45,6 +46,7 @@ class ActionApplier:
         self.flows: dict[str, dict] = {}                    # flow -> {"class", "reserved_threads", "expires_at"}
         self.weight_cluster = weight_cluster                # the cluster an endpoint-weight names by default
         self.weights: dict[tuple, dict] = {}                # (cluster, endpoint) -> {"weight", "expires_at"}
+        self.class_weights: dict[tuple, int] = {}           # (endpoint, class) -> the weight it took
         self._session: aiohttp.ClientSession | None = None
 
     async def _post(self, url: str, body: dict) -> tuple[int, dict, float]:
@@ -87,6 +89,8 @@ class ActionApplier:
                 return {**out, **await self._batcher(a)}
             if a.kind == "endpoint-weight":
                 return {**out, **await self._weight(a, now)}
+            if a.kind == "class-weight":
+                return {**out, **await self._class_weight(a)}
             return {**out, "note": "recorded; no mesh carrier for this kind yet"}
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return {**out, "error": f"{type(e).__name__}: {e}"}
@@ -123,6 +127,26 @@ class ActionApplier:
         self.weights[(cluster, a.subject)] = {"weight": weight, "expires_at": expires_at}
         return {"applied": True, "expires_at": expires_at, "ms": round(ms, 3), "cluster": cluster,
                 "generation": doc.get("generation"), "republish_ms": doc.get("republish_ms")}
+
+    async def _class_weight(self, a: Action) -> dict:
+        """Post a class's weight to every replica once it is new or changed (each period's same
+        answer posts nothing); a replica that refused is asked again next period."""
+        if not self.replica_admin:
+            return {"note": "recorded: no replica admin addresses (--replica-admin) to carry it to"}
+        weight = round(a.weight)
+        todo = [e for e in self.replica_admin if self.class_weights.get((e, a.subject)) != weight]
+        if not todo:
+            return {"applied": True, "unchanged": True}
+        results = await asyncio.gather(*(self._post(f"http://{self.replica_admin[e]}/admin/class-weight",
+                                                    {"class": a.subject, "weight": weight}) for e in todo),
+                                       return_exceptions=True)
+        errors = []
+        for e, r in zip(todo, results):
+            if isinstance(r, Exception) or r[0] != 200:
+                errors.append(f"{e}: {r if isinstance(r, Exception) else r[1].get('error', r[1])}")
+            else:
+                self.class_weights[(e, a.subject)] = weight
+        return {"applied": not errors, **({"error": "; ".join(errors)} if errors else {}), "replicas": len(todo)}
 
     def in_force_weights(self, now: float) -> list[dict]:
         """The endpoint weights the control plane took, with their expiry (status)."""

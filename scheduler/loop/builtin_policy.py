@@ -6,16 +6,22 @@ from mcp26.mesh import qos as Q
 from mcp26.scheduler.decisions import Action, EndpointInfo, RequestInfo, Signals
 
 MEMORY_HIGH = 0.90               # accelerator memory (or what stands in for it) above this ...
-REMAP_FROM, REMAP_TO = Q.QosClass.STANDARD.header_value, Q.QosClass.BATCH.header_value
-REMAP_HOLD_S = 60.0              # ... remaps standard -> batch for this long
+# The seed's names through mesh.qos's table: Medium -> Low, upgrade to Critical, High x 3.
+REMAP_FROM, REMAP_TO = Q.DOWNGRADE_FROM.header_value, Q.DOWNGRADE_TO.header_value
+REMAP_HOLD_S = 60.0              # ... remaps Medium (standard) -> Low (batch) for this long
 FLOW_RTT_MS, FLOW_PAYLOAD_BYTES = 50.0, 1_000_000     # 1 MB, as the Wasm seed table (plugins/policies/seed_table.py)
-FLOW_CLASS, FLOW_RESERVED_THREADS = Q.QosClass.LATENCY_CRITICAL.header_value, 2
-HIGH_CLASS, HIGH_WEIGHT = Q.QosClass.LATENCY_CRITICAL.header_value, 3.0   # X-LLM-Priority: high -> its class
+FLOW_CLASS, FLOW_RESERVED_THREADS = Q.UPGRADE_TO.header_value, Q.RESERVED_THREADS
+HIGH_CLASS, HIGH_WEIGHT = Q.HIGH_WEIGHT_CLASS.header_value, float(Q.HIGH_WEIGHT_CLASS.weight)   # X-LLM-Priority: high
 
 
 class BuiltinPolicy:
-    def __init__(self, hold_s: float = REMAP_HOLD_S):
+    """The seed's table; `burst_preset`: also re-batch a replica whose process wrote a burst (the
+    write-burst tracer's, bpf/c/write_burst.c) with that batcher preset - the seed's tracepoint
+    trigger, off unless asked for (`mcpctl scheduler run --rebatch-on-burst PRESET`)."""
+
+    def __init__(self, hold_s: float = REMAP_HOLD_S, burst_preset: str | None = None):
         self.hold_s = hold_s
+        self.burst_preset = burst_preset
 
     def decide(self, signals: Signals) -> list[Action]:
         out = []
@@ -28,6 +34,12 @@ class BuiltinPolicy:
             if f.rtt_ms < FLOW_RTT_MS and f.payload_bytes > FLOW_PAYLOAD_BYTES:
                 out.append(Action("upgrade-flow", f.flow, FLOW_CLASS, reserved_threads=FLOW_RESERVED_THREADS,
                                   reason=f"rtt {f.rtt_ms:.1f} ms < {FLOW_RTT_MS:.0f}, payload {f.payload_bytes} B > 1 MB"))
+        if self.burst_preset:
+            for b in signals.write_bursts:
+                if b.endpoint:
+                    out.append(Action("batcher-policy", b.endpoint, self.burst_preset,
+                                      reason=f"write burst: pid {b.pid} wrote {b.bytes} B in {b.writes} writes, "
+                                             f"{b.length_ms:.1f} ms"))
         out.append(Action("class-weight", HIGH_CLASS, weight=HIGH_WEIGHT, reason="X-LLM-Priority: high"))
         return out
 

@@ -42,10 +42,18 @@ def register(subparsers) -> None:
                    help="override the policy's remap hold (default: the policy's own, 60 s in the seed table)")
     r.add_argument("--replica-admin", action="append", help="ENDPOINT=HOST:PORT of a replica's admin API")
     r.add_argument("--replica-pid", action="append", help="ENDPOINT=PID (memory from its cgroup)")
-    r.add_argument("--flow-ring", metavar="PATH", help="per-flow kernel signals: the shared-memory flow ring "
-                   "(mesh/flow_ring.py): on bpffs, the map the sampler writes itself (`mcpctl bpf attach "
-                   "--sample` pins it at /sys/fs/bpf/mcp-mesh/IF/flow_ring); else the file "
-                   "`mcpctl bpf latency --flow-ring PATH` writes")
+    r.add_argument("--flow-ring", metavar="PATH", action="append", help="a shared-memory flow ring "
+                   "(mesh/flow_ring.py), repeat for more: on bpffs, the map the sampler and the write-burst tracer "
+                   "write (`mcpctl bpf attach --sample` pins it at /sys/fs/bpf/mcp-mesh/IF/flow_ring); else a "
+                   "file a user-space producer writes (`mcpctl serve --flow-ring PATH`, `mcpctl bpf latency "
+                   "--flow-ring PATH`). The loop also wakes on each ring's bell, not only every period")
+    r.add_argument("--rebatch-on-burst", metavar="PRESET", help="with --policy builtin-python: a replica whose "
+                   "process wrote a burst (`mcpctl bpf trace-writes`, its pid from --replica-pid) gets this "
+                   "batcher preset (a batcher-policy action)")
+    r.add_argument("--engine-state", action="append", metavar="ENDPOINT=PATH", help="a replica's engine state "
+                   "page (`mcpctl serve --engine-state PATH`), sampled every 1 ms as a resource signal")
+    r.add_argument("--no-resources", action="store_true", help="do not sample the resource signals (NUMA "
+                   "distances, PCIe links, the replicas' engine state: scheduler/loop/resources.py)")
     r.add_argument("--flow-marks", metavar="PATH", help="write the flows marked latency-critical here for the "
                    "Endpoint Picker (`mcpctl epp serve --flow-marks PATH`; scheduler/loop/marks.py)")
     r.add_argument("--admin-port", type=int, default=0, help="status HTTP port on 127.0.0.1 (default: any)")
@@ -65,6 +73,7 @@ def _run(args) -> int:
     try:
         admin = _pairs(args.replica_admin, "--replica-admin")
         pids = {k: int(v) for k, v in _pairs(args.replica_pid, "--replica-pid").items()}
+        pages = _pairs(args.engine_state, "--engine-state")
     except ValueError as e:
         print(f"mcpctl scheduler run: {e}", file=sys.stderr)
         return 2
@@ -72,9 +81,9 @@ def _run(args) -> int:
     if args.flow_ring:
         from mcp26.scheduler.loop.flows import FlowSource
         try:
-            flows_fn = FlowSource.at(args.flow_ring)
+            flows_fn = FlowSource.at(*args.flow_ring)
         except (OSError, ValueError) as e:      # no such pin, not a flow ring, no privilege
-            print(f"mcpctl scheduler run: --flow-ring {args.flow_ring}: {e}", file=sys.stderr)
+            print(f"mcpctl scheduler run: --flow-ring {' '.join(args.flow_ring)}: {e}", file=sys.stderr)
             return 1
     try:
         control_plane = urllib.parse.urlsplit(cli_context.url(args)).netloc    # the applier's HOST:PORT
@@ -82,12 +91,21 @@ def _run(args) -> int:
         print(f"mcpctl scheduler run: {e}", file=sys.stderr)
         return 2
     from mcp26.scheduler.loop.service import run
+    resources = None
+    if not args.no_resources:
+        from mcp26.scheduler.loop.resources import ResourceSampler
+        from mcp26.scheduler.loop.signals import _nvml
+        resources = ResourceSampler(engine_pages=pages, nvml=_nvml())
+    elif pages:
+        print("mcpctl scheduler run: --engine-state needs the resource signals (drop --no-resources)", file=sys.stderr)
+        return 2
 
     async def main():
         task = asyncio.create_task(run(args.config_dir, args.pool, control_plane, args.period_ms,
                                        args.policy, args.admin_port, remap_hold_s=args.remap_hold_s,
                                        budget_ms=args.budget_ms, replica_admin=admin, replica_pids=pids,
-                                       flows_fn=flows_fn, flow_marks=args.flow_marks))
+                                       flows_fn=flows_fn, flow_marks=args.flow_marks,
+                                       burst_preset=args.rebatch_on_burst, resources=resources))
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
         try:

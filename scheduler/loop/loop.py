@@ -2,6 +2,11 @@
 gather signals, call the policy within a time budget, apply its actions, and keep
 the last decisions with their inputs, expiry and the call's cost for status.
 
+It also wakes on the shared ring (scheduler/loop/flows.py `bells`): a producer that
+published rings, and a cycle runs at once (`trigger` "ring") instead of at the next
+deadline - at most one such cycle every `min_gap_s` (10 ms), so a storm of records is read in
+batches; the periodic schedule is not moved by it.
+
 A policy that raises, or does not answer within its budget, keeps the last
 decision in force (its remaps keep their expiry); the reason is counted and
 shown. The policy runs in a worker thread: a slow one is abandoned, not awaited
@@ -16,7 +21,7 @@ import resource
 import time
 from collections import deque
 
-from mcp26.scheduler.decisions import Signals
+from mcp26.scheduler.decisions import ResourceSignals, Signals
 from mcp26.scheduler.loop.actions import ActionApplier
 from mcp26.scheduler.loop.policy import PolicyFailed
 from mcp26.scheduler.loop.signals import ReplicaReader
@@ -38,7 +43,8 @@ def _cpu_s() -> float:
 
 class DecisionLoop:
     def __init__(self, policy, policy_name: str, endpoints_fn, applier: ActionApplier,
-                 period_s: float = 0.2, budget_s: float | None = None, flows_fn=None, keep: int = 20):
+                 period_s: float = 0.2, budget_s: float | None = None, flows_fn=None, keep: int = 20,
+                 resources=None, min_gap_s: float | None = None):
         self.policy, self.policy_name = policy, policy_name
         self.endpoints_fn = endpoints_fn        # () -> endpoints (ip:port) of the pool now
         self.flows_fn = flows_fn or (lambda: ())
@@ -55,16 +61,71 @@ class DecisionLoop:
         self.cycle_cpu_ms: deque = deque(maxlen=3000)
         self.call_ms: deque = deque(maxlen=3000)
         self.started_at = time.time()
+        self.resources = resources              # scheduler.loop.resources.ResourceSampler, or None
+        self.min_gap_s = min(period_s / 20, 0.01) if min_gap_s is None else min_gap_s
+        self.woken = 0                          # cycles a ring's bell started
+        self.wake_ms: deque = deque(maxlen=3000)     # bell readable -> its cycle started
+        self._rung_at: float | None = None
+        self._wake: asyncio.Event | None = None
+
+    def _watch_bells(self, loop) -> list:
+        """Register the rings' bells with the event loop; -> the fds to remove."""
+        fds = []
+        for bell in getattr(self.flows_fn, "bells", ()):
+            def rung(bell=bell):
+                if bell.drain() and self._rung_at is None:
+                    self._rung_at = loop.time()
+                    self._wake.set()
+            loop.add_reader(bell.fd, rung)
+            fds.append(bell.fd)
+            sock = getattr(bell, "sock", None)
+            if sock is not None:                # a file ring's doorbell: producers ask for its eventfd here
+                loop.add_reader(sock.fileno(), bell.serve)
+                fds.append(sock.fileno())
+        return fds
 
     async def run(self, cycles: int | None = None) -> None:
         loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        bells = self._watch_bells(loop)
+        if self.resources is not None:
+            self.resources.start()
+        try:
+            await self._run(loop, cycles)
+        finally:
+            for fd in bells:
+                loop.remove_reader(fd)
+            if self.resources is not None:
+                await self.resources.stop()
+
+    async def _run(self, loop, cycles: int | None) -> None:
         start = loop.time()
         k = 0
+        last_woken = -1e9
         while cycles is None or k < cycles:
             deadline = start + k * self.period_s
             delay = deadline - loop.time()
             if delay > 0:
-                await asyncio.sleep(delay)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+            if self._wake.is_set() and loop.time() < deadline:
+                if loop.time() - last_woken < self.min_gap_s:      # read storms in batches
+                    await asyncio.sleep(self.min_gap_s - (loop.time() - last_woken))
+                self._wake.clear()
+                rung, self._rung_at = self._rung_at, None
+                last_woken = loop.time()
+                self.woken += 1
+                if rung is not None:
+                    self.wake_ms.append((last_woken - rung) * 1e3)
+                try:
+                    await self.cycle(trigger="ring")
+                except Exception:
+                    log.exception("cycle failed")
+                continue                                           # the periodic deadline stays
+            self._wake.clear()
+            self._rung_at = None
             woke = loop.time()
             if woke - deadline > self.period_s:          # fell behind by whole periods: skip them, count it
                 skipped = int((woke - deadline) // self.period_s)
@@ -79,11 +140,16 @@ class DecisionLoop:
             self.cycle_cpu_ms.append((_cpu_s() - cpu) * 1e3)
             k += 1
 
-    async def cycle(self) -> None:
+    async def cycle(self, trigger: str = "period") -> None:
         now = time.time()
         self.cycles += 1
         replicas = await self.reader.read(self.endpoints_fn())
-        signals = Signals(now_s=now, replicas=replicas, flows=tuple(self.flows_fn()))
+        flows = tuple(self.flows_fn())
+        take = getattr(self.flows_fn, "take_bursts", None)
+        bursts = take({pid: e for e, pid in self.reader.pids.items()}) if take else ()
+        signals = Signals(now_s=now, replicas=replicas, flows=flows, write_bursts=bursts,
+                          resources=self.resources.view() if self.resources is not None else ResourceSignals(),
+                          trigger=trigger)
         started = time.perf_counter()
         try:
             actions = await asyncio.wait_for(asyncio.to_thread(self.policy.decide, signals), self.budget_s)
@@ -100,9 +166,10 @@ class DecisionLoop:
             failure = {"reason": "raised", "detail": f"{type(e).__name__}: {e}"}
         self.call_ms.append(call_ms)
         self.applier.expire(now)
-        record = {"cycle": self.cycles, "at": now, "call_ms": round(call_ms, 3),
+        record = {"cycle": self.cycles, "at": now, "call_ms": round(call_ms, 3), "trigger": trigger,
                   "inputs": {"replicas": [dataclasses.asdict(r) for r in replicas],
                              "flows": [dataclasses.asdict(f) for f in signals.flows],
+                             "write_bursts": [dataclasses.asdict(b) for b in bursts],
                              "read_errors": dict(self.reader.errors)}}
         if failure is not None:
             self.failures[failure["reason"]] = self.failures.get(failure["reason"], 0) + 1
@@ -148,12 +215,18 @@ class DecisionLoop:
                 "decided_in_cycle": self.in_force["cycle"] if self.in_force else None,
             },
             "flow_ring": self.flows_fn.stats() if callable(getattr(self.flows_fn, "stats", None)) else None,
+            "woken_by_ring": {"cycles": self.woken,
+                              "bell_to_cycle_ms": {"p50": round(_percentile(list(self.wake_ms), 0.5), 3),
+                                                   "p99": round(_percentile(list(self.wake_ms), 0.99), 3)}},
+            "resources": self.resources.describe() if self.resources is not None else None,
             "plugin": self.policy.stats() if callable(getattr(self.policy, "stats", None)) else None,
             "latest": getattr(self, "latest", None),
             "decisions": list(self.history),
         }
 
     async def close(self) -> None:
+        if callable(getattr(self.flows_fn, "close", None)):
+            self.flows_fn.close()
         await self.reader.close()
         await self.applier.close()
         if callable(getattr(self.policy, "close", None)):

@@ -91,10 +91,14 @@ class WasmPolicy:
 
 
 def load_policy(spec: str | None, hold_s: float | None = None, cache_dir: str | None = None,
-                watch: bool = False) -> tuple[Policy, str]:
+                watch: bool = False, burst_preset: str | None = None) -> tuple[Policy, str]:
     """(policy, what it is). Blocking for a Wasm plugin: call it off the event loop."""
+    if burst_preset and spec != BUILTIN_PYTHON:
+        raise ValueError(f"--rebatch-on-burst needs --policy {BUILTIN_PYTHON}: the Wasm plugins' signals "
+                         "(wit/policy.wit) do not carry write bursts")
     if spec == BUILTIN_PYTHON:
-        return BuiltinPolicy(hold_s=REMAP_HOLD_S if hold_s is None else hold_s), "builtin-python (plain Python)"
+        return (BuiltinPolicy(hold_s=REMAP_HOLD_S if hold_s is None else hold_s, burst_preset=burst_preset),
+                "builtin-python (plain Python)")
     if spec and spec.startswith("python:"):
         path = spec[len("python:"):]
         if not os.path.isfile(path):

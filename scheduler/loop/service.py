@@ -48,9 +48,9 @@ async def run(config_dir: str, pool_ref: str, control_plane_admin: str, period_m
               policy_file: str | None = None, admin_port: int = 0, address: str = "127.0.0.1",
               remap_hold_s: float | None = None, budget_ms: float | None = None,
               replica_admin: dict | None = None, replica_pids: dict | None = None, flows_fn=None,
-              flow_marks: str | None = None) -> None:
+              flow_marks: str | None = None, burst_preset: str | None = None, resources=None) -> None:
     # a Wasm plugin's build + compile can take ~30-60 s cold: load it before the loop, off the event loop
-    policy, name = await asyncio.to_thread(load_policy, policy_file, remap_hold_s, None, True)
+    policy, name = await asyncio.to_thread(load_policy, policy_file, remap_hold_s, None, True, burst_preset)
     pool = PoolSource(config_dir, pool_ref)
     pool.refresh()
 
@@ -61,7 +61,7 @@ async def run(config_dir: str, pool_ref: str, control_plane_admin: str, period_m
     loop = DecisionLoop(policy, name, endpoints, ActionApplier(control_plane_admin, replica_admin, marks_path=flow_marks,
                                                                weight_cluster=pool_cluster(pool_ref)),
                         period_s=period_ms / 1e3, budget_s=None if budget_ms is None else budget_ms / 1e3,
-                        flows_fn=flows_fn)
+                        flows_fn=flows_fn, resources=resources)
     loop.reader.pids.update(replica_pids or {})
     runner = web.AppRunner(make_app(loop), access_log=None)
     await runner.setup()

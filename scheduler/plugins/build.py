@@ -35,7 +35,8 @@ encoded back, and an uncaught exception is reported to the host before the call 
 import json as _json
 
 from wit_world.imports import host as _host
-from wit_world.imports.types import ClassDepth, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
+from wit_world.imports.types import (ClassDepth, EndpointInfo, EngineSignals, FlowSignals, LinkSignals,
+                                     ReplicaSignals, RequestInfo, ResourceSignals, Signals, WriteBurstSignals)
 import {module} as _plugin
 
 _loads = _json.JSONDecoder().decode
@@ -50,9 +51,11 @@ def _report(e):
 
 
 def _signals(text):
-    now_s, replicas, flows = _loads(text)
+    now_s, replicas, flows, bursts, res, trigger = _loads(text)
+    resources = ResourceSignals(res[0], res[1], res[2], res[3], [LinkSignals(*x) for x in res[4]],
+                                [LinkSignals(*x) for x in res[5]], res[6], [EngineSignals(*e) for e in res[7]], res[8])
     return Signals(now_s, [ReplicaSignals(r[0], [ClassDepth(c, d) for c, d in r[1]], *r[2:]) for r in replicas],
-                   [FlowSignals(*f) for f in flows])
+                   [FlowSignals(*f) for f in flows], [WriteBurstSignals(*b) for b in bursts], resources, trigger)
 
 
 class WitWorld(_plugin.WitWorld):

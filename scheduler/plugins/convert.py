@@ -1,6 +1,6 @@
 """scheduler.decisions dataclasses <-> the strings a policy component takes and answers.
 
-The encoding, ENCODING ("mcp-policy-json/1", documented in wit/policy.wit): JSON arrays, each WIT
+The encoding, ENCODING ("mcp-policy-json/2", documented in wit/policy.wit): JSON arrays, each WIT
 record as the list of its fields in the WIT's order (FIELDS, checked against policy.wit by
 tests/unit/test_policy_plugin_conversion.py), a nested record or list the same way, u32/u64 as
 integers (clamped here), f64 as numbers. The plugin's side is the wrapper build.py generates: it
@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import math
 
-from mcp26.scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
+from mcp26.scheduler.decisions import (Action, EndpointInfo, EngineSignals, FlowSignals, LinkSignals, ReplicaSignals,
+                                       RequestInfo, ResourceSignals, Signals, WriteBurstSignals)
 
-ENCODING = "mcp-policy-json/1"
+ENCODING = "mcp-policy-json/2"      # 2: flows' ingress RTT, tokens/s, KV hits; write bursts; resources; trigger
 ACTION_KINDS = ("remap-class", "upgrade-flow", "class-weight", "endpoint-weight", "batcher-policy")
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -32,8 +33,14 @@ FIELDS = {
     "class-depth": ("qos-class", "depth"),
     "replica-signals": ("endpoint", "queue-depth", "running", "compute-p99-ms", "tokens-per-second",
                         "kv-utilisation", "kv-hit-rate", "memory-fraction", "memory-source", "age-ms"),
-    "flow-signals": ("flow", "rtt-ms", "payload-bytes", "age-ms"),
-    "signals": ("now-s", "replicas", "flows"),
+    "flow-signals": ("flow", "rtt-ms", "payload-bytes", "age-ms", "ingress-rtt-ms", "tokens-per-second",
+                     "kv-hit-rate"),
+    "write-burst-signals": ("pid", "endpoint", "bytes", "writes", "length-ms", "age-ms"),
+    "link-signals": ("device", "value"),
+    "engine-signals": ("endpoint", "sessions", "running", "queued", "profiles"),
+    "resource-signals": ("numa-nodes", "numa-cpus", "numa-distance", "numa-source", "pcie-links", "pcie-throughput",
+                         "pcie-source", "engine", "engine-source"),
+    "signals": ("now-s", "replicas", "flows", "write-bursts", "resources", "trigger"),
     "action": ("kind", "subject", "value", "weight", "hold-s", "reserved-threads", "reason"),
     "request-info": ("qos-class", "prompt-bytes", "session"),
     "endpoint-info": ("endpoint", "queue-depth", "kv-utilisation", "compute-p99-ms"),
@@ -64,7 +71,27 @@ def replica_row(r: ReplicaSignals) -> list:
 
 
 def flow_row(f: FlowSignals) -> list:
-    return [str(f.flow), float(f.rtt_ms), _u64(f.payload_bytes), float(f.age_ms)]
+    return [str(f.flow), float(f.rtt_ms), _u64(f.payload_bytes), float(f.age_ms), float(f.ingress_rtt_ms),
+            float(f.tokens_per_second), float(f.kv_hit_rate)]
+
+
+def burst_row(b: WriteBurstSignals) -> list:
+    return [_u32(b.pid), str(b.endpoint), _u64(b.bytes), _u32(b.writes), float(b.length_ms), float(b.age_ms)]
+
+
+def link_row(link: LinkSignals) -> list:
+    return [str(link.device), float(link.value)]
+
+
+def engine_row(e: EngineSignals) -> list:
+    return [str(e.endpoint), float(e.sessions), float(e.running), float(e.queued), float(e.profiles)]
+
+
+def resources_row(r: ResourceSignals) -> list:
+    return [[_u32(n) for n in r.numa_nodes], [[_u32(c) for c in cpus] for cpus in r.numa_cpus],
+            [[float(d) for d in row] for row in r.numa_distance], str(r.numa_source),
+            [link_row(x) for x in r.pcie_links], [link_row(x) for x in r.pcie_throughput], str(r.pcie_source),
+            [engine_row(e) for e in r.engine], str(r.engine_source)]
 
 
 def request_row(r: RequestInfo) -> list:
@@ -76,7 +103,8 @@ def endpoint_row(e: EndpointInfo) -> list:
 
 
 def encode_signals(s: Signals) -> str:
-    return _encode([float(s.now_s), [replica_row(r) for r in s.replicas], [flow_row(f) for f in s.flows]])
+    return _encode([float(s.now_s), [replica_row(r) for r in s.replicas], [flow_row(f) for f in s.flows],
+                    [burst_row(b) for b in s.write_bursts], resources_row(s.resources), str(s.trigger)])
 
 
 def encode_request(r: RequestInfo) -> str:

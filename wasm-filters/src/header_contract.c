@@ -74,6 +74,7 @@ typedef struct {
     class_pair alpn_map[MAX_PAIRS]; int n_alpn;
     class_pair tiers[MAX_PAIRS]; int n_tiers;
     str_t protocol_path[MAX_PATH]; int n_protocol_path;
+    str_t route_class_path[MAX_PATH]; int n_route_class_path;   /* an L7SchedulingPolicy route's class */
     int default_class, ceiling_class;
     class_remap remaps[MAX_REMAPS]; int n_remaps;
     /* identity */
@@ -332,6 +333,7 @@ static int parse_config_in(config_t *c, cfg_parse *cp) {
     TRY(get_class_map(cp, c, sec, "alpn", c->alpn_map, &c->n_alpn));
     TRY(get_class_map(cp, c, sec, "tiers", c->tiers, &c->n_tiers));
     TRY(get_str_list(cp, sec, "protocol_property", c->protocol_path, &c->n_protocol_path, MAX_PATH, 0, 0));
+    TRY(get_str_list(cp, sec, "route_class_property", c->route_class_path, &c->n_route_class_path, MAX_PATH, 0, 0));
     TRY(get_class(cp, c, sec, "default", &c->default_class));
     TRY(get_class(cp, c, sec, "ceiling", &c->ceiling_class));
     /* [{"from","to","until_ns"}]: the decision loop's remaps (optional) */
@@ -627,8 +629,8 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
 
     static pair_t hs[MAX_HEADERS];
     out_pair out[MAX_CLAIMS + 4];   /* the headers this filter sets */
-    char *raw = NULL, *payload = NULL, *proto = NULL, *id = NULL;
-    size_t raw_n = 0, payload_n = 0, pn = 0, idn = 0;
+    char *raw = NULL, *payload = NULL, *proto = NULL, *id = NULL, *routed = NULL;
+    size_t raw_n = 0, payload_n = 0, pn = 0, idn = 0, rn = 0;
     int n = -1, no = 0, n_dropped = 0;
     static int dropped[MAX_HEADERS];
     int32_t action = ACTION_CONTINUE;
@@ -698,8 +700,14 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
     }
 
 
-    /* 3. QoS: asked (priority header, else the TLS ALPN, else the protocol: plaintext,
-     * h2c) capped by the tier's ceiling. */
+    /* 3. QoS: asked (the route's, else the priority header, else the TLS ALPN, else the
+     * protocol: plaintext, h2c) capped by the tier's ceiling. A route an L7SchedulingPolicy
+     * made carries its class in the route's metadata: the operator's word, over the client's. */
+    if (c->n_route_class_path &&
+        get_property(c->route_class_path, c->n_route_class_path, NULL, &routed, &rn) == 0) {
+        int k = class_index(c, routed, rn);
+        if (k >= 0) requested = k;
+    }
     if (requested < 0 && have_alpn) requested = alpn_class;
     else if (requested < 0 && c->n_protocol_path &&
         get_property(c->protocol_path, c->n_protocol_path, NULL, &proto, &pn) == 0)
@@ -798,7 +806,7 @@ EXPORT(proxy_on_request_headers) int32_t proxy_on_request_headers(uint32_t ctx, 
         }
 
 done:
-    free(id); free(proto); free(payload); free(raw);
+    free(id); free(proto); free(payload); free(raw); free(routed);
     return action;
 }
 

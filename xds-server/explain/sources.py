@@ -78,7 +78,13 @@ def _virtual_service_rule(config: MeshConfig, meta: dict) -> RuleSource | None:
     return RuleSource(res, rule, match, str(meta.get("delegated_from") or ""))
 
 
-RULE_SOURCES = {"VirtualService": _virtual_service_rule}
+def _scheduling_policy_rule(config: MeshConfig, meta: dict) -> RuleSource | None:
+    """A route an L7SchedulingPolicy's routing fields made (translate/route_configs.py)."""
+    res = find_resource(config, str(meta.get("resource") or ""))
+    return RuleSource(res, "spec", "spec.matchHeaders") if res is not None else None
+
+
+RULE_SOURCES = {"VirtualService": _virtual_service_rule, "L7SchedulingPolicy": _scheduling_policy_rule}
 
 
 def rule_source(config: MeshConfig, route) -> RuleSource | None:

@@ -8,7 +8,7 @@ import threading
 from mcp26.mesh.resources import MeshConfig, same_except_endpoints
 from mcp26.xds.translate.clusters import reassign
 from mcp26.xds.translate.index import EXPORTABLE, MeshIndex, build_index, exported_to
-from mcp26.xds.translate.route_configs import gateway_route_config
+from mcp26.xds.translate.route_configs import gateway_route_config, scheduling_policies
 from mcp26.xds.translate.routes import RouteContext
 
 
@@ -90,7 +90,7 @@ class ConfigTranslation:
         found = self.gateway_routes.get(key)
         if found is not None:
             return found[1]
-        deps = _route_inputs(idx, servers)
+        deps = _route_inputs(idx, servers, base.namespace)
         before = self.previous_routes.get(key)
         if before is not None and len(before[0]) == len(deps) and all(
                 a is b or (a is not None and b is not None and same_except_endpoints(a, b))
@@ -140,11 +140,12 @@ class ConfigTranslation:
         return idx, namespace
 
 
-def _route_inputs(idx: MeshIndex, servers: list) -> list:
+def _route_inputs(idx: MeshIndex, servers: list, namespace: str) -> list:
     """The resources a gateway's route configuration is built from, besides the
     services and DestinationRules: the servers' Gateways, then each bound
-    VirtualService followed by the VirtualServices (or None) its routes delegate to."""
-    out, refs = [], set()
+    VirtualService followed by the VirtualServices (or None) its routes delegate to,
+    then the proxy namespace's L7SchedulingPolicies (their routing fields)."""
+    out, refs = list(scheduling_policies(idx, namespace)), set()
     for s in servers:
         refs.add(f"{s.gateway.namespace}/{s.gateway.name}")
         if not any(g is s.gateway for g in out):

@@ -5,15 +5,26 @@ bound to the gateway shares with the gateway server's hosts. Sidecars:
 `PORT` holds a virtual host per service on that port (VirtualService routes
 for `mesh`, else a default route to the service). Proxyless gRPC: one route
 configuration per `HOST:PORT`, named like its API listener.
+
+An L7SchedulingPolicy with the seed's routing fields (mesh/l7_routing.py) puts one route
+before the others in every virtual host of the gateways' and sidecars' route
+configurations in its namespace: its headers matched exactly, to backendService, with the
+QoS class of its priority in the route's `mcp-mesh` metadata, where the header-contract
+filter reads it (the highest priority first, then by name).
 """
 from __future__ import annotations
 
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 
+from google.protobuf import struct_pb2
+
+from mcp26.mesh.batching_policy import KIND as SCHEDULING_POLICY
+from mcp26.mesh.header_contract import ROUTE_CLASS_KEY
+from mcp26.mesh.l7_routing import parse_routing
 from mcp26.mesh.resources import Resource
 from mcp26.xds.translate.index import DOMAIN_SUFFIX, MESH_GATEWAY, GatewayServer, MeshIndex, host_intersection, host_matches
 from mcp26.xds.translate.names import cluster_name, gateway_route_name, grpc_listener_name, sidecar_route_name, virtual_host_name
-from mcp26.xds.translate.routes import RouteContext, default_route, http_routes
+from mcp26.xds.translate.routes import SOURCE_METADATA, RouteContext, default_route, http_routes
 
 RouteConfiguration = route_pb2.RouteConfiguration
 DIRECT_RESPONSE_BODY_LIMIT = 4096       # Envoy's default max_direct_response_body_size_bytes
@@ -39,8 +50,43 @@ def sidecar_domains(idx: MeshIndex, host: str, port: int, namespace: str) -> lis
     return [d for n in names for d in _domains(n, port)]
 
 
+
+
+def scheduling_policies(idx: MeshIndex, namespace: str) -> list[Resource]:
+    """The L7SchedulingPolicies of `namespace` that route (have the routing fields)."""
+    return [r for r in idx.config.of_kind(SCHEDULING_POLICY)
+            if r.namespace == namespace and parse_routing(r.spec)[0] is not None]
+
+
+def scheduling_routes(idx: MeshIndex, namespace: str) -> list:
+    """The routes of `namespace`'s routing L7SchedulingPolicies (module docstring)."""
+    key = ("l7-scheduling-routes", namespace)
+    if key in idx.memo:
+        return idx.memo[key]
+    rules = []
+    for res in scheduling_policies(idx, namespace):
+        rule, _ = parse_routing(res.spec)
+        host = idx.resolve(rule.backend_host, namespace)
+        svc = idx.services.get(host)
+        port = rule.backend_port or (min(p.number for p in svc.ports) if svc and svc.ports else 80)
+        route = route_components_pb2.Route(name=f"l7schedulingpolicy.{res.namespace}.{res.name}")
+        route.match.prefix = "/"
+        for name, value in rule.match_headers:
+            route.match.headers.add(name=name).string_match.exact = value
+        route.route.cluster = cluster_name(host, port)
+        route.route.timeout.SetInParent()
+        md = struct_pb2.Struct()
+        # where it came from (`mcpctl route explain`: explain/sources.py), and the class it gives
+        md.update({"resource": res.ref, "rule": "spec", "priority": rule.priority,
+                   ROUTE_CLASS_KEY: rule.qos_class.header_value})
+        route.metadata.filter_metadata[SOURCE_METADATA].CopyFrom(md)
+        rules.append((-rule.priority, res.name, route))
+    idx.memo[key] = [r for *_, r in sorted(rules, key=lambda t: t[:2])]
+    return idx.memo[key]
+
+
 def _route_config(name: str, vhosts: dict[str, list], port: int, tls_only: set = frozenset(),
-                  domains=None) -> RouteConfiguration:
+                  domains=None, first: list = ()) -> RouteConfiguration:
     rc = RouteConfiguration(name=name)
     rc.validate_clusters.value = False     # as istiod: a missing cluster is a 503, not a NACK
     seen: set = set()
@@ -51,6 +97,7 @@ def _route_config(name: str, vhosts: dict[str, list], port: int, tls_only: set =
             if d.lower() not in seen:
                 seen.add(d.lower())
                 vh.domains.append(d)
+        vh.routes.extend(first)
         vh.routes.extend(vhosts[host])
         if host in tls_only:
             vh.require_tls = route_components_pb2.VirtualHost.ALL    # tls.httpsRedirect: 301 to https
@@ -96,7 +143,8 @@ def gateway_route_config(idx: MeshIndex, port: int, servers: list[GatewayServer]
         for h in hosts:
             # Several VirtualServices for one host merge, in config order.
             vhosts.setdefault(h, []).extend(routes)
-    return _route_config(name or gateway_route_name(port), vhosts, port, tls_only)
+    return _route_config(name or gateway_route_name(port), vhosts, port, tls_only,
+                         first=scheduling_routes(idx, ctx_base.namespace))
 
 
 def mesh_virtual_services(idx: MeshIndex, host: str) -> list[Resource]:
@@ -136,7 +184,8 @@ def sidecar_route_config(idx: MeshIndex, port: int, ctx_base: RouteContext) -> R
                 if routes:
                     vhosts[h] = routes
     return _route_config(sidecar_route_name(port), vhosts, port,
-                         domains=lambda h: sidecar_domains(idx, h, port, ctx_base.namespace))
+                         domains=lambda h: sidecar_domains(idx, h, port, ctx_base.namespace),
+                         first=scheduling_routes(idx, ctx_base.namespace))
 
 
 def grpc_route_config(idx: MeshIndex, host: str, port: int, ctx_base: RouteContext) -> RouteConfiguration:

@@ -18,6 +18,7 @@ from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import any_pb2
 
+from mcp26.mesh.header_contract import ROUTE_METADATA
 from mcp26.mesh.resources import Resource
 from mcp26.xds.translate import values
 from mcp26.xds.translate.clusters import traffic_policy
@@ -68,7 +69,9 @@ def _istio_metadata(vs: Resource):
     return md
 
 
-SOURCE_METADATA = "mcp-mesh"      # route metadata: the rule (and match) a route came from
+# route metadata: the rule (and match) a route came from; an L7SchedulingPolicy's route also
+# carries its class there, for the header-contract filter (mesh.header_contract.ROUTE_CLASS_PROPERTY)
+SOURCE_METADATA = ROUTE_METADATA
 
 
 def _source_metadata(root: Resource, source: Resource, path: str, matches: list, m: dict | None) -> dict:

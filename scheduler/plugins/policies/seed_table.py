@@ -2,11 +2,14 @@
 
 Built with `mcpctl policy build scheduler/plugins/policies/seed_table.py` (componentize-py,
 world mcp:scheduler/policy in ../wit/policy.wit). Plain Python: it runs the same way when the
-bindings are imported in CPython (benchmarks/bench_policy.py compares the two).
+bindings are imported in CPython (benchmarks/bench_policy.py compares the two). A component
+imports nothing of the mesh: the class names below are mesh.qos's table of the seed's
+X-LLM-Priority names (Critical, High, Medium, Low -> latency-critical, interactive, standard,
+batch), which tests/scheduler/e2e/test_policy_plugins.py checks this table against.
 
-  accelerator memory > 90 %            -> remap-class standard -> batch, hold 60 s
-  flow RTT < 50 ms and payload > 1 MB  -> upgrade-flow to latency-critical, 2 reserved threads
-  X-LLM-Priority: high                 -> class-weight latency-critical x 3
+  accelerator memory > 90 %            -> remap-class standard (Medium) -> batch (Low), hold 60 s
+  flow RTT < 50 ms and payload > 1 MB  -> upgrade-flow to latency-critical (Critical), 2 reserved threads
+  X-LLM-Priority: high                 -> class-weight interactive (High) x 3
 """
 import wit_world
 from wit_world.imports import host
@@ -38,7 +41,7 @@ class WitWorld(wit_world.WitWorld):
                                        reserved_threads=RESERVED_THREADS,
                                        reason=f"rtt {f.rtt_ms:.1f} ms < {RTT_LOW_MS:.0f} ms and payload "
                                               f"{f.payload_bytes} B > {PAYLOAD_LARGE} B"))
-        actions.append(_action("class-weight", "latency-critical", weight=HIGH_PRIORITY_WEIGHT,
+        actions.append(_action("class-weight", "interactive", weight=HIGH_PRIORITY_WEIGHT,
                                reason="X-LLM-Priority: high"))
         host.log(host.Level.DEBUG, f"seed-table: {len(actions)} actions")
         return actions

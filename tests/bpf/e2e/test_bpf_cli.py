@@ -214,3 +214,36 @@ def test_latency_command_reads_the_pinned_sampler(pair):
         srv.close()
     r = mcpctl("latency", "-i", pair.server_if, "--seconds", "0.1", netns=ns)
     assert r.returncode == 1 and "no latency sampler attached" in r.stderr
+
+
+def test_two_namespaces_lo_get_their_own_pin_dirs_when_pid_1s_namespace_is_unreadable(monkeypatch):
+    """/proc/1/ns/net raising PermissionError (hidepid, a PID namespace) once put every
+    namespace's `lo` in one pin directory: attaching in one replaced the other's."""
+    require_bpf()
+    remove_stale_namespaces()
+    real_stat = os.stat
+
+    def hidden(path, *a, **kw):
+        if str(path) == "/proc/1/ns/net":
+            raise PermissionError(13, "Permission denied", path)
+        return real_stat(path, *a, **kw)
+    monkeypatch.setattr(attach.os, "stat", hidden)
+    a, b = VethPair().create(), VethPair().create()
+    try:
+        dirs = []
+        for p in (a, b):
+            with in_netns(p.client_ns):
+                attach.attach("lo", build_policy(ports=["9100=34"]))
+                dirs.append(attach.pin_dir("lo"))
+                assert os.path.isdir(dirs[-1])
+        assert dirs[0] != dirs[1]
+        for p, d in zip((a, b), dirs):          # each namespace still finds its own attachment
+            with in_netns(p.client_ns):
+                assert attach.pin_dir("lo") == d and attach.status("lo")[0]["ports"] == {9100: 34}
+                assert attach.detach("lo")
+                assert not os.path.exists(d)
+    finally:
+        for p in (a, b):
+            with in_netns(p.client_ns):
+                attach.detach("lo")
+            p.remove()

@@ -63,7 +63,7 @@ def test_the_kernel_writes_the_flow_the_loop_reads_from_the_pinned_map():
             st = loop.status()
         finally:
             asyncio.run(loop.close())
-        sample = source.latest[f"{pair.V4[0]}:{client_port}->{pair.V4[1]}:{PORT}"]
+        sample = source.latest[f"{pair.V4[0]}:{client_port}->{pair.V4[1]}:{PORT}"][R.KIND_EGRESS]
         assert (sample.src, sample.dst) == (f"{pair.V4[0]}:{client_port}", f"{pair.V4[1]}:{PORT}")
         assert PAYLOAD <= sample.payload_bytes < PAYLOAD + 4096, sample     # the kernel counted the bytes
         assert 0 < sample.rtt_us < 50_000 and 0 < done_at - sample.ts_ns < 5e9, sample
@@ -72,15 +72,16 @@ def test_the_kernel_writes_the_flow_the_loop_reads_from_the_pinned_map():
         assert f["payload_bytes"] == sample.payload_bytes and f["rtt_ms"] == sample.rtt_us / 1e3
         up = [a for a in st["latest"]["actions"] if a["kind"] == "upgrade-flow"]
         assert [(a["subject"], a["value"]) for a in up] == [(sample.flow, "latency-critical")]
-        assert st["flow_ring"] == {"samples": 1, "drops": 0, "flows": 1, "source": "kernel"}
+        assert {k: st["flow_ring"][k] for k in ("samples", "drops", "flows", "source")} == \
+            {"samples": 1, "drops": 0, "flows": 1, "source": "kernel"}
+        assert st["flow_ring"]["rings"][0]["bell"] == "KernelBell"       # its bell beside it, opened
         # the loop advanced the kernel's consumer index: nothing pending, as status shows
         with in_netns(pair.server_ns):
             ring = attach.status(pair.server_if)[0]["flow_ring"]
         assert (ring["produced"], ring["pending"], ring["drops"]) == (1, 0, 0)
     finally:
         if source is not None:
-            source.reader.close()
-            source.ring.close()
+            source.close()
         with in_netns(pair.server_ns):
             attach.detach(pair.server_if)
         if server:
@@ -110,7 +111,7 @@ def test_a_full_kernel_ring_drops_the_newest_and_counts_them():
         prog_test_run(dp.prog_fds["qos_ingress"], P.tcp_frame("10.231.0.1", "10.231.0.2", 30000, 8090, b"q"))
         prog_test_run(dp.prog_fds["qos_egress"], P.tcp_frame("10.231.0.2", "10.231.0.1", 8090, 30000, b"r"))
         raw = reader.read_raw()
-        assert [(t[2], t[6]) for t in raw] == [(30000, R.SLOTS + 1)] and reader.drops == extra
+        assert [(t[2], t[7]) for t in raw] == [(30000, R.SLOTS + 1)] and reader.drops == extra
         reader.close()
         mapping.close()
     finally:

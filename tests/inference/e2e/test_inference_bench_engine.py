@@ -115,12 +115,12 @@ def test_closed_loop_counts_payload_and_server_timing():
 
 def test_priority_mix_on_the_wire_and_per_priority_rows():
     with ToyTarget() as t:
-        res = run_sync(Config(url=t.url(), concurrency=2, requests=100, priority_mix="high=0.1,low=0.9"))
+        res = run_sync(Config(url=t.url(), concurrency=2, requests=100, priority_mix="critical=0.1,low=0.9"))
         seen = list(t.seen)
     rows = {r["priority"]: r for r in res["rows"]}
-    assert set(rows) == {"all", "high", "low"}
-    assert rows["high"]["requests"] == 10 and rows["low"]["requests"] == 90
-    assert rows["high"]["qos_class"] == QosClass.LATENCY_CRITICAL.header_value
+    assert set(rows) == {"all", "critical", "low"}
+    assert rows["critical"]["requests"] == 10 and rows["low"]["requests"] == 90
+    assert rows["critical"]["qos_class"] == QosClass.LATENCY_CRITICAL.header_value
     high = [s for s in seen if s["qos"] == QosClass.LATENCY_CRITICAL.header_value]
     low = [s for s in seen if s["qos"] == QosClass.BATCH.header_value]
     assert len(high) == 10 and len(low) == 90
@@ -185,11 +185,11 @@ def test_open_loop_holds_the_rate_when_the_target_keeps_up():
 
 def test_csv_and_json_are_well_formed():
     with ToyTarget() as t:
-        res = run_sync(Config(url=t.url(), concurrency=2, requests=20, priority_mix="high=1,low=1"))
+        res = run_sync(Config(url=t.url(), concurrency=2, requests=20, priority_mix="critical=1,low=1"))
     rows = list(csv.DictReader(io.StringIO(report.to_csv(res))))
-    assert [r["priority"] for r in rows] == ["all", "high", "low"]
+    assert [r["priority"] for r in rows] == ["all", "critical", "low"]
     assert int(rows[0]["requests"]) == 20 and float(rows[1]["p99_ms"]) > 0
     back = json.loads(report.to_json(res))
     assert back["rows"][0]["ok"] == 20
     text = report.table(res)
-    assert "p99.9 ms" in text and "high" in text and "errors: none" in text
+    assert "p99.9 ms" in text and "critical" in text and "errors: none" in text

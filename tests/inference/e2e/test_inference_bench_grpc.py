@@ -78,10 +78,10 @@ CLIENTS = pytest.mark.parametrize("client", ["h2", "grpcio"])
 def test_grpc_closed_loop_with_priority_mix(toy_grpc, client):
     servicer, port = toy_grpc
     res = run_sync(Config(url=f"127.0.0.1:{port}/v2/models/toy", grpc=True, concurrency=4,
-                          requests=60, priority_mix="high=1,low=2", connections=2, grpc_client=client))
+                          requests=60, priority_mix="critical=1,low=2", connections=2, grpc_client=client))
     rows = {r["priority"]: r for r in res["rows"]}
     assert rows["all"]["ok"] == 60 and rows["all"]["errors"] == 0
-    assert rows["high"]["requests"] == 20 and rows["low"]["requests"] == 40
+    assert rows["critical"]["requests"] == 20 and rows["low"]["requests"] == 40
     assert rows["all"]["server_queue_us"]["p50"] == 120 and rows["all"]["server_compute_us"]["p50"] == 30
     assert len(servicer.seen) == 60
     wire = {(q, p) for q, p, _ in servicer.seen}

@@ -71,14 +71,14 @@ def served_by_level(server) -> dict[str, float]:
 def test_priority_rows_in_csv(server, grpc):
     url = server.grpc_url if grpc else server.rest_url
     before = served_by_level(server)
-    p = bench("-c", "4", "-n", "100", "-u", url, "--priority-mix", "high=0.2,low=0.8",
+    p = bench("-c", "4", "-n", "100", "-u", url, "--priority-mix", "critical=0.2,low=0.8",
               "--output-format", "csv", *(["--grpc"] if grpc else []))
     assert p.returncode == 0, p.stderr
     rows = {r["priority"]: r for r in csv.DictReader(io.StringIO(p.stdout))}
-    assert set(rows) == {"all", "high", "low"}
-    assert (int(rows["high"]["ok"]), int(rows["low"]["ok"])) == (20, 80)
-    assert rows["high"]["qos_class"] == QosClass.LATENCY_CRITICAL.header_value
-    assert float(rows["high"]["p99_ms"]) > 0 and rows["all"]["error_classes"] == ""
+    assert set(rows) == {"all", "critical", "low"}
+    assert (int(rows["critical"]["ok"]), int(rows["low"]["ok"])) == (20, 80)
+    assert rows["critical"]["qos_class"] == QosClass.LATENCY_CRITICAL.header_value
+    assert float(rows["critical"]["p99_ms"]) > 0 and rows["all"]["error_classes"] == ""
     # and the server saw those priorities: 20 at level 1, 80 at level 4
     after = served_by_level(server)
     delta = {lv: after.get(lv, 0) - before.get(lv, 0) for lv in after}

@@ -18,6 +18,8 @@ from mcp26.inference.errors import InvalidArgument, Overloaded, Unavailable
 
 MS = 1_000_000
 T0 = 1_000 * MS         # a clock that is not at zero
+# Triton's own rules: strict level order, nothing frozen (the seed's rules are tested below)
+TRITON = dict(level_weights=None, freeze_levels=())
 
 
 def req(tag: str, rows: int = 1, width: int = 4, timeout_us: int | None = None) -> Pending:
@@ -48,7 +50,7 @@ def run(f: BatchFormation, now: int, instance: int = 0) -> list[Pending]:
 
 # -- Triton's rules ------------------------------------------------------------------------
 def test_batches_go_in_level_then_arrival_order_and_the_qos_class_wins_over_priority():
-    f = formation(max_batch_size=1)
+    f = formation(max_batch_size=1, **TRITON)
     for i, (tag, level) in enumerate([("c3", 3), ("a1", 1), ("d4", 4), ("b1", 1), ("e2", 2), ("f3", 3)]):
         arrive(f, tag, T0 + i, priority=level)
     low = arrive(f, "asked-1-but-batch", T0 + 10, qos_class="batch", priority=1)
@@ -226,7 +228,7 @@ def test_the_reserved_lane_starts_a_top_level_request_beside_a_running_low_batch
 
 
 def test_without_the_lane_the_high_request_is_back_filled_with_lower_levels():
-    f = formation(max_batch_size=4, max_queue_delay_us=2_000)
+    f = formation(max_batch_size=4, max_queue_delay_us=2_000, **TRITON)
     for i in range(2):
         arrive(f, f"low{i}", T0, qos_class="batch")
     arrive(f, "high", T0, qos_class="latency-critical")

@@ -70,7 +70,7 @@ def hold_first(b, rec):
 
 
 def test_priority_order_is_level_then_arrival(rec):
-    b = make(rec, max_batch_size=1)
+    b = make(rec, max_batch_size=1, level_weights=None, freeze_levels=())     # Triton's strict order
     first = hold_first(b, rec)
     futures = [b.submit(req(tag), priority=level) for tag, level in
                [("c3", 3), ("a1", 1), ("d4", 4), ("b1", 1), ("e2", 2), ("f3", 3)]]
@@ -239,11 +239,11 @@ class GatedByTag:
         return [{"y": p.inputs["x"] * 2} for p in batch], [{} for _ in batch], 0.0, 0.0
 
 
-def _lane_scenario(reserved_lane_levels: int):
+def _lane_scenario(reserved_lane_levels: int, **rules):
     """A low-priority batch of 4 is computing (held); then a level-1 request and
     two more low ones arrive. -> (the high request's future, executor, batcher)."""
     ex = GatedByTag()
-    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, reserved_lane_levels=reserved_lane_levels))
+    b = DynamicBatcher("m", ex, BatcherSettings(max_batch_size=4, reserved_lane_levels=reserved_lane_levels, **rules))
     slow = [b.submit(req(f"slow{i}"), qos_class="batch") for i in range(4)]
     assert ex.slow_started.wait(5)
     more_low = [b.submit(req(f"low{i}"), qos_class="batch") for i in range(2)]
@@ -272,7 +272,7 @@ def test_reserved_lane_runs_a_high_request_beside_a_running_low_batch():
 def test_without_the_lane_a_high_request_waits_for_the_running_batch():
     """The control: one instance (plain Triton) - the high request is served only
     after the low batch that was computing when it arrived, and is back-filled."""
-    high, lows, ex, b = _lane_scenario(reserved_lane_levels=0)
+    high, lows, ex, b = _lane_scenario(reserved_lane_levels=0, freeze_levels=())
     time.sleep(0.2)
     assert not high.done()
     ex.gate.set()

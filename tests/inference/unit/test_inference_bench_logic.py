@@ -17,8 +17,8 @@ from mcp26.mesh.qos import QosClass
 
 
 def test_mix_names_map_to_mesh_qos_classes_and_normalise():
-    mix = parse_mix("high=1, low=3")
-    assert [(p.label, p.qos, s) for p, s in mix] == [("high", QosClass.LATENCY_CRITICAL, 0.25),
+    mix = parse_mix("critical=1, low=3")
+    assert [(p.label, p.qos, s) for p, s in mix] == [("critical", QosClass.LATENCY_CRITICAL, 0.25),
                                                      ("low", QosClass.BATCH, 0.75)]
     assert parse_mix("interactive=1")[0][0].qos is QosClass.INTERACTIVE
     assert mix[0][0].level == QosClass.LATENCY_CRITICAL.priority_level

@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from mcp26.mesh import batching_policy
+from mcp26.mesh import batching_policy, l7_routing
 from mcp26.mesh.diagnostics import ConfigError
 from mcp26.mesh.headers import L7_READ_ONLY_HEADERS
 from harness.paths import checkout_examples
@@ -117,49 +117,28 @@ def cluster_accepts(spec):
     return crd_rules(SCHEMA, {"spec": spec}) and admits(SCHED_POLICY, obj)
 
 
-SPECS = [
-    {},
-    {"qosPolicy": "latency-critical"},
-    {"qosPolicy": "throughput", "maxBatchSize": 128, "preferredBatchSize": [64, 128]},
-    {"qosPolicy": "latency-critical", "preferredBatchSize": [4, 16]},         # 16 > preset's 8
-    {"preferredBatchSize": [32]},                                             # balanced: max 32
-    {"preferredBatchSize": [48]},
-    {"maxBatchSize": 0},
-    {"maxBatchSize": 4097},
-    {"maxBatchSize": 8, "preferredBatchSize": [0]},
-    {"maxQueueDelayMicroseconds": 10_000_000},
-    {"maxQueueDelayMicroseconds": 10_000_001},
-    {"qosPolicy": "fastest"},
-    {"priorityLevels": 2, "defaultPriorityLevel": 2},
-    {"priorityLevels": 2, "defaultPriorityLevel": 3},
-    {"defaultPriorityLevel": 5},                                              # presets have 4 levels
-    {"priorityLevels": 17},
-    {"queuePolicies": {"1": {"maxQueueSize": 16, "defaultTimeoutMicroseconds": 5000,
-                             "timeoutAction": "DELAY", "allowTimeoutOverride": True}}},
-    {"queuePolicies": {"4": {"timeoutAction": "REJECT"}}},
-    {"queuePolicies": {"5": {}}},
-    {"priorityLevels": 8, "queuePolicies": {"8": {}}},
-    {"queuePolicies": {"0": {}}},
-    {"queuePolicies": {"one": {}}},
-    {"queuePolicies": {"1": {"timeoutAction": "DROP"}}},
-    {"queuePolicies": {"1": {"maxQueueSize": -1}}},
-    {"queuePolicies": {"1": {"maxQueue": 3}}},
-    {"selector": {"matchLabels": {"app": "llm"}}, "maxBatchSize": 16},
-    {"selector": {"app": "llm"}},
-    {"batchSize": 8},
-    {"reservedLaneLevels": 1},
-    {"qosPolicy": "latency-critical", "reservedLaneLevels": 0},
-    {"reservedLaneLevels": 16},
-    {"reservedLaneLevels": 17},
-    {"reservedLaneLevels": -1},
-    {"reservedLaneLevels": True},
-]
+from tests.data.l7schedulingpolicy_specs import SPECS  # noqa: E402
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[str(s) for s in SPECS])
 def test_cluster_and_mesh_agree_on_l7schedulingpolicy(spec):
     _, problems = batching_policy.parse_spec(copy.deepcopy(spec))
-    assert cluster_accepts(spec) == (not problems), problems
+    _, routing = l7_routing.parse_routing(copy.deepcopy(spec))
+    assert cluster_accepts(spec) == (not problems and not routing), problems + routing
+
+
+def test_crd_routing_fields_are_mesh_l7_routings():
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    assert (spec["priority"]["minimum"], spec["priority"]["maximum"]) == (l7_routing.PRIORITY_MIN, l7_routing.PRIORITY_MAX)
+    assert spec["matchHeaders"]["maxProperties"] == l7_routing.MAX_MATCH_HEADERS
+    assert spec["matchHeaders"]["additionalProperties"]["maxLength"] == l7_routing.MAX_HEADER_VALUE
+    assert spec["backendService"]["pattern"] == l7_routing._BACKEND.pattern
+    assert spec["backendService"]["maxLength"] == l7_routing.MAX_BACKEND
+    listed = next(v["expression"] for v in SCHED_POLICY["spec"]["variables"] if v["name"] == "unmatchable")
+    assert cel(listed, {}) == [celtypes.StringType(h) for h in l7_routing.UNMATCHABLE]
+    # the priority bands the CRD describes are the mesh's
+    for low, cls in l7_routing.PRIORITY_BANDS:
+        assert f"{low}.." in spec["priority"]["description"] and cls.header_value in spec["priority"]["description"]
 
 
 def test_crd_schema_is_structural():
@@ -184,12 +163,18 @@ def test_crd_names_and_limits_are_mesh_schedulings():
     assert CRD["spec"]["group"] == group and CRD["spec"]["names"]["kind"] == batching_policy.KIND
     assert [v["name"] for v in CRD["spec"]["versions"]] == [version]
     spec = SCHEMA["properties"]["spec"]["properties"]
-    assert set(spec) == batching_policy._SPEC_FIELDS
+    assert set(spec) == batching_policy._SPEC_FIELDS | batching_policy.ROUTING_FIELDS
+    assert batching_policy.ROUTING_FIELDS == set(l7_routing.FIELDS)
     assert spec["qosPolicy"]["enum"] == list(batching_policy.PRESETS)
     assert spec["maxBatchSize"]["maximum"] == batching_policy.MAX_BATCH_SIZE_LIMIT
     assert spec["maxQueueDelayMicroseconds"]["maximum"] == batching_policy.MAX_QUEUE_DELAY_US_LIMIT
     assert spec["priorityLevels"]["maximum"] == batching_policy.MAX_PRIORITY_LEVELS
     assert spec["reservedLaneLevels"]["maximum"] == batching_policy.MAX_PRIORITY_LEVELS
+    assert spec["reservedLaneThreads"]["maximum"] == batching_policy.MAX_LANE_THREADS
+    weights = spec["classWeights"]
+    assert weights["additionalProperties"]["maximum"] == batching_policy.MAX_CLASS_WEIGHT
+    assert weights["maxProperties"] == len(batching_policy.SHARED_CLASSES)
+    assert str(list(batching_policy.SHARED_CLASSES)) in weights["x-kubernetes-validations"][0]["rule"]
     queue = spec["queuePolicies"]["additionalProperties"]["properties"]
     assert set(queue) == batching_policy._QUEUE_FIELDS
     assert queue["timeoutAction"]["enum"] == list(batching_policy.TIMEOUT_ACTIONS)

@@ -44,3 +44,27 @@ def test_a_batcher_policy_action_reconfigures_the_replica():
         assert _status(admin)["models"][0]["batching"] == after["models"][0]["batching"]
     finally:
         server.stop()
+
+
+def test_a_class_weight_action_changes_the_replicas_batch_slot_weights_once():
+    server = InferenceServer("builtin:mlp").start()
+    try:
+        admin = f"127.0.0.1:{server.admin_port}"
+        endpoint = "127.0.0.1:1"
+        assert _status(admin)["models"][0]["batching"]["level_weights"] == {"2": 3, "3": 1}
+
+        async def apply(actions) -> list[dict]:
+            applier = ActionApplier("127.0.0.1:1", replica_admin={endpoint: admin})
+            try:
+                return [(await applier.apply([a], 0.0, flow_hold_s=1.0))[0] for a in actions]
+            finally:
+                await applier.close()
+        same = Action("class-weight", "interactive", weight=5.0)
+        first, again, bad = asyncio.run(apply([same, same, Action("class-weight", "latency-critical", weight=2.0)]))
+        assert first.get("applied") and first["replicas"] == 1, first
+        assert again.get("unchanged"), again                     # the same answer next period posts nothing
+        assert "strict" in bad["error"] and not bad["applied"], bad
+        weights = _status(admin)["models"][0]["batching"]["level_weights"]
+        assert weights == {"2": 5, "3": 1}                        # and the refused one changed nothing
+    finally:
+        server.stop()

@@ -17,6 +17,8 @@ import time
 import numpy as np
 import pytest
 
+from mcp26.mesh import qos as Q
+
 from mcp26.scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
 from mcp26.scheduler.plugins import latency_model
 from mcp26.scheduler.plugins.host import PolicyHost
@@ -65,12 +67,14 @@ def test_seed_table_gives_the_seeds_actions(seed_host):
     by_kind = {a.kind: a for a in d.actions}
     assert [a.kind for a in d.actions] == ["remap-class", "upgrade-flow", "class-weight"]
     remap = by_kind["remap-class"]
-    assert (remap.subject, remap.value, remap.hold_s) == ("standard", "batch", 60.0)
+    # the component hard-codes class names: they must be mesh.qos's table of the seed's names
+    assert (remap.subject, remap.value, remap.hold_s) == (Q.DOWNGRADE_FROM.header_value, Q.DOWNGRADE_TO.header_value, 60.0)
     assert "10.0.0.1:8000" in remap.reason and "10.0.0.2:8000" not in remap.reason and "nvml" in remap.reason
     up = by_kind["upgrade-flow"]
-    assert (up.subject, up.value, up.reserved_threads) == ("10.1.0.1:5000->10.0.0.1:8000", "latency-critical", 2)
+    assert (up.subject, up.value, up.reserved_threads) == ("10.1.0.1:5000->10.0.0.1:8000", Q.UPGRADE_TO.header_value,
+                                                           Q.RESERVED_THREADS)
     w = by_kind["class-weight"]
-    assert (w.subject, w.weight) == ("latency-critical", 3.0)
+    assert (w.subject, w.weight) == (Q.HIGH_WEIGHT_CLASS.header_value, float(Q.HIGH_WEIGHT_CLASS.weight))
 
     calm = seed_host.decide(Signals(now_s=101.0, replicas=(_replica("10.0.0.1:8000", 0.90, "kv-budget"),)))
     assert calm.ok and [a.kind for a in calm.actions] == ["class-weight"]        # 90 % is not > 90 %
@@ -211,3 +215,25 @@ def test_serialized_component_loads_much_faster_than_a_cold_compile(seed_host):
     warm = time.perf_counter() - t0
     print(f"cold compile {cold:.2f} s, deserialize {warm:.3f} s, ratio {cold / warm:.0f}x")
     assert cold / warm >= 10, f"cold {cold:.2f} s vs deserialize {warm:.3f} s"
+
+
+def test_a_plugin_sees_the_resource_view_write_bursts_and_the_ring_fields():
+    """The seed's resource view, the tracer's bursts and the flows' serving figures cross into
+    the component (wit/policy.wit) with their values, not only the Python policies."""
+    import ast as _ast
+    from mcp26.scheduler.decisions import EngineSignals, LinkSignals, ResourceSignals, WriteBurstSignals
+    host = _misbehaving()
+    res = ResourceSignals(numa_nodes=(0, 1), numa_cpus=((0, 1), (2, 3)), numa_distance=((10.0, 21.0), (21.0, 10.0)),
+                          numa_source="sysfs /sys/devices/system/node", pcie_links=(LinkSignals("0000:3b:00.0", 31.5),),
+                          engine=(EngineSignals("10.0.0.1:8000", running=2.5),))
+    d = host.decide(Signals(now_s=1.0, replicas=(_replica("echo", 0.1),),
+                            flows=(FlowSignals("a->b", ingress_rtt_ms=2.5, tokens_per_second=640.0, kv_hit_rate=0.5),),
+                            write_bursts=(WriteBurstSignals(77, "10.0.0.1:8000", 1 << 20),), resources=res,
+                            trigger="ring"))
+    assert d.ok, d.error
+    seen = _ast.literal_eval(d.actions[0].reason)
+    assert seen == {"numa": [[10.0, 21.0], [21.0, 10.0]], "cpus": [[0, 1], [2, 3]],
+                    "numa_source": "sysfs /sys/devices/system/node", "links": [["0000:3b:00.0", 31.5]],
+                    "engine": [["10.0.0.1:8000", 2.5]], "bursts": [[77, "10.0.0.1:8000", 1 << 20]],
+                    "flows": [["a->b", 2.5, 640.0, 0.5]], "trigger": "ring"}
+    host.close()

@@ -28,7 +28,7 @@ def test_low_rtt_large_payload_flow_is_upgraded_with_two_reserved_threads():
 
 def test_high_priority_class_weighs_three():
     w = [a for a in BuiltinPolicy().decide(Signals(1.0)) if a.kind == "class-weight"]
-    assert [(a.subject, a.weight) for a in w] == [("latency-critical", 3.0)]
+    assert [(a.subject, a.weight) for a in w] == [("interactive", 3.0)]      # High's class
 
 
 def test_memory_source_falls_back_to_the_kv_budget_and_says_so():

@@ -12,7 +12,8 @@ import struct
 import numpy as np
 import pytest
 
-from mcp26.scheduler.decisions import Action, EndpointInfo, FlowSignals, ReplicaSignals, RequestInfo, Signals
+from mcp26.scheduler.decisions import (Action, EndpointInfo, EngineSignals, FlowSignals, LinkSignals, ReplicaSignals,
+                                       RequestInfo, ResourceSignals, Signals, WriteBurstSignals)
 from mcp26.scheduler.plugins import convert, latency_model
 from mcp26.scheduler.plugins.commands import signals_from_json
 from mcp26.scheduler.plugins.inference import OnnxInference
@@ -23,7 +24,9 @@ def test_signals_are_encoded_as_wit_ordered_rows_with_wit_types():
     s = Signals(now_s=5, replicas=(ReplicaSignals("10.0.0.1:8000", {"standard": 3, "batch": 1}, running=2,
                                                   kv_utilisation=1, memory_fraction=0.95, memory_source="nvml"),),
                 flows=(FlowSignals("a->b", rtt_ms=1, payload_bytes=1_500_000),))
-    now_s, replicas, flows = json.loads(convert.encode_signals(s))
+    now_s, replicas, flows, bursts, resources, trigger = json.loads(convert.encode_signals(s))
+    assert bursts == [] and trigger == "period"
+    assert dict(zip(convert.FIELDS["resource-signals"], resources))["numa-source"] == "absent here"
     assert now_s == 5.0 and isinstance(now_s, float)
     r = dict(zip(convert.FIELDS["replica-signals"], replicas[0]))
     assert r["queue-depth"] == [["batch", 1], ["standard", 3]]
@@ -50,6 +53,9 @@ def test_the_encodings_columns_are_the_wit_records_fields_in_order():
 @pytest.mark.parametrize("cls, row, record", [
     (ReplicaSignals, convert.replica_row, "replica-signals"),
     (FlowSignals, convert.flow_row, "flow-signals"),
+    (WriteBurstSignals, convert.burst_row, "write-burst-signals"),
+    (LinkSignals, convert.link_row, "link-signals"),
+    (EngineSignals, convert.engine_row, "engine-signals"),
     (RequestInfo, convert.request_row, "request-info"),
     (EndpointInfo, convert.endpoint_row, "endpoint-info"),
 ])
@@ -109,7 +115,7 @@ def test_nonsense_actions_are_refused(bad, message):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("not json", "not mcp-policy-json/1"),
+    ("not json", "not mcp-policy-json/2"),
     ('{"kind": "remap-class"}', "not a list of actions"),
     ('[["remap-class", "standard"]]', "a list of 7 fields"),
     ("[" * 10 + "]" * 10 + " " * convert.MAX_ANSWER_CHARS, "at most"),
@@ -193,3 +199,19 @@ def test_cli_signals_json_uses_the_dataclass_names():
     assert s == Signals(3.0, (ReplicaSignals("e", {"standard": 2}, memory_fraction=0.95),), (FlowSignals("a->b", 1.0, 2),))
     with pytest.raises(TypeError):
         signals_from_json({"replicas": [{"endpoint": "e", "memory": 1}]})
+
+
+def test_the_resource_view_is_encoded_in_wit_order():
+    res = ResourceSignals(numa_nodes=(0, 1), numa_cpus=((0, 1), (2, 3)), numa_distance=((10.0, 21.0), (21.0, 10.0)),
+                          numa_source="sysfs", pcie_links=(LinkSignals("0000:3b:00.0", 31.5),),
+                          pcie_throughput=(LinkSignals("gpu0 tx", 1200.0),), pcie_source="sysfs, nvml",
+                          engine=(EngineSignals("e", 1, 2.5, 3, 0),), engine_source="pages")
+    s = Signals(now_s=1, write_bursts=(WriteBurstSignals(7, "e", 1 << 20, 9, 1.5, 2.0),), resources=res, trigger="ring")
+    *_, bursts, resources, trigger = json.loads(convert.encode_signals(s))
+    r = dict(zip(convert.FIELDS["resource-signals"], resources))
+    assert r["numa-distance"] == [[10.0, 21.0], [21.0, 10.0]] and r["numa-cpus"] == [[0, 1], [2, 3]]
+    assert r["pcie-links"] == [["0000:3b:00.0", 31.5]] and r["pcie-throughput"] == [["gpu0 tx", 1200.0]]
+    assert r["engine"] == [["e", 1.0, 2.5, 3.0, 0.0]] and (r["numa-source"], r["engine-source"]) == ("sysfs", "pages")
+    assert bursts == [[7, "e", 1 << 20, 9, 1.5, 2.0]] and trigger == "ring"
+    assert [f.name.replace("_", "-") for f in dataclasses.fields(ResourceSignals)] == list(convert.FIELDS["resource-signals"])
+    assert [f.name.replace("_", "-") for f in dataclasses.fields(Signals)] == list(convert.FIELDS["signals"])

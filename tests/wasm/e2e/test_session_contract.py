@@ -144,7 +144,7 @@ def level(doc: dict) -> int:
 
 def test_an_unsigned_latency_critical_class_sent_to_the_backend_gets_the_default_level(stack):
     # The same class, signed by the filter for a gold caller: level 1 (so the level is observable).
-    signed = captured(stack, {**bearer(stack, sub="gold", tier="gold"), "x-llm-priority": "high"})
+    signed = captured(stack, {**bearer(stack, sub="gold", tier="gold"), "x-llm-priority": "critical"})
     assert signed[H.QOS_CLASS] == "latency-critical"
     status, doc = backend(stack, signed)
     assert status == 200 and level(doc) == 1, doc
@@ -152,7 +152,7 @@ def test_an_unsigned_latency_critical_class_sent_to_the_backend_gets_the_default
     default = level(gateway(stack, "/v2/models/mlp/infer", method="POST", body=INFER)[1])
     assert default != 1
     for hdrs in ({H.QOS_CLASS: "latency-critical"},
-                 {H.QOS_CLASS: "latency-critical", "x-llm-priority": "high", "x-request-id": "r1",
+                 {H.QOS_CLASS: "latency-critical", "x-llm-priority": "critical", "x-request-id": "r1",
                   H.SESSION_SIG: sign_headers({"x-request-id": "r1"}, KEY, method="POST")}):
         status, doc = backend(stack, hdrs)
         assert status == 200 and level(doc) == default, (hdrs, doc)
@@ -169,7 +169,7 @@ def test_envoy_generates_the_request_id_the_filter_signs(stack):
 
 
 def test_a_replayed_signature_on_another_request_is_refused(stack):
-    cap = captured(stack, {**bearer(stack, sub="gold", tier="gold"), "x-llm-priority": "high"})
+    cap = captured(stack, {**bearer(stack, sub="gold", tier="gold"), "x-llm-priority": "critical"})
     assert backend(stack, cap)[0] == 200                         # its own request: fine
     for replay in ({**cap, "x-request-id": "another-request"},   # another request
                    {k: v for k, v in cap.items() if k != "x-request-id"}):

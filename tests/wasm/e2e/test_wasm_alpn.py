@@ -265,12 +265,13 @@ def test_a_client_sent_alpn_header_has_no_effect_on_plaintext(stack):
 
 
 @pytest.mark.parametrize("alpn, priority, tier, want", [
-    (["grpc-exp", "h2"], "high", None, QosClass.LATENCY_CRITICAL),       # X-LLM-Priority comes first
+    (["grpc-exp", "h2"], "critical", None, QosClass.LATENCY_CRITICAL),       # X-LLM-Priority comes first
     (["h2"], "low", None, QosClass.BATCH),
     (["h2"], None, "free", QosClass.STANDARD),                           # the tier claim caps the ALPN's class
     (["h2"], "high", "free", QosClass.STANDARD),
     (["grpc-exp", "h2"], None, "gold", QosClass.INTERACTIVE),
-    (["http/1.1"], "high", "gold", QosClass.LATENCY_CRITICAL),
+    (["http/1.1"], "critical", "gold", QosClass.LATENCY_CRITICAL),
+    (["h2"], "high", None, QosClass.INTERACTIVE),                        # High: the weight x3 class
 ])
 def test_priority_and_tier_rules_still_apply(stack, alpn, priority, tier, want):
     hdrs = {}

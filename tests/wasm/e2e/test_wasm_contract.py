@@ -228,9 +228,9 @@ def test_other_tenants_headers_are_removed(stack):
 
 
 @pytest.mark.parametrize("tier, want", [(None, "latency-critical"), ("gold", "latency-critical"), ("free", "standard")])
-def test_llm_priority_high_gets_the_latency_critical_class_within_the_tier(stack, tier, want):
+def test_llm_priority_critical_gets_the_latency_critical_class_within_the_tier(stack, tier, want):
     claims = {"sub": "alice", **({"tier": tier} if tier else {})}
-    _, _, seen = get(stack, "/r", {**bearer(stack.local.token(**claims)), "x-llm-priority": "high"})
+    _, _, seen = get(stack, "/r", {**bearer(stack.local.token(**claims)), "x-llm-priority": "critical"})
     assert seen["headers"][H.QOS_CLASS] == want
     assert verify_session(seen["headers"], KEY, method="GET").qos_class == want
 

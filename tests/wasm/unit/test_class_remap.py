@@ -44,6 +44,21 @@ def test_filter_applies_the_remap_until_it_expires_and_signs_it():
 
 
 @pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
+def test_the_seeds_downgrade_hits_medium_requests_and_only_them():
+    """"All Medium tasks to Low": the built-in table's remap, as the filter applies it to what
+    clients send as X-LLM-Priority."""
+    from mcp26.scheduler.loop.builtin_policy import REMAP_FROM, REMAP_TO
+    until = time.time() + 60
+    h = ProxyWasmHost()
+    remap = ClassRemap(Q.QosClass.parse(REMAP_FROM), Q.QosClass.parse(REMAP_TO), until)
+    assert h.configure(_contract([remap]).filter_json()), h.logs
+    h.now_ns = int((until - 1) * 1e9)
+    low = Q.LLM_PRIORITY_CLASSES["low"].header_value
+    got = {name: h.request(BASE + [(H.LLM_PRIORITY, name)]).all(H.QOS_CLASS) for name in Q.LLM_PRIORITY_NAMES}
+    assert got == {"critical": ["latency-critical"], "high": ["interactive"], "medium": [low], "low": [low]}
+
+
+@pytest.mark.skipif(not os.path.exists(HEADER_CONTRACT_WASM), reason="run `make wasm` first")
 def test_filter_refuses_a_remap_to_an_unknown_class():
     h = ProxyWasmHost()
     cfg = _contract([ClassRemap(Q.QosClass.STANDARD, Q.QosClass.BATCH, time.time() + 5)]).filter_json()

@@ -10,7 +10,7 @@ KEY = {"sessionKeyHex": "ab" * 32}
 def test_filter_config_carries_mesh_classes_levels_headers_and_error_map():
     c = parse_plugin_config({**KEY, "errorClasses": {"UNAVAILABLE": "overload"}}).filter_config()
     assert c["qos"]["classes"] == [{"name": q.header_value, "level": q.priority_level} for q in Q.QosClass]
-    assert c["qos"]["priority"]["high"] == Q.QosClass.LATENCY_CRITICAL.header_value
+    assert c["qos"]["priority"] == {n: cls.header_value for n, cls in Q.LLM_PRIORITY_CLASSES.items()}
     assert c["qos"]["protocol"] == {"HTTP/2": Q.ALPN_CLASSES["h2"].header_value}
     assert c["qos"]["header"] == H.QOS_CLASS and c["qos"]["priority_header"] == H.LLM_PRIORITY
     assert c["errors"]["grpc"]["14"] == "overload"

@@ -86,7 +86,10 @@ def test_non_token_header_names_are_rejected_400(host, name):
 
 
 @pytest.mark.parametrize("priority, tier, protocol, want", [
-    ("high", None, "HTTP/1.1", "latency-critical"),      # the seed: high -> weight x3 class
+    ("critical", None, "HTTP/1.1", "latency-critical"),  # the seed's four names (mesh.qos's table)
+    ("high", None, "HTTP/1.1", "interactive"),           # the seed: high -> the weight x3 class
+    ("medium", None, "HTTP/1.1", "standard"),            # the class the memory rule downgrades
+    ("low", None, "HTTP/2", "batch"),
     ("HIGH ", None, "HTTP/1.1", "standard"),               # exact token, not trimmed: no match -> protocol/default
     ("high", "free", "HTTP/1.1", "standard"),             # a free tier caps what it may ask
     ("high", "pro", "HTTP/2", "interactive"),
@@ -103,13 +106,32 @@ def test_qos_class_from_priority_tier_and_protocol(host, priority, tier, protoco
     assert r.get(H.QOS_CLASS) == want
 
 
+@pytest.mark.parametrize("route_class, priority, tier, want", [
+    ("latency-critical", None, None, "latency-critical"),   # an L7SchedulingPolicy route's class
+    ("interactive", "low", None, "interactive"),             # the operator's, over the client's X-LLM-Priority
+    ("batch", "critical", None, "batch"),
+    ("latency-critical", None, "free", "standard"),          # the caller's tier still caps it
+    ("platinum", "low", None, "batch"),                      # not a class: as if the route had none
+    (None, "low", None, "batch"),
+])
+def test_the_class_of_an_l7schedulingpolicy_route_is_asked_for_and_signed(host, route_class, priority, tier, want):
+    from mcp26.mesh.header_contract import ROUTE_CLASS_PROPERTY
+    props = {("request", "protocol"): b"HTTP/1.1"}
+    if route_class:
+        props[ROUTE_CLASS_PROPERTY] = route_class.encode()
+    hdrs = BASE + ([("x-llm-priority", priority)] if priority else [])
+    r = host.request(hdrs, properties=props, metadata={"sub": "u", **({"tier": tier} if tier else {})})
+    assert r.get(H.QOS_CLASS) == want
+    assert verify_session(r.headers, KEY).qos_class == want
+
+
 @pytest.mark.parametrize("alpn, priority, tier, protocol, want", [
     ("grpc-exp", None, None, "HTTP/2", "interactive"),        # the listener's ALPN, not the codec's HTTP/2
     ("h2", None, None, "HTTP/2", "latency-critical"),
     ("h2", None, None, "HTTP/1.1", "latency-critical"),       # the header, not request.protocol, decides
     ("http/1.1", None, None, "HTTP/2", "standard"),           # an ALPN without a class: the default, no fallback
     ("grpc-exp", "low", None, "HTTP/2", "batch"),             # X-LLM-Priority still comes first
-    ("grpc-exp", "high", None, "HTTP/2", "latency-critical"),
+    ("grpc-exp", "critical", None, "HTTP/2", "latency-critical"),
     ("h2", None, "free", "HTTP/2", "standard"),               # the tier still caps it
     ("grpc-exp", None, "enterprise", "HTTP/2", "interactive"),
     (None, None, None, "HTTP/2", "latency-critical"),         # no header (plaintext, h2c): request.protocol
@@ -239,8 +261,8 @@ def test_host_calls_follow_what_changes_not_how_many_headers_came(host):
         return host.host_calls - before
     few = calls([])
     assert calls([(f"x-plain-{i}", "v") for i in range(60)]) == few
-    # pairs, payload, protocol, identity, clock, 2 removes, 4 replaces (end-user, tenant, class, signature)
-    assert few == 11
+    # pairs, payload, route class, protocol, identity, clock, 2 removes, 4 replaces (end-user, tenant, class, signature)
+    assert few == 12
 
 
 @pytest.mark.parametrize("length, ok", [(128, True), (129, False), (5000, False)])

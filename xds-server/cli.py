@@ -7,6 +7,7 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import urllib.error
@@ -187,12 +188,21 @@ def _serve(args) -> int:
                                   webhook_address=args.secure_address, secure_port=args.secure_port,
                                   secure_address=args.secure_address, token_audience=args.token_audience)
         await server.start()
+        # SIGTERM (a Pod's stop, systemd) stops as Ctrl-C does: the Lease released, the context
+        # file removed, the streams closed; its default action ended the process on the spot
+        terminated = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
         try:
             if control is not None:
                 await control.start()
             if args.write_context:
                 _write_context(server, args)
-            await server.wait()
+            waiting = [asyncio.ensure_future(server.wait()), asyncio.ensure_future(terminated.wait())]
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waiting:
+                    task.cancel()
         finally:
             if args.write_context:
                 cli_context.remove_context()

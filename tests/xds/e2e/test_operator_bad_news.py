@@ -154,3 +154,15 @@ def test_xds_serve_writes_the_context_that_proxy_status_reads(tmp_path, monkeypa
         cp.proc.send_signal(signal.SIGINT)                 # Ctrl-C: a clean stop removes the context it wrote
         cp.proc.wait(30)
         assert not context.exists()
+
+
+def test_xds_serve_stops_cleanly_on_sigterm(tmp_path, monkeypatch):
+    """A Pod's stop (SIGTERM) is a clean stop too: exit 0, the context it wrote removed."""
+    context = tmp_path / "context.yaml"
+    monkeypatch.setenv("MCPCTL_CONTEXT", str(context))
+    (tmp_path / "config").mkdir()
+    with ControlPlane(str(tmp_path / "config"), extra_args=["--write-context"]) as cp:
+        assert context.exists()
+        cp.proc.send_signal(signal.SIGTERM)
+        assert cp.proc.wait(30) == 0
+        assert not context.exists()

@@ -53,6 +53,7 @@ MAX_ENTRIES = 16
 
 _registered: set[str] = set()
 _lock = threading.Lock()
+_absent: set[str] = set()        # plugin packages not installed in this process
 
 
 class DeviceError(ValueError):
@@ -63,11 +64,12 @@ def register_plugins() -> list[str]:
     """Register each installed plugin EP library with ONNX Runtime (once a process)."""
     with _lock:
         for module, ep in PLUGIN_PACKAGES:
-            if ep in _registered:
+            if ep in _registered or module in _absent:
                 continue
             try:
                 mod = importlib.import_module(module)
             except ImportError:
+                _absent.add(module)      # looked for once: a failed import searches sys.path again
                 continue
             try:
                 ort.register_execution_provider_library(ep, mod.get_library_path())

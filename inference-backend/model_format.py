@@ -139,6 +139,21 @@ class Container:
         return data
 
 
+def _read_identity(path: str, fh) -> str:
+    """A base's identity (its table of contents' sha256) from its header alone: the chunks
+    this file takes from it are hashed in this file's own table (verify), so its table need
+    not be read, which a hot update would pay each time (~0.7 ms for a ResNet-50's)."""
+    head = fh.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise FormatError(f"{path}: truncated: {len(head)} bytes, shorter than the {HEADER.size}-byte header")
+    magic, major, minor, _flags, _toc_off, _toc_len, toc_sha = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise FormatError(f"{path}: bad magic {magic!r}: not a .mcp26bin file (expected {MAGIC!r})")
+    if major != MAJOR:
+        raise FormatError(f"{path}: format version {major}.{minor}; this server reads {MAJOR}.x")
+    return toc_sha.hex()
+
+
 def _read_header(path: str, fh) -> tuple[dict, str]:
     head = fh.read(HEADER.size)
     if len(head) < HEADER.size:
@@ -199,7 +214,7 @@ def open_container(path: str, _depth: int = 0) -> Container:
             raise FormatError(f"{path}: missing base: bases[{i}] {b['path']!r} (looked for {base_path}), "
                               f"identity {b['identity'][:16]}...")
         with open(base_path, "rb") as fh:
-            _, base_identity = _read_header(base_path, fh)
+            base_identity = _read_identity(base_path, fh)
         if base_identity != b["identity"]:
             raise FormatError(f"{path}: wrong base: {base_path} has identity {base_identity[:16]}..., this file "
                               f"was packed against {b['identity'][:16]}... (the base changed since)")
@@ -259,6 +274,7 @@ def session_source(container: Container) -> tuple[bytes, str]:
     except Exception as e:      # protobuf's DecodeError
         raise FormatError(f"{container.path}: the graph is not an ONNX ModelProto: {e}") from None
     folder = os.path.commonpath([os.path.dirname(f) for f in container.files])
+    locations = [os.path.relpath(f, folder) for f in container.files]     # once a file, not a chunk
     where = {c["name"]: c for c in container.chunks}
     for init in model.graph.initializer:
         c = where.get(init.name)
@@ -266,7 +282,7 @@ def session_source(container: Container) -> tuple[bytes, str]:
             raise FormatError(f"{container.path}: initializer {init.name!r} of the graph has no chunk")
         del init.external_data[:]
         init.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", os.path.relpath(container.files[c["file"]], folder)),
+        for key, value in (("location", locations[c["file"]]),
                            ("offset", str(c["offset"])), ("length", str(c["length"]))):
             entry = init.external_data.add()
             entry.key, entry.value = key, value

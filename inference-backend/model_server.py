@@ -207,8 +207,12 @@ class ServedModel:
         self.settles = 0                    # mapped .mcp26bin sessions replaced by full ones (_settle)
         self._maybe_settle(model)
         telemetry.served_models.add(name)
+        # The per-model series are this model's while it is the one served under its name: an
+        # older version of a repository model shares the name and its statistics record
+        # (ModelServer.serve_versions), and a second source would repeat every series.
+        self.reporting = True
         telemetry.add_gauge_source("queue_depth", self._queue_gauge)
-        telemetry.add_load_source(lambda: [(snapshot(self), self)])
+        telemetry.add_load_source(lambda: [(snapshot(self), self)] if self.reporting else [])
         if self.decoder:
             attrs = {"model": name}
             telemetry.add_gauge_source("tokens_per_second", lambda: [(self.tokens.tokens_per_second(), attrs)])
@@ -273,6 +277,8 @@ class ServedModel:
         return 2 * shape[1] * shape[3] * 4 * self.kv_cache.block_tokens if shape[1] > 0 and shape[3] > 0 else 0
 
     def _queue_gauge(self):
+        if not self.reporting:
+            return []
         depth = self.batcher.queue_depth()
         return [(float(depth.get(level, 0)), {"model": self.name, "priority_level": str(level)})
                 for level in range(1, self.batcher.settings.priority_levels + 1)]
@@ -701,7 +707,7 @@ class ModelServer:
                                  partition=entry.parameter("partition"))
                 added.append(one)
                 model_repository.check_against_model(entry, one.model)
-                one.entry, one.stats = entry, served.stats
+                one.entry, one.stats, one.reporting = entry, served.stats, False
                 served.stats.add_version(v)
                 family[v] = one
                 out.append(f"{entry.name}: version {v} served")

@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY, generate_latest
 from onnx import TensorProto, helper
 
 from mcp26.mesh.batching_policy import preset
@@ -161,8 +162,8 @@ def test_every_version_the_policy_selects_is_served_and_poll_follows_the_directo
     version directory moves the pair to 3 and 4 and stops 2."""
     root = tmp_path / "repo"
     for v, op in ((1, "Add"), (2, "Mul"), (3, "Sub")):
-        add_model(str(root / "m" / str(v) / "model.onnx"), op)
-    (root / "m" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        add_model(str(root / "mv" / str(v) / "model.onnx"), op)
+    (root / "mv" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
                                              'version_policy { latest { num_versions: 2 } }\n')
     server = _served(str(root))
     try:
@@ -170,21 +171,24 @@ def test_every_version_the_policy_selects_is_served_and_poll_follows_the_directo
         b = np.full((1, 16), 2.0, dtype=np.float32)
 
         def run(version: str) -> float:
-            return float(_infer(server.get("m", version), {"input0": a, "input1": b})["output0"][0, 0])
+            return float(_infer(server.get("mv", version), {"input0": a, "input1": b})["output0"][0, 0])
         assert (run("2"), run("3"), run("")) == (6.0, 1.0, 1.0)
         with pytest.raises(InferenceError, match=r"no version '1'; serving version\(s\) 2, 3"):
-            server.get("m", "1")
-        assert server.get("m").versions() == ["2", "3"] and server.get("m", "2").versions() == ["2", "3"]
+            server.get("mv", "1")
+        assert server.get("mv").versions() == ["2", "3"] and server.get("mv", "2").versions() == ["2", "3"]
         assert [(e["version"], e["state"]) for e in repository.index(server)] == [("2", "READY"), ("3", "READY")]
-        assert [d["version"] for d in server.lookup("m").stats.docs()] == ["2", "3"]
-        assert [d["execution_count"] for d in server.lookup("m").stats.docs()] == [1, 2]   # 2 ran once, 3 twice
+        assert [d["version"] for d in server.lookup("mv").stats.docs()] == ["2", "3"]
+        assert [d["execution_count"] for d in server.lookup("mv").stats.docs()] == [1, 2]   # 2 ran once, 3 twice
+        scrape = generate_latest(REGISTRY).decode()      # each version's series once, from one source
+        assert [line.split()[-1] for line in scrape.splitlines()
+                if line.startswith('nv_inference_exec_count{model="mv",version="2"}')] == ["1.0"], scrape
 
-        add_model(str(root / "m" / "4" / "model.onnx"), "Add")
+        add_model(str(root / "mv" / "4" / "model.onnx"), "Add")
         changes = server.repository.poll(server)
-        assert "m: version 3 -> 4" in changes and "m: version 2 no longer served" in changes, changes
-        assert (run("3"), run("4")) == (1.0, 5.0) and server.get("m").versions() == ["3", "4"]
+        assert "mv: version 3 -> 4" in changes and "mv: version 2 no longer served" in changes, changes
+        assert (run("3"), run("4")) == (1.0, 5.0) and server.get("mv").versions() == ["3", "4"]
         with pytest.raises(InferenceError, match="no version '2'"):
-            server.get("m", "2")
+            server.get("mv", "2")
     finally:
         server.stop()
 

@@ -31,7 +31,7 @@ FATBIN_MAGIC = 0xBA55ED50
 KIND_PTX, KIND_ELF = 1, 2
 # The serving path's dependencies a CUDA + PyTorch image lacks, or has at other versions.
 PACKAGES = ("protobuf", "grpcio", "grpcio-health-checking", "grpcio-reflection", "opentelemetry-api",
-            "opentelemetry-sdk", "opentelemetry-semantic-conventions", "opentelemetry-exporter-prometheus",
+            "opentelemetry-sdk", "opentelemetry-semantic-conventions", "prometheus-client",
             "orjson", "httptools", "hpack")
 ORT_GPU = "onnxruntime-gpu"
 CUDA_PROVIDER = "libonnxruntime_providers_cuda.so"

@@ -147,18 +147,14 @@ def _detach(args) -> int:
 
 @_guard
 def _latency(args) -> int:
-    from mcp26.bpf.latency import LatencyStats, instrument, open_pinned
+    from mcp26.bpf.latency import LatencyCollector, LatencyStats, open_pinned
     from mcp26.bpf.program import check_privilege
     check_privilege()
     stats = LatencyStats()
-    provider = None
     if args.prometheus_port:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from opentelemetry.sdk.metrics import MeterProvider
-        from prometheus_client import start_http_server
+        from prometheus_client import REGISTRY, start_http_server
+        REGISTRY.register(LatencyCollector(stats))
         start_http_server(args.prometheus_port, addr="127.0.0.1")
-        provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
-        instrument(provider.get_meter("mcp_mesh.bpf"), stats)
     ring = writer = None
     if args.flow_ring:
         from mcp26.mesh.flow_ring import MappedRing
@@ -179,8 +175,6 @@ def _latency(args) -> int:
         print(f"{'port':>6} {'samples':>8} {'p50 us':>10} {'p99 us':>10}")
         for port, v in summary.items():
             print(f"{port:>6} {v['samples']:>8} {v['p50_us']:>10.1f} {v['p99_us']:>10.1f}")
-    if provider:
-        provider.shutdown()
     return 0
 
 

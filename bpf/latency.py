@@ -1,11 +1,12 @@
 """User space of the latency sampler: ring-buffer reader, p50/p99 per
-service port, and OpenTelemetry instruments that export them.
+service port, and the Prometheus collector that exports them.
 
 The kernel emits one `latency_event` per request (first request byte in ->
 first response byte out, c/latency.h). `LatencyStats` keeps a sliding
-window of recent samples per port; `instrument()` publishes its quantiles
-through any OpenTelemetry MeterProvider (the backend's own, a Prometheus
-reader, or an in-memory reader in tests).
+window of recent samples per port; `LatencyCollector` publishes its quantiles
+in a prometheus_client registry (the model server's own, whose /metrics is
+prometheus_client alone, or `mcpctl bpf latency --prometheus-port`'s), read
+at each scrape.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from mcp26.bpf.layout import LatencyEvent
 from mcp26.bpf.attach import pin_dir
 from mcp26.bpf.syscall import obj_get
 
-METRIC_LATENCY = "mcp.bpf.first_byte_latency"      # gauge, seconds, by port and quantile
-METRIC_SAMPLES = "mcp.bpf.first_byte_latency.samples"  # counter-like gauge of samples seen
+METRIC_LATENCY = "mcp_bpf_first_byte_latency_seconds"   # gauge, by service_port and quantile
+METRIC_SAMPLES = "mcp_bpf_first_byte_latency_samples"   # gauge: samples seen, by service_port
 QUANTILES = (0.5, 0.99)
 
 
@@ -66,24 +67,27 @@ class LatencyStats:
         return out
 
 
-def instrument(meter, stats: LatencyStats) -> None:
-    """Registers observable gauges reading `stats` at each collection."""
-    from opentelemetry.metrics import Observation
+class LatencyCollector:
+    """`stats`' quantiles and sample counts as Prometheus gauges, read at each scrape."""
 
-    def latency(_options):
-        for port in stats.ports():
-            for q, ns in stats.quantiles_ns(port).items():
-                yield Observation(ns / 1e9, {"service.port": port, "quantile": str(q)})
+    def __init__(self, stats: LatencyStats):
+        self.stats = stats
 
-    def samples(_options):
-        for port in stats.ports():
-            yield Observation(stats.count(port), {"service.port": port})
+    def describe(self):
+        return []
 
-    meter.create_observable_gauge(METRIC_LATENCY, callbacks=[latency], unit="s",
-                                  description="kernel-measured time from a request's first byte in "
-                                              "to its response's first byte out, by service port")
-    meter.create_observable_gauge(METRIC_SAMPLES, callbacks=[samples], unit="{request}",
-                                  description="requests the eBPF latency sampler has timed")
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+        latency = GaugeMetricFamily(METRIC_LATENCY, "kernel-measured time from a request's first byte in to "
+                                    "its response's first byte out, by service port", labels=("service_port", "quantile"))
+        samples = GaugeMetricFamily(METRIC_SAMPLES, "requests the eBPF latency sampler has timed",
+                                    labels=("service_port",))
+        for port in self.stats.ports():
+            for q, ns in self.stats.quantiles_ns(port).items():
+                latency.add_metric((str(port), str(q)), ns / 1e9)
+            samples.add_metric((str(port),), self.stats.count(port))
+        yield latency
+        yield samples
 
 
 class RingReader:
@@ -146,13 +150,16 @@ class LatencyExporter:
     """Samples from an interface's pinned sampler into OpenTelemetry, in a thread.
 
     One call wires the kernel's samples into a process's own metrics, e.g. the
-    inference backend's: `LatencyExporter("eth0", Telemetry.get().meter_provider)`.
+    inference backend's (prometheus_client's default registry): `LatencyExporter("eth0")`.
     """
 
-    def __init__(self, ifname: str, meter_provider, window: int = 4096):
+    def __init__(self, ifname: str, registry=None, window: int = 4096):
+        from prometheus_client import REGISTRY
         self.stats = LatencyStats(window)
         self._reader = open_pinned(ifname, self.stats)    # in the caller's network namespace
-        instrument(meter_provider.get_meter("mcp_mesh.bpf"), self.stats)
+        self._registry = registry if registry is not None else REGISTRY
+        self._collector = LatencyCollector(self.stats)
+        self._registry.register(self._collector)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"bpf-latency-{ifname}", daemon=True)
         self._thread.start()
@@ -165,3 +172,4 @@ class LatencyExporter:
         self._stop.set()
         self._thread.join(5)
         self._reader.close()
+        self._registry.unregister(self._collector)

@@ -9,11 +9,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry, generate_latest
 
 from mcp26.bpf import attach
-from mcp26.bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, open_pinned
+from mcp26.bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyCollector, LatencyStats, open_pinned
 from mcp26.bpf.policy import build_policy
 from harness.bpf_env import TcpServer, VethPair, in_netns, netns_socket, remove_stale_namespaces, require_bpf
 
@@ -89,24 +88,16 @@ def test_samples_cover_the_servers_own_time(sampled):
     assert slow[0.5] <= slow[0.99] and fast[0.5] <= fast[0.99]
 
 
-def test_quantiles_are_exported_as_opentelemetry_metrics(sampled):
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    instrument(provider.get_meter("mcp_mesh.bpf"), sampled.stats)
-    data = reader.get_metrics_data()
-    points = {}
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                for p in metric.data.data_points:
-                    points[(metric.name, tuple(sorted(p.attributes.items())))] = p.value
+def test_quantiles_are_exported_as_prometheus_gauges(sampled):
+    registry = CollectorRegistry()
+    registry.register(LatencyCollector(sampled.stats))
     for port in (SLOW_PORT, FAST_PORT):
         qs = sampled.stats.quantiles_ns(port)
         for q in (0.5, 0.99):
-            key = (METRIC_LATENCY, (("quantile", str(q)), ("service.port", port)))
-            assert points[key] == pytest.approx(qs[q] / 1e9)
-        assert points[(METRIC_SAMPLES, (("service.port", port),))] == REQUESTS
-    provider.shutdown()
+            value = registry.get_sample_value(METRIC_LATENCY, {"service_port": str(port), "quantile": str(q)})
+            assert value == pytest.approx(qs[q] / 1e9)
+        assert registry.get_sample_value(METRIC_SAMPLES, {"service_port": str(port)}) == REQUESTS
+    assert f'{METRIC_LATENCY}{{quantile="0.5",service_port="{FAST_PORT}"}}' in generate_latest(registry).decode()
 
 
 def test_exported_next_to_the_backends_own_metrics(sampled):
@@ -116,7 +107,7 @@ def test_exported_next_to_the_backends_own_metrics(sampled):
     telemetry = Telemetry.get()
     pair = sampled.pair
     with in_netns(pair.server_ns):
-        exporter = LatencyExporter(pair.server_if, telemetry.meter_provider)
+        exporter = LatencyExporter(pair.server_if)       # the default registry: the backend's /metrics
     try:
         c = netns_socket(pair.client_ns)
         c.settimeout(5)

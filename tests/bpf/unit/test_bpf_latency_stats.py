@@ -1,9 +1,8 @@
-"""p50/p99 per service port from latency samples, and their OpenTelemetry export."""
+"""p50/p99 per service port from latency samples, and their Prometheus export."""
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 
-from mcp26.bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyStats, instrument, quantile
+from mcp26.bpf.latency import METRIC_LATENCY, METRIC_SAMPLES, LatencyCollector, LatencyStats, quantile
 
 
 def test_nearest_rank_quantiles():
@@ -28,20 +27,14 @@ def test_stats_per_port_and_window():
     assert s.quantiles_ns(1) == {}
 
 
-def test_opentelemetry_gauges():
+def test_prometheus_gauges():
     s = LatencyStats()
     for v in (1_000_000, 2_000_000, 3_000_000):
         s.add(8000, v)
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    instrument(provider.get_meter("test"), s)
-    points = {}
-    for rm in reader.get_metrics_data().resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                for p in m.data.data_points:
-                    points[(m.name, tuple(sorted(p.attributes.items())))] = p.value
-    assert points[(METRIC_LATENCY, (("quantile", "0.5"), ("service.port", 8000)))] == pytest.approx(0.002)
-    assert points[(METRIC_LATENCY, (("quantile", "0.99"), ("service.port", 8000)))] == pytest.approx(0.003)
-    assert points[(METRIC_SAMPLES, (("service.port", 8000),))] == 3
-    provider.shutdown()
+    registry = CollectorRegistry()
+    registry.register(LatencyCollector(s))
+    assert registry.get_sample_value(METRIC_LATENCY, {"service_port": "8000", "quantile": "0.5"}) == pytest.approx(0.002)
+    assert registry.get_sample_value(METRIC_LATENCY, {"service_port": "8000", "quantile": "0.99"}) == pytest.approx(0.003)
+    assert registry.get_sample_value(METRIC_SAMPLES, {"service_port": "8000"}) == 3
+    s.add(8000, 4_000_000)                      # read at each scrape
+    assert registry.get_sample_value(METRIC_SAMPLES, {"service_port": "8000"}) == 4

@@ -10,7 +10,8 @@ the reviews gateway's port; then mints tokens and shows what the upstreams saw:
   x-mcp-tenant and an x-mcp-session-sig that mesh.session.verify_session accepts;
 - a client's own `end-user: jason` without a token -> not v2, never seen upstream;
 - an expired or forged token -> 401, nothing reaches an upstream;
-- X-LLM-Priority: high -> x-mcp-qos-class: latency-critical (signed);
+- X-LLM-Priority: critical -> x-mcp-qos-class: latency-critical (signed; the document's four
+  names map one to a class, mesh/qos.py: high is interactive);
 - another tenant's x-tenant-other-* header -> removed.
 
 Skipped, with the reason, when the Wasm module is not built.
@@ -134,10 +135,10 @@ def run(demo: Demo) -> list[Check]:
           f" requests that reached an upstream: {reached}")
 
     # 4. the QoS class asked for with X-LLM-Priority.
-    _, hi = get({**_bearer(token), "X-LLM-Priority": "high"})
+    _, hi = get({**_bearer(token), "X-LLM-Priority": "critical"})
     hi_h = hi.get("headers", {})
     hi_verdict = _verify(hi_h, session_key)
-    print(f"  X-LLM-Priority: high -> upstream saw {H.QOS_CLASS}: {hi_h.get(H.QOS_CLASS)}; verify_session: {hi_verdict}")
+    print(f"  X-LLM-Priority: critical -> upstream saw {H.QOS_CLASS}: {hi_h.get(H.QOS_CLASS)}; verify_session: {hi_verdict}")
     _, anon = get({"X-LLM-Priority": "high"})              # no token: the ceiling applies
     anon_class = anon.get("headers", {}).get(H.QOS_CLASS)
     print(f"  X-LLM-Priority: high without a token -> upstream saw {H.QOS_CLASS}: {anon_class} (ceiling)")
@@ -165,7 +166,7 @@ def run(demo: Demo) -> list[Check]:
         Check("expired / forged token", "401 / 401, 0 upstream",
               f"{bad['expired']} / {bad['forged']}, {reached} upstream",
               bad == {"expired": 401, "forged": 401} and reached == 0),
-        Check("X-LLM-Priority: high", "x-mcp-qos-class latency-critical, signed",
+        Check("X-LLM-Priority: critical", "x-mcp-qos-class latency-critical, signed",
               f"{hi_h.get(H.QOS_CLASS)}, {hi_verdict.split(' (')[0]}",
               hi_h.get(H.QOS_CLASS) == "latency-critical" and f"{H.QOS_CLASS}=latency-critical" in hi_verdict),
         Check("anonymous X-LLM-Priority: high", "capped at standard", str(anon_class), anon_class == "standard"),

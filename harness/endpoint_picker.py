@@ -26,11 +26,13 @@ from mcp26.mesh import endpoint_picker as epp
 
 
 class PickerProcess:
-    def __init__(self, directory: str, *extra: str, pool: str = "inference/decoders", grpc_port: int = 0):
+    def __init__(self, directory: str | None, *extra: str, pool: str = "inference/decoders", grpc_port: int = 0):
+        """`directory`: the pool's directory; None: `extra` names the source (`--kubeconfig F`)."""
         # stderr to a file, not a pipe: a picker logging for minutes would fill a pipe and block
         self._stderr = tempfile.TemporaryFile(mode="w+")
+        where = ["--config-dir", directory] if directory is not None else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mcp26.mesh.cli", "epp", "serve", "--config-dir", directory, "--pool", pool,
+            [sys.executable, "-m", "mcp26.mesh.cli", "epp", "serve", *where, "--pool", pool,
              "--grpc-port", str(grpc_port), "--admin-port", "0", "--log-level", "WARNING", *extra],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         line = self.proc.stdout.readline()

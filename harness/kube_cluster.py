@@ -247,7 +247,7 @@ def stand_in_crds() -> list[dict]:
     subresource. L7SchedulingPolicy is this project's and comes from istio-manifests/crds."""
     import yaml
     from mcp26.manifests import CRDS
-    from mcp26.xds.kube_source import KINDS
+    from mcp26.mesh.kube_source import KINDS
     out = []
     for k in KINDS:
         if k.group in ("", "discovery.k8s.io"):

@@ -662,11 +662,11 @@ class ModelServer:
         """Serve one model of a Triton repository (model_repository.ModelEntry): its config's
         batching, instances and device; an ensemble over the models already served. On any
         problem nothing is added (a model already served under the name stays)."""
+        old = self.models.get(entry.name)
         if entry.is_ensemble:
             served = EnsembleModel(entry, self, base)
         else:
             settings = model_repository.batcher_settings(entry, base)
-            old = self.models.get(entry.name)
             served = self.add(entry.name, entry.served_path, settings, entry.device, intra_op_threads,
                               version=entry.version, profile=profile, fast_path=fast_path, instances=entry.instances,
                               partition=entry.parameter("partition"))
@@ -684,6 +684,10 @@ class ModelServer:
         served.entry = entry
         # Triton's rule: a repository model uses the server's response cache if its config says so
         served.cache = self.response_cache if entry.config.response_cache.enable else None
+        for one in getattr(served, "family", {}).values():
+            one.cache = served.cache
+        if old is not None and old is not served:
+            old.reporting = False       # its name's series are the new model's now
         self.models[entry.name] = served
         return served
 
@@ -707,7 +711,7 @@ class ModelServer:
                                  partition=entry.parameter("partition"))
                 added.append(one)
                 model_repository.check_against_model(entry, one.model)
-                one.entry, one.stats, one.reporting = entry, served.stats, False
+                one.entry, one.stats, one.reporting, one.cache = entry, served.stats, False, served.cache
                 served.stats.add_version(v)
                 family[v] = one
                 out.append(f"{entry.name}: version {v} served")

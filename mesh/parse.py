@@ -350,7 +350,7 @@ def _parse_documents(text: str, file: str) -> list[Resource]:
 def resource_from_document(doc, file: str, line: int, lines: dict, errors: list[Diagnostic]) -> Resource | None:
     """One Kubernetes object (a YAML document, or an object the API server sent) as a Resource,
     or None with the reasons appended to `errors`. The directory and the Kubernetes source
-    (mcp26.xds.kube_source) both build their resources here, so they agree field for field."""
+    (mcp26.mesh.kube_source) both build their resources here, so they agree field for field."""
     if not isinstance(doc, dict):
         errors.append(Diagnostic("a document must be a mapping with apiVersion, kind, metadata", file=file, line=line))
         return None

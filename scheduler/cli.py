@@ -16,9 +16,15 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("epp", help="the Endpoint Picker for an InferencePool (Gateway API Inference Extension)")
     sub = p.add_subparsers(dest="epp_command", required=True)
     s = sub.add_parser("serve", help="serve Envoy ext_proc: pick a model server per request from live metrics")
-    s.add_argument("--config-dir", required=True,
-                   help="the watched directory the control plane reads (InferencePool, WorkloadEntries, "
-                        "InferenceObjectives)")
+    where = s.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config-dir",
+                       help="the watched directory the control plane reads (InferencePool, WorkloadEntries, "
+                            "InferenceObjectives)")
+    where.add_argument("--kubeconfig", help="read the pool, its Pods and InferenceObjectives from the Kubernetes "
+                                            "API server this kubeconfig names (list and watch, the pool's namespace)")
+    where.add_argument("--in-cluster", action="store_true",
+                       help="read them from the API server of the Pod this runs in (its service account)")
+    s.add_argument("--kube-context", default=None, help="the kubeconfig context (default: its current one)")
     s.add_argument("--pool", required=True, help="the InferencePool to serve, NAMESPACE/NAME")
     s.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--grpc-port", type=int, default=9002, help="ext_proc and gRPC health port (default 9002; 0: any)")
@@ -43,8 +49,11 @@ def register(subparsers) -> None:
 
 def _serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not os.path.isdir(args.config_dir):
+    if args.config_dir is not None and not os.path.isdir(args.config_dir):
         print(f"mcpctl epp serve: --config-dir {args.config_dir}: not a directory", file=sys.stderr)
+        return 2
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        print(f"mcpctl epp serve: kubeconfig {args.kubeconfig!r} does not exist", file=sys.stderr)
         return 2
     if "/" not in args.pool:
         print(f"mcpctl epp serve: --pool {args.pool!r}: expected NAMESPACE/NAME", file=sys.stderr)
@@ -60,9 +69,13 @@ def _serve(args) -> int:
     from mcp26.scheduler.server import serve
 
     async def main():
+        kube_api = None
+        if args.config_dir is None:
+            from mcp26.mesh.kube_source import KubeApi, api_client
+            kube_api = KubeApi(await api_client(args.kubeconfig, args.kube_context))
         task = asyncio.create_task(serve(args.config_dir, args.pool, args.grpc_port, args.admin_port,
                                          args.address, args.metrics_interval_ms, flow_marks=args.flow_marks,
-                                         session_key=key, grpc_frontend=args.grpc_frontend))
+                                         session_key=key, grpc_frontend=args.grpc_frontend, kube_api=kube_api))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
@@ -76,4 +89,9 @@ def _serve(args) -> int:
     except OSError as e:
         print(f"mcpctl epp serve: {e}", file=sys.stderr)
         return 1
+    except Exception as e:            # a kubeconfig or in-cluster configuration that does not load
+        if type(e).__module__.startswith("kubernetes_asyncio"):
+            print(f"mcpctl epp serve: Kubernetes configuration: {e}", file=sys.stderr)
+            return 2
+        raise
     return 0

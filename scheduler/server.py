@@ -25,7 +25,7 @@ from mcp26.serving.grpc.server import EXCLUSIVE_PORT, GrpcLane, start_server
 from mcp26.serving.h2 import limits as h2_limits
 from mcp26.scheduler.ext_proc import EndpointPicker
 from mcp26.scheduler.metrics import MetricsPoller
-from mcp26.scheduler.pool_source import PoolSource, PoolView
+from mcp26.scheduler.pool_source import KubePoolSource, PoolSource, PoolView
 from mcp26.scheduler.picker import Pick, Refusal, Scheduler
 from mcp26.scheduler.prometheus import PickerMetrics
 from mcp26.scheduler.loop.marks import FlowMarks
@@ -112,10 +112,12 @@ class PickerState:
         }
 
 
-async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, address: str,
+async def serve(config_dir: str | None, pool: str, grpc_port: int, admin_port: int, address: str,
                 metrics_interval_ms: float, ready: asyncio.Event | None = None, flow_marks: str | None = None,
-                session_key: bytes | None = None, grpc_frontend: str = LANE) -> None:
-    source = PoolSource(config_dir, pool)
+                session_key: bytes | None = None, grpc_frontend: str = LANE, kube_api=None) -> None:
+    """The pool from `config_dir`, or (None) from the API server `kube_api` (mesh.kube_source.KubeApi)."""
+    source = PoolSource(config_dir, pool) if config_dir is not None else KubePoolSource(kube_api, pool)
+    await source.start()
     poller = MetricsPoller(interval_s=metrics_interval_ms / 1000.0)
     state = PickerState(source, poller)
     if flow_marks:               # the decision loop's marked flows (ext_proc._flow_marks reads state.flow_marks)
@@ -170,6 +172,8 @@ async def serve(config_dir: str, pool: str, grpc_port: int, admin_port: int, add
                 raise RuntimeError(f"metrics poller stopped: {metrics_task.exception()!r}")
     finally:
         metrics_task.cancel()
+        if isinstance(source, KubePoolSource):
+            await source.stop()
         await server.stop(0.5)
         await runner.cleanup()
 

@@ -41,3 +41,20 @@ def mcpctl(capsys, monkeypatch):
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(["mcpctl", *argv], code, out, err)
     return run
+
+
+@pytest.fixture(scope="module")
+def kube():
+    """A real Kubernetes API server (harness.kube_cluster), one per test module (a few seconds to
+    start), so that no module sees another's objects, with the CRDs of the kinds the mesh reads;
+    the tests skip, saying why, where the binaries are absent (CI has none)."""
+    from harness.kube_cluster import KubeCluster, binaries, stand_in_crds
+    api, etcd, why = binaries()
+    if not api:
+        pytest.skip(why)
+    cluster = KubeCluster().start()
+    try:
+        cluster.crds(stand_in_crds())
+        yield cluster
+    finally:
+        cluster.stop()

@@ -26,7 +26,7 @@ from mcp26.mesh.diagnostics import Diagnostic
 from mcp26.mesh.parse import resource_from_document
 from mcp26.mesh.resources import MeshConfig
 from mcp26.mesh import validation
-from mcp26.xds.kube_source import KINDS, ApiError
+from mcp26.mesh.kube_source import KINDS, ApiError
 
 log = logging.getLogger("mcp26.xds.admission")
 

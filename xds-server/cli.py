@@ -173,7 +173,7 @@ def _serve(args) -> int:
     async def main() -> None:
         source = None
         if args.config_dir is None:
-            from mcp26.xds.kube_source import KubeApi, KubeSource, api_client
+            from mcp26.mesh.kube_source import KubeApi, KubeSource, api_client
             source = KubeSource(KubeApi(await api_client(args.kubeconfig, args.kube_context)),
                                 debounce=args.debounce_ms / 1000)
         server = XdsServer(args.config_dir or "", port=args.port, admin_port=args.admin_port, address=args.address,

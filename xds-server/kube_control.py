@@ -8,7 +8,7 @@ import logging
 import os
 from mcp26.xds.admission import WEBHOOK_CONFIGURATION, AdmissionServer, keep_ca_bundle, server_certificate
 from mcp26.xds.kube_auth import DEFAULT_AUDIENCE, StreamAuthenticator, TokenReviewer
-from mcp26.xds.kube_source import KINDS
+from mcp26.mesh.kube_source import KINDS
 from mcp26.xds.kube_status import LEASE_NAME, STATUS_KINDS, LeaderElection, StatusWriter
 
 log = logging.getLogger("mcp26.xds.kube")

@@ -28,7 +28,7 @@ import re
 import socket
 
 from mcp26.mesh.gateway_api import CONTROLLER_CLASSES, GROUP as GATEWAY_GROUP, ROUTE_KINDS
-from mcp26.xds.kube_source import ApiError, KINDS
+from mcp26.mesh.kube_source import ApiError, KINDS
 
 log = logging.getLogger("mcp26.xds.status")
 

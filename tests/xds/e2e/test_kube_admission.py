@@ -18,7 +18,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.xds.admission import (PATH, AdmissionServer, ensure_ca_bundle, server_certificate,
                                  webhook_configuration)
 from mcp26.xds.ca import MeshCA
-from mcp26.xds.kube_source import KubeApi, api_client
+from mcp26.mesh.kube_source import KubeApi, api_client
 
 pytestmark = pytest.mark.e2e
 

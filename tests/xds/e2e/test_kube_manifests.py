@@ -2,7 +2,8 @@
 `kubectl apply --server-side -k` takes every object, and the control plane, run with the
 token of the manifests' own ServiceAccount, lists and watches everything, writes status,
 keeps the webhook's caBundle, holds its Lease and reviews tokens without a single refusal;
-and that identity can do nothing else asked of it here."""
+and that identity can do nothing else asked of it here. The Endpoint Picker, with its own
+account's token, reads the pool's Pods, and nothing else."""
 import asyncio
 import base64
 import subprocess
@@ -16,7 +17,8 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.xds.admission import WEBHOOK_CONFIGURATION
 from mcp26.xds.ca import MeshCA
 from mcp26.xds.kube_control import KubeControl
-from mcp26.xds.kube_source import KubeApi, KubeSource, api_client
+from mcp26.mesh.kube_source import KubeApi, KubeSource, api_client
+from mcp26.scheduler.pool_source import KubePoolSource
 from mcp26.xds.sds import IdentityService
 from mcp26.xds.server import XdsServer
 
@@ -51,9 +53,9 @@ def rendered() -> tuple[list[dict], dict]:
 
 def test_the_manifests_apply_and_their_service_account_is_enough_and_no_more(kube, tmp_path):
     objects, hook_config = rendered()
-    assert len(objects) == 16
+    assert len(objects) == 18
     applied = kube.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
-    assert applied.stdout.count("serverside-applied") == 16, applied.stdout
+    assert applied.stdout.count("serverside-applied") == 18, applied.stdout
     # The webhook's Service has no endpoints here (no kubelet): the API server would look its
     # name up in DNS and leave this host. The same configuration, pointed at loopback.
     webhook_port = free_port()
@@ -120,4 +122,36 @@ def test_the_manifests_apply_and_their_service_account_is_enough_and_no_more(kub
                    ("list", "configmaps", "-A"), ("update", "leases.coordination.k8s.io", "other", "-n", NS),
                    ("patch", "validatingwebhookconfigurations", "istio-validator"), ("create", "serviceaccounts/token", "-n", NS),
                    ("list", "leases.coordination.k8s.io", "-n", "kube-system")):
+        assert not can(*denied), denied
+
+
+def test_the_endpoint_pickers_role_reads_its_pool_and_no_more(kube):
+    objects, _ = rendered()
+    kube.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
+    for name, ip in (("model-a", "127.0.0.2"), ("model-b", "127.0.0.3")):    # the Deployment's Pods
+        kube.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"app": "mcp-model"}},
+             "spec": {"containers": [{"name": "server", "image": "mcp-mesh"}]}}))
+        kube.set_pod_ip(NS, name, ip)
+    epp_config = kube.write_kubeconfig(kube.token(NS, "mcp-epp", "https://kubernetes.default.svc.cluster.local"),
+                                       "mcp-epp")
+
+    async def run():
+        api = KubeApi(await api_client(epp_config))
+        source = KubePoolSource(api, f"{NS}/mcp-models")
+        try:
+            await source.start()
+            assert source.refresh(), source.error
+            assert [e.key for e in source.view.endpoints] == ["127.0.0.2:8080", "127.0.0.3:8080"]
+            assert not {401, 403} & set(api.refused), api.refused
+        finally:
+            await source.stop()
+            await api.client.close()
+    asyncio.run(run())
+
+    def can(*args: str) -> bool:
+        return kube.kubectl("auth", "can-i", *args, kubeconfig=epp_config, check=False).stdout.strip() == "yes"
+    assert can("watch", "pods", "-n", NS) and can("list", "inferencepools.inference.networking.k8s.io", "-n", NS)
+    for denied in (("list", "pods", "-A"), ("get", "secrets", "-n", NS), ("patch", "pods", "-n", NS),
+                   ("list", "services", "-n", NS), ("update", "inferencepools.inference.networking.k8s.io", "-n", NS)):
         assert not can(*denied), denied

@@ -14,7 +14,7 @@ import pytest
 
 from harness.paths import TEST_DATA
 from mcp26.mesh.change_set import load_config
-from mcp26.xds.kube_source import KubeApi, KubeSource, api_client
+from mcp26.mesh.kube_source import KubeApi, KubeSource, api_client
 from mcp26.xds.model.node import ProxyNode
 from mcp26.xds.translate import Translator
 
@@ -195,8 +195,8 @@ def test_a_bad_object_is_rejected_whole_and_the_last_good_config_kept(shop):
 
 
 def test_a_kind_whose_crd_comes_later_is_found(shop, monkeypatch):
-    from mcp26.xds import kube_source
-    from mcp26.xds.kube_source import Informer, Kind
+    from mcp26.mesh import kube_source
+    from mcp26.mesh.kube_source import Informer, Kind
     monkeypatch.setattr(kube_source, "MISSING_KIND_RETRY_S", 0.3)
     widget = Kind("example.mcp-mesh.io", "v1", "widgets", "Widget")
 

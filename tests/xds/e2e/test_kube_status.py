@@ -9,7 +9,7 @@ import pytest
 
 from harness.paths import TEST_DATA
 from mcp26.demo.stack.ports import free_port
-from mcp26.xds.kube_source import KubeApi, KubeSource, api_client
+from mcp26.mesh.kube_source import KubeApi, KubeSource, api_client
 from mcp26.xds.kube_status import CONTROLLER_NAME, LeaderElection, StatusWriter
 from mcp26.xds.server import XdsServer
 

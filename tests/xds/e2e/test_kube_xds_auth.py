@@ -13,7 +13,7 @@ from mcp26.demo.stack.ports import free_port
 from mcp26.xds.bootstrap import envoy_bootstrap
 from mcp26.xds.ca import MeshCA
 from mcp26.xds.kube_control import KubeControl
-from mcp26.xds.kube_source import KubeApi, KubeSource, api_client
+from mcp26.mesh.kube_source import KubeApi, KubeSource, api_client
 from mcp26.xds.sds import IdentityService
 from mcp26.xds.server import XdsServer
 

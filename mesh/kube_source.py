@@ -20,7 +20,9 @@ kubernetes_asyncio (the official client's asyncio port) supplies the configurati
 in-cluster service account, token refresh) and the HTTP transport. Neither it nor the
 synchronous client has client-go's informer (a list-watch loop with a store), so that loop is
 here: about a hundred lines, and each of the rules above is tested against a real API server
-(tests/xds/e2e/test_kube_source.py).
+(tests/xds/e2e/test_kube_source.py). It is the mesh's because two parts read the API server through
+it: the control plane (every kind) and the Endpoint Picker (its pool's Pods, InferencePool and
+InferenceObjectives, scheduler/pool_source.py).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from mcp26.mesh.validation import ValidationCache
 from mcp26.mesh.analyze import AnalysisCache
 from mcp26.mesh.change_set import check_config
 
-log = logging.getLogger("mcp26.xds.kube")
+log = logging.getLogger("mcp26.mesh.kube")
 
 TLS_SECRETS = "type=kubernetes.io/tls"     # credentialName secrets only, not every token in the cluster
 
@@ -187,14 +189,17 @@ def _slim(obj: dict) -> dict:
 class Informer:
     """List then watch one kind into `store` ({(namespace, name): object}); `changed()` on every change."""
 
-    def __init__(self, api: KubeApi, kind: Kind, changed: Callable[[], None], resync: float):
+    def __init__(self, api: KubeApi, kind: Kind, changed: Callable[[], None], resync: float,
+                 namespace: str = ""):
         self.api, self.kind, self.changed, self.resync = api, kind, changed, resync
+        self.path = kind.path(namespace)     # one namespace's objects, or (""), every namespace's
         self.store: dict[tuple[str, str], dict] = {}
         self.version = ""
         self.served = True             # False: the kind's CRD is not installed
         self.synced = asyncio.Event()
         self.lists = self.watches = self.relists_gone = 0
         self.need_list = True          # False: resume the watch from `version` (the store is current)
+        self.last_error: str | None = None     # why the last list or watch failed (a 403, ...)
 
     async def run(self) -> None:
         backoff = BACKOFF_MIN_S
@@ -217,6 +222,7 @@ class Informer:
                 self.relists_gone += 1
                 self.need_list = True
             except Exception as e:       # the API server restarting, a network error, a 5xx: back off
+                self.last_error = f"{self.kind.plural}: {e}"
                 log.warning("%s: %s; retrying in %.1f s", self.kind.plural, e, backoff)
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -227,7 +233,7 @@ class Informer:
     async def _list(self) -> None:
         self.lists += 1
         try:
-            body = await self.api.request("GET", self.kind.path(), self._query())
+            body = await self.api.request("GET", self.path, self._query())
         except ApiError as e:
             if e.status != 404:
                 raise
@@ -252,12 +258,12 @@ class Informer:
         timeout = max(1, min(WATCH_TIMEOUT_S, int(until - time.monotonic())))
         query = {**self._query(), "resourceVersion": self.version, "allowWatchBookmarks": "true",
                  "timeoutSeconds": str(timeout)}
-        async for event in self.api.watch(self.kind.path(), query):
+        async for event in self.api.watch(self.path, query):
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:
                     raise Gone(obj.get("message", ""))
-                raise ApiError(int(obj.get("code") or 500), obj.get("message", ""), self.kind.path())
+                raise ApiError(int(obj.get("code") or 500), obj.get("message", ""), self.path)
             meta = obj.get("metadata") or {}
             self.version = meta.get("resourceVersion") or self.version
             if kind == "BOOKMARK":
@@ -296,11 +302,12 @@ class KubeSource:
 
     def __init__(self, api: KubeApi, on_change: Callable[[], Awaitable[None]] | None = None,
                  debounce: float = 0.1, max_debounce: float = 10.0, resync: float = 300.0,
-                 kinds: tuple[Kind, ...] = KINDS):
+                 kinds: tuple[Kind, ...] = KINDS, namespace: str = ""):
+        """`kinds`, in `namespace` ("": every namespace, cluster-scoped kinds always whole)."""
         self.api = api
         self.on_change = on_change
         self.debounce, self.max_debounce = debounce, max_debounce
-        self.informers = [Informer(api, k, self._changed, resync) for k in kinds]
+        self.informers = [Informer(api, k, self._changed, resync, namespace) for k in kinds]
         self.loader = KubeLoader(self)
         self.changes = 0
         self.inotify = None            # (the directory source's; the admin log line reads it)

@@ -22,6 +22,7 @@ from mcp26.serving.grpc import frontends
 from mcp26.mesh.cli_output import add_output_flag, render
 from mcp26.mesh.batching_policy import DEFAULT_PRESET, PRESETS
 from mcp26.serving.executables import executable
+from mcp26.inference.event_lines import emit_event
 
 DEFAULT_WORKERS = 1
 MAX_INSTANCES = 64                  # a compute thread each: more than a machine has cores is a typo
@@ -343,11 +344,8 @@ def run_replicas(args) -> int:
         children.append(envoy)
         log.info("envoy: pid %d, listener %s:%d -> %d replicas (bootstrap %s)", envoy.pid, args.host,
                  args.envoy_port, args.replicas, path)
-        # one write(2), as server.emit_event writes the replicas' lines on the same pipe
-        sys.stdout.flush()
-        os.write(sys.stdout.fileno(), (json.dumps({"event": "envoy", "port": args.envoy_port,
-                                                    "admin_port": args.envoy_admin_port,
-                                                    "replicas": layout}) + "\n").encode())
+        emit_event({"event": "envoy", "port": args.envoy_port, "admin_port": args.envoy_admin_port,
+                    "replicas": layout})
     stopping = False
 
     def stop(*_):

@@ -195,9 +195,6 @@ class EnsembleModel:
             raise NotFound(f"model {self.name!r} has no version {version!r}; serving version {self.model.version}")
         return self
 
-    def check_version(self, version: str) -> None:
-        self.at(version)
-
     def arrival(self):
         return contextlib.nullcontext()
 

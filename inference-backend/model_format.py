@@ -139,30 +139,29 @@ class Container:
         return data
 
 
+def _header(path: str, fh) -> tuple:
+    """The fixed header's fields (magic and major version checked)."""
+    head = fh.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise FormatError(f"{path}: truncated: {len(head)} bytes, shorter than the {HEADER.size}-byte header")
+    fields = HEADER.unpack(head)
+    magic, major, minor = fields[:3]
+    if magic != MAGIC:
+        raise FormatError(f"{path}: bad magic {magic!r}: not a .mcp26bin file (expected {MAGIC!r})")
+    if major != MAJOR:
+        raise FormatError(f"{path}: format version {major}.{minor}; this server reads {MAJOR}.x")
+    return fields
+
+
 def _read_identity(path: str, fh) -> str:
     """A base's identity (its table of contents' sha256) from its header alone: the chunks
     this file takes from it are hashed in this file's own table (verify), so its table need
     not be read, which a hot update would pay each time (~0.7 ms for a ResNet-50's)."""
-    head = fh.read(HEADER.size)
-    if len(head) < HEADER.size:
-        raise FormatError(f"{path}: truncated: {len(head)} bytes, shorter than the {HEADER.size}-byte header")
-    magic, major, minor, _flags, _toc_off, _toc_len, toc_sha = HEADER.unpack(head)
-    if magic != MAGIC:
-        raise FormatError(f"{path}: bad magic {magic!r}: not a .mcp26bin file (expected {MAGIC!r})")
-    if major != MAJOR:
-        raise FormatError(f"{path}: format version {major}.{minor}; this server reads {MAJOR}.x")
-    return toc_sha.hex()
+    return _header(path, fh)[6].hex()
 
 
 def _read_header(path: str, fh) -> tuple[dict, str]:
-    head = fh.read(HEADER.size)
-    if len(head) < HEADER.size:
-        raise FormatError(f"{path}: truncated: {len(head)} bytes, shorter than the {HEADER.size}-byte header")
-    magic, major, minor, _flags, toc_off, toc_len, toc_sha = HEADER.unpack(head)
-    if magic != MAGIC:
-        raise FormatError(f"{path}: bad magic {magic!r}: not a .mcp26bin file (expected {MAGIC!r})")
-    if major != MAJOR:
-        raise FormatError(f"{path}: format version {major}.{minor}; this server reads {MAJOR}.x")
+    _magic, _major, _minor, _flags, toc_off, toc_len, toc_sha = _header(path, fh)
     size = os.fstat(fh.fileno()).st_size
     if toc_len > MAX_TOC or toc_off + toc_len > size:
         raise FormatError(f"{path}: truncated: the table of contents ends at byte {toc_off + toc_len}, "

@@ -313,9 +313,6 @@ class ServedModel:
                            f"{', '.join(self.versions())}")
         return served
 
-    def check_version(self, version: str) -> None:
-        self.at(version)
-
     def prepare(self, inputs: dict[str, np.ndarray], outputs: list[str], params: dict) -> Pending:
         """Decoded tensors + parameters -> a request ready to queue (all checks done here,
         on the request's thread, so the compute thread only ever sees valid batches)."""

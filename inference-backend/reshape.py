@@ -156,8 +156,8 @@ def rewrite(model: onnx.ModelProto, config) -> onnx.ModelProto:
         graph.node.append(helper.make_node("Reshape", [inner, const], [t.name], name=inner))
         k = outputs[t.name]
         graph.output[k].CopyFrom(_client_type(graph.output[k], dims, batched))
-    renamed = {n + SUFFIX for kind in todo.values() for n in kind}
-    kept = [v for v in graph.value_info if v.name not in {n[:-len(SUFFIX)] for n in renamed}]
+    reshaped = {name for kind in todo.values() for name in kind}     # their old types no longer hold
+    kept = [v for v in graph.value_info if v.name not in reshaped]
     del graph.value_info[:]
     graph.value_info.extend(kept)
     return model

@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -51,20 +50,13 @@ from mcp26.inference.response_cache import ResponseCache, parse_cache_config
 from mcp26.inference.response_cache import register_metrics as register_response_cache_metrics
 from mcp26.inference.telemetry import Telemetry
 from mcp26.inference.model_repository import Repository
+from mcp26.inference.event_lines import emit_event
 
 log = logging.getLogger("mcp26.inference")
 
 WATCH_INTERVAL_S = 0.25
 REPOSITORY_POLL_S = 1.0          # --model-control-mode poll: the directory is read this often
 GRPC_MAX_MESSAGE = 64 << 20
-
-
-def emit_event(doc: dict) -> None:
-    """One JSON line on stdout in one write(2): the replicas of `--replicas` share their
-    parent's stdout pipe, and a line written in two pieces (the text, then its newline) let
-    another replica's line in between (a pool's reader then saw two events on one line)."""
-    sys.stdout.flush()
-    os.write(sys.stdout.fileno(), (json.dumps(doc) + "\n").encode())
 
 
 @dataclass

@@ -79,6 +79,9 @@ class _Pool:
     async def start(self) -> None:
         """Ready to refresh (the API server's first lists read)."""
 
+    async def stop(self) -> None:
+        """Its watches ended."""
+
 
 class PoolSource(_Pool):
     """Loads DIR and keeps the view of pool NS/NAME; `refresh()` reloads when a file changed."""

@@ -172,8 +172,7 @@ async def serve(config_dir: str | None, pool: str, grpc_port: int, admin_port: i
                 raise RuntimeError(f"metrics poller stopped: {metrics_task.exception()!r}")
     finally:
         metrics_task.cancel()
-        if isinstance(source, KubePoolSource):
-            await source.stop()
+        await source.stop()
         await server.stop(0.5)
         await runner.cleanup()
 

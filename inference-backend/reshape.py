@@ -16,6 +16,7 @@ weights travel inside it, so models over protobuf's 2 GB limit are refused, sayi
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 
@@ -58,9 +59,8 @@ def check(config) -> None:
             if target.count(-1) > 1:
                 raise ReshapeError(where if kind == "input" else f"{kind}[{i}].dims",
                                    f"{target}: at most one -1 (a Reshape infers one dimension)")
-            if -1 not in shape and -1 not in dims and np.prod(shape, dtype=np.int64) != np.prod(dims, dtype=np.int64):
-                raise ReshapeError(where, f"{shape} holds {int(np.prod(shape, dtype=np.int64))} elements, "
-                                   f"dims {dims} {int(np.prod(dims, dtype=np.int64))}")
+            if -1 not in shape and -1 not in dims and math.prod(shape) != math.prod(dims):   # exact: no int64 wrap
+                raise ReshapeError(where, f"{shape} holds {math.prod(shape)} elements, dims {dims} {math.prod(dims)}")
 
 
 def _rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:

@@ -112,14 +112,23 @@ class ApiError(Exception):
         super().__init__(f"{status} from {path}: {body[:300]}")
 
 
+class KubeConfigError(ValueError):
+    """A kubeconfig or in-cluster configuration that does not load; the message names which."""
+
+
 async def api_client(kubeconfig: str | None = None, context: str | None = None):
-    """kubernetes_asyncio's ApiClient from a kubeconfig, or in-cluster (the Pod's service account)."""
+    """kubernetes_asyncio's ApiClient from a kubeconfig, or in-cluster (the Pod's service account);
+    KubeConfigError where it does not load (malformed YAML, no such context, not in a Pod)."""
     from kubernetes_asyncio import client, config
-    if kubeconfig:
-        return await config.new_client_from_config(config_file=kubeconfig, context=context)
-    conf = client.Configuration()
-    config.load_incluster_config(client_configuration=conf)
-    return client.ApiClient(configuration=conf)
+    try:
+        if kubeconfig:
+            return await config.new_client_from_config(config_file=kubeconfig, context=context)
+        conf = client.Configuration()
+        config.load_incluster_config(client_configuration=conf)
+        return client.ApiClient(configuration=conf)
+    except Exception as e:     # the client's ConfigException, yaml's errors, OSError, KeyError ...
+        raise KubeConfigError(f"Kubernetes configuration {kubeconfig or '(in-cluster)'}: "
+                              f"{str(e).strip() or type(e).__name__}") from None
 
 
 class KubeApi:

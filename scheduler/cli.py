@@ -89,9 +89,7 @@ def _serve(args) -> int:
     except OSError as e:
         print(f"mcpctl epp serve: {e}", file=sys.stderr)
         return 1
-    except Exception as e:            # a kubeconfig or in-cluster configuration that does not load
-        if type(e).__module__.startswith("kubernetes_asyncio"):
-            print(f"mcpctl epp serve: Kubernetes configuration: {e}", file=sys.stderr)
-            return 2
-        raise
+    except ValueError as e:           # mesh.kube_source.KubeConfigError: the configuration does not load
+        print(f"mcpctl epp serve: {e}", file=sys.stderr)
+        return 2
     return 0

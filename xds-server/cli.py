@@ -214,14 +214,9 @@ def _serve(args) -> int:
     except (OSError, cli_context.ContextError) as e:
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:
+    except ValueError as e:           # bad options, and mesh.kube_source.KubeConfigError
         print(f"mcpctl xds serve: {e}", file=sys.stderr)
         return 2
-    except Exception as e:            # a kubeconfig or in-cluster configuration that does not load
-        if type(e).__module__.startswith("kubernetes_asyncio"):
-            print(f"mcpctl xds serve: Kubernetes configuration: {e}", file=sys.stderr)
-            return 2
-        raise
     return 0
 
 

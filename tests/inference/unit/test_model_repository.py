@@ -236,6 +236,9 @@ BAD = {
     "reshape counts": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
                        'reshape { shape: [ 4, 5 ] } } ]\n',
                        "field input[0].reshape.shape: [4, 5] holds 20 elements, dims [16] 16"),
+    "reshape overflow": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
+                         'reshape { shape: [ 9223372036854775807, 2 ] } } ]\n',
+                         "field input[0].reshape.shape: [9223372036854775807, 2] holds 18446744073709551614 elements"),
     "reshape dims": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
                      'reshape { shape: [ -1, -1 ] } } ]\n', "field input[0].reshape.shape: [-1, -1]: at most one -1"),
     "dims": ('platform: "onnxruntime_onnx"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 0 ] } ]\n',
